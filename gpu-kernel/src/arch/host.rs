@@ -1,0 +1,158 @@
+//! The host twin of [`crate::arch`]: the same calls over `core::sync::atomic`
+//! (or loom's atomics under `--cfg loom`), with the same orderings. A host
+//! thread is a warp of one lane.
+
+extern crate std;
+
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+#[cfg(not(loom))]
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+
+/// A 64-bit word of heap metadata.
+pub type Word = AtomicU64;
+/// A 32-bit word.
+pub type Word32 = AtomicU32;
+
+/// Relaxed load.
+#[inline(always)]
+pub fn load_relaxed(w: &Word) -> u64 {
+    w.load(Ordering::Relaxed)
+}
+/// Acquire load.
+#[inline(always)]
+pub fn load_acquire(w: &Word) -> u64 {
+    w.load(Ordering::Acquire)
+}
+/// Relaxed store.
+#[inline(always)]
+pub fn store_relaxed(w: &Word, v: u64) {
+    w.store(v, Ordering::Relaxed)
+}
+/// Release store.
+#[inline(always)]
+pub fn store_release(w: &Word, v: u64) {
+    w.store(v, Ordering::Release)
+}
+/// Relaxed add; returns the old value.
+#[inline(always)]
+pub fn fetch_add_relaxed(w: &Word, v: u64) -> u64 {
+    w.fetch_add(v, Ordering::Relaxed)
+}
+/// Acquire-release add; returns the old value.
+#[inline(always)]
+pub fn fetch_add_acq_rel(w: &Word, v: u64) -> u64 {
+    w.fetch_add(v, Ordering::AcqRel)
+}
+/// Acquire-release or; returns the old value.
+#[inline(always)]
+pub fn fetch_or_acq_rel(w: &Word, v: u64) -> u64 {
+    w.fetch_or(v, Ordering::AcqRel)
+}
+/// Acquire-release and; returns the old value.
+#[inline(always)]
+pub fn fetch_and_acq_rel(w: &Word, v: u64) -> u64 {
+    w.fetch_and(v, Ordering::AcqRel)
+}
+/// Acquire-release exchange; returns the old value.
+#[inline(always)]
+pub fn swap_acq_rel(w: &Word, v: u64) -> u64 {
+    w.swap(v, Ordering::AcqRel)
+}
+/// Acquire-release compare-and-swap.
+#[inline(always)]
+pub fn compare_exchange_acq_rel(w: &Word, current: u64, new: u64) -> Result<u64, u64> {
+    w.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+}
+/// Relaxed 32-bit load.
+#[inline(always)]
+pub fn load_relaxed32(w: &Word32) -> u32 {
+    w.load(Ordering::Relaxed)
+}
+/// Acquire-release 32-bit add.
+#[inline(always)]
+pub fn fetch_add_acq_rel32(w: &Word32, v: u32) -> u32 {
+    w.fetch_add(v, Ordering::AcqRel)
+}
+/// Acquire-release 32-bit compare-and-swap.
+#[inline(always)]
+pub fn compare_exchange_acq_rel32(w: &Word32, current: u32, new: u32) -> Result<u32, u32> {
+    w.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+}
+/// Acquire-release fence.
+#[inline(always)]
+pub fn fence_acq_rel() {
+    fence(Ordering::AcqRel)
+}
+/// A host thread is a one-lane warp.
+#[inline(always)]
+pub fn active_mask() -> u32 {
+    1
+}
+/// Always lane 0.
+#[inline(always)]
+pub fn lane_id() -> u32 {
+    0
+}
+/// A stable small number per host thread, standing in for the SM id.
+#[inline(always)]
+pub fn sm_id() -> u32 {
+    #[cfg(loom)]
+    {
+        0
+    }
+    #[cfg(not(loom))]
+    {
+        use core::sync::atomic::AtomicU32 as StdU32;
+        static NEXT: StdU32 = StdU32::new(0);
+        std::thread_local!(static ID: u32 = NEXT.fetch_add(1, Ordering::Relaxed));
+        ID.with(|id| *id)
+    }
+}
+/// A one-lane warp matches only itself.
+#[inline(always)]
+pub fn match_any(mask: u32, _value: u32) -> u32 {
+    mask & 1
+}
+/// A one-lane warp matches only itself.
+#[inline(always)]
+pub fn match_any64(mask: u32, _value: u64) -> u32 {
+    mask & 1
+}
+/// The predicate of the one lane.
+#[inline(always)]
+pub fn ballot(mask: u32, predicate: bool) -> u32 {
+    mask & predicate as u32
+}
+/// The lane's own value.
+#[inline(always)]
+pub fn shfl_u32(_mask: u32, value: u32, _src: u32) -> u32 {
+    value
+}
+/// The lane's own value.
+#[inline(always)]
+pub fn shfl_u64(_mask: u32, value: u64, _src: u32) -> u64 {
+    value
+}
+/// Yields to other threads while waiting on a word.
+#[inline(always)]
+pub fn backoff(_round: u32) {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::thread::yield_now();
+}
+/// Nanoseconds since an arbitrary start, standing in for the cycle counter.
+#[inline(always)]
+pub fn clock64() -> u64 {
+    use std::sync::OnceLock;
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+/// Reports misuse and stops: on the host, a panic with the message.
+#[cold]
+pub fn trap_with(message: &'static [u8], value: u64) -> ! {
+    let text = core::str::from_utf8(message).unwrap_or("gpu-kernel trap");
+    let text = text.trim_end_matches(['\0', '\n']);
+    panic!("{} (value {value})", text.replace("%llu", "?"))
+}

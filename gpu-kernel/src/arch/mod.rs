@@ -1,0 +1,43 @@
+//! Everything that differs between the GPU and the host build.
+//!
+//! The allocator is written once against this module. On `nvptx64` it is inline
+//! PTX with the memory semantics and scope spelled out (`atom.acq_rel.gpu`,
+//! `ld.relaxed.gpu`, …): rustc's `core::sync::atomic` would emit `.sys` scope,
+//! which orders against the host and other GPUs and costs more, and some of its
+//! read-modify-writes lose their ordering (see `DESIGN.md`). On the host the twin
+//! maps each call to `core::sync::atomic` with the same ordering, or to loom's
+//! atomics under `--cfg loom`, so the same protocols are model-checked.
+//!
+//! Naming: the ordering is part of every atomic's name (`fetch_or_acq_rel`), so
+//! a call site shows which ordering it relies on. Device-scope (`.gpu`) is the
+//! only scope used: heap metadata is never shared with the host while kernels
+//! run.
+//!
+//! Warp operations take the member mask explicitly. A host thread is a warp of
+//! one lane: its active mask is `1`, every vote is its own predicate, and every
+//! shuffle returns its own value.
+
+#[cfg(target_arch = "nvptx64")]
+mod nvptx;
+#[cfg(target_arch = "nvptx64")]
+pub use nvptx::*;
+
+#[cfg(not(target_arch = "nvptx64"))]
+mod host;
+#[cfg(not(target_arch = "nvptx64"))]
+pub use host::*;
+
+/// Lanes in a warp.
+pub const WARP_SIZE: u32 = 32;
+
+/// The lowest lane of a non-empty mask.
+#[inline(always)]
+pub fn lowest_lane(mask: u32) -> u32 {
+    mask.trailing_zeros()
+}
+
+/// The number of lanes in `mask` below `lane`: a thread's rank in its team.
+#[inline(always)]
+pub fn rank_in(mask: u32, lane: u32) -> u32 {
+    (mask & ((1u32 << lane) - 1)).count_ones()
+}

@@ -1,0 +1,463 @@
+//! `malloc` and `free` on a [`Heap`]: the three tiers put together.
+//!
+//! - Slice classes (16 B … 4 KiB): a warp team reserves slices from the block
+//!   in its slot ([`crate::slot`]); the installer claims blocks here.
+//! - Block classes (8 KiB … one segment): one block per call, claimed from the
+//!   class tree or from a freshly formatted segment.
+//! - Above a segment: a run of segments claimed from the top of the segment
+//!   tree.
+//!
+//! Claiming a block: take the lowest segment of the class tree and reserve one
+//! of its free blocks in the segment table, then take a bit of its bitmap; if
+//! the class tree is empty, claim the lowest free segment and format it.
+//! Returning a block: set its bitmap bit, then count it in the segment table;
+//! the segment joins its class tree when it gets its first free block and goes
+//! back to the segment tree when its last block comes back.
+//!
+//! Class-tree membership is a hint kept eventually right: a thread that finds a
+//! segment there which cannot serve the class removes it, then re-reads the
+//! state and re-inserts it if it can serve after all (the state may have
+//! changed between the two).
+
+use core::ptr;
+
+use crate::arch::{self, Word};
+use crate::block::{self, BlockBitmap, SLICE_BIT_WORDS};
+use crate::class::{
+    BITMAP_WORDS_PER_SEGMENT, Request, SEGMENT_SHIFT, SLICE_BLOCKS_PER_SEGMENT, SLICES_PER_BLOCK,
+    SizeClass,
+};
+use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
+use crate::segment::{Reservation, Return, SegmentState, SegmentTable};
+use crate::slot::{SLOTS_PER_CLASS, SlotWord};
+use crate::veb::VebTree;
+
+/// What [`Heap::reserve_if_open`] answers for a slot with nothing left (not
+/// a valid slot word: its block field is all ones).
+const CLOSED: u64 = u64::MAX;
+
+/// A block claimed for a class: segment and block within it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BlockId {
+    segment: u32,
+    block: u32,
+}
+
+impl BlockId {
+    /// The id slot words and counters use for slice blocks.
+    #[inline(always)]
+    fn global(self) -> u64 {
+        self.segment as u64 * SLICE_BLOCKS_PER_SEGMENT as u64 + self.block as u64
+    }
+
+    #[inline(always)]
+    fn from_global(g: u64) -> BlockId {
+        BlockId {
+            segment: (g / SLICE_BLOCKS_PER_SEGMENT as u64) as u32,
+            block: (g % SLICE_BLOCKS_PER_SEGMENT as u64) as u32,
+        }
+    }
+}
+
+impl Heap {
+    #[inline(always)]
+    fn region(&self, at: u64, len: u64) -> &[Word] {
+        // SAFETY: `metadata` points to `metadata_words` words laid out by
+        // `Heap::layout`, which the host keeps alive while kernels run; every
+        // region asked for here lies inside it.
+        unsafe { core::slice::from_raw_parts((self.metadata as *const Word).add(at as usize), len as usize) }
+    }
+
+    #[inline(always)]
+    fn segment_tree(&self) -> VebTree<'_> {
+        VebTree::new(self.region(self.trees_at, self.tree.words as u64), &self.tree)
+    }
+
+    #[inline(always)]
+    fn class_tree(&self, class: SizeClass) -> VebTree<'_> {
+        let at = self.trees_at + (1 + class.index() as u64) * self.tree.words as u64;
+        VebTree::new(self.region(at, self.tree.words as u64), &self.tree)
+    }
+
+    #[inline(always)]
+    fn table(&self) -> SegmentTable<'_> {
+        SegmentTable::new(self.region(self.states_at, self.segments as u64))
+    }
+
+    #[inline(always)]
+    fn bitmap(&self, segment: u32) -> BlockBitmap<'_> {
+        let per = BITMAP_WORDS_PER_SEGMENT as u64;
+        BlockBitmap::new(self.region(self.bitmaps_at + segment as u64 * per, per))
+    }
+
+    #[inline(always)]
+    fn counter(&self, global_block: u64) -> &Word {
+        &self.region(self.counters_at + global_block, 1)[0]
+    }
+
+    #[inline(always)]
+    fn slice_bits(&self, global_block: u64) -> &[Word] {
+        let per = SLICE_BIT_WORDS as u64;
+        self.region(self.slice_bits_at + global_block * per, per)
+    }
+
+    #[inline(always)]
+    fn slot(&self, class: SizeClass, slot: u32) -> &Word {
+        &self.region(self.slots_at + (class.index() * SLOTS_PER_CLASS + slot) as u64, 1)[0]
+    }
+
+    #[inline(always)]
+    fn stat(&self, stat: Stat) -> &Word {
+        &self.region(self.stats_at + stat as u64, 1)[0]
+    }
+
+    /// Reads one statistics word (a snapshot).
+    pub fn stat_value(&self, stat: Stat) -> u64 {
+        arch::load_relaxed(self.stat(stat))
+    }
+
+    #[inline(always)]
+    fn segment_address(&self, segment: u32) -> u64 {
+        self.data + ((segment as u64) << SEGMENT_SHIFT)
+    }
+
+    #[inline(always)]
+    fn block_address(&self, class: SizeClass, b: BlockId) -> u64 {
+        self.segment_address(b.segment) + ((b.block as u64) << class.block_shift())
+    }
+
+    /// Allocates `size` bytes. Returns null for size 0 and when the request
+    /// cannot be met (too large, or the heap is exhausted); never blocks on
+    /// other threads' progress except to wait for a block being installed.
+    ///
+    /// Slices are aligned to their size (16 B … 4 KiB), blocks to theirs,
+    /// runs to a segment.
+    #[inline]
+    pub fn malloc(&self, size: u64) -> *mut u8 {
+        let address = match Request::for_size(size) {
+            Request::Empty => return ptr::null_mut(),
+            Request::Class(class) if class.is_slice() => self.malloc_slice(class),
+            Request::Class(class) => self
+                .claim_block(class)
+                .map(|b| self.block_address(class, b)),
+            Request::Segments(count) => self.malloc_run(count),
+        };
+        match address {
+            Some(a) => a as *mut u8,
+            None => {
+                arch::fetch_add_relaxed(self.stat(Stat::FailedMallocs), 1);
+                ptr::null_mut()
+            }
+        }
+    }
+
+    /// The slice path: warp teams reserve slices from their slot's block.
+    #[inline]
+    fn malloc_slice(&self, class: SizeClass) -> Option<u64> {
+        let home = arch::sm_id() % SLOTS_PER_CLASS;
+        let mut slot = home;
+        // After the home slot found the heap exhausted, visit every other
+        // slot once for slices left in its block before giving up.
+        let mut stealing = false;
+        let mut round = 0;
+        loop {
+            let mask = arch::active_mask();
+            let team = arch::match_any(mask, class.index() * SLOTS_PER_CLASS + slot);
+            let lane = arch::lane_id();
+            let leader = arch::lowest_lane(team);
+            let rank = arch::rank_in(team, lane);
+            let size = team.count_ones();
+            let word = self.slot(class, slot);
+
+            let mut seen = 0u64;
+            if lane == leader {
+                seen = if stealing {
+                    self.reserve_if_open(word, size)
+                } else {
+                    arch::fetch_add_acq_rel(word, size as u64)
+                };
+            }
+            let seen = SlotWord(arch::shfl_u64(team, seen, leader));
+            if seen.0 == CLOSED {
+                slot = (slot + 1) % SLOTS_PER_CLASS;
+                if slot == home {
+                    return None;
+                }
+                continue;
+            }
+            let (first, cap) = (seen.reserved(), seen.capacity());
+            let index = first + rank;
+            if index < cap {
+                let block = BlockId::from_global(seen.block().unwrap_or(0));
+                return Some(self.block_address(class, block) + ((index as u64) << class.unit_shift()));
+            }
+            let installer = first <= cap && cap < first + size;
+            if installer {
+                let mut fresh = 0;
+                if lane == leader {
+                    fresh = self.install(class, word, first + size - cap);
+                }
+                let fresh = arch::shfl_u64(team, fresh, leader);
+                if fresh != 0 {
+                    let block = BlockId::from_global(fresh - 1);
+                    let k = (index - cap) as u64;
+                    return Some(self.block_address(class, block) + (k << class.unit_shift()));
+                }
+                // Out of blocks: look for slices left in the other slots.
+                stealing = true;
+            }
+            if stealing {
+                slot = (slot + 1) % SLOTS_PER_CLASS;
+                if slot == home {
+                    return None;
+                }
+                continue;
+            }
+            // Past the end: wait until the installer replaces the word.
+            while SlotWord(arch::load_relaxed(word)).version() == seen.version() {
+                arch::backoff(round);
+                round += 1;
+            }
+        }
+    }
+
+    /// In stealing mode, reserve only from a word that still has slices, so
+    /// a thread that found the heap exhausted does not become an installer
+    /// again. Returns [`CLOSED`] when the word has no slices left.
+    #[inline]
+    fn reserve_if_open(&self, word: &Word, size: u32) -> u64 {
+        let current = SlotWord(arch::load_relaxed(word));
+        if current.reserved() >= current.capacity() {
+            return CLOSED;
+        }
+        arch::fetch_add_acq_rel(word, size as u64)
+    }
+
+    /// Replaces the slot word with a fresh block (or with an empty word if
+    /// none can be had), keeping `taken` slices of the fresh block for the
+    /// installing team. Retires the displaced word. Returns the fresh block's
+    /// global id + 1, or 0.
+    #[inline(never)]
+    fn install(&self, class: SizeClass, word: &Word, taken: u32) -> u64 {
+        let fresh = self.claim_block(class).map(BlockId::global);
+        let reserved = if fresh.is_some() { taken } else { 0 };
+        let mut current = arch::load_relaxed(word);
+        let displaced = loop {
+            // A new generation relative to the word replaced, so that threads
+            // waiting on that version see the change.
+            let generation = SlotWord(current).generation().wrapping_add(1);
+            let next = SlotWord::new(fresh, reserved, generation);
+            match arch::compare_exchange_acq_rel(word, current, next.0) {
+                Ok(old) => break SlotWord(old),
+                Err(actual) => current = actual,
+            }
+        };
+        self.retire(class, displaced);
+        fresh.map_or(0, |g| g + 1)
+    }
+
+    /// Accounts for the slices a replaced slot word never handed out.
+    #[inline]
+    fn retire(&self, class: SizeClass, displaced: SlotWord) {
+        let Some(global) = displaced.block() else {
+            return;
+        };
+        let unissued = displaced.unissued();
+        if unissued > 0 && block::count_dead_slices(self.counter(global), unissued as u64) {
+            self.release_block(class, BlockId::from_global(global));
+        }
+    }
+
+    /// Empties every slot, returning the slices they hold to their blocks.
+    /// Safe while other threads allocate; used when a large request fails
+    /// and by the host before it checks that the heap is whole.
+    pub fn flush_slots(&self) {
+        for class in (0..crate::class::SLICE_CLASSES).filter_map(SizeClass::new) {
+            for s in 0..SLOTS_PER_CLASS {
+                self.flush_slot(class, s);
+            }
+        }
+    }
+
+    /// Empties one slot (see [`Heap::flush_slots`]).
+    pub fn flush_slot(&self, class: SizeClass, slot: u32) {
+        let word = self.slot(class, slot);
+        let mut current = arch::load_relaxed(word);
+        loop {
+            let seen = SlotWord(current);
+            if seen.block().is_none() {
+                return;
+            }
+            let next = SlotWord::new(None, 0, seen.generation().wrapping_add(1));
+            match arch::compare_exchange_acq_rel(word, current, next.0) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        self.retire(class, SlotWord(current));
+    }
+
+    /// Claims one block of `class`: from a segment already formatted for it,
+    /// else from a newly formatted segment.
+    #[inline(never)]
+    fn claim_block(&self, class: SizeClass) -> Option<BlockId> {
+        let tree = self.class_tree(class);
+        let table = self.table();
+        loop {
+            let Some(segment) = tree.successor(0) else {
+                return self.format_segment(class);
+            };
+            match table.reserve_block(segment, class) {
+                Reservation::Reserved { last } => {
+                    let block = self.bitmap(segment).take(class);
+                    if last {
+                        self.drop_from_class_tree(class, segment);
+                    }
+                    return Some(BlockId { segment, block });
+                }
+                Reservation::Stale => self.drop_from_class_tree(class, segment),
+            }
+        }
+    }
+
+    /// Removes `segment` from the class tree, then puts it back if its state
+    /// says it can serve the class after all.
+    #[inline]
+    fn drop_from_class_tree(&self, class: SizeClass, segment: u32) {
+        let tree = self.class_tree(class);
+        tree.remove(segment);
+        if let SegmentState::Active { class: c, free } = self.table().load(segment)
+            && c == class
+            && free > 0
+        {
+            tree.insert(segment);
+        }
+    }
+
+    /// Claims the lowest free segment and formats it for `class`, keeping
+    /// block 0 for the caller.
+    #[inline]
+    fn format_segment(&self, class: SizeClass) -> Option<BlockId> {
+        let segment = self.segment_tree().claim_lowest()?;
+        self.bitmap(segment).format(class);
+        let free = class.blocks_per_segment() - 1;
+        self.table().publish_active(segment, class, free);
+        if free > 0 {
+            self.class_tree(class).insert(segment);
+        }
+        Some(BlockId { segment, block: 0 })
+    }
+
+    /// Returns a block whose every slice is dead (or a freed block-class
+    /// block) to its segment.
+    #[inline(never)]
+    fn release_block(&self, class: SizeClass, b: BlockId) {
+        if class.is_slice() {
+            let global = b.global();
+            // Relaxed: published by the bitmap's acq_rel RMW below.
+            arch::store_relaxed(self.counter(global), 0);
+            if self.flags & CHECK_DOUBLE_FREE != 0 {
+                block::clear_slice_bits(self.slice_bits(global));
+            }
+        }
+        if !self.bitmap(b.segment).give_back(b.block) {
+            self.misuse(Stat::DoubleFrees, b"gpumalloc: double free of a block at segment %llu\n\0", b.segment as u64);
+            return;
+        }
+        match self.table().return_block(b.segment, class) {
+            Return::FirstFree => self.class_tree(class).insert(b.segment),
+            Return::Partial => {}
+            Return::Retired => {
+                self.class_tree(class).remove(b.segment);
+                self.segment_tree().insert(b.segment);
+            }
+        }
+    }
+
+    /// A run of `count` segments from the top of the segment tree. If none
+    /// is free, empty the slots (their partly used blocks may be all that
+    /// holds the segments) and try once more.
+    #[inline(never)]
+    fn malloc_run(&self, count: u64) -> Option<u64> {
+        if count > self.segments as u64 {
+            return None;
+        }
+        let count = count as u32;
+        let tree = self.segment_tree();
+        let head = match tree.claim_run_from_top(count) {
+            Some(h) => h,
+            None => {
+                self.flush_slots();
+                tree.claim_run_from_top(count)?
+            }
+        };
+        self.table().publish_run(head, count);
+        Some(self.segment_address(head))
+    }
+
+    /// Frees memory returned by [`Heap::malloc`]. Null is ignored. A pointer
+    /// this heap never handed out is ignored and counted (`InvalidFrees`);
+    /// a detected double free is ignored and counted (`DoubleFrees`); with
+    /// `TRAP_ON_MISUSE` either also stops the kernel with a message.
+    #[inline]
+    pub fn free(&self, p: *mut u8) {
+        if p.is_null() {
+            return;
+        }
+        let offset = (p as u64).wrapping_sub(self.data);
+        if offset >= self.data_bytes() {
+            return self.misuse(Stat::InvalidFrees, b"gpumalloc: free of a pointer outside the heap (%llx)\n\0", p as u64);
+        }
+        let segment = (offset >> SEGMENT_SHIFT) as u32;
+        let within = offset & ((1u64 << SEGMENT_SHIFT) - 1);
+        match self.table().load(segment) {
+            SegmentState::Active { class, .. } => {
+                let unit_mask = (1u64 << class.unit_shift()) - 1;
+                if within & unit_mask != 0 {
+                    return self.misuse(Stat::InvalidFrees, b"gpumalloc: free of a misaligned pointer (%llx)\n\0", p as u64);
+                }
+                let b = BlockId {
+                    segment,
+                    block: (within >> class.block_shift()) as u32,
+                };
+                if class.is_slice() {
+                    let slice = ((within >> class.unit_shift()) & (SLICES_PER_BLOCK - 1)) as u32;
+                    self.free_slice(class, b, slice);
+                } else {
+                    self.release_block(class, b);
+                }
+            }
+            SegmentState::RunHead { .. } if within == 0 => match self.table().end_run(segment) {
+                Some(count) => self.segment_tree().release_run(segment, count),
+                None => self.misuse(Stat::DoubleFrees, b"gpumalloc: double free of a run at %llx\n\0", p as u64),
+            },
+            _ => self.misuse(Stat::InvalidFrees, b"gpumalloc: free of memory not allocated (%llx)\n\0", p as u64),
+        }
+    }
+
+    /// Counts a slice dead; threads of a warp freeing slices of the same
+    /// block add together.
+    #[inline]
+    fn free_slice(&self, class: SizeClass, b: BlockId, slice: u32) {
+        let global = b.global();
+        if self.flags & CHECK_DOUBLE_FREE != 0 && !block::mark_slice_freed(self.slice_bits(global), slice) {
+            return self.misuse(Stat::DoubleFrees, b"gpumalloc: double free of a slice in block %llu\n\0", global);
+        }
+        let mask = arch::active_mask();
+        let team = arch::match_any64(mask, global);
+        let lane = arch::lane_id();
+        if lane == arch::lowest_lane(team)
+            && block::count_dead_slices(self.counter(global), team.count_ones() as u64)
+        {
+            self.release_block(class, b);
+        }
+    }
+
+    #[cold]
+    fn misuse(&self, stat: Stat, message: &'static [u8], value: u64) {
+        arch::fetch_add_relaxed(self.stat(stat), 1);
+        if self.flags & TRAP_ON_MISUSE != 0 {
+            arch::trap_with(message, value);
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! `Heap`: the handle a kernel receives, and where each piece of metadata
+//! lives. The host computes the layout with [`Heap::layout`], allocates the
+//! data and metadata, fills in their addresses, writes the initial image
+//! (all zero but the segment tree, which holds every segment) and passes the
+//! `Heap` by value to kernels or by pointer to `gallatin_malloc`.
+//!
+//! Metadata is one array of 64-bit words, in this order: statistics, slot
+//! words, segment states, block bitmaps, block counters, trees (the segment
+//! tree, then one per class), and, on checked heaps, double-free bits.
+
+use crate::block::SLICE_BIT_WORDS;
+use crate::class::{
+    BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_BLOCKS_PER_SEGMENT, SLICE_CLASSES,
+};
+use crate::slot::{MAX_SLOT_BLOCK, SLOTS_PER_CLASS};
+use crate::veb::TreeShape;
+
+/// Flag: keep one bit per slice to detect double frees of slices.
+pub const CHECK_DOUBLE_FREE: u32 = 1;
+/// Flag: stop the kernel (panic on the host) on a wild or double free,
+/// after counting it.
+pub const TRAP_ON_MISUSE: u32 = 2;
+
+/// Statistics words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Stat {
+    /// `malloc` calls that returned null for a non-zero size.
+    FailedMallocs = 0,
+    /// `free` calls with a pointer the heap never handed out.
+    InvalidFrees = 1,
+    /// `free` calls on memory already freed (where detected).
+    DoubleFrees = 2,
+}
+
+/// Words reserved for statistics.
+pub const STAT_WORDS: u64 = 8;
+
+/// The device heap handle: addresses and word offsets, nothing else.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Heap {
+    /// Address of segment 0.
+    pub data: u64,
+    /// Address of metadata word 0.
+    pub metadata: u64,
+    /// Metadata words in all.
+    pub metadata_words: u64,
+    /// Number of segments.
+    pub segments: u32,
+    /// `CHECK_DOUBLE_FREE`, `TRAP_ON_MISUSE`.
+    pub flags: u32,
+    /// Word offset of the statistics.
+    pub stats_at: u64,
+    /// Word offset of the slot words.
+    pub slots_at: u64,
+    /// Word offset of the segment states.
+    pub states_at: u64,
+    /// Word offset of the block bitmaps.
+    pub bitmaps_at: u64,
+    /// Word offset of the block counters.
+    pub counters_at: u64,
+    /// Word offset of the trees.
+    pub trees_at: u64,
+    /// Word offset of the double-free bits (checked heaps).
+    pub slice_bits_at: u64,
+    /// Shape shared by every tree.
+    pub tree: TreeShape,
+}
+
+/// Why a heap cannot be laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayoutError {
+    /// Fewer bytes than one segment.
+    TooSmall,
+    /// More segments than slot words can name.
+    TooLarge,
+}
+
+impl Heap {
+    /// The most segments one heap can have.
+    pub const MAX_SEGMENTS: u64 = (MAX_SLOT_BLOCK + 1) / SLICE_BLOCKS_PER_SEGMENT as u64;
+
+    /// The layout of a heap of `segments` segments (addresses left zero).
+    pub fn layout(segments: u64, flags: u32) -> Result<Heap, LayoutError> {
+        if segments == 0 {
+            return Err(LayoutError::TooSmall);
+        }
+        if segments > Heap::MAX_SEGMENTS {
+            return Err(LayoutError::TooLarge);
+        }
+        let tree = TreeShape::new(segments as u32);
+        let stats_at = 0;
+        let slots_at = stats_at + STAT_WORDS;
+        let states_at = slots_at + (SLICE_CLASSES * SLOTS_PER_CLASS) as u64;
+        let bitmaps_at = states_at + segments;
+        let counters_at = bitmaps_at + segments * BITMAP_WORDS_PER_SEGMENT as u64;
+        let trees_at = counters_at + segments * SLICE_BLOCKS_PER_SEGMENT as u64;
+        let slice_bits_at = trees_at + (1 + CLASSES as u64) * tree.words as u64;
+        let slice_bits = if flags & CHECK_DOUBLE_FREE != 0 {
+            segments * SLICE_BLOCKS_PER_SEGMENT as u64 * SLICE_BIT_WORDS as u64
+        } else {
+            0
+        };
+        Ok(Heap {
+            data: 0,
+            metadata: 0,
+            metadata_words: slice_bits_at + slice_bits,
+            segments: segments as u32,
+            flags,
+            stats_at,
+            slots_at,
+            states_at,
+            bitmaps_at,
+            counters_at,
+            trees_at,
+            slice_bits_at,
+            tree,
+        })
+    }
+
+    /// The layout of the largest heap whose data fits in `bytes`.
+    pub fn layout_for_bytes(bytes: u64, flags: u32) -> Result<Heap, LayoutError> {
+        Heap::layout(bytes / SEGMENT_BYTES, flags)
+    }
+
+    /// Bytes of data (whole segments).
+    pub fn data_bytes(&self) -> u64 {
+        self.segments as u64 * SEGMENT_BYTES
+    }
+
+    /// Bytes of metadata.
+    pub fn metadata_bytes(&self) -> u64 {
+        self.metadata_words * 8
+    }
+
+    /// Writes the initial metadata image into `words` (which must be zero):
+    /// every segment free, in the segment tree.
+    pub fn write_initial_metadata(&self, words: &mut [u64]) {
+        let at = self.trees_at as usize;
+        self.tree
+            .full_image(&mut words[at..at + self.tree.words as usize]);
+    }
+}

@@ -1,0 +1,45 @@
+//! The device side of gpumalloc: `malloc` and `free` for threads of GPU
+//! kernels, after the Gallatin design (Hunt & Johnson, PPoPP 2024).
+//!
+//! # Glossary
+//! - **Segment**: 16 MiB of heap (see [`class::SEGMENT_SHIFT`]); free segments
+//!   are ids in the segment tree.
+//! - **Class**: a slice class (16 B … 4 KiB slices) or a block class (8 KiB …
+//!   one segment); a segment is formatted for one class at a time.
+//! - **Block**: a class's unit of segment space: 4096 slices of a slice class,
+//!   or one allocation of a block class.
+//! - **Slice**: one allocation of a slice class.
+//! - **Tree** ([`veb::VebTree`]): a set of segment ids in 64-bit words; one for
+//!   free segments and one per class for segments with free blocks.
+//! - **Slot** ([`slot`]): a per-class buffer word holding the block that warps
+//!   carve slices from.
+//! - **Team**: the threads of a warp that ask for the same class and slot at
+//!   once; they reserve their slices with one atomic add.
+//!
+//! The crate builds for `nvptx64-nvidia-cuda` (kernels and the `extern "C"`
+//! functions `gallatin_malloc` / `gallatin_free`) and for the host, where a
+//! host thread acts as a one-lane warp so the same code is tested on a CPU.
+//! Only [`arch`] differs between the two.
+
+#![no_std]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
+)]
+
+pub mod arch;
+pub mod block;
+pub mod class;
+pub mod heap;
+pub mod layout;
+pub mod segment;
+pub mod selftest;
+pub mod slot;
+pub mod stats;
+pub mod veb;
+pub mod workload;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod kernels;
+
+pub use layout::Heap;

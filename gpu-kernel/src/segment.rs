@@ -1,0 +1,247 @@
+//! The segment table: one state word per segment saying what the segment is
+//! (free, formatted for a class with so many free blocks, or part of a
+//! multi-segment run), and the transitions between those states.
+//!
+//! # State word
+//! `kind` (bits 24..28), `class` (bits 16..24), `free` blocks (bits 0..16),
+//! and for a run head its length in segments (bits 32..64).
+//!
+//! # Invariants (owned here)
+//! - A segment is in the segment tree only while its kind is `Free`.
+//! - For an `Active` segment, `free` never exceeds the number of set bits of
+//!   its block bitmap: a freed block's bit is set *before* `free` is
+//!   incremented, and a claimed block's bit is cleared *after* `free` was
+//!   decremented (a reservation). So a thread holding a reservation always
+//!   finds a set bit.
+//! - An `Active` segment turns `Free` in the same CAS that returns its last
+//!   block, so no reservation can be outstanding when it does.
+//!
+//! All transitions are acq_rel CASes on the state word; readers that only need
+//! the class of a live allocation use a relaxed device-scope load (the class
+//! cannot change while the allocation is live).
+
+use crate::arch::{self, Word};
+use crate::class::SizeClass;
+
+const FREE_MASK: u64 = 0xffff;
+const CLASS_SHIFT: u32 = 16;
+const KIND_SHIFT: u32 = 24;
+const RUN_SHIFT: u32 = 32;
+
+/// What a segment currently is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SegmentState {
+    /// Unformatted, in the segment tree (or being claimed or returned).
+    Free,
+    /// Formatted into blocks of `class`, `free` of which are unclaimed.
+    Active {
+        /// The class of every block in the segment.
+        class: SizeClass,
+        /// Blocks not handed out.
+        free: u32,
+    },
+    /// The first segment of a multi-segment allocation of `segments` segments.
+    RunHead {
+        /// The run's length.
+        segments: u32,
+    },
+    /// A later segment of a multi-segment allocation.
+    RunTail,
+}
+
+impl SegmentState {
+    /// Decodes a state word.
+    #[inline(always)]
+    pub fn decode(word: u64) -> SegmentState {
+        match (word >> KIND_SHIFT) & 0xf {
+            1 => match SizeClass::new(((word >> CLASS_SHIFT) & 0xff) as u32) {
+                Some(class) => SegmentState::Active {
+                    class,
+                    free: (word & FREE_MASK) as u32,
+                },
+                None => SegmentState::Free,
+            },
+            2 => SegmentState::RunHead {
+                segments: (word >> RUN_SHIFT) as u32,
+            },
+            3 => SegmentState::RunTail,
+            _ => SegmentState::Free,
+        }
+    }
+
+    /// Encodes a state word.
+    #[inline(always)]
+    pub fn encode(self) -> u64 {
+        match self {
+            SegmentState::Free => 0,
+            SegmentState::Active { class, free } => {
+                1 << KIND_SHIFT | (class.index() as u64) << CLASS_SHIFT | free as u64
+            }
+            SegmentState::RunHead { segments } => {
+                2 << KIND_SHIFT | (segments as u64) << RUN_SHIFT
+            }
+            SegmentState::RunTail => 3 << KIND_SHIFT,
+        }
+    }
+}
+
+/// The outcome of [`SegmentTable::reserve_block`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reservation {
+    /// One free block is now ours to take from the bitmap; `last` if it was
+    /// the segment's last free block.
+    Reserved {
+        /// The reservation took the last free block.
+        last: bool,
+    },
+    /// The segment is not an active segment of that class with free blocks.
+    Stale,
+}
+
+/// The outcome of [`SegmentTable::return_block`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Return {
+    /// The segment had no free block before (it must join its class tree).
+    FirstFree,
+    /// The segment still has blocks out and already had free ones.
+    Partial,
+    /// That was the last block out: the segment is now `Free`.
+    Retired,
+}
+
+/// The state words of all segments.
+#[derive(Clone, Copy)]
+pub struct SegmentTable<'a> {
+    states: &'a [Word],
+}
+
+impl<'a> SegmentTable<'a> {
+    /// A view of the state words.
+    #[inline(always)]
+    pub fn new(states: &'a [Word]) -> SegmentTable<'a> {
+        SegmentTable { states }
+    }
+
+    #[inline(always)]
+    fn word(&self, segment: u32) -> &'a Word {
+        // SAFETY: callers pass segment ids below the heap's segment count, the
+        // length of `states`.
+        unsafe { self.states.get_unchecked(segment as usize) }
+    }
+
+    /// The current state (relaxed device-scope load: never a stale L1 line).
+    #[inline(always)]
+    pub fn load(&self, segment: u32) -> SegmentState {
+        SegmentState::decode(arch::load_relaxed(self.word(segment)))
+    }
+
+    /// Publishes a freshly formatted segment. Release: the bitmap written
+    /// before is visible to whoever reserves a block after seeing this.
+    #[inline]
+    pub fn publish_active(&self, segment: u32, class: SizeClass, free: u32) {
+        arch::store_release(self.word(segment), SegmentState::Active { class, free }.encode());
+    }
+
+    /// Takes one free block of an active segment of `class`.
+    #[inline]
+    pub fn reserve_block(&self, segment: u32, class: SizeClass) -> Reservation {
+        let w = self.word(segment);
+        let mut current = arch::load_relaxed(w);
+        loop {
+            match SegmentState::decode(current) {
+                SegmentState::Active { class: c, free } if c == class && free > 0 => {
+                    match arch::compare_exchange_acq_rel(w, current, current - 1) {
+                        Ok(_) => return Reservation::Reserved { last: free == 1 },
+                        Err(actual) => current = actual,
+                    }
+                }
+                _ => return Reservation::Stale,
+            }
+        }
+    }
+
+    /// Counts one block of an active segment as free again (its bitmap bit
+    /// is already set); retires the segment if it was the last one out.
+    #[inline]
+    pub fn return_block(&self, segment: u32, class: SizeClass) -> Return {
+        let total = class.blocks_per_segment();
+        let w = self.word(segment);
+        let mut current = arch::load_relaxed(w);
+        loop {
+            let free = match SegmentState::decode(current) {
+                SegmentState::Active { free, .. } => free,
+                // Unreachable while the caller holds a block of this segment.
+                _ => return Return::Partial,
+            };
+            let (next, outcome) = if free + 1 == total {
+                (SegmentState::Free.encode(), Return::Retired)
+            } else if free == 0 {
+                (current + 1, Return::FirstFree)
+            } else {
+                (current + 1, Return::Partial)
+            };
+            match arch::compare_exchange_acq_rel(w, current, next) {
+                Ok(_) => return outcome,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Marks a claimed run of segments as one allocation.
+    #[inline]
+    pub fn publish_run(&self, head: u32, segments: u32) {
+        for s in head + 1..head + segments {
+            arch::store_relaxed(self.word(s), SegmentState::RunTail.encode());
+        }
+        arch::store_release(self.word(head), SegmentState::RunHead { segments }.encode());
+    }
+
+    /// Ends a run: `Some(length)` if this call freed it, `None` if `head` is
+    /// not the head of a live run (a double or wild free).
+    #[inline]
+    pub fn end_run(&self, head: u32) -> Option<u32> {
+        let w = self.word(head);
+        let current = arch::load_relaxed(w);
+        let SegmentState::RunHead { segments } = SegmentState::decode(current) else {
+            return None;
+        };
+        arch::compare_exchange_acq_rel(w, current, SegmentState::Free.encode()).ok()?;
+        for s in head + 1..head + segments {
+            arch::store_relaxed(self.word(s), SegmentState::Free.encode());
+        }
+        Some(segments)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_words_round_trip() {
+        let c = SizeClass::new(3).unwrap();
+        for s in [
+            SegmentState::Free,
+            SegmentState::Active { class: c, free: 0 },
+            SegmentState::Active { class: c, free: 2048 },
+            SegmentState::RunHead { segments: 77 },
+            SegmentState::RunTail,
+        ] {
+            assert_eq!(SegmentState::decode(s.encode()), s);
+        }
+    }
+
+    #[test]
+    fn reserve_then_return_retires() {
+        let states = [Word::new(0)];
+        let t = SegmentTable::new(&states);
+        let c = SizeClass::new(8).unwrap(); // 4 KiB slices: one block per segment
+        let c16 = SizeClass::new(0).unwrap();
+        t.publish_active(0, c16, 2);
+        assert_eq!(t.reserve_block(0, c), Reservation::Stale);
+        assert_eq!(t.reserve_block(0, c16), Reservation::Reserved { last: false });
+        assert_eq!(t.reserve_block(0, c16), Reservation::Reserved { last: true });
+        assert_eq!(t.reserve_block(0, c16), Reservation::Stale);
+        assert_eq!(t.return_block(0, c16), Return::FirstFree);
+    }
+}

@@ -1,0 +1,107 @@
+//! Slot words: the per-class buffers that hold the block warps are carving
+//! slices from. Each slice class has [`SLOTS_PER_CLASS`] slots; a warp picks
+//! one by its SM id so the whole GPU does not contend on one word.
+//!
+//! # Slot word
+//! `reserved` (bits 0..32): slices handed out of the current version,
+//! counting past the block's end; `block` (bits 32..56): global block id + 1,
+//! 0 for none; `generation` (bits 56..64): changes on every replacement, so a
+//! waiting thread sees that the word was replaced even by an identical one.
+//!
+//! # Protocol
+//! A team adds its size `n` to `reserved` (one acq_rel add) and so owns the
+//! indices `[r, r + n)` of this version. Indices below the capacity (4096 with
+//! a block, 0 without) are slices. The team whose range holds the index equal
+//! to the capacity is the *installer*: exactly one per version. It claims a
+//! new block, replaces the word by CAS (new version, `reserved` = the slices
+//! its own members take) and retires the word it displaced. Teams past the
+//! capacity wait for the replacement and try again. Whoever replaces a word
+//! (installer or flush) retires it: the slices it never handed out are counted
+//! dead on the block's counter, so every block is accounted for exactly.
+
+use crate::class::SLICES_PER_BLOCK;
+
+/// Slots per slice class.
+pub const SLOTS_PER_CLASS: u32 = 32;
+
+const RESERVED_MASK: u64 = 0xffff_ffff;
+const BLOCK_SHIFT: u32 = 32;
+const BLOCK_MASK: u64 = 0xff_ffff;
+const GENERATION_SHIFT: u32 = 56;
+
+/// Largest global block id a slot can hold.
+pub const MAX_SLOT_BLOCK: u64 = BLOCK_MASK - 1;
+
+/// A decoded slot word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotWord(pub u64);
+
+impl SlotWord {
+    /// A word holding `block` (or none) with `reserved` slices taken.
+    #[inline(always)]
+    pub fn new(block: Option<u64>, reserved: u32, generation: u8) -> SlotWord {
+        let b = block.map_or(0, |b| b + 1) & BLOCK_MASK;
+        SlotWord(
+            (generation as u64) << GENERATION_SHIFT | b << BLOCK_SHIFT | reserved as u64,
+        )
+    }
+
+    /// The global block id, if a block is installed.
+    #[inline(always)]
+    pub fn block(self) -> Option<u64> {
+        let b = (self.0 >> BLOCK_SHIFT) & BLOCK_MASK;
+        (b != 0).then(|| b - 1)
+    }
+
+    /// Indices handed out of this version, including those past the end.
+    #[inline(always)]
+    pub fn reserved(self) -> u32 {
+        (self.0 & RESERVED_MASK) as u32
+    }
+
+    /// Replacement counter.
+    #[inline(always)]
+    pub fn generation(self) -> u8 {
+        (self.0 >> GENERATION_SHIFT) as u8
+    }
+
+    /// Slices this version can hand out.
+    #[inline(always)]
+    pub fn capacity(self) -> u32 {
+        if self.block().is_some() {
+            SLICES_PER_BLOCK as u32
+        } else {
+            0
+        }
+    }
+
+    /// Block and generation: what identifies a version.
+    #[inline(always)]
+    pub fn version(self) -> u64 {
+        self.0 & !RESERVED_MASK
+    }
+
+    /// Slices of this version's block that were never handed out.
+    #[inline(always)]
+    pub fn unissued(self) -> u32 {
+        self.capacity() - self.reserved().min(self.capacity())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields() {
+        let w = SlotWord::new(Some(12345), 4000, 7);
+        assert_eq!(w.block(), Some(12345));
+        assert_eq!(w.reserved(), 4000);
+        assert_eq!(w.generation(), 7);
+        assert_eq!(w.unissued(), 96);
+        let e = SlotWord::new(None, 0, 0);
+        assert_eq!(e.0, 0);
+        assert_eq!(e.capacity(), 0);
+        assert_eq!(SlotWord(w.0 + 200).unissued(), 0);
+    }
+}

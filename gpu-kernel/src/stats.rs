@@ -1,0 +1,99 @@
+//! `HeapStats`: what a heap holds, computed from a snapshot of its metadata
+//! taken while no kernel uses the heap. The host copies the metadata words
+//! and calls [`HeapStats::from_snapshot`]; nothing on the hot path counts.
+//!
+//! Live slices of a block = slices issued − slices counted dead, where a
+//! block outside any slot has issued all its slices, and one in a slot has
+//! issued `min(reserved, 4096)`.
+
+use crate::class::{
+    BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_BLOCKS_PER_SEGMENT, SLICE_CLASSES,
+    SLICES_PER_BLOCK, SizeClass,
+};
+use crate::layout::{Heap, Stat};
+use crate::segment::SegmentState;
+use crate::slot::{SLOTS_PER_CLASS, SlotWord};
+
+/// What a heap holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeapStats {
+    /// Segments in the heap.
+    pub segments: u32,
+    /// Segments in the segment tree.
+    pub free_segments: u32,
+    /// Bytes handed out and not freed (at class granularity).
+    pub live_bytes: u64,
+    /// Live allocations per class.
+    pub live_per_class: [u64; CLASSES as usize],
+    /// Live multi-segment allocations.
+    pub live_runs: u64,
+    /// Segments held by live multi-segment allocations.
+    pub run_segments: u64,
+    /// `malloc` calls that returned null for a non-zero size.
+    pub failed_mallocs: u64,
+    /// `free` calls with pointers the heap never handed out.
+    pub invalid_frees: u64,
+    /// Detected double frees.
+    pub double_frees: u64,
+}
+
+impl HeapStats {
+    /// Live allocations of every kind.
+    pub fn live_allocations(&self) -> u64 {
+        self.live_per_class.iter().sum::<u64>() + self.live_runs
+    }
+
+    /// Reads a snapshot of `heap`'s metadata words (`words[i]` is word `i`).
+    pub fn from_snapshot(heap: &Heap, words: &[u64]) -> HeapStats {
+        let at = |offset: u64| words[offset as usize];
+        let mut s = HeapStats {
+            segments: heap.segments,
+            failed_mallocs: at(heap.stats_at + Stat::FailedMallocs as u64),
+            invalid_frees: at(heap.stats_at + Stat::InvalidFrees as u64),
+            double_frees: at(heap.stats_at + Stat::DoubleFrees as u64),
+            ..HeapStats::default()
+        };
+        let leaves = heap.tree.level_words[0] as u64;
+        s.free_segments = (0..leaves)
+            .map(|w| at(heap.trees_at + w).count_ones())
+            .sum();
+        for segment in 0..heap.segments as u64 {
+            match SegmentState::decode(at(heap.states_at + segment)) {
+                SegmentState::Active { class, .. } => {
+                    let bitmap = &words[(heap.bitmaps_at + segment * BITMAP_WORDS_PER_SEGMENT as u64)
+                        as usize..][..BITMAP_WORDS_PER_SEGMENT as usize];
+                    for block in 0..class.blocks_per_segment() {
+                        if bitmap[(block / 64) as usize] & 1 << (block % 64) != 0 {
+                            continue;
+                        }
+                        let live = if class.is_slice() {
+                            let g = segment * SLICE_BLOCKS_PER_SEGMENT as u64 + block as u64;
+                            SLICES_PER_BLOCK - at(heap.counters_at + g).min(SLICES_PER_BLOCK)
+                        } else {
+                            1
+                        };
+                        s.live_per_class[class.index() as usize] += live;
+                    }
+                }
+                SegmentState::RunHead { segments } => {
+                    s.live_runs += 1;
+                    s.run_segments += segments as u64;
+                }
+                _ => {}
+            }
+        }
+        // Blocks in slots have not issued their unissued slices yet.
+        for c in 0..SLICE_CLASSES {
+            for slot in 0..SLOTS_PER_CLASS {
+                let word = SlotWord(at(heap.slots_at + (c * SLOTS_PER_CLASS + slot) as u64));
+                s.live_per_class[c as usize] -= word.unissued() as u64;
+            }
+        }
+        s.live_bytes = (0..CLASSES)
+            .filter_map(SizeClass::new)
+            .map(|c| s.live_per_class[c.index() as usize] << c.unit_shift())
+            .sum::<u64>()
+            + s.run_segments * SEGMENT_BYTES;
+        s
+    }
+}

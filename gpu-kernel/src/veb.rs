@@ -1,0 +1,427 @@
+//! `VebTree`: a set of ids in `0..universe` stored as a 64-ary tree of 64-bit
+//! words, the van Emde Boas-style structure Gallatin uses for segments.
+//!
+//! Level 0 holds one bit per id. A bit of level `l + 1` says that word `b` of
+//! level `l` *may* be non-empty. Leaf bits are the truth; upper bits are hints
+//! kept conservative: once every operation in flight has finished, a non-empty
+//! word always has its parent bit set. A search that follows a stale hint into
+//! an empty word just moves past it.
+//!
+//! # Concurrency
+//! Any number of threads may call any operation at once; every word is touched
+//! only through `arch` atomics with device scope.
+//! - `insert` sets the leaf bit (acq_rel RMW), then walks up setting each parent
+//!   bit that an acquire load shows clear.
+//! - `remove` clears the leaf bit; if that emptied the word it clears the parent
+//!   bit and then *re-reads the child with an RMW* (`fetch_or(0)`). If the child
+//!   is non-empty again it re-sets the parent. The re-read must be an RMW: with a
+//!   plain load this is the store-buffer pattern (insert: write child, read
+//!   parent; remove: write parent, read child) and both sides could miss the
+//!   other's write. With the RMW, either the remover's read follows the
+//!   inserter's write in the child's modification order (and sees it), or it
+//!   precedes it, and then the inserter's acq_rel RMW on the child synchronises
+//!   with the remover's and its later parent load sees the cleared bit.
+//! - Searches use relaxed device-scope loads (never stale L1 lines) and claim
+//!   with an acq_rel `fetch_and`, which is what orders the winner after the
+//!   thread that inserted the id.
+
+use crate::arch::{self, Word};
+
+/// Most levels a tree has: 64^4 = 16 M ids.
+pub const MAX_LEVELS: usize = 4;
+
+/// The geometry of a tree over `universe` ids; shared by host and device.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct TreeShape {
+    /// Ids are `0..universe`.
+    pub universe: u32,
+    /// Levels in use (1..=4).
+    pub levels: u32,
+    /// First word of each level; level 0 holds the leaves.
+    pub level_start: [u32; MAX_LEVELS],
+    /// Words of level `l` (0 for unused levels).
+    pub level_words: [u32; MAX_LEVELS],
+    /// Words in the whole tree.
+    pub words: u32,
+    /// Padding to a multiple of 8 bytes.
+    pub _pad: u32,
+}
+
+impl TreeShape {
+    /// The shape of a tree over `universe` ids (`1..=64^4`).
+    pub const fn new(universe: u32) -> TreeShape {
+        assert!(universe >= 1 && (universe as u64) <= 1 << (6 * MAX_LEVELS));
+        let mut level_start = [0u32; MAX_LEVELS];
+        let mut level_words = [0u32; MAX_LEVELS];
+        let mut count = universe.div_ceil(64);
+        let mut start = 0;
+        let mut levels = 0;
+        loop {
+            level_start[levels] = start;
+            level_words[levels] = count;
+            start += count;
+            levels += 1;
+            if count == 1 {
+                break;
+            }
+            count = count.div_ceil(64);
+        }
+        TreeShape {
+            universe,
+            levels: levels as u32,
+            level_start,
+            level_words,
+            words: start,
+            _pad: 0,
+        }
+    }
+
+    /// The words of a tree holding every id of the universe.
+    pub fn full_image(&self, out: &mut [u64]) {
+        assert!(out.len() >= self.words as usize);
+        let mut bits = self.universe as u64;
+        for l in 0..self.levels as usize {
+            for w in 0..self.level_words[l] as u64 {
+                let lo = w * 64;
+                let n = bits.saturating_sub(lo).min(64);
+                out[(self.level_start[l] as u64 + w) as usize] =
+                    if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+            }
+            bits = self.level_words[l] as u64;
+        }
+    }
+}
+
+/// A tree over words the caller owns.
+#[derive(Clone, Copy)]
+pub struct VebTree<'a> {
+    words: &'a [Word],
+    shape: &'a TreeShape,
+}
+
+#[inline(always)]
+fn bit(i: u32) -> u64 {
+    1u64 << (i & 63)
+}
+
+impl<'a> VebTree<'a> {
+    /// A view of `words` (at least `shape.words` long) as a tree.
+    #[inline(always)]
+    pub fn new(words: &'a [Word], shape: &'a TreeShape) -> VebTree<'a> {
+        debug_assert!(words.len() >= shape.words as usize);
+        VebTree { words, shape }
+    }
+
+    /// The number of ids.
+    #[inline(always)]
+    pub fn universe(&self) -> u32 {
+        self.shape.universe
+    }
+
+    /// Word `index` of `level`.
+    #[inline(always)]
+    fn word(&self, level: u32, index: u32) -> &'a Word {
+        let at = self.shape.level_start[level as usize] + index;
+        // SAFETY: callers pass index < level_words[level]; the slice holds
+        // every word of the shape (checked in `new` in debug builds).
+        unsafe { self.words.get_unchecked(at as usize) }
+    }
+
+    /// Whether `i` is in the set (a snapshot).
+    pub fn contains(&self, i: u32) -> bool {
+        arch::load_relaxed(self.word(0, i >> 6)) & bit(i) != 0
+    }
+
+    /// Adds `i`. Idempotent.
+    #[inline]
+    pub fn insert(&self, i: u32) {
+        arch::fetch_or_acq_rel(self.word(0, i >> 6), bit(i));
+        self.mark_up_from(1, i >> 6);
+    }
+
+    /// Sets the hint bit `b` at `level` and above, stopping at a bit that is
+    /// already set (its ancestors are then set or being set).
+    #[inline]
+    fn mark_up_from(&self, level: u32, mut b: u32) {
+        let mut l = level;
+        while l < self.shape.levels {
+            let w = self.word(l, b >> 6);
+            if arch::load_acquire(w) & bit(b) != 0 {
+                return;
+            }
+            arch::fetch_or_acq_rel(w, bit(b));
+            b >>= 6;
+            l += 1;
+        }
+    }
+
+    /// Removes `i`; returns whether this call removed it (false if it was
+    /// absent or another thread removed it first).
+    #[inline]
+    pub fn remove(&self, i: u32) -> bool {
+        let old = arch::fetch_and_acq_rel(self.word(0, i >> 6), !bit(i));
+        if old & bit(i) == 0 {
+            return false;
+        }
+        if old & !bit(i) == 0 {
+            self.unmark_up_from(1, i >> 6);
+        }
+        true
+    }
+
+    /// Clears hint bit `b` at `level` (its child word was seen empty), then
+    /// re-checks the child and repairs the hint if it filled again.
+    fn unmark_up_from(&self, level: u32, mut b: u32) {
+        let mut l = level;
+        while l < self.shape.levels {
+            let w = self.word(l, b >> 6);
+            let old = arch::fetch_and_acq_rel(w, !bit(b));
+            // An RMW, not a load: see the module docs.
+            if arch::fetch_or_acq_rel(self.word(l - 1, b), 0) != 0 {
+                self.mark_up_from(l, b);
+                return;
+            }
+            if old & !bit(b) != 0 {
+                return;
+            }
+            b >>= 6;
+            l += 1;
+        }
+    }
+
+    /// The lowest id `>= from` in the set, if any (a snapshot).
+    pub fn successor(&self, from: u32) -> Option<u32> {
+        let mut x = from;
+        'search: loop {
+            if x >= self.shape.universe {
+                return None;
+            }
+            // Climb until a word shows a set bit at or after our position.
+            let mut l = 0;
+            let mut b = x;
+            loop {
+                let masked = arch::load_relaxed(self.word(l, b >> 6)) & (u64::MAX << (b & 63));
+                if masked != 0 {
+                    b = (b & !63) | masked.trailing_zeros();
+                    break;
+                }
+                l += 1;
+                if l == self.shape.levels {
+                    return None;
+                }
+                b = (b >> 6) + 1;
+                if b >= self.shape.level_words[l as usize - 1] {
+                    return None;
+                }
+            }
+            // Descend along the lowest set bits.
+            while l > 0 {
+                l -= 1;
+                let w = arch::load_relaxed(self.word(l, b));
+                if w == 0 {
+                    // A stale hint: skip the subtree under word `b` of level `l`.
+                    x = (b + 1) << (6 * (l + 1));
+                    continue 'search;
+                }
+                b = b * 64 + w.trailing_zeros();
+            }
+            if b < from {
+                x = from;
+                continue;
+            }
+            return (b < self.shape.universe).then_some(b);
+        }
+    }
+
+    /// Removes and returns the lowest id, retrying when another thread takes
+    /// the one found first. `None` when the set is empty.
+    #[inline]
+    pub fn claim_lowest(&self) -> Option<u32> {
+        loop {
+            let i = self.successor(0)?;
+            if self.remove(i) {
+                return Some(i);
+            }
+        }
+    }
+
+    /// Removes a run of `count` consecutive ids, searching from the top so
+    /// that runs and single ids (taken from the bottom) stay apart. Returns the
+    /// first id of the run.
+    pub fn claim_run_from_top(&self, count: u32) -> Option<u32> {
+        if count == 0 || count > self.shape.universe {
+            return None;
+        }
+        let mut end = self.shape.universe;
+        loop {
+            let start = self.find_run_below(end, count)?;
+            let mut claimed = 0;
+            while claimed < count && self.remove(start + claimed) {
+                claimed += 1;
+            }
+            if claimed == count {
+                return Some(start);
+            }
+            // Lost a race inside the run: give back what we took and search
+            // below the id we failed on.
+            self.release_run(start, claimed);
+            end = start + claimed;
+        }
+    }
+
+    /// The start of the highest run of `count` set ids that ends at or
+    /// before `end` (a snapshot).
+    fn find_run_below(&self, end: u32, count: u32) -> Option<u32> {
+        let mut run = 0;
+        let mut i = end;
+        let mut cached_index = u32::MAX;
+        let mut cached = 0u64;
+        while i > 0 {
+            i -= 1;
+            if i >> 6 != cached_index {
+                cached_index = i >> 6;
+                cached = arch::load_relaxed(self.word(0, cached_index));
+                if cached == 0 {
+                    run = 0;
+                    i &= !63;
+                    continue;
+                }
+            }
+            if cached & bit(i) != 0 {
+                run += 1;
+                if run == count {
+                    return Some(i);
+                }
+            } else {
+                run = 0;
+            }
+        }
+        None
+    }
+
+    /// Inserts the ids `start..start + count`.
+    pub fn release_run(&self, start: u32, count: u32) {
+        for i in start..start + count {
+            self.insert(i);
+        }
+    }
+
+    /// The number of ids in the set (a snapshot; host-side checks).
+    pub fn count(&self) -> u32 {
+        (0..self.shape.level_words[0])
+            .map(|w| arch::load_relaxed(self.word(0, w)).count_ones())
+            .sum()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::vec::Vec;
+
+    fn words(n: u32) -> Vec<Word> {
+        (0..n).map(|_| Word::new(0)).collect()
+    }
+
+    #[test]
+    fn shape_levels() {
+        assert_eq!(TreeShape::new(1).levels, 1);
+        assert_eq!(TreeShape::new(64).levels, 1);
+        assert_eq!(TreeShape::new(65).levels, 2);
+        assert_eq!(TreeShape::new(4096).levels, 2);
+        assert_eq!(TreeShape::new(4097).levels, 3);
+        assert_eq!(TreeShape::new(4097).words, 65 + 2 + 1);
+    }
+
+    #[test]
+    fn insert_remove_successor_against_a_model() {
+        for universe in [1u32, 63, 64, 65, 200, 4096, 5000, 300_000] {
+            let shape = TreeShape::new(universe);
+            let w = words(shape.words);
+            let t = VebTree::new(&w, &shape);
+            let mut model = std::collections::BTreeSet::new();
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ universe as u64;
+            for _ in 0..4000 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let i = (seed % universe as u64) as u32;
+                match seed >> 62 {
+                    0 | 1 => {
+                        t.insert(i);
+                        model.insert(i);
+                    }
+                    2 => assert_eq!(t.remove(i), model.remove(&i)),
+                    _ => assert_eq!(t.successor(i), model.range(i..).next().copied()),
+                }
+            }
+            assert_eq!(t.count() as usize, model.len());
+            assert_eq!(t.successor(0), model.iter().next().copied());
+        }
+    }
+
+    #[test]
+    fn full_image_claims_every_id_in_order() {
+        let shape = TreeShape::new(4200);
+        let mut image = std::vec![0u64; shape.words as usize];
+        shape.full_image(&mut image);
+        let w: Vec<Word> = image.iter().map(|&v| Word::new(v)).collect();
+        let t = VebTree::new(&w, &shape);
+        for i in 0..4200 {
+            assert_eq!(t.claim_lowest(), Some(i));
+        }
+        assert_eq!(t.claim_lowest(), None);
+    }
+
+    #[test]
+    fn runs_from_the_top() {
+        let shape = TreeShape::new(300);
+        let w = words(shape.words);
+        let t = VebTree::new(&w, &shape);
+        t.release_run(0, 300);
+        t.remove(297);
+        assert_eq!(t.claim_run_from_top(3), Some(294));
+        assert_eq!(t.claim_run_from_top(2), Some(298));
+        assert_eq!(t.claim_run_from_top(300), None);
+        assert_eq!(t.count(), 300 - 6);
+        t.release_run(294, 3);
+        assert_eq!(t.claim_run_from_top(297), Some(0));
+        assert_eq!(t.count(), 0);
+    }
+
+    #[test]
+    fn threads_claim_each_id_once() {
+        let shape = TreeShape::new(10_000);
+        let mut image = std::vec![0u64; shape.words as usize];
+        shape.full_image(&mut image);
+        let w: Vec<Word> = image.iter().map(|&v| Word::new(v)).collect();
+        let t = VebTree::new(&w, &shape);
+        let taken: Vec<Vec<u32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut mine = Vec::new();
+                        // Claim, give back a third, claim again: churn.
+                        while let Some(i) = t.claim_lowest() {
+                            if i % 3 == 0 && mine.len() % 2 == 0 {
+                                t.insert(i);
+                                mine.push(u32::MAX);
+                            } else {
+                                mine.push(i);
+                            }
+                        }
+                        mine.retain(|&i| i != u32::MAX);
+                        mine
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut all: Vec<u32> = taken.into_iter().flatten().collect();
+        all.sort();
+        assert_eq!(all, (0..10_000).collect::<Vec<_>>());
+        assert_eq!(t.successor(0), None);
+    }
+}

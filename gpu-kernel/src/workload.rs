@@ -1,0 +1,63 @@
+//! The work test and benchmark kernels do on each allocation, shared by the
+//! GPU kernels and their CPU twins so both do exactly the same thing: a
+//! seeded size for mixed-size runs, and a pattern written into every byte of
+//! an allocation and verified later (never zeros, different per thread).
+
+/// splitmix64: a well-mixed 64-bit hash.
+#[inline(always)]
+pub fn hash64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The size thread `id` asks for in a mixed run: uniform in `lo..=hi`.
+#[inline(always)]
+pub fn mixed_size(seed: u64, id: u64, lo: u64, hi: u64) -> u64 {
+    lo + hash64(seed ^ hash64(id)) % (hi - lo + 1)
+}
+
+/// The pattern word `index` of the allocation of thread `id`.
+#[inline(always)]
+pub fn pattern(id: u64, index: u64) -> u64 {
+    hash64(id << 20 ^ index) | 1
+}
+
+/// Writes the pattern of `id` into `size` bytes at `p`.
+///
+/// # Safety
+/// `p` must be valid for `size` bytes of writes and 8-byte aligned.
+#[inline]
+pub unsafe fn fill(p: *mut u8, size: u64, id: u64) {
+    let words = size / 8;
+    for i in 0..words {
+        // SAFETY: i < size / 8 and p is aligned and valid for size bytes.
+        unsafe { (p as *mut u64).add(i as usize).write(pattern(id, i)) };
+    }
+    let tail = pattern(id, words);
+    for i in words * 8..size {
+        // SAFETY: i < size.
+        unsafe { p.add(i as usize).write((tail >> ((i % 8) * 8)) as u8) };
+    }
+}
+
+/// Counts the words (and tail bytes) at `p` that do not hold `id`'s pattern.
+///
+/// # Safety
+/// `p` must be valid for `size` bytes of reads and 8-byte aligned.
+#[inline]
+pub unsafe fn verify(p: *const u8, size: u64, id: u64) -> u64 {
+    let words = size / 8;
+    let mut wrong = 0;
+    for i in 0..words {
+        // SAFETY: as in `fill`.
+        wrong += (unsafe { (p as *const u64).add(i as usize).read() } != pattern(id, i)) as u64;
+    }
+    let tail = pattern(id, words);
+    for i in words * 8..size {
+        // SAFETY: i < size.
+        wrong += (unsafe { p.add(i as usize).read() } != (tail >> ((i % 8) * 8)) as u8) as u64;
+    }
+    wrong
+}

@@ -1,0 +1,47 @@
+//! `HeapConfig`: what a user chooses when creating a heap.
+
+use gpu_kernel::layout::{CHECK_DOUBLE_FREE, TRAP_ON_MISUSE};
+
+/// Options of a heap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapConfig {
+    /// Bytes of heap data (rounded down to whole segments). `None`: most of
+    /// the GPU's free memory (see [`HeapConfig::DEFAULT_FREE_FRACTION`]).
+    pub bytes: Option<u64>,
+    /// Keep one bit per slice so a double free of a slice is detected
+    /// (0.8% more memory; one more atomic per free).
+    pub check_double_free: bool,
+    /// Stop the kernel with a message on a wild or double free (it is always
+    /// counted). On the CPU heap this panics.
+    pub trap_on_misuse: bool,
+}
+
+impl HeapConfig {
+    /// Share of free GPU memory a default heap takes.
+    pub const DEFAULT_FREE_FRACTION: f64 = 0.8;
+
+    /// A heap of `bytes` with the checks of this build profile: both on in
+    /// debug builds, off in release builds.
+    pub fn with_bytes(bytes: u64) -> HeapConfig {
+        HeapConfig {
+            bytes: Some(bytes),
+            ..HeapConfig::default()
+        }
+    }
+
+    /// The kernel-side flags.
+    pub fn flags(&self) -> u32 {
+        (if self.check_double_free { CHECK_DOUBLE_FREE } else { 0 })
+            | (if self.trap_on_misuse { TRAP_ON_MISUSE } else { 0 })
+    }
+}
+
+impl Default for HeapConfig {
+    fn default() -> HeapConfig {
+        HeapConfig {
+            bytes: None,
+            check_double_free: cfg!(debug_assertions),
+            trap_on_misuse: cfg!(debug_assertions),
+        }
+    }
+}

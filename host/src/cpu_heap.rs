@@ -1,0 +1,99 @@
+//! `CpuHeap`: the device heap in host memory, for host threads. Each host
+//! thread acts as a one-lane warp (see `gpu_kernel::arch`), so this runs the
+//! exact allocator code the GPU runs, minus warp coalescing.
+
+use std::alloc::{Layout, alloc, dealloc};
+
+use gpu_kernel::Heap;
+use gpu_kernel::arch::Word;
+use gpu_kernel::layout::LayoutError;
+use gpu_kernel::stats::HeapStats;
+
+use crate::config::HeapConfig;
+use crate::error::{Error, Result};
+
+/// Alignment of the data region: the largest slice.
+const DATA_ALIGN: usize = 4096;
+
+/// A heap in host memory.
+pub struct CpuHeap {
+    heap: Heap,
+    data: *mut u8,
+    data_layout: Layout,
+    metadata: Vec<Word>,
+}
+
+// SAFETY: all shared state is reached through atomics (`Word`); `data` is
+// plain memory handed out to one owner at a time by the allocator.
+unsafe impl Send for CpuHeap {}
+// SAFETY: as above.
+unsafe impl Sync for CpuHeap {}
+
+impl CpuHeap {
+    /// A heap of `config.bytes` (required on the CPU) bytes, rounded down
+    /// to whole segments.
+    pub fn new(config: HeapConfig) -> Result<CpuHeap> {
+        let bytes = config.bytes.ok_or(Error::HeapSize {
+            bytes: 0,
+            why: "a CPU heap needs an explicit size",
+        })?;
+        let mut heap = Heap::layout_for_bytes(bytes, config.flags()).map_err(|e| Error::HeapSize {
+            bytes,
+            why: match e {
+                LayoutError::TooSmall => "smaller than one segment (16 MiB)",
+                LayoutError::TooLarge => "more segments than the heap supports",
+            },
+        })?;
+        let data_layout = Layout::from_size_align(heap.data_bytes() as usize, DATA_ALIGN)
+            .map_err(|_| Error::HeapSize { bytes, why: "too large for this host" })?;
+        // SAFETY: the layout has a non-zero size (at least one segment).
+        let data = unsafe { alloc(data_layout) };
+        if data.is_null() {
+            return Err(Error::HeapSize { bytes, why: "host memory allocation failed" });
+        }
+        let mut image = vec![0u64; heap.metadata_words as usize];
+        heap.write_initial_metadata(&mut image);
+        let metadata: Vec<Word> = image.into_iter().map(Word::new).collect();
+        heap.data = data as u64;
+        heap.metadata = metadata.as_ptr() as u64;
+        Ok(CpuHeap {
+            heap,
+            data,
+            data_layout,
+            metadata,
+        })
+    }
+
+    /// The heap handle (its methods are `malloc` and `free`).
+    pub fn heap(&self) -> &Heap {
+        &self.heap
+    }
+
+    /// Bytes of data the heap manages.
+    pub fn bytes(&self) -> u64 {
+        self.heap.data_bytes()
+    }
+
+    /// Empties the per-class slots so partly used blocks go back to their
+    /// segments (safe while other threads allocate).
+    pub fn flush(&self) {
+        self.heap.flush_slots();
+    }
+
+    /// What the heap holds. Exact when no thread is using it.
+    pub fn stats(&self) -> HeapStats {
+        let words: Vec<u64> = self
+            .metadata
+            .iter()
+            .map(gpu_kernel::arch::load_relaxed)
+            .collect();
+        HeapStats::from_snapshot(&self.heap, &words)
+    }
+}
+
+impl Drop for CpuHeap {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.data, self.data_layout) };
+    }
+}

@@ -1,0 +1,103 @@
+//! `DeviceHeap`: a heap in GPU memory. Lays out the data and the metadata,
+//! writes the initial image, hands out the `Heap` handle kernels take, and
+//! reads statistics back. Dropping it frees both allocations.
+
+use cudarc::driver::CudaSlice;
+use gpu_kernel::Heap;
+use gpu_kernel::class::SEGMENT_BYTES;
+use gpu_kernel::layout::LayoutError;
+use gpu_kernel::stats::HeapStats;
+
+use crate::config::HeapConfig;
+use crate::error::{DriverCall, Error, Result};
+use crate::gpu::{Arg, Gpu, HeapParam};
+
+/// Alignment of the data region (a segment's start is aligned to this).
+const DATA_ALIGN: u64 = 2 << 20;
+
+/// A heap in GPU memory.
+pub struct DeviceHeap {
+    gpu: Gpu,
+    heap: Heap,
+    _data: CudaSlice<u8>,
+    metadata: CudaSlice<u64>,
+}
+
+impl DeviceHeap {
+    /// Creates a heap of `config.bytes` (default: most of the free memory).
+    pub fn new(gpu: &Gpu, config: HeapConfig) -> Result<DeviceHeap> {
+        let bytes = match config.bytes {
+            Some(b) => b,
+            None => (gpu.memory()?.0 as f64 * HeapConfig::DEFAULT_FREE_FRACTION) as u64,
+        };
+        let mut heap = Heap::layout_for_bytes(bytes, config.flags()).map_err(|e| Error::HeapSize {
+            bytes,
+            why: match e {
+                LayoutError::TooSmall => "smaller than one segment (16 MiB)",
+                LayoutError::TooLarge => "more segments than the heap supports",
+            },
+        })?;
+        // SAFETY: the data region is written by its users before it is read.
+        let data = unsafe { gpu.stream().alloc::<u8>((heap.data_bytes() + DATA_ALIGN) as usize) }
+            .call("cuMemAlloc(heap data)")?;
+        let mut image = vec![0u64; heap.metadata_words as usize];
+        heap.write_initial_metadata(&mut image);
+        let metadata = gpu.upload(&image)?;
+        heap.data = gpu.address(&data).next_multiple_of(DATA_ALIGN);
+        heap.metadata = gpu.address(&metadata);
+        gpu.sync()?;
+        Ok(DeviceHeap {
+            gpu: gpu.clone(),
+            heap,
+            _data: data,
+            metadata,
+        })
+    }
+
+    /// The handle kernels take.
+    pub fn handle(&self) -> Heap {
+        self.heap
+    }
+
+    /// The handle as a kernel argument.
+    pub fn arg(&self) -> Arg {
+        Arg::Heap(HeapParam(self.heap))
+    }
+
+    /// Bytes of data the heap manages.
+    pub fn bytes(&self) -> u64 {
+        self.heap.data_bytes()
+    }
+
+    /// Segments in the heap.
+    pub fn segments(&self) -> u64 {
+        self.heap.data_bytes() / SEGMENT_BYTES
+    }
+
+    /// Empties the per-class slots so partly used blocks go back to their
+    /// segments (a kernel; safe while other kernels allocate).
+    pub fn flush(&self) -> Result<()> {
+        let threads = (gpu_kernel::class::SLICE_CLASSES * gpu_kernel::slot::SLOTS_PER_CLASS) as u64;
+        self.gpu.launch("heap_flush", threads, &[self.arg()])
+    }
+
+    /// Waits for the stream, then reads what the heap holds. Call it when no
+    /// kernel is using the heap.
+    pub fn stats(&self) -> Result<HeapStats> {
+        self.gpu.sync()?;
+        let words = self.gpu.download(&self.metadata)?;
+        Ok(HeapStats::from_snapshot(&self.heap, &words))
+    }
+
+    /// Returns every allocation at once: rewrites the initial metadata.
+    /// Only when no kernel uses the heap and no pointer into it is kept.
+    pub fn reset(&mut self) -> Result<()> {
+        let mut image = vec![0u64; self.heap.metadata_words as usize];
+        self.heap.write_initial_metadata(&mut image);
+        self.gpu
+            .stream()
+            .memcpy_htod(&image, &mut self.metadata)
+            .call("cuMemcpyHtoD")?;
+        self.gpu.sync()
+    }
+}

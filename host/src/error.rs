@@ -1,0 +1,68 @@
+//! Errors of the host API. Each names what failed and, for driver calls, the
+//! call and the driver's own message.
+
+use std::fmt;
+
+/// Result of host calls.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong.
+#[derive(Debug)]
+pub enum Error {
+    /// `libcuda` could not be loaded: no NVIDIA driver on this machine.
+    NoDriver,
+    /// The driver loaded but reports no GPU.
+    NoDevice,
+    /// A driver call failed.
+    Driver {
+        /// The call, e.g. `cuModuleLoadData`.
+        call: &'static str,
+        /// The driver's error.
+        source: cudarc::driver::DriverError,
+    },
+    /// The heap size cannot be laid out.
+    HeapSize {
+        /// Bytes asked for.
+        bytes: u64,
+        /// Why not.
+        why: &'static str,
+    },
+    /// A self-test or check found a wrong value.
+    Check(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NoDriver => write!(
+                f,
+                "no NVIDIA driver: libcuda could not be loaded (is this a machine with a GPU?)"
+            ),
+            Error::NoDevice => write!(f, "the NVIDIA driver reports no GPU"),
+            Error::Driver { call, source } => write!(f, "{call} failed: {source}"),
+            Error::HeapSize { bytes, why } => write!(f, "cannot make a heap of {bytes} bytes: {why}"),
+            Error::Check(what) => write!(f, "check failed: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Driver { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Attaches the name of the driver call to a cudarc result.
+pub trait DriverCall<T> {
+    /// Names the call that produced this result.
+    fn call(self, call: &'static str) -> Result<T>;
+}
+
+impl<T> DriverCall<T> for std::result::Result<T, cudarc::driver::DriverError> {
+    fn call(self, call: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Driver { call, source })
+    }
+}

@@ -1,0 +1,190 @@
+//! `Gpu`: one CUDA device with one stream and the loaded PTX module, over
+//! cudarc's driver API (loaded at run time). Every failure names the driver
+//! call.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg, sys,
+};
+use cudarc::nvrtc::Ptx;
+use gpu_kernel::Heap;
+
+use crate::error::{DriverCall, Error, Result};
+
+/// Threads per block of every launch.
+pub const BLOCK_THREADS: u32 = 256;
+
+/// A kernel parameter.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// A 64-bit value or device address.
+    U64(u64),
+    /// A 32-bit value.
+    U32(u32),
+    /// A heap handle, passed by value.
+    Heap(HeapParam),
+}
+
+/// A `Heap` as a kernel parameter.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug)]
+pub struct HeapParam(pub Heap);
+
+// SAFETY: `Heap` is `#[repr(C)]` and `Pod`; the kernels declare the same
+// struct by value.
+unsafe impl DeviceRepr for HeapParam {}
+
+/// One GPU, its stream, and the loaded module.
+#[derive(Clone)]
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    functions: Arc<Mutex<HashMap<String, CudaFunction>>>,
+}
+
+impl Gpu {
+    /// Checks that a driver and at least one GPU are present.
+    pub fn available() -> Result<()> {
+        // SAFETY: only tries to load the library; no CUDA call is made.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoDriver);
+        }
+        match CudaContext::device_count().call("cuDeviceGetCount")? {
+            0 => Err(Error::NoDevice),
+            _ => Ok(()),
+        }
+    }
+
+    /// Opens device `ordinal` and loads `ptx` into it.
+    pub fn open(ordinal: usize, ptx: &str) -> Result<Gpu> {
+        Gpu::available()?;
+        let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
+        // One stream, synchronised explicitly: cudarc's per-buffer events
+        // would add driver calls around every launch.
+        // SAFETY: nothing is in flight yet.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let module = ctx
+            .load_module(Ptx::from_src(ptx))
+            .call("cuModuleLoadData")?;
+        Ok(Gpu {
+            ctx,
+            stream,
+            module,
+            functions: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> Result<String> {
+        self.ctx.name().call("cuDeviceGetName")
+    }
+
+    /// The driver's CUDA version, e.g. "13.0".
+    pub fn driver_version(&self) -> Result<String> {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        unsafe { sys::cuDriverGetVersion(&mut v) }
+            .result()
+            .call("cuDriverGetVersion")?;
+        Ok(format!("{}.{}", v / 1000, (v % 1000) / 10))
+    }
+
+    /// (free, total) bytes of device memory.
+    pub fn memory(&self) -> Result<(u64, u64)> {
+        let (free, total) = self.ctx.mem_get_info().call("cuMemGetInfo")?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Sets the size of CUDA's own device-malloc heap (the baseline).
+    pub fn set_malloc_heap_size(&self, bytes: u64) -> Result<()> {
+        self.ctx
+            .set_limit(sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, bytes as usize)
+            .call("cuCtxSetLimit(MALLOC_HEAP_SIZE)")
+    }
+
+    /// The stream every call uses.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Waits for all launched work.
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().call("cuStreamSynchronize")
+    }
+
+    /// `n` zeroed words of device memory.
+    pub fn zeros(&self, n: usize) -> Result<CudaSlice<u64>> {
+        self.stream.alloc_zeros::<u64>(n.max(1)).call("cuMemAllocAsync")
+    }
+
+    /// A device copy of `words`.
+    pub fn upload(&self, words: &[u64]) -> Result<CudaSlice<u64>> {
+        self.stream.clone_htod(words).call("cuMemcpyHtoD")
+    }
+
+    /// A host copy of a device buffer.
+    pub fn download(&self, buffer: &CudaSlice<u64>) -> Result<Vec<u64>> {
+        self.stream.clone_dtoh(buffer).call("cuMemcpyDtoH")
+    }
+
+    /// The device address of a buffer.
+    pub fn address<T>(&self, buffer: &CudaSlice<T>) -> u64 {
+        buffer.device_ptr(&self.stream).0
+    }
+
+    fn function(&self, kernel: &str) -> Result<CudaFunction> {
+        let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = map.get(kernel) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module
+            .load_function(kernel)
+            .call("cuModuleGetFunction")?;
+        map.insert(kernel.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// Launches `kernel` over `threads` threads (rounded up to whole blocks;
+    /// every kernel takes its thread count and skips the rest).
+    pub fn launch(&self, kernel: &str, threads: u64, args: &[Arg]) -> Result<()> {
+        let f = self.function(kernel)?;
+        let blocks = threads.div_ceil(BLOCK_THREADS as u64).max(1);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (BLOCK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut builder = self.stream.launch_builder(&f);
+        for a in args {
+            match a {
+                Arg::U64(v) => builder.arg(v),
+                Arg::U32(v) => builder.arg(v),
+                Arg::Heap(h) => builder.arg(h),
+            };
+        }
+        // SAFETY: the argument lists of our kernels are fixed by
+        // `gpu_kernel::kernels`; each caller in this crate passes them in
+        // order with buffers it keeps alive until it synchronises.
+        unsafe { builder.launch(cfg) }.call("cuLaunchKernel")?;
+        Ok(())
+    }
+
+    /// Runs `work` between two events and returns the milliseconds between
+    /// them (after synchronising).
+    pub fn time(&self, work: impl FnOnce() -> Result<()>) -> Result<f64> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.ctx.new_event(flags).call("cuEventCreate")?;
+        let end = self.ctx.new_event(flags).call("cuEventCreate")?;
+        start.record(&self.stream).call("cuEventRecord")?;
+        work()?;
+        end.record(&self.stream).call("cuEventRecord")?;
+        end.synchronize().call("cuEventSynchronize")?;
+        Ok(start.elapsed_ms(&end).call("cuEventElapsedTime")? as f64)
+    }
+}

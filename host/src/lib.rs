@@ -1,0 +1,24 @@
+//! Host side of gpumalloc: sets up the device heap on a GPU through the CUDA
+//! driver (loaded at run time with `cudarc`, so nothing here needs a CUDA
+//! toolkit to build) or on the CPU, reports what it holds, and runs the
+//! architecture self-test.
+//!
+//! - [`gpu::Gpu`]: one device, one stream, the loaded PTX module.
+//! - [`device_heap::DeviceHeap`]: a heap in GPU memory.
+//! - [`cpu_heap::CpuHeap`]: the same heap in host memory, used by host threads
+//!   (tests, and the benchmark when no GPU is present).
+//! - [`selftest`]: runs `gpumalloc_selftest` and checks every result.
+
+pub mod config;
+pub mod cpu_heap;
+pub mod device_heap;
+pub mod error;
+pub mod gpu;
+pub mod selftest;
+
+pub use config::HeapConfig;
+pub use cpu_heap::CpuHeap;
+pub use device_heap::DeviceHeap;
+pub use error::{Error, Result};
+pub use gpu::Gpu;
+pub use gpu_kernel::stats::HeapStats;

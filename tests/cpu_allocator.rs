@@ -1,0 +1,209 @@
+//! The allocator on the CPU: host threads are one-lane warps running the same
+//! code as the GPU. Boundaries of every class, churn by many threads with
+//! patterns written and verified, exhaustion and recovery, bad input.
+
+use std::collections::HashSet;
+
+use gpumalloc::gpu_kernel::class::{SEGMENT_BYTES, SLICE_CLASSES};
+use gpumalloc::gpu_kernel::workload::{fill, hash64, verify};
+use gpumalloc::{CpuHeap, HeapConfig};
+
+const MIB: u64 = 1 << 20;
+
+fn heap(bytes: u64) -> CpuHeap {
+    CpuHeap::new(HeapConfig {
+        bytes: Some(bytes),
+        check_double_free: true,
+        trap_on_misuse: false,
+    })
+    .expect("CPU heap")
+}
+
+/// Allocates, fills and verifies `size` bytes; returns the pointer.
+fn alloc_checked(h: &CpuHeap, size: u64, id: u64) -> *mut u8 {
+    let p = h.heap().malloc(size);
+    assert!(!p.is_null(), "malloc({size}) returned null");
+    let offset = p as u64 - h.heap().data;
+    assert!(offset + size <= h.bytes(), "malloc({size}) out of the heap");
+    // SAFETY: p is a fresh allocation of at least `size` bytes.
+    unsafe { fill(p, size, id) };
+    p
+}
+
+#[test]
+fn every_boundary_size() {
+    let h = heap(256 * MIB);
+    let whole = h.bytes();
+    assert!(h.heap().malloc(0).is_null(), "malloc(0) must be null");
+    assert!(h.heap().malloc(whole + 1).is_null(), "heap + 1 must be null");
+    let sizes = [1, 16, 17, 4096, 4097, SEGMENT_BYTES, SEGMENT_BYTES + 1, 3 * SEGMENT_BYTES];
+    let ptrs: Vec<_> = sizes.iter().enumerate().map(|(i, &s)| alloc_checked(&h, s, i as u64)).collect();
+    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
+        // SAFETY: p holds `s` bytes written with pattern i.
+        assert_eq!(unsafe { verify(p, s, i as u64) }, 0, "size {s} overwritten");
+        let align = s.next_power_of_two().clamp(16, 4096);
+        assert_eq!(p as u64 % align, 0, "size {s} misaligned");
+    }
+    let stats = h.stats();
+    assert_eq!(stats.live_allocations(), sizes.len() as u64);
+    for p in ptrs {
+        h.heap().free(p);
+    }
+    let stats = h.stats();
+    assert_eq!(stats.live_bytes, 0, "{stats:?}");
+    assert_eq!(stats.failed_mallocs, 1, "only heap + 1 should have failed");
+    // The whole heap in one piece, after the slots give back their blocks.
+    let p = alloc_checked(&h, whole, 99);
+    h.heap().free(p);
+    assert_eq!(h.stats().free_segments, h.stats().segments);
+}
+
+#[test]
+fn each_slice_class_fills_blocks_without_overlap() {
+    let h = heap(512 * MIB);
+    for c in 0..SLICE_CLASSES {
+        let size = 16u64 << c;
+        let count = (8 * MIB / size).min(20_000);
+        let ptrs: Vec<_> = (0..count).map(|i| alloc_checked(&h, size, i)).collect();
+        let distinct: HashSet<_> = ptrs.iter().collect();
+        assert_eq!(distinct.len(), ptrs.len());
+        for (i, &p) in ptrs.iter().enumerate() {
+            // SAFETY: p holds `size` bytes written with pattern i.
+            assert_eq!(unsafe { verify(p, size, i as u64) }, 0, "class {size}: slice {i} overwritten");
+            h.heap().free(p);
+        }
+        let s = h.stats();
+        assert_eq!(s.live_bytes, 0, "class {size}: {s:?}");
+    }
+}
+
+/// Workload: 8 threads, each keeping up to 64 live allocations of random
+/// sizes (mostly slices, some blocks, rarely runs), filling each with its own
+/// pattern and verifying it before freeing. Fixed seeds.
+#[test]
+fn threads_churn_random_sizes() {
+    let h = heap(1024 * MIB);
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let h = &h;
+            s.spawn(move || {
+                let mut live: Vec<(*mut u8, u64, u64)> = Vec::new();
+                for i in 0..4000u64 {
+                    let r = hash64(t << 32 | i);
+                    let size = match r % 100 {
+                        0 => SEGMENT_BYTES + r % SEGMENT_BYTES,
+                        1..=10 => 4097 + r % (256 * 1024),
+                        _ => 1 + r % 4096,
+                    };
+                    let id = t << 32 | i;
+                    let p = h.heap().malloc(size);
+                    if p.is_null() {
+                        panic!("thread {t}: malloc({size}) null with memory to spare");
+                    }
+                    // SAFETY: fresh allocation of `size` bytes.
+                    unsafe { fill(p, size, id) };
+                    live.push((p, size, id));
+                    if live.len() > 64 || (r >> 40) % 3 == 0 {
+                        let k = (r >> 20) as usize % live.len();
+                        let (p, size, id) = live.swap_remove(k);
+                        // SAFETY: p holds `size` bytes written with pattern id.
+                        assert_eq!(unsafe { verify(p, size, id) }, 0, "overlap detected");
+                        h.heap().free(p);
+                    }
+                }
+                for (p, size, id) in live {
+                    // SAFETY: as above.
+                    assert_eq!(unsafe { verify(p, size, id) }, 0, "overlap detected");
+                    h.heap().free(p);
+                }
+            });
+        }
+    });
+    let stats = h.stats();
+    assert_eq!(stats.live_bytes, 0, "{stats:?}");
+    assert_eq!(stats.live_allocations(), 0);
+    assert_eq!(stats.invalid_frees + stats.double_frees, 0);
+    let whole = h.heap().malloc(h.bytes());
+    assert!(!whole.is_null(), "the whole heap should be free again: {:?}", h.stats());
+    h.heap().free(whole);
+}
+
+#[test]
+fn exhaustion_returns_null_and_the_heap_recovers() {
+    let h = heap(64 * MIB);
+    for size in [16u64, 256, 4096, 100_000] {
+        let mut ptrs = Vec::new();
+        loop {
+            let p = h.heap().malloc(size);
+            if p.is_null() {
+                break;
+            }
+            ptrs.push(p);
+        }
+        let handed = ptrs.len() as u64 * size;
+        let utilization = handed as f64 / h.bytes() as f64;
+        let floor = if size == 100_000 { 0.7 } else { 0.97 };
+        assert!(utilization >= floor, "size {size}: utilization {utilization}");
+        let first = ptrs.len();
+        for p in ptrs.drain(..) {
+            h.heap().free(p);
+        }
+        assert_eq!(h.stats().live_bytes, 0);
+        // A second round gets as much again.
+        loop {
+            let p = h.heap().malloc(size);
+            if p.is_null() {
+                break;
+            }
+            ptrs.push(p);
+        }
+        assert!(ptrs.len() >= first, "size {size}: {} after recovery, {first} before", ptrs.len());
+        for p in ptrs {
+            h.heap().free(p);
+        }
+        h.flush();
+        assert_eq!(h.stats().free_segments, h.stats().segments, "size {size}");
+    }
+}
+
+#[test]
+fn bad_frees_are_ignored_and_counted() {
+    let h = heap(64 * MIB);
+    h.heap().free(std::ptr::null_mut());
+    let mut outside = 0u64;
+    h.heap().free(&mut outside as *mut u64 as *mut u8);
+    let p = h.heap().malloc(64);
+    // SAFETY: a pointer inside the slice, not its start.
+    h.heap().free(unsafe { p.add(8) });
+    h.heap().free(p);
+    h.heap().free(p);
+    let big = h.heap().malloc(2 * SEGMENT_BYTES);
+    h.heap().free(big);
+    h.heap().free(big);
+    let s = h.stats();
+    // The second free of the run finds a free segment: it cannot tell a
+    // double free from a wild pointer there, and counts it as invalid.
+    assert_eq!(s.invalid_frees, 3, "{s:?}");
+    assert_eq!(s.double_frees, 1, "{s:?}");
+    assert_eq!(s.live_bytes, 0);
+}
+
+#[test]
+#[should_panic(expected = "double free")]
+fn trap_on_misuse_stops_on_double_free() {
+    let h = CpuHeap::new(HeapConfig {
+        bytes: Some(64 * MIB),
+        check_double_free: true,
+        trap_on_misuse: true,
+    })
+    .unwrap();
+    let p = h.heap().malloc(32);
+    h.heap().free(p);
+    h.heap().free(p);
+}
+
+#[test]
+fn heap_sizes_that_cannot_be_laid_out_are_errors() {
+    let e = CpuHeap::new(HeapConfig::with_bytes(MIB)).err().expect("too small");
+    assert!(e.to_string().contains("smaller than one segment"), "{e}");
+}
