@@ -1,1 +1,263 @@
-fn main() {}
+//! `gpumalloc`: the benchmark program and the GPU self-test.
+//!
+//! ```text
+//! gpumalloc bench all              # every test, each in its own process
+//! gpumalloc bench single --threads 1048576 --iters 10
+//! gpumalloc selftest               # the architecture self-test on the GPU
+//! gpumalloc plot results           # PNG figures from a results folder
+//! ```
+//! With no GPU, `bench` runs our allocator on the CPU and says so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand};
+use gpumalloc::bench::report::{Results, RunInfo};
+use gpumalloc::bench::suite::{self, Bench, Options};
+use gpumalloc::bench::{GIB, cpu, plot};
+
+#[derive(Parser)]
+#[command(name = "gpumalloc", about = "A fast malloc/free for GPU kernels: benchmarks and self-test")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Runs a benchmark test (or `all`).
+    Bench(BenchArgs),
+    /// Runs the architecture self-test kernel on the GPU.
+    Selftest {
+        /// Threads (not a multiple of 32, so one warp is partial).
+        #[arg(long, default_value_t = 100_003)]
+        threads: u64,
+    },
+    /// Draws PNG figures from the JSON files in a results folder.
+    Plot {
+        /// The folder `bench` wrote.
+        dir: PathBuf,
+    },
+}
+
+const TESTS: [&str; 7] = ["single", "mixed", "scaling", "frag", "oom", "init", "warm"];
+
+#[derive(Args, Clone)]
+struct BenchArgs {
+    /// single, mixed, scaling, frag, oom, init, warm or all.
+    test: String,
+    /// Threads, one allocation each (default 2^20; 2^18 on the CPU).
+    #[arg(long)]
+    threads: Option<u64>,
+    /// Timed rounds after one warm-up round.
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    /// Heap bytes for every allocator, e.g. 16GiB (default 16 GiB; 2 GiB
+    /// for oom and on the CPU).
+    #[arg(long, value_parser = parse_bytes)]
+    heap: Option<u64>,
+    /// Seed of mixed sizes.
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
+    /// Smallest mixed size.
+    #[arg(long, default_value_t = 16)]
+    lo: u64,
+    /// Largest mixed size.
+    #[arg(long, default_value_t = 4096)]
+    hi: u64,
+    /// Size of the scaling test.
+    #[arg(long, default_value_t = 256)]
+    scaling_size: u64,
+    /// Allocators, comma-separated (ours, cuda-malloc, bump-bound).
+    #[arg(long, value_delimiter = ',', default_value = "ours,cuda-malloc,bump-bound")]
+    allocators: Vec<String>,
+    /// Where CSV, JSON and PNG files go.
+    #[arg(long, default_value = "results")]
+    out: PathBuf,
+    /// Run on the CPU even if a GPU is present.
+    #[arg(long)]
+    cpu: bool,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = number.parse().map_err(|_| format!("not a size: {s:?}"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        _ => return Err(format!("unknown unit in {s:?} (use KiB, MiB or GiB)")),
+    };
+    Ok(n << shift)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Bench(args) => bench(args),
+        Cmd::Selftest { threads } => selftest(threads),
+        Cmd::Plot { dir } => plot_dir(&dir),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn selftest(threads: u64) -> Result<(), String> {
+    let gpu = gpumalloc::open_gpu(0).map_err(|e| format!("skipped: no GPU ({e})"))?;
+    let report = host::selftest::run(&gpu, threads).map_err(|e| e.to_string())?;
+    println!(
+        "self-test passed on {}: {} threads, {}/{} warps fully converged, {} CAS retries",
+        gpu.name().unwrap_or_default(),
+        report.threads,
+        report.converged_warps,
+        report.warps,
+        report.cas_retries
+    );
+    Ok(())
+}
+
+fn options(args: &BenchArgs, on_gpu: bool) -> Options {
+    let default_heap = if args.test == "oom" || !on_gpu { 2 * GIB } else { 16 * GIB };
+    let default_threads = if on_gpu { 1 << 20 } else { 1 << 18 };
+    Options {
+        threads: args.threads.unwrap_or(default_threads),
+        iters: args.iters,
+        heap: args.heap.unwrap_or(default_heap),
+        seed: args.seed,
+        lo: args.lo,
+        hi: args.hi,
+        scaling_size: args.scaling_size,
+        allocators: args.allocators.clone(),
+        ..Options::default()
+    }
+}
+
+fn bench(args: BenchArgs) -> Result<(), String> {
+    if args.test == "all" {
+        return bench_all(&args);
+    }
+    if !TESTS.contains(&args.test.as_str()) {
+        return Err(format!("unknown test {:?}; one of {TESTS:?} or all", args.test));
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let gpu = match (args.cpu, host::Gpu::available()) {
+        (false, Ok(())) => Some(gpumalloc::open_gpu(0).map_err(|e| e.to_string())?),
+        (true, _) => None,
+        (false, Err(e)) => {
+            eprintln!("no GPU ({e}): running our allocator on the CPU instead (labelled \"ours (cpu)\")");
+            None
+        }
+    };
+    let opts = options(&args, gpu.is_some());
+    let results = match &gpu {
+        Some(gpu) => {
+            let info = RunInfo {
+                device: "gpu".into(),
+                device_name: gpu.name().map_err(|e| e.to_string())?,
+                driver: gpu.driver_version().map_err(|e| e.to_string())?,
+                heap_bytes: opts.heap,
+                command,
+                started,
+            };
+            Results { info, records: run_gpu(gpu, &args.test, opts).map_err(|e| e.to_string())? }
+        }
+        None => {
+            let info = RunInfo {
+                device: "cpu".into(),
+                device_name: format!("{} host threads", std::thread::available_parallelism().map_or(1, |p| p.get())),
+                driver: String::new(),
+                heap_bytes: opts.heap,
+                command,
+                started,
+            };
+            Results { info, records: cpu::run(&args.test, &opts).map_err(|e| e.to_string())? }
+        }
+    };
+    results.write(&args.out, &args.test).map_err(|e| format!("writing {}: {e}", args.out.display()))?;
+    print!("{}", results.table());
+    Ok(())
+}
+
+fn run_gpu(gpu: &host::Gpu, test: &str, opts: Options) -> host::Result<Vec<gpumalloc::bench::report::Record>> {
+    if test == "init" {
+        return suite::init(gpu, &opts);
+    }
+    let mut b = Bench::new(gpu, opts)?;
+    let records = match test {
+        "single" => b.single(false)?,
+        "mixed" => b.mixed(false)?,
+        "warm" => {
+            let mut r = b.single(true)?;
+            r.extend(b.mixed(true)?);
+            r
+        }
+        "scaling" => b.scaling()?,
+        "frag" => b.frag()?,
+        "oom" => b.oom()?,
+        _ => Vec::new(),
+    };
+    b.finish();
+    Ok(records)
+}
+
+/// Runs every test in its own process (each sets CUDA's malloc heap limit
+/// once, and oom uses a smaller heap), then merges, tabulates and plots.
+fn bench_all(args: &BenchArgs) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut merged = Results::default();
+    for test in TESTS {
+        eprintln!("== {test}");
+        let mut cmd = Command::new(&exe);
+        cmd.args(["bench", test, "--iters", &args.iters.to_string()])
+            .args(["--seed", &args.seed.to_string(), "--lo", &args.lo.to_string(), "--hi", &args.hi.to_string()])
+            .args(["--scaling-size", &args.scaling_size.to_string()])
+            .args(["--allocators", &args.allocators.join(",")])
+            .arg("--out")
+            .arg(&args.out);
+        if let Some(t) = args.threads {
+            cmd.args(["--threads", &t.to_string()]);
+        }
+        if let (Some(h), false) = (args.heap, test == "oom") {
+            cmd.args(["--heap", &h.to_string()]);
+        }
+        if args.cpu {
+            cmd.arg("--cpu");
+        }
+        let status = cmd.status().map_err(|e| format!("running {test}: {e}"))?;
+        if !status.success() {
+            return Err(format!("test {test} failed ({status})"));
+        }
+        let r = Results::read(&args.out, test).map_err(|e| format!("reading {test} results: {e}"))?;
+        if merged.info.device.is_empty() {
+            merged.info = r.info.clone();
+            merged.info.command = std::env::args().collect::<Vec<_>>().join(" ");
+        }
+        merged.records.extend(r.records);
+    }
+    merged.write(&args.out, "results").map_err(|e| e.to_string())?;
+    println!("{}", merged.table());
+    plot_dir(&args.out)
+}
+
+fn plot_dir(dir: &Path) -> Result<(), String> {
+    let results = Results::read(dir, "results").map_err(|e| format!("{}/results.json: {e}", dir.display()))?;
+    match plot::plot_all(&results, dir) {
+        Ok(files) => {
+            println!("wrote {} figures to {}", files.len(), dir.display());
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("no figures: {e}");
+            Ok(())
+        }
+    }
+}

@@ -82,7 +82,9 @@ fn each_slice_class_fills_blocks_without_overlap() {
 /// pattern and verifying it before freeing. Fixed seeds.
 #[test]
 fn threads_churn_random_sizes() {
-    let h = heap(1024 * MIB);
+    // Peak need is about 50 segments (slot blocks, one segment per block
+    // class, live runs); 128 leave room for the runs' contiguity.
+    let h = heap(2048 * MIB);
     std::thread::scope(|s| {
         for t in 0..8u64 {
             let h = &h;
@@ -98,7 +100,7 @@ fn threads_churn_random_sizes() {
                     let id = t << 32 | i;
                     let p = h.heap().malloc(size);
                     if p.is_null() {
-                        panic!("thread {t}: malloc({size}) null with memory to spare");
+                        panic!("thread {t}: malloc({size}) null with memory to spare: {:?}", h.stats());
                     }
                     // SAFETY: fresh allocation of `size` bytes.
                     unsafe { fill(p, size, id) };

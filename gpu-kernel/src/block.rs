@@ -38,16 +38,21 @@ impl<'a> BlockBitmap<'a> {
         unsafe { self.words.get_unchecked(i as usize) }
     }
 
-    /// Formats the bitmap for `class` with block 0 taken by the caller.
-    /// Relaxed stores: the segment table's release store publishes them.
+    /// Formats the bitmap for `class` with blocks `0..taken` taken by the
+    /// caller. Relaxed stores: the segment table's release store publishes
+    /// them.
     #[inline]
-    pub fn format(&self, class: SizeClass) {
+    pub fn format(&self, class: SizeClass, taken: u32) {
         let blocks = class.blocks_per_segment();
         for i in 0..blocks.div_ceil(64) {
-            let n = (blocks - i * 64).min(64);
+            let low = i * 64;
+            let n = (blocks - low).min(64);
             let mut bits = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
-            if i == 0 {
-                bits &= !1;
+            let gone = taken.saturating_sub(low).min(64);
+            if gone == 64 {
+                bits = 0;
+            } else {
+                bits &= u64::MAX << gone;
             }
             arch::store_relaxed(self.word(i), bits);
         }

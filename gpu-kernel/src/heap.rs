@@ -59,6 +59,47 @@ impl BlockId {
     }
 }
 
+/// Blocks a team leader claimed for its team, packed in one word so it can
+/// be shuffled: `count` blocks of `segment`, either reserved in the segment
+/// table (each member takes a bitmap bit) or freshly formatted (member `i`
+/// owns block `i`). A count of zero: nothing could be claimed.
+#[derive(Clone, Copy, Debug)]
+struct Claim(u64);
+
+impl Claim {
+    const FORMATTED: u64 = 1 << 48;
+
+    fn reserved(segment: u32, count: u32) -> Claim {
+        Claim(segment as u64 | (count as u64) << 32)
+    }
+
+    fn formatted(segment: u32, count: u32) -> Claim {
+        Claim(Claim::reserved(segment, count).0 | Claim::FORMATTED)
+    }
+
+    #[inline(always)]
+    fn count(self) -> u32 {
+        (self.0 >> 32) as u16 as u32
+    }
+
+    #[inline(always)]
+    fn segment(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// The block of the member of rank `rank < count`.
+    #[inline(always)]
+    fn take(self, heap: &Heap, class: SizeClass, rank: u32) -> BlockId {
+        let segment = self.segment();
+        let block = if self.0 & Claim::FORMATTED != 0 {
+            rank
+        } else {
+            heap.bitmap(segment).take(class)
+        };
+        BlockId { segment, block }
+    }
+}
+
 impl Heap {
     #[inline(always)]
     fn region(&self, at: u64, len: u64) -> &[Word] {
@@ -107,6 +148,11 @@ impl Heap {
     }
 
     #[inline(always)]
+    fn format_lock(&self, class: SizeClass) -> &Word {
+        &self.region(self.locks_at + class.index() as u64, 1)[0]
+    }
+
+    #[inline(always)]
     fn stat(&self, stat: Stat) -> &Word {
         &self.region(self.stats_at + stat as u64, 1)[0]
     }
@@ -137,9 +183,7 @@ impl Heap {
         let address = match Request::for_size(size) {
             Request::Empty => return ptr::null_mut(),
             Request::Class(class) if class.is_slice() => self.malloc_slice(class),
-            Request::Class(class) => self
-                .claim_block(class)
-                .map(|b| self.block_address(class, b)),
+            Request::Class(class) => self.malloc_block(class),
             Request::Segments(count) => self.malloc_run(count),
         };
         match address {
@@ -187,22 +231,28 @@ impl Heap {
             }
             let (first, cap) = (seen.reserved(), seen.capacity());
             let index = first + rank;
+            // Whether this team installs is decided for the whole team before
+            // any member leaves: the leader installs even when its own slice
+            // came from the old block, since every member must reach the
+            // shuffle.
+            let installer = first <= cap && cap < first + size;
+            let mut fresh = 0;
+            if installer {
+                if lane == leader {
+                    fresh = self.install(class, word, first + size - cap);
+                }
+                fresh = arch::shfl_u64(team, fresh, leader);
+            }
             if index < cap {
                 let block = BlockId::from_global(seen.block().unwrap_or(0));
                 return Some(self.block_address(class, block) + ((index as u64) << class.unit_shift()));
             }
-            let installer = first <= cap && cap < first + size;
+            if fresh != 0 {
+                let block = BlockId::from_global(fresh - 1);
+                let k = (index - cap) as u64;
+                return Some(self.block_address(class, block) + (k << class.unit_shift()));
+            }
             if installer {
-                let mut fresh = 0;
-                if lane == leader {
-                    fresh = self.install(class, word, first + size - cap);
-                }
-                let fresh = arch::shfl_u64(team, fresh, leader);
-                if fresh != 0 {
-                    let block = BlockId::from_global(fresh - 1);
-                    let k = (index - cap) as u64;
-                    return Some(self.block_address(class, block) + (k << class.unit_shift()));
-                }
                 // Out of blocks: look for slices left in the other slots.
                 stealing = true;
             }
@@ -239,7 +289,7 @@ impl Heap {
     /// global id + 1, or 0.
     #[inline(never)]
     fn install(&self, class: SizeClass, word: &Word, taken: u32) -> u64 {
-        let fresh = self.claim_block(class).map(BlockId::global);
+        let fresh = self.claim_one(class).map(BlockId::global);
         let reserved = if fresh.is_some() { taken } else { 0 };
         let mut current = arch::load_relaxed(word);
         let displaced = loop {
@@ -297,25 +347,84 @@ impl Heap {
         self.retire(class, SlotWord(current));
     }
 
-    /// Claims one block of `class`: from a segment already formatted for it,
-    /// else from a newly formatted segment.
+    /// The block path: a warp team's leader claims blocks for the whole
+    /// team at once; each member then takes its own.
+    #[inline]
+    fn malloc_block(&self, class: SizeClass) -> Option<u64> {
+        loop {
+            let mask = arch::active_mask();
+            let team = arch::match_any(mask, class.index());
+            let lane = arch::lane_id();
+            let leader = arch::lowest_lane(team);
+            let rank = arch::rank_in(team, lane);
+            let mut claim = 0;
+            if lane == leader {
+                claim = self.claim_blocks(class, team.count_ones()).0;
+            }
+            let claim = Claim(arch::shfl_u64(team, claim, leader));
+            if claim.count() == 0 {
+                return None;
+            }
+            if rank < claim.count() {
+                let block = claim.take(self, class, rank);
+                return Some(self.block_address(class, block));
+            }
+        }
+    }
+
+    /// Claims one block of `class` (for a slot).
+    #[inline]
+    fn claim_one(&self, class: SizeClass) -> Option<BlockId> {
+        let claim = self.claim_blocks(class, 1);
+        (claim.count() == 1).then(|| claim.take(self, class, 0))
+    }
+
+    /// Claims up to `want` blocks of `class` in one segment: from a segment
+    /// already formatted for it, else from a newly formatted one. A count of
+    /// zero means the heap has no block of this class left.
+    ///
+    /// Formatting is serialised per class (for classes with more than one
+    /// block per segment): when the class tree runs empty, every waiting
+    /// thread would otherwise format a segment of its own and scatter the
+    /// class over many barely used segments.
     #[inline(never)]
-    fn claim_block(&self, class: SizeClass) -> Option<BlockId> {
+    fn claim_blocks(&self, class: SizeClass, want: u32) -> Claim {
         let tree = self.class_tree(class);
         let table = self.table();
+        let lock = self.format_lock(class);
+        let mut round = 0;
         loop {
-            let Some(segment) = tree.successor(0) else {
-                return self.format_segment(class);
-            };
-            match table.reserve_block(segment, class) {
-                Reservation::Reserved { last } => {
-                    let block = self.bitmap(segment).take(class);
-                    if last {
-                        self.drop_from_class_tree(class, segment);
+            if let Some(segment) = tree.successor(0) {
+                match table.reserve_blocks(segment, class, want) {
+                    Reservation::Reserved { count, last } => {
+                        if last {
+                            self.drop_from_class_tree(class, segment);
+                        }
+                        return Claim::reserved(segment, count);
                     }
-                    return Some(BlockId { segment, block });
+                    Reservation::Stale => self.drop_from_class_tree(class, segment),
                 }
-                Reservation::Stale => self.drop_from_class_tree(class, segment),
+                continue;
+            }
+            if class.blocks_per_segment() == 1 {
+                return self.format_segment(class, 1);
+            }
+            // Acquire: the lock orders this thread after the previous
+            // formatter's tree insert, which the re-check below must see.
+            if arch::compare_exchange_acq_rel(lock, 0, 1).is_ok() {
+                let claim = if tree.successor(0).is_some() {
+                    None
+                } else {
+                    Some(self.format_segment(class, want))
+                };
+                // Release: publishes the formatted segment to the next holder.
+                arch::store_release(lock, 0);
+                if let Some(claim) = claim {
+                    return claim;
+                }
+            } else {
+                arch::backoff(round);
+                round += 1;
             }
         }
     }
@@ -335,17 +444,21 @@ impl Heap {
     }
 
     /// Claims the lowest free segment and formats it for `class`, keeping
-    /// block 0 for the caller.
+    /// its first `min(want, blocks)` blocks for the caller.
     #[inline]
-    fn format_segment(&self, class: SizeClass) -> Option<BlockId> {
-        let segment = self.segment_tree().claim_lowest()?;
-        self.bitmap(segment).format(class);
-        let free = class.blocks_per_segment() - 1;
+    fn format_segment(&self, class: SizeClass, want: u32) -> Claim {
+        let Some(segment) = self.segment_tree().claim_lowest() else {
+            return Claim(0);
+        };
+        let blocks = class.blocks_per_segment();
+        let taken = want.min(blocks);
+        self.bitmap(segment).format(class, taken);
+        let free = blocks - taken;
         self.table().publish_active(segment, class, free);
         if free > 0 {
             self.class_tree(class).insert(segment);
         }
-        Some(BlockId { segment, block: 0 })
+        Claim::formatted(segment, taken)
     }
 
     /// Returns a block whose every slice is dead (or a freed block-class

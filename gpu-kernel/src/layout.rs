@@ -5,7 +5,7 @@
 //! `Heap` by value to kernels or by pointer to `gallatin_malloc`.
 //!
 //! Metadata is one array of 64-bit words, in this order: statistics, slot
-//! words, segment states, block bitmaps, block counters, trees (the segment
+//! words, format locks, segment states, block bitmaps, block counters, trees (the segment
 //! tree, then one per class), and, on checked heaps, double-free bits.
 
 use crate::block::SLICE_BIT_WORDS;
@@ -54,6 +54,8 @@ pub struct Heap {
     pub stats_at: u64,
     /// Word offset of the slot words.
     pub slots_at: u64,
+    /// Word offset of the per-class format locks.
+    pub locks_at: u64,
     /// Word offset of the segment states.
     pub states_at: u64,
     /// Word offset of the block bitmaps.
@@ -92,7 +94,8 @@ impl Heap {
         let tree = TreeShape::new(segments as u32);
         let stats_at = 0;
         let slots_at = stats_at + STAT_WORDS;
-        let states_at = slots_at + (SLICE_CLASSES * SLOTS_PER_CLASS) as u64;
+        let locks_at = slots_at + (SLICE_CLASSES * SLOTS_PER_CLASS) as u64;
+        let states_at = locks_at + CLASSES as u64;
         let bitmaps_at = states_at + segments;
         let counters_at = bitmaps_at + segments * BITMAP_WORDS_PER_SEGMENT as u64;
         let trees_at = counters_at + segments * SLICE_BLOCKS_PER_SEGMENT as u64;
@@ -110,6 +113,7 @@ impl Heap {
             flags,
             stats_at,
             slots_at,
+            locks_at,
             states_at,
             bitmaps_at,
             counters_at,

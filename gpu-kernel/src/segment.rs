@@ -88,10 +88,12 @@ impl SegmentState {
 /// The outcome of [`SegmentTable::reserve_block`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reservation {
-    /// One free block is now ours to take from the bitmap; `last` if it was
-    /// the segment's last free block.
+    /// `count` free blocks are now ours to take from the bitmap; `last` if
+    /// they were the segment's last free blocks.
     Reserved {
-        /// The reservation took the last free block.
+        /// Blocks reserved (at least one).
+        count: u32,
+        /// The reservation took the last free blocks.
         last: bool,
     },
     /// The segment is not an active segment of that class with free blocks.
@@ -142,16 +144,18 @@ impl<'a> SegmentTable<'a> {
         arch::store_release(self.word(segment), SegmentState::Active { class, free }.encode());
     }
 
-    /// Takes one free block of an active segment of `class`.
+    /// Takes up to `want` (at least one) free blocks of an active segment of
+    /// `class`.
     #[inline]
-    pub fn reserve_block(&self, segment: u32, class: SizeClass) -> Reservation {
+    pub fn reserve_blocks(&self, segment: u32, class: SizeClass, want: u32) -> Reservation {
         let w = self.word(segment);
         let mut current = arch::load_relaxed(w);
         loop {
             match SegmentState::decode(current) {
                 SegmentState::Active { class: c, free } if c == class && free > 0 => {
-                    match arch::compare_exchange_acq_rel(w, current, current - 1) {
-                        Ok(_) => return Reservation::Reserved { last: free == 1 },
+                    let count = want.clamp(1, free);
+                    match arch::compare_exchange_acq_rel(w, current, current - count as u64) {
+                        Ok(_) => return Reservation::Reserved { count, last: free == count },
                         Err(actual) => current = actual,
                     }
                 }
@@ -238,10 +242,10 @@ mod tests {
         let c = SizeClass::new(8).unwrap(); // 4 KiB slices: one block per segment
         let c16 = SizeClass::new(0).unwrap();
         t.publish_active(0, c16, 2);
-        assert_eq!(t.reserve_block(0, c), Reservation::Stale);
-        assert_eq!(t.reserve_block(0, c16), Reservation::Reserved { last: false });
-        assert_eq!(t.reserve_block(0, c16), Reservation::Reserved { last: true });
-        assert_eq!(t.reserve_block(0, c16), Reservation::Stale);
+        assert_eq!(t.reserve_blocks(0, c, 1), Reservation::Stale);
+        assert_eq!(t.reserve_blocks(0, c16, 1), Reservation::Reserved { count: 1, last: false });
+        assert_eq!(t.reserve_blocks(0, c16, 5), Reservation::Reserved { count: 1, last: true });
+        assert_eq!(t.reserve_blocks(0, c16, 1), Reservation::Stale);
         assert_eq!(t.return_block(0, c16), Return::FirstFree);
     }
 }

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark, in one command, on a machine with an NVIDIA
+# GPU. Binaries come from $GPUMALLOC_BIN (default: build them with cargo).
+# Logs and results go to $OUT (default results/gpu).
+#   scripts/gpu-suite.sh                      # everything
+#   QUICK=1 BENCH=single scripts/gpu-suite.sh # one benchmark, 3 rounds
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${GPUMALLOC_BIN:-}" ]; then scripts/stage-gpu.sh; GPUMALLOC_BIN=.gpu; fi
+BIN=$GPUMALLOC_BIN
+OUT=${OUT:-results/gpu}
+mkdir -p "$OUT"
+status=0
+# step LOG CMD...: runs CMD into LOG, shows its tail, records failure.
+step() {
+  local log=$1; shift
+  echo "== $*"
+  "$@" > "$log" 2>&1
+  local rc=$?
+  tail -n "${TAIL:-25}" "$log"
+  if [ $rc -ne 0 ]; then echo "FAILED ($rc): $*"; status=1; fi
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+step "$OUT/selftest.log" "$BIN/gpumalloc" selftest
+step "$OUT/tests.log" "$BIN/test-gpu" --test-threads=1 --nocapture
+step "$OUT/example.log" "$BIN/user_kernel"
+if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    TAIL=6 GPUMALLOC_TEST_THREADS=${SANITIZER_THREADS:-4096} step "$OUT/sanitizer-$tool.log" \
+      compute-sanitizer --tool $tool --error-exitcode 9 \
+      "$BIN/test-gpu" --test-threads=1 selftest every_class mixed_sizes bad_frees
+  done
+fi
+iters=10; [ -n "${QUICK:-}" ] && iters=3
+for b in ${BENCH:-all}; do
+  step "$OUT/bench-$b.log" "$BIN/gpumalloc" bench "$b" --iters $iters --out "$OUT/bench"
+done
+exit $status

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds everything the GPU machine needs (it has CUDA but no Rust) and copies
+# it into .gpu/: the gpumalloc program, the GPU test binaries, the example,
+# and the PTX. Then run scripts/gpu-suite.sh there with GPUMALLOC_BIN=.gpu.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .gpu
+cargo build --release --bins --examples
+cp target/release/gpumalloc target/release/examples/user_kernel .gpu/
+for t in gpu; do
+  bin=$(cargo test --release --no-run --test "$t" --message-format=json 2>/dev/null \
+        | python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
+  cp "$bin" ".gpu/test-$t"
+done
+find target/release/build -path '*ptx-target/nvptx64-nvidia-cuda/release/*.ptx' -exec cp {} .gpu/ \;
+ls -la .gpu

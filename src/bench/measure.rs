@@ -1,0 +1,166 @@
+//! One measured round (allocate, check, free) and the statistics of many.
+//!
+//! A round times the allocation kernel and the free kernel with CUDA events.
+//! Between them, untimed, a check kernel writes a pattern into every returned
+//! allocation and a second one verifies it: a null or a wrong word is
+//! counted, and a round with either is not reported as a time.
+
+use cudarc::driver::CudaSlice;
+use host::error::DriverCall;
+use host::gpu::Arg;
+use host::{Gpu, Result};
+
+use super::allocator::{Allocator, Sizes};
+
+/// Device arrays for one thread count.
+pub struct Buffers {
+    /// Returned pointers.
+    pub ptrs: CudaSlice<u64>,
+    /// Per-thread sizes (mixed runs).
+    pub sizes: CudaSlice<u64>,
+    /// `[nulls, wrong words]`.
+    pub errors: CudaSlice<u64>,
+    /// Threads.
+    pub n: u64,
+}
+
+impl Buffers {
+    /// Arrays for `n` threads.
+    pub fn new(gpu: &Gpu, n: u64) -> Result<Buffers> {
+        Ok(Buffers {
+            ptrs: gpu.zeros(n as usize)?,
+            sizes: gpu.zeros(n as usize)?,
+            errors: gpu.zeros(2)?,
+            n,
+        })
+    }
+
+    /// Fills `sizes` with the seeded mixed sizes and returns them.
+    pub fn mixed(&self, gpu: &Gpu, seed: u64, lo: u64, hi: u64) -> Result<Sizes> {
+        let sizes = gpu.address(&self.sizes);
+        gpu.launch(
+            "mixed_sizes",
+            self.n,
+            &[Arg::U64(seed), Arg::U64(lo), Arg::U64(hi), Arg::U64(sizes), Arg::U64(self.n)],
+        )?;
+        Ok(Sizes::PerThread(sizes))
+    }
+}
+
+/// What one round measured.
+#[derive(Clone, Debug)]
+pub struct Round {
+    /// Milliseconds of the allocation kernel.
+    pub alloc_ms: f64,
+    /// Milliseconds of the free kernel (`None` for allocators that do not free).
+    pub free_ms: Option<f64>,
+    /// Threads that got null.
+    pub nulls: u64,
+    /// Pattern words found wrong (overlapping allocations).
+    pub wrong: u64,
+    /// The pointers, when asked for.
+    pub ptrs: Option<Vec<u64>>,
+}
+
+/// Runs one round for `n` threads; keeps the pointers if `keep_ptrs`.
+pub fn round(
+    gpu: &Gpu,
+    allocator: &mut dyn Allocator,
+    buffers: &mut Buffers,
+    sizes: Sizes,
+    keep_ptrs: bool,
+) -> Result<Round> {
+    let n = buffers.n;
+    let ptrs = gpu.address(&buffers.ptrs);
+    gpu.stream()
+        .memset_zeros(&mut buffers.errors)
+        .call("cuMemsetD8")?;
+    let alloc_ms = gpu.time(|| allocator.alloc(gpu, sizes, ptrs, n))?;
+    check(gpu, buffers, sizes)?;
+    let errors = gpu.download(&buffers.errors)?;
+    let kept = if keep_ptrs {
+        Some(gpu.download(&buffers.ptrs)?)
+    } else {
+        None
+    };
+    let free_ms = if allocator.frees() {
+        Some(gpu.time(|| allocator.free(gpu, ptrs, n))?)
+    } else {
+        allocator.free(gpu, ptrs, n)?;
+        None
+    };
+    Ok(Round {
+        alloc_ms,
+        free_ms,
+        nulls: errors[0],
+        wrong: errors[1],
+        ptrs: kept,
+    })
+}
+
+/// Fills every allocation with its thread's pattern, then verifies all.
+pub fn check(gpu: &Gpu, buffers: &Buffers, sizes: Sizes) -> Result<()> {
+    let (size, per_thread) = match sizes {
+        Sizes::Fixed(s) => (s, 0),
+        Sizes::PerThread(a) => (0, a),
+    };
+    let args = [
+        Arg::U64(gpu.address(&buffers.ptrs)),
+        Arg::U64(size),
+        Arg::U64(per_thread),
+        Arg::U64(gpu.address(&buffers.errors)),
+        Arg::U64(buffers.n),
+    ];
+    gpu.launch("fill_pattern", buffers.n, &args)?;
+    gpu.launch("verify_pattern", buffers.n, &args)
+}
+
+/// Median, minimum and maximum of some samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Summary {
+    /// The median (mean of the middle two for an even count).
+    pub median: f64,
+    /// The smallest.
+    pub min: f64,
+    /// The largest.
+    pub max: f64,
+    /// How many.
+    pub samples: usize,
+}
+
+impl Summary {
+    /// Summarises `samples` (empty gives all zeros).
+    pub fn of(samples: &[f64]) -> Summary {
+        if samples.is_empty() {
+            return Summary::default();
+        }
+        let mut s = samples.to_vec();
+        s.sort_by(f64::total_cmp);
+        let n = s.len();
+        let median = if n % 2 == 1 {
+            s[n / 2]
+        } else {
+            (s[n / 2 - 1] + s[n / 2]) / 2.0
+        };
+        Summary {
+            median,
+            min: s[0],
+            max: s[n - 1],
+            samples: n,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Summary;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(Summary::of(&[3.0, 1.0, 2.0]).median, 2.0);
+        assert_eq!(Summary::of(&[4.0, 1.0, 2.0, 3.0]).median, 2.5);
+        let s = Summary::of(&[5.0, 1.0]);
+        assert_eq!((s.min, s.max, s.samples), (1.0, 5.0, 2));
+        assert_eq!(Summary::of(&[]).samples, 0);
+    }
+}

@@ -1,0 +1,363 @@
+//! The tests, each written once over every [`Allocator`].
+//!
+//! - `single`: `threads` threads each allocate one block of a size, then free
+//!   it (16 B … 8 KiB in powers of two, plus one multi-segment size).
+//! - `mixed`: sizes drawn uniformly from `[lo, hi]` by a seeded hash of the
+//!   thread id.
+//! - `scaling`: 2^0 … 2^20 threads for one size and for mixed sizes.
+//! - `frag`: highest minus lowest address handed out, over the bytes
+//!   requested, over repeated rounds on one heap.
+//! - `oom`: allocate one size until the first null; the share of the heap
+//!   handed out; again after freeing everything.
+//! - `init`: time to create a heap.
+//! - `warm`: `single` and `mixed` without resetting the heap between rounds.
+//!
+//! `single`, `mixed` and `scaling` start every round from a fresh heap
+//! (`Allocator::reset`); CUDA's malloc cannot be reset and keeps its state.
+
+use std::time::Instant;
+
+use host::{DeviceHeap, Gpu, HeapConfig, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::allocator::{Allocator, Bump, CudaMalloc, Ours, Sizes};
+use super::measure::{self, Buffers, Summary};
+use super::report::Record;
+use gpu_kernel::class::SEGMENT_BYTES;
+
+/// What the tests run with.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Threads (one allocation each).
+    pub threads: u64,
+    /// Timed rounds after one warm-up round.
+    pub iters: usize,
+    /// Heap bytes for every allocator.
+    pub heap: u64,
+    /// Seed of mixed sizes.
+    pub seed: u64,
+    /// Smallest mixed size.
+    pub lo: u64,
+    /// Largest mixed size.
+    pub hi: u64,
+    /// Sizes of `single`.
+    pub sizes: Vec<u64>,
+    /// Size of `scaling`.
+    pub scaling_size: u64,
+    /// Sizes of `oom`.
+    pub oom_sizes: Vec<u64>,
+    /// Heap sizes of `init`.
+    pub init_sizes: Vec<u64>,
+    /// Allocators to run (`ours`, `cuda-malloc`, `bump-bound`).
+    pub allocators: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        let mut sizes: Vec<u64> = (4..=13).map(|s| 1u64 << s).collect();
+        sizes.push(2 * SEGMENT_BYTES);
+        Options {
+            threads: 1 << 20,
+            iters: 10,
+            heap: 16 << 30,
+            seed: 0x5eed,
+            lo: 16,
+            hi: 4096,
+            sizes,
+            scaling_size: 256,
+            oom_sizes: vec![256, 1024, 4096],
+            init_sizes: vec![1 << 30, 4 << 30, 16 << 30],
+            allocators: vec!["ours".into(), "cuda-malloc".into(), "bump-bound".into()],
+        }
+    }
+}
+
+/// A request pattern.
+#[derive(Clone, Copy, Debug)]
+enum SizeSpec {
+    Fixed(u64),
+    Mixed,
+}
+
+/// The allocators of one process and the GPU they run on.
+pub struct Bench {
+    gpu: Gpu,
+    allocators: Vec<Box<dyn Allocator>>,
+    opts: Options,
+    progress: ProgressBar,
+}
+
+impl Bench {
+    /// Sets up the chosen allocators, each with `opts.heap` bytes.
+    pub fn new(gpu: &Gpu, opts: Options) -> Result<Bench> {
+        let mut allocators: Vec<Box<dyn Allocator>> = Vec::new();
+        for name in &opts.allocators {
+            match name.as_str() {
+                "ours" => allocators.push(Box::new(Ours::new(gpu, opts.heap)?)),
+                "cuda-malloc" => allocators.push(Box::new(CudaMalloc::new(gpu, opts.heap)?)),
+                "bump-bound" => allocators.push(Box::new(Bump::new(gpu, opts.heap)?)),
+                other => {
+                    return Err(host::Error::Check(format!(
+                        "unknown allocator {other:?} (ours, cuda-malloc, bump-bound)"
+                    )));
+                }
+            }
+        }
+        let progress = ProgressBar::new(0);
+        progress.set_style(
+            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Ok(Bench {
+            gpu: gpu.clone(),
+            allocators,
+            opts,
+            progress,
+        })
+    }
+
+    fn plan(&self, steps: u64) {
+        self.progress.set_length(steps * self.allocators.len() as u64);
+        self.progress.set_position(0);
+    }
+
+    /// Clears the progress bar.
+    pub fn finish(&self) {
+        self.progress.finish_and_clear();
+    }
+
+    /// Times rounds of `threads` threads for every allocator.
+    fn measure(&mut self, test: &str, spec: SizeSpec, threads: u64, cold: bool) -> Result<Vec<Record>> {
+        let (size, label) = match spec {
+            SizeSpec::Fixed(s) => (s, s.to_string()),
+            SizeSpec::Mixed => (0, format!("{}-{}", self.opts.lo, self.opts.hi)),
+        };
+        let mut buffers = Buffers::new(&self.gpu, threads)?;
+        let sizes = match spec {
+            SizeSpec::Fixed(s) => Sizes::Fixed(s),
+            SizeSpec::Mixed => buffers.mixed(&self.gpu, self.opts.seed, self.opts.lo, self.opts.hi)?,
+        };
+        let mut records = Vec::new();
+        for allocator in self.allocators.iter_mut() {
+            let name = allocator.name();
+            self.progress.set_message(format!("{test} {label} B x {threads} threads: {name}"));
+            allocator.reset()?;
+            let warm_up = Instant::now();
+            let first = measure::round(&self.gpu, allocator.as_mut(), &mut buffers, sizes, false)?;
+            let slow = warm_up.elapsed().as_secs_f64() > 2.0;
+            let iters = if slow { self.opts.iters.min(3) } else { self.opts.iters };
+            let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+            let (mut nulls, mut wrong) = (first.nulls, first.wrong);
+            for _ in 0..iters {
+                if cold {
+                    allocator.reset()?;
+                }
+                let r = measure::round(&self.gpu, allocator.as_mut(), &mut buffers, sizes, false)?;
+                nulls += r.nulls;
+                wrong += r.wrong;
+                allocs.push(r.alloc_ms);
+                if let Some(f) = r.free_ms {
+                    frees.push(f);
+                }
+            }
+            let valid = nulls == 0 && wrong == 0;
+            let mut note = String::new();
+            if !valid {
+                note = format!("{nulls} nulls and {wrong} wrong words over {} rounds", iters + 1);
+            } else if slow {
+                note = format!("{iters} rounds: warm-up took over 2 s");
+            }
+            records.push(Record::new(test, name, size, &label, threads, "alloc_ms", Summary::of(&allocs), valid, note.clone()));
+            if allocator.frees() {
+                records.push(Record::new(test, name, size, &label, threads, "free_ms", Summary::of(&frees), valid, note));
+            }
+            self.progress.inc(1);
+        }
+        Ok(records)
+    }
+
+    /// Threads for a size: all of them, unless the requests would not fit
+    /// in half the heap (the multi-segment size).
+    fn threads_for(&self, size: u64) -> u64 {
+        self.opts.threads.min((self.opts.heap / 2 / size).max(1))
+    }
+
+    /// `single` (fresh heap every round) or, with `warm`, the same on a
+    /// heap kept between rounds.
+    pub fn single(&mut self, warm: bool) -> Result<Vec<Record>> {
+        let test = if warm { "warm-single" } else { "single" };
+        self.plan(self.opts.sizes.len() as u64);
+        let mut out = Vec::new();
+        for size in self.opts.sizes.clone() {
+            out.extend(self.measure(test, SizeSpec::Fixed(size), self.threads_for(size), !warm)?);
+        }
+        Ok(out)
+    }
+
+    /// `mixed`, cold or warm.
+    pub fn mixed(&mut self, warm: bool) -> Result<Vec<Record>> {
+        let test = if warm { "warm-mixed" } else { "mixed" };
+        self.plan(1);
+        self.measure(test, SizeSpec::Mixed, self.opts.threads, !warm)
+    }
+
+    /// `scaling`: 2^0 … threads, for the scaling size and for mixed sizes.
+    pub fn scaling(&mut self) -> Result<Vec<Record>> {
+        let max = self.opts.threads.ilog2();
+        self.plan(2 * (max as u64 + 1));
+        let mut out = Vec::new();
+        for spec in [SizeSpec::Fixed(self.opts.scaling_size), SizeSpec::Mixed] {
+            for p in 0..=max {
+                out.extend(self.measure("scaling", spec, 1 << p, true)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// `frag`: (highest end − lowest start) / bytes requested, per round, on a
+    /// heap kept between rounds.
+    pub fn frag(&mut self) -> Result<Vec<Record>> {
+        let specs: Vec<SizeSpec> = [16u64, 256, 1024, 4096]
+            .into_iter()
+            .map(SizeSpec::Fixed)
+            .chain([SizeSpec::Mixed])
+            .collect();
+        self.plan(specs.len() as u64);
+        let mut out = Vec::new();
+        let threads = self.opts.threads;
+        for spec in specs {
+            let mut buffers = Buffers::new(&self.gpu, threads)?;
+            let (sizes, size, label, per_thread) = match spec {
+                SizeSpec::Fixed(s) => (Sizes::Fixed(s), s, s.to_string(), None),
+                SizeSpec::Mixed => {
+                    let sizes = buffers.mixed(&self.gpu, self.opts.seed, self.opts.lo, self.opts.hi)?;
+                    let host = self.gpu.download(&buffers.sizes)?;
+                    (sizes, 0, format!("{}-{}", self.opts.lo, self.opts.hi), Some(host))
+                }
+            };
+            for allocator in self.allocators.iter_mut() {
+                self.progress.set_message(format!("frag {label} B: {}", allocator.name()));
+                allocator.reset()?;
+                let mut ratios = Vec::new();
+                let mut valid = true;
+                for _ in 0..self.opts.iters {
+                    let r = measure::round(&self.gpu, allocator.as_mut(), &mut buffers, sizes, true)?;
+                    valid &= r.nulls == 0 && r.wrong == 0;
+                    let ptrs = r.ptrs.unwrap_or_default();
+                    let size_of = |t: usize| per_thread.as_ref().map_or(size, |s| s[t]);
+                    let (mut lo, mut hi, mut requested) = (u64::MAX, 0u64, 0u64);
+                    for (t, &p) in ptrs.iter().enumerate() {
+                        if p != 0 {
+                            lo = lo.min(p);
+                            hi = hi.max(p + size_of(t));
+                            requested += size_of(t);
+                        }
+                    }
+                    if requested > 0 {
+                        ratios.push((hi - lo) as f64 / requested as f64);
+                    }
+                }
+                let s = Summary::of(&ratios);
+                out.push(Record::new("frag", allocator.name(), size, &label, threads, "span_over_requested", s, valid, String::new()));
+                self.progress.inc(1);
+            }
+        }
+        Ok(out)
+    }
+
+    /// `oom`: allocate one size in batches until the first null; the share
+    /// of the heap handed out, then again after freeing everything.
+    pub fn oom(&mut self) -> Result<Vec<Record>> {
+        const BATCH: u64 = 1 << 16;
+        self.plan(self.opts.oom_sizes.len() as u64);
+        let mut out = Vec::new();
+        for size in self.opts.oom_sizes.clone() {
+            let capacity = (self.opts.heap / size + 2 * BATCH).next_multiple_of(BATCH);
+            let mut buffers = Buffers::new(&self.gpu, capacity)?;
+            for allocator in self.allocators.iter_mut() {
+                self.progress.set_message(format!("oom {size} B: {}", allocator.name()));
+                allocator.reset()?;
+                let mut shares = Vec::new();
+                let mut wrong = 0;
+                for pass in 0..2 {
+                    let mut handed = 0u64;
+                    let mut batch = 0u64;
+                    while (batch + 1) * BATCH <= capacity {
+                        let ptrs = self.gpu.address(&buffers.ptrs) + batch * BATCH * 8;
+                        allocator.alloc(&self.gpu, Sizes::Fixed(size), ptrs, BATCH)?;
+                        let got = count_non_null(&self.gpu, ptrs, BATCH)?;
+                        handed += got;
+                        batch += 1;
+                        if got < BATCH {
+                            break;
+                        }
+                    }
+                    let all = self.gpu.address(&buffers.ptrs);
+                    // Check every allocation of the pass, then free them all.
+                    wrong += check_range(&self.gpu, &mut buffers, batch * BATCH, size)?;
+                    allocator.free(&self.gpu, all, batch * BATCH)?;
+                    self.gpu.sync()?;
+                    shares.push((pass, handed as f64 * size as f64 / self.opts.heap as f64));
+                }
+                for (pass, share) in shares {
+                    let metric = if pass == 0 { "utilization" } else { "utilization_after_free" };
+                    let s = Summary::of(&[share]);
+                    out.push(Record::new("oom", allocator.name(), size, &size.to_string(), BATCH, metric, s, wrong == 0, String::new()));
+                }
+                self.progress.inc(1);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Non-null pointers among `n` at device address `ptrs`.
+fn count_non_null(gpu: &Gpu, ptrs: u64, n: u64) -> Result<u64> {
+    let counter = gpu.zeros(2)?;
+    let args = [
+        host::gpu::Arg::U64(ptrs),
+        host::gpu::Arg::U64(0),
+        host::gpu::Arg::U64(0),
+        host::gpu::Arg::U64(gpu.address(&counter)),
+        host::gpu::Arg::U64(n),
+    ];
+    // fill_pattern with size 0 writes nothing and counts nulls.
+    gpu.launch("fill_pattern", n, &args)?;
+    let c = gpu.download(&counter)?;
+    Ok(n - c[0])
+}
+
+/// Fills and verifies the first `n` pointers of `buffers`; wrong words.
+fn check_range(gpu: &Gpu, buffers: &mut Buffers, n: u64, size: u64) -> Result<u64> {
+    let saved = buffers.n;
+    buffers.n = n;
+    use host::error::DriverCall;
+    gpu.stream().memset_zeros(&mut buffers.errors).call("cuMemsetD8")?;
+    measure::check(&gpu, buffers, Sizes::Fixed(size))?;
+    buffers.n = saved;
+    Ok(gpu.download(&buffers.errors)?[1])
+}
+
+/// `init`: wall-clock time to create (and drop) a heap of each size.
+pub fn init(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    let free = gpu.memory()?.0;
+    for &bytes in &opts.init_sizes {
+        if bytes > free / 2 {
+            continue;
+        }
+        let mut times = Vec::new();
+        for i in 0..=opts.iters {
+            let start = Instant::now();
+            let heap = DeviceHeap::new(gpu, HeapConfig { bytes: Some(bytes), check_double_free: false, trap_on_misuse: false })?;
+            gpu.sync()?;
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            drop(heap);
+            if i > 0 {
+                times.push(ms);
+            }
+        }
+        out.push(Record::new("init", "ours", bytes, &format!("{} MiB", bytes >> 20), 0, "init_ms", Summary::of(&times), true, "host wall clock: allocation, metadata upload, sync".into()));
+    }
+    Ok(out)
+}

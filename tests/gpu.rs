@@ -1,0 +1,167 @@
+//! The allocator on a real GPU. Every test prints one `skipped: no GPU (…)`
+//! line and passes on a machine without one.
+//!
+//! Workloads (fixed seeds): every class with 2^20 threads (fewer where the
+//! requests would pass half the heap) × 10 rounds of allocate, fill, verify,
+//! free; mixed sizes; a churn kernel looping allocate/free of random sizes;
+//! exhaustion and recovery; bad frees. After each, the heap must be whole.
+//! `GPUMALLOC_TEST_THREADS` shrinks the thread count (for compute-sanitizer).
+
+use gpumalloc::bench::allocator::{Allocator, Ours, Sizes};
+use gpumalloc::bench::measure::{Buffers, round};
+use gpumalloc::gpu::Arg;
+use gpumalloc::{Gpu, HeapConfig};
+
+const GIB: u64 = 1 << 30;
+
+fn gpu() -> Option<Gpu> {
+    if let Err(e) = Gpu::available() {
+        println!("skipped: no GPU ({e})");
+        return None;
+    }
+    Some(gpumalloc::open_gpu(0).expect("a GPU is present but could not be opened"))
+}
+
+fn threads() -> u64 {
+    std::env::var("GPUMALLOC_TEST_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 20)
+}
+
+fn checked(gpu: &Gpu, bytes: u64) -> Ours {
+    Ours::with_config(
+        gpu,
+        HeapConfig {
+            bytes: Some(bytes),
+            check_double_free: true,
+            trap_on_misuse: false,
+        },
+    )
+    .expect("heap")
+}
+
+/// Everything freed: nothing live, every segment back in the segment tree.
+fn assert_whole(ours: &Ours, what: &str) {
+    ours.heap().flush().unwrap();
+    let s = ours.heap().stats().unwrap();
+    assert_eq!(s.live_bytes, 0, "{what}: {s:?}");
+    assert_eq!(s.free_segments, s.segments, "{what}: {s:?}");
+    assert_eq!(s.invalid_frees + s.double_frees, 0, "{what}: {s:?}");
+}
+
+#[test]
+fn selftest_of_the_architecture_module() {
+    let Some(gpu) = gpu() else { return };
+    for n in [1000, 100_003] {
+        let r = host::selftest::run(&gpu, n).expect("self-test");
+        println!("self-test {n} threads: {}/{} warps converged, {} CAS retries", r.converged_warps, r.warps, r.cas_retries);
+    }
+}
+
+#[test]
+fn every_class_million_threads_ten_rounds() {
+    let Some(gpu) = gpu() else { return };
+    let heap_bytes = 16 * GIB;
+    let mut ours = checked(&gpu, heap_bytes);
+    let sizes = (4..=13).map(|s| 1u64 << s).chain([65536, 3 << 23, 40 << 20]);
+    for size in sizes {
+        let n = threads().min(heap_bytes / 2 / size);
+        let mut buffers = Buffers::new(&gpu, n).unwrap();
+        for r in 0..10 {
+            let out = round(&gpu, &mut ours, &mut buffers, Sizes::Fixed(size), false).unwrap();
+            assert_eq!((out.nulls, out.wrong), (0, 0), "size {size}, round {r}, {n} threads");
+        }
+        assert_whole(&ours, &format!("size {size}"));
+        println!("size {size}: {n} threads x 10 rounds ok");
+    }
+}
+
+#[test]
+fn mixed_sizes_and_churn() {
+    let Some(gpu) = gpu() else { return };
+    let mut ours = checked(&gpu, 8 * GIB);
+    let n = threads();
+    let mut buffers = Buffers::new(&gpu, n).unwrap();
+    let sizes = buffers.mixed(&gpu, 7, 16, 4096).unwrap();
+    for r in 0..10 {
+        let out = round(&gpu, &mut ours, &mut buffers, sizes, false).unwrap();
+        assert_eq!((out.nulls, out.wrong), (0, 0), "mixed round {r}");
+    }
+    assert_whole(&ours, "mixed");
+    let errors = gpu.zeros(2).unwrap();
+    let churn_threads = (n / 4).max(1);
+    let args = [
+        ours.heap().arg(),
+        Arg::U32(16),
+        Arg::U64(16),
+        Arg::U64(8192),
+        Arg::U64(11),
+        Arg::U64(gpu.address(&errors)),
+        Arg::U64(churn_threads),
+    ];
+    gpu.launch("heap_churn", churn_threads, &args).unwrap();
+    let e = gpu.download(&errors).unwrap();
+    assert_eq!(e, vec![0, 0], "churn: [nulls, wrong words]");
+    assert_whole(&ours, "churn");
+    // The whole heap in one piece.
+    let one = Buffers::new(&gpu, 1).unwrap();
+    let bytes = ours.heap().bytes();
+    ours.alloc(&gpu, Sizes::Fixed(bytes), gpu.address(&one.ptrs), 1).unwrap();
+    assert_ne!(gpu.download(&one.ptrs).unwrap()[0], 0, "whole-heap allocation failed");
+    ours.free(&gpu, gpu.address(&one.ptrs), 1).unwrap();
+    assert_whole(&ours, "whole heap");
+}
+
+#[test]
+fn exhaustion_returns_null_and_recovers() {
+    let Some(gpu) = gpu() else { return };
+    let heap_bytes = 2 * GIB;
+    let mut ours = checked(&gpu, heap_bytes);
+    for size in [256u64, 4096] {
+        let batch = 1u64 << 16;
+        let capacity = (heap_bytes / size + 2 * batch).next_multiple_of(batch);
+        let buffers = Buffers::new(&gpu, capacity).unwrap();
+        let mut first = 0;
+        for pass in 0..2 {
+            let mut got = 0;
+            let mut used = 0;
+            while used + batch <= capacity {
+                let at = gpu.address(&buffers.ptrs) + used * 8;
+                ours.alloc(&gpu, Sizes::Fixed(size), at, batch).unwrap();
+                used += batch;
+                let ptrs = gpu.download(&buffers.ptrs).unwrap();
+                let fresh = ptrs[(used - batch) as usize..used as usize].iter().filter(|&&p| p != 0).count() as u64;
+                got += fresh;
+                if fresh < batch {
+                    break;
+                }
+            }
+            let share = (got * size) as f64 / heap_bytes as f64;
+            println!("size {size} pass {pass}: {:.2}% of the heap before the first null", 100.0 * share);
+            assert!(share >= 0.97, "size {size}: utilization {share}");
+            if pass == 0 {
+                first = got;
+            } else {
+                assert!(got >= first, "size {size}: {got} after recovery, {first} before");
+            }
+            ours.free(&gpu, gpu.address(&buffers.ptrs), used).unwrap();
+            assert_whole(&ours, &format!("oom {size}"));
+        }
+    }
+}
+
+#[test]
+fn bad_frees_are_counted_not_fatal() {
+    let Some(gpu) = gpu() else { return };
+    let ours = checked(&gpu, GIB);
+    let buffers = Buffers::new(&gpu, 1).unwrap();
+    let mut dummy = ours;
+    dummy.alloc(&gpu, Sizes::Fixed(64), gpu.address(&buffers.ptrs), 1).unwrap();
+    let p = gpu.download(&buffers.ptrs).unwrap()[0];
+    let wild = gpu.upload(&[0, 0xdead_0000, p + 8, p, p]).unwrap();
+    dummy.free(&gpu, gpu.address(&wild), 5).unwrap();
+    let s = dummy.heap().stats().unwrap();
+    assert_eq!((s.invalid_frees, s.double_frees), (2, 1), "{s:?}");
+    assert_eq!(s.live_bytes, 0);
+}
