@@ -41,7 +41,7 @@ enum Cmd {
     },
 }
 
-const TESTS: [&str; 7] = ["single", "mixed", "scaling", "frag", "oom", "init", "warm"];
+const TESTS: [&str; 7] = ["single", "mixed", "frag", "oom", "init", "warm", "scaling"];
 
 #[derive(Args, Clone)]
 struct BenchArgs {

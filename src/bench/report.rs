@@ -157,6 +157,7 @@ impl Results {
                 for a in &allocators {
                     let cell = match by.get(a) {
                         Some(r) if r.valid => format!("{:.4}", r.median),
+                        Some(r) if r.samples == 0 => "skipped".to_string(),
                         Some(_) => "invalid".to_string(),
                         None => "-".to_string(),
                     };

@@ -85,7 +85,13 @@ pub struct Bench {
     allocators: Vec<Box<dyn Allocator>>,
     opts: Options,
     progress: ProgressBar,
+    /// Seconds each allocator has spent in this process's test.
+    spent: std::collections::HashMap<&'static str, f64>,
 }
+
+/// Seconds an allocator may spend in one test before its remaining
+/// measurements are skipped (CUDA's malloc can take seconds per round).
+pub const ALLOCATOR_BUDGET_S: f64 = 30.0;
 
 impl Bench {
     /// Sets up the chosen allocators, each with `opts.heap` bytes.
@@ -113,12 +119,23 @@ impl Bench {
             allocators,
             opts,
             progress,
+            spent: Default::default(),
         })
     }
 
     fn plan(&self, steps: u64) {
         self.progress.set_length(steps * self.allocators.len() as u64);
         self.progress.set_position(0);
+    }
+
+    /// Shows what runs now: on the bar, or as a line when stderr is not a
+    /// terminal (logs of long runs).
+    fn step(&self, message: String) {
+        use std::io::IsTerminal;
+        if !std::io::stderr().is_terminal() {
+            eprintln!("[{}/{}] {message}", self.progress.position() + 1, self.progress.length().unwrap_or(0));
+        }
+        self.progress.set_message(message);
     }
 
     /// Clears the progress bar.
@@ -138,9 +155,18 @@ impl Bench {
             SizeSpec::Mixed => buffers.mixed(&self.gpu, self.opts.seed, self.opts.lo, self.opts.hi)?,
         };
         let mut records = Vec::new();
-        for allocator in self.allocators.iter_mut() {
-            let name = allocator.name();
-            self.progress.set_message(format!("{test} {label} B x {threads} threads: {name}"));
+        for i in 0..self.allocators.len() {
+            let name = self.allocators[i].name();
+            self.step(format!("{test} {label} B x {threads} threads: {name}"));
+            let spent = self.spent.get(name).copied().unwrap_or(0.0);
+            if spent > ALLOCATOR_BUDGET_S {
+                let note = format!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
+                records.push(Record::new(test, name, size, &label, threads, "alloc_ms", Summary::default(), false, note));
+                self.progress.inc(1);
+                continue;
+            }
+            let began = Instant::now();
+            let allocator = &mut self.allocators[i];
             allocator.reset()?;
             let warm_up = Instant::now();
             let first = measure::round(&self.gpu, allocator.as_mut(), &mut buffers, sizes, false)?;
@@ -171,6 +197,7 @@ impl Bench {
             if allocator.frees() {
                 records.push(Record::new(test, name, size, &label, threads, "free_ms", Summary::of(&frees), valid, note));
             }
+            *self.spent.entry(name).or_default() += began.elapsed().as_secs_f64();
             self.progress.inc(1);
         }
         Ok(records)
@@ -235,8 +262,16 @@ impl Bench {
                     (sizes, 0, format!("{}-{}", self.opts.lo, self.opts.hi), Some(host))
                 }
             };
-            for allocator in self.allocators.iter_mut() {
-                self.progress.set_message(format!("frag {label} B: {}", allocator.name()));
+            for i in 0..self.allocators.len() {
+                let name = self.allocators[i].name();
+                self.step(format!("frag {label} B: {}", name));
+                if self.spent.get(name).copied().unwrap_or(0.0) > ALLOCATOR_BUDGET_S {
+                    eprintln!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
+                    self.progress.inc(1);
+                    continue;
+                }
+                let began = Instant::now();
+                let allocator = &mut self.allocators[i];
                 allocator.reset()?;
                 let mut ratios = Vec::new();
                 let mut valid = true;
@@ -259,6 +294,7 @@ impl Bench {
                 }
                 let s = Summary::of(&ratios);
                 out.push(Record::new("frag", allocator.name(), size, &label, threads, "span_over_requested", s, valid, String::new()));
+                *self.spent.entry(name).or_default() += began.elapsed().as_secs_f64();
                 self.progress.inc(1);
             }
         }
@@ -274,8 +310,16 @@ impl Bench {
         for size in self.opts.oom_sizes.clone() {
             let capacity = (self.opts.heap / size + 2 * BATCH).next_multiple_of(BATCH);
             let mut buffers = Buffers::new(&self.gpu, capacity)?;
-            for allocator in self.allocators.iter_mut() {
-                self.progress.set_message(format!("oom {size} B: {}", allocator.name()));
+            for i in 0..self.allocators.len() {
+                let name = self.allocators[i].name();
+                self.step(format!("oom {size} B: {}", name));
+                if self.spent.get(name).copied().unwrap_or(0.0) > ALLOCATOR_BUDGET_S {
+                    eprintln!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
+                    self.progress.inc(1);
+                    continue;
+                }
+                let began = Instant::now();
+                let allocator = &mut self.allocators[i];
                 allocator.reset()?;
                 let mut shares = Vec::new();
                 let mut wrong = 0;
@@ -304,6 +348,7 @@ impl Bench {
                     let s = Summary::of(&[share]);
                     out.push(Record::new("oom", allocator.name(), size, &size.to_string(), BATCH, metric, s, wrong == 0, String::new()));
                 }
+                *self.spent.entry(name).or_default() += began.elapsed().as_secs_f64();
                 self.progress.inc(1);
             }
         }
