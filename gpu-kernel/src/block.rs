@@ -58,13 +58,16 @@ impl<'a> BlockBitmap<'a> {
         }
     }
 
-    /// Takes a free block. The caller holds a reservation, so one exists;
-    /// a bit found set may be taken by another reserver first, so rescan.
+    /// Takes a free block, scanning from word `start` (mod the word count)
+    /// so that threads of one team spread over the bitmap. The caller holds
+    /// a reservation, so a free block exists; a bit found set may be taken
+    /// by another reserver first, so rescan.
     #[inline]
-    pub fn take(&self, class: SizeClass) -> u32 {
+    pub fn take(&self, class: SizeClass, start: u32) -> u32 {
         let words = class.blocks_per_segment().div_ceil(64);
         loop {
-            for i in 0..words {
+            for k in 0..words {
+                let i = (start + k) % words;
                 let w = self.word(i);
                 let mut seen = arch::load_relaxed(w);
                 while seen != 0 {
@@ -94,7 +97,8 @@ impl<'a> BlockBitmap<'a> {
     }
 }
 
-/// Adds `slices` to a block counter; true if this add completed the block.
+/// Adds `slices` unissued slices of a retired slot to a block counter;
+/// true if this add completed the block.
 #[inline(always)]
 pub fn count_dead_slices(counter: &Word, slices: u64) -> bool {
     // acq_rel: the completing thread must see every earlier free's writes to
@@ -102,6 +106,22 @@ pub fn count_dead_slices(counter: &Word, slices: u64) -> bool {
     // acquire by the one that completes).
     let old = arch::fetch_add_acq_rel(counter, slices);
     old + slices == SLICES_PER_BLOCK
+}
+
+/// Adds `slices` freed slices to a block counter; true if this add
+/// completed the block. The hot path of `free`.
+#[inline(always)]
+pub fn count_freed_slices(counter: &Word, slices: u64) -> bool {
+    // Release: the freeing threads' writes to their slices are performed
+    // before the count can complete. Only the completing thread needs the
+    // acquire side, so it alone pays for the fence (an acquire RMW would
+    // invalidate the SM's L1 on every free).
+    let old = arch::fetch_add_release(counter, slices);
+    let done = old + slices == SLICES_PER_BLOCK;
+    if done {
+        arch::fence_acq_rel();
+    }
+    done
 }
 
 /// Sets a slice's double-free bit; false if it was already set.

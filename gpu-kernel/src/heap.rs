@@ -94,7 +94,7 @@ impl Claim {
         let block = if self.0 & Claim::FORMATTED != 0 {
             rank
         } else {
-            heap.bitmap(segment).take(class)
+            heap.bitmap(segment).take(class, rank)
         };
         BlockId { segment, block }
     }
@@ -133,7 +133,8 @@ impl Heap {
 
     #[inline(always)]
     fn counter(&self, global_block: u64) -> &Word {
-        &self.region(self.counters_at + global_block, 1)[0]
+        let b = BlockId::from_global(global_block);
+        &self.region(self.counters_at + self.counter_index(b.segment, b.block), 1)[0]
     }
 
     #[inline(always)]
@@ -215,10 +216,16 @@ impl Heap {
 
             let mut seen = 0u64;
             if lane == leader {
+                // Relaxed: the add only hands out indices. The slices' memory
+                // was last written by threads that freed them with a release
+                // add (see `block::count_freed_slices`), and every write this
+                // thread makes to its slice has an address dependency on the
+                // value returned here, so it cannot be performed before the
+                // add. An acquire would invalidate this SM's L1 on every call.
                 seen = if stealing {
                     self.reserve_if_open(word, size)
                 } else {
-                    arch::fetch_add_acq_rel(word, size as u64)
+                    arch::fetch_add_relaxed(word, size as u64)
                 };
             }
             let seen = SlotWord(arch::shfl_u64(team, seen, leader));
@@ -280,7 +287,8 @@ impl Heap {
         if current.reserved() >= current.capacity() {
             return CLOSED;
         }
-        arch::fetch_add_acq_rel(word, size as u64)
+        // Relaxed, as in `malloc_slice`.
+        arch::fetch_add_relaxed(word, size as u64)
     }
 
     /// Replaces the slot word with a fresh block (or with an empty word if
@@ -461,28 +469,48 @@ impl Heap {
         Claim::formatted(segment, taken)
     }
 
-    /// Returns a block whose every slice is dead (or a freed block-class
-    /// block) to its segment.
+    /// Returns a slice block whose every slice is dead to its segment.
     #[inline(never)]
     fn release_block(&self, class: SizeClass, b: BlockId) {
-        if class.is_slice() {
-            let global = b.global();
-            // Relaxed: published by the bitmap's acq_rel RMW below.
-            arch::store_relaxed(self.counter(global), 0);
-            if self.flags & CHECK_DOUBLE_FREE != 0 {
-                block::clear_slice_bits(self.slice_bits(global));
-            }
+        let global = b.global();
+        // Relaxed: published by the bitmap's acq_rel RMW below.
+        arch::store_relaxed(self.counter(global), 0);
+        if self.flags & CHECK_DOUBLE_FREE != 0 {
+            block::clear_slice_bits(self.slice_bits(global));
         }
         if !self.bitmap(b.segment).give_back(b.block) {
-            self.misuse(Stat::DoubleFrees, b"gpumalloc: double free of a block at segment %llu\n\0", b.segment as u64);
+            // A slot's accounting went wrong; count it rather than corrupt the tree.
+            self.misuse(Stat::DoubleFrees, b"gpumalloc: block %llu returned twice\n\0", global);
             return;
         }
-        match self.table().return_block(b.segment, class) {
-            Return::FirstFree => self.class_tree(class).insert(b.segment),
+        self.return_blocks(class, b.segment, 1);
+    }
+
+    /// Frees a block-class allocation: each thread sets its block's bit
+    /// (which detects a double free), then threads of a warp freeing blocks
+    /// of the same segment count them in the segment table together.
+    #[inline]
+    fn free_block(&self, class: SizeClass, b: BlockId) {
+        if !self.bitmap(b.segment).give_back(b.block) {
+            return self.misuse(Stat::DoubleFrees, b"gpumalloc: double free of a block in segment %llu\n\0", b.segment as u64);
+        }
+        let mask = arch::active_mask();
+        let team = arch::match_any(mask, b.segment);
+        if arch::lane_id() == arch::lowest_lane(team) {
+            self.return_blocks(class, b.segment, team.count_ones());
+        }
+    }
+
+    /// Counts `count` blocks (bits already set) free in the segment table
+    /// and moves the segment between trees as its state says.
+    #[inline(never)]
+    fn return_blocks(&self, class: SizeClass, segment: u32, count: u32) {
+        match self.table().return_blocks(segment, class, count) {
+            Return::FirstFree => self.class_tree(class).insert(segment),
             Return::Partial => {}
             Return::Retired => {
-                self.class_tree(class).remove(b.segment);
-                self.segment_tree().insert(b.segment);
+                self.class_tree(class).remove(segment);
+                self.segment_tree().insert(segment);
             }
         }
     }
@@ -537,7 +565,7 @@ impl Heap {
                     let slice = ((within >> class.unit_shift()) & (SLICES_PER_BLOCK - 1)) as u32;
                     self.free_slice(class, b, slice);
                 } else {
-                    self.release_block(class, b);
+                    self.free_block(class, b);
                 }
             }
             SegmentState::RunHead { .. } if within == 0 => match self.table().end_run(segment) {
@@ -560,7 +588,7 @@ impl Heap {
         let team = arch::match_any64(mask, global);
         let lane = arch::lane_id();
         if lane == arch::lowest_lane(team)
-            && block::count_dead_slices(self.counter(global), team.count_ones() as u64)
+            && block::count_freed_slices(self.counter(global), team.count_ones() as u64)
         {
             self.release_block(class, b);
         }

@@ -128,6 +128,16 @@ impl Heap {
         Heap::layout(bytes / SEGMENT_BYTES, flags)
     }
 
+    /// Word offset (from `counters_at`) of the counter of slice block
+    /// `block` of `segment`. Counters are stored block-major: the counters of
+    /// one segment's blocks lie `segments` words apart, so a segment whose
+    /// blocks are all being freed at once (the 16 B class of a whole kernel)
+    /// does not put every atomic on the same few cache lines.
+    #[inline(always)]
+    pub fn counter_index(&self, segment: u32, block: u32) -> u64 {
+        block as u64 * self.segments as u64 + segment as u64
+    }
+
     /// Bytes of data (whole segments).
     pub fn data_bytes(&self) -> u64 {
         self.segments as u64 * SEGMENT_BYTES

@@ -164,25 +164,26 @@ impl<'a> SegmentTable<'a> {
         }
     }
 
-    /// Counts one block of an active segment as free again (its bitmap bit
-    /// is already set); retires the segment if it was the last one out.
+    /// Counts `count` blocks of an active segment as free again (their
+    /// bitmap bits are already set); retires the segment if they were the
+    /// last ones out.
     #[inline]
-    pub fn return_block(&self, segment: u32, class: SizeClass) -> Return {
+    pub fn return_blocks(&self, segment: u32, class: SizeClass, count: u32) -> Return {
         let total = class.blocks_per_segment();
         let w = self.word(segment);
         let mut current = arch::load_relaxed(w);
         loop {
             let free = match SegmentState::decode(current) {
                 SegmentState::Active { free, .. } => free,
-                // Unreachable while the caller holds a block of this segment.
+                // Unreachable while the caller holds blocks of this segment.
                 _ => return Return::Partial,
             };
-            let (next, outcome) = if free + 1 == total {
+            let (next, outcome) = if free + count == total {
                 (SegmentState::Free.encode(), Return::Retired)
             } else if free == 0 {
-                (current + 1, Return::FirstFree)
+                (current + count as u64, Return::FirstFree)
             } else {
-                (current + 1, Return::Partial)
+                (current + count as u64, Return::Partial)
             };
             match arch::compare_exchange_acq_rel(w, current, next) {
                 Ok(_) => return outcome,
@@ -246,6 +247,7 @@ mod tests {
         assert_eq!(t.reserve_blocks(0, c16, 1), Reservation::Reserved { count: 1, last: false });
         assert_eq!(t.reserve_blocks(0, c16, 5), Reservation::Reserved { count: 1, last: true });
         assert_eq!(t.reserve_blocks(0, c16, 1), Reservation::Stale);
-        assert_eq!(t.return_block(0, c16), Return::FirstFree);
+        assert_eq!(t.return_blocks(0, c16, 1), Return::FirstFree);
+        assert_eq!(t.return_blocks(0, c16, 1), Return::Retired);
     }
 }

@@ -7,7 +7,7 @@
 //! issued `min(reserved, 4096)`.
 
 use crate::class::{
-    BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_BLOCKS_PER_SEGMENT, SLICE_CLASSES,
+    BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_CLASSES,
     SLICES_PER_BLOCK, SizeClass,
 };
 use crate::layout::{Heap, Stat};
@@ -67,7 +67,7 @@ impl HeapStats {
                             continue;
                         }
                         let live = if class.is_slice() {
-                            let g = segment * SLICE_BLOCKS_PER_SEGMENT as u64 + block as u64;
+                            let g = heap.counter_index(segment as u32, block);
                             SLICES_PER_BLOCK - at(heap.counters_at + g).min(SLICES_PER_BLOCK)
                         } else {
                             1

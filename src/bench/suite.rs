@@ -276,6 +276,9 @@ impl Bench {
                 let mut ratios = Vec::new();
                 let mut valid = true;
                 for _ in 0..self.opts.iters {
+                    if began.elapsed().as_secs_f64() > ALLOCATOR_BUDGET_S {
+                        break;
+                    }
                     let r = measure::round(&self.gpu, allocator.as_mut(), &mut buffers, sizes, true)?;
                     valid &= r.nulls == 0 && r.wrong == 0;
                     let ptrs = r.ptrs.unwrap_or_default();

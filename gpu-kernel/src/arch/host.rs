@@ -39,6 +39,11 @@ pub fn store_release(w: &Word, v: u64) {
 pub fn fetch_add_relaxed(w: &Word, v: u64) -> u64 {
     w.fetch_add(v, Ordering::Relaxed)
 }
+/// Release add; returns the old value.
+#[inline(always)]
+pub fn fetch_add_release(w: &Word, v: u64) -> u64 {
+    w.fetch_add(v, Ordering::Release)
+}
 /// Acquire-release add; returns the old value.
 #[inline(always)]
 pub fn fetch_add_acq_rel(w: &Word, v: u64) -> u64 {

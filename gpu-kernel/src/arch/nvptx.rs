@@ -102,6 +102,7 @@ macro_rules! rmw64 {
 }
 
 rmw64!(fetch_add_relaxed, "relaxed", "add.u64", "Relaxed add; returns the old value.");
+rmw64!(fetch_add_release, "release", "add.u64", "Release add; returns the old value.");
 rmw64!(fetch_add_acq_rel, "acq_rel", "add.u64", "Acquire-release add; returns the old value.");
 rmw64!(fetch_or_acq_rel, "acq_rel", "or.b64", "Acquire-release or; returns the old value.");
 rmw64!(fetch_and_acq_rel, "acq_rel", "and.b64", "Acquire-release and; returns the old value.");
@@ -254,7 +255,8 @@ pub fn shfl_u64(mask: u32, value: u64, src: u32) -> u64 {
 /// Lets other warps run while this one waits on a word.
 #[inline(always)]
 pub fn backoff(round: u32) {
-    let ns = 32u32 << round.min(8);
+    // 32 ns doubling to 512 ns: long sleeps delay waking after an install.
+    let ns = 32u32 << round.min(4);
     // SAFETY: nanosleep only delays this thread.
     unsafe { asm!("nanosleep.u32 {n};", n = in(reg32) ns, options(nostack)) }
 }

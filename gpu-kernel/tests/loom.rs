@@ -1,0 +1,124 @@
+//! Model checks of the small protocols with loom: every interleaving (up to
+//! a preemption bound) of two threads. Run with
+//! `RUSTFLAGS="--cfg loom" cargo test -p gpu-kernel --test loom --release`;
+//! without `--cfg loom` this file is empty.
+//!
+//! - A tree's hint bits: a remove that empties a word racing an insert into
+//!   the same word must leave the id findable (the re-check RMW of `veb`).
+//! - Claiming: two claims of the lowest id never get the same id.
+//! - Block counters: of a free and a slot retire racing to complete a block,
+//!   exactly one completes it.
+//! - Segment return: a reservation racing the return of a segment's last
+//!   block ends in one of the two consistent orders; two returns of the last
+//!   blocks retire the segment exactly once.
+
+#![cfg(loom)]
+
+use gpu_kernel::arch::Word;
+use gpu_kernel::block;
+use gpu_kernel::class::{SLICES_PER_BLOCK, SizeClass};
+use gpu_kernel::segment::{Reservation, Return, SegmentState, SegmentTable};
+use gpu_kernel::veb::{TreeShape, VebTree};
+use loom::sync::Arc;
+use loom::thread;
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(f);
+}
+
+fn words(n: u32) -> Arc<Vec<Word>> {
+    Arc::new((0..n).map(|_| Word::new(0)).collect())
+}
+
+/// 128 ids: two leaf words under one top word.
+const SHAPE: TreeShape = TreeShape::new(128);
+
+#[test]
+fn remove_and_insert_in_one_word_keep_the_hint() {
+    model(|| {
+        let w = words(SHAPE.words);
+        VebTree::new(&w, &SHAPE).insert(0);
+        let w1 = w.clone();
+        let t = thread::spawn(move || {
+            VebTree::new(&w1, &SHAPE).remove(0);
+        });
+        VebTree::new(&w, &SHAPE).insert(1);
+        t.join().unwrap();
+        let tree = VebTree::new(&w, &SHAPE);
+        assert_eq!(tree.successor(0), Some(1), "id 1 lost behind a cleared hint");
+    });
+}
+
+#[test]
+fn two_claims_get_different_ids() {
+    model(|| {
+        let w = words(SHAPE.words);
+        let tree = VebTree::new(&w, &SHAPE);
+        tree.insert(5);
+        tree.insert(70);
+        let w1 = w.clone();
+        let t = thread::spawn(move || VebTree::new(&w1, &SHAPE).claim_lowest());
+        let mine = VebTree::new(&w, &SHAPE).claim_lowest();
+        let theirs = t.join().unwrap();
+        let mut got = [mine.unwrap(), theirs.unwrap()];
+        got.sort();
+        assert_eq!(got, [5, 70]);
+        assert_eq!(VebTree::new(&w, &SHAPE).successor(0), None);
+    });
+}
+
+#[test]
+fn exactly_one_thread_completes_a_block() {
+    model(|| {
+        let counter = Arc::new(Word::new(SLICES_PER_BLOCK - 3));
+        let c1 = counter.clone();
+        let t = thread::spawn(move || block::count_freed_slices(&c1, 1));
+        let retire = block::count_dead_slices(&counter, 2);
+        let free = t.join().unwrap();
+        assert!(retire ^ free, "completed by both or neither: {retire} {free}");
+    });
+}
+
+/// The 2 KiB slice class: two blocks per segment.
+fn two_block_class() -> SizeClass {
+    let c = SizeClass::new(7).unwrap();
+    assert_eq!(c.blocks_per_segment(), 2);
+    c
+}
+
+#[test]
+fn reservation_racing_the_last_return() {
+    model(|| {
+        let class = two_block_class();
+        let states = Arc::new(vec![Word::new(SegmentState::Active { class, free: 1 }.encode())]);
+        let s1 = states.clone();
+        let t = thread::spawn(move || SegmentTable::new(&s1).reserve_blocks(0, class, 1));
+        let returned = SegmentTable::new(&states).return_blocks(0, class, 1);
+        let reserved = t.join().unwrap();
+        let end = SegmentTable::new(&states).load(0);
+        match (reserved, returned) {
+            (Reservation::Reserved { count: 1, last: true }, Return::FirstFree) => {
+                assert_eq!(end, SegmentState::Active { class, free: 1 })
+            }
+            (Reservation::Stale, Return::Retired) => assert_eq!(end, SegmentState::Free),
+            other => panic!("inconsistent outcome {other:?}, state {end:?}"),
+        }
+    });
+}
+
+#[test]
+fn the_last_two_returns_retire_once() {
+    model(|| {
+        let class = two_block_class();
+        let states = Arc::new(vec![Word::new(SegmentState::Active { class, free: 0 }.encode())]);
+        let s1 = states.clone();
+        let t = thread::spawn(move || SegmentTable::new(&s1).return_blocks(0, class, 1));
+        let mine = SegmentTable::new(&states).return_blocks(0, class, 1);
+        let theirs = t.join().unwrap();
+        let retired = [mine, theirs].iter().filter(|r| **r == Return::Retired).count();
+        assert_eq!(retired, 1, "{mine:?} {theirs:?}");
+        assert_eq!(SegmentTable::new(&states).load(0), SegmentState::Free);
+    });
+}
