@@ -235,3 +235,38 @@ impl CallMeter {
         out
     }
 }
+
+/// A shared driver: lets a caller keep a handle on the driver a lake owns
+/// (e.g. to look at the CPU model after the lake is dropped).
+impl<D: VmmDriver> VmmDriver for std::sync::Arc<D> {
+    fn granularity(&self) -> u64 {
+        (**self).granularity()
+    }
+    fn options(&self) -> &ChunkOptions {
+        (**self).options()
+    }
+    fn reserve(&self, size: u64) -> VmmResult<u64> {
+        (**self).reserve(size)
+    }
+    fn free_address(&self, addr: u64, size: u64) -> VmmResult<()> {
+        (**self).free_address(addr, size)
+    }
+    fn create(&self) -> VmmResult<ChunkHandle> {
+        (**self).create()
+    }
+    fn release(&self, chunk: ChunkHandle) -> VmmResult<()> {
+        (**self).release(chunk)
+    }
+    fn map(&self, addr: u64, chunk: ChunkHandle) -> VmmResult<()> {
+        (**self).map(addr, chunk)
+    }
+    fn unmap(&self, addr: u64) -> VmmResult<()> {
+        (**self).unmap(addr)
+    }
+    fn set_access(&self, addr: u64, size: u64) -> VmmResult<()> {
+        (**self).set_access(addr, size)
+    }
+    fn counters(&self) -> DriverCounters {
+        (**self).counters()
+    }
+}
