@@ -31,8 +31,15 @@ impl HeapConfig {
 
     /// The kernel-side flags.
     pub fn flags(&self) -> u32 {
-        (if self.check_double_free { CHECK_DOUBLE_FREE } else { 0 })
-            | (if self.trap_on_misuse { TRAP_ON_MISUSE } else { 0 })
+        (if self.check_double_free {
+            CHECK_DOUBLE_FREE
+        } else {
+            0
+        }) | (if self.trap_on_misuse {
+            TRAP_ON_MISUSE
+        } else {
+            0
+        })
     }
 }
 

@@ -37,19 +37,28 @@ impl CpuHeap {
             bytes: 0,
             why: "a CPU heap needs an explicit size",
         })?;
-        let mut heap = Heap::layout_for_bytes(bytes, config.flags()).map_err(|e| Error::HeapSize {
-            bytes,
-            why: match e {
-                LayoutError::TooSmall => "smaller than one segment (16 MiB)",
-                LayoutError::TooLarge => "more segments than the heap supports",
-            },
-        })?;
-        let data_layout = Layout::from_size_align(heap.data_bytes() as usize, DATA_ALIGN)
-            .map_err(|_| Error::HeapSize { bytes, why: "too large for this host" })?;
+        let mut heap =
+            Heap::layout_for_bytes(bytes, config.flags()).map_err(|e| Error::HeapSize {
+                bytes,
+                why: match e {
+                    LayoutError::TooSmall => "smaller than one segment (16 MiB)",
+                    LayoutError::TooLarge => "more segments than the heap supports",
+                },
+            })?;
+        let data_layout =
+            Layout::from_size_align(heap.data_bytes() as usize, DATA_ALIGN).map_err(|_| {
+                Error::HeapSize {
+                    bytes,
+                    why: "too large for this host",
+                }
+            })?;
         // SAFETY: the layout has a non-zero size (at least one segment).
         let data = unsafe { alloc(data_layout) };
         if data.is_null() {
-            return Err(Error::HeapSize { bytes, why: "host memory allocation failed" });
+            return Err(Error::HeapSize {
+                bytes,
+                why: "host memory allocation failed",
+            });
         }
         let mut image = vec![0u64; heap.metadata_words as usize];
         heap.write_initial_metadata(&mut image);

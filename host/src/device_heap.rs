@@ -30,16 +30,20 @@ impl DeviceHeap {
             Some(b) => b,
             None => (gpu.memory()?.0 as f64 * HeapConfig::DEFAULT_FREE_FRACTION) as u64,
         };
-        let mut heap = Heap::layout_for_bytes(bytes, config.flags()).map_err(|e| Error::HeapSize {
-            bytes,
-            why: match e {
-                LayoutError::TooSmall => "smaller than one segment (16 MiB)",
-                LayoutError::TooLarge => "more segments than the heap supports",
-            },
-        })?;
+        let mut heap =
+            Heap::layout_for_bytes(bytes, config.flags()).map_err(|e| Error::HeapSize {
+                bytes,
+                why: match e {
+                    LayoutError::TooSmall => "smaller than one segment (16 MiB)",
+                    LayoutError::TooLarge => "more segments than the heap supports",
+                },
+            })?;
         // SAFETY: the data region is written by its users before it is read.
-        let data = unsafe { gpu.stream().alloc::<u8>((heap.data_bytes() + DATA_ALIGN) as usize) }
-            .call("cuMemAlloc(heap data)")?;
+        let data = unsafe {
+            gpu.stream()
+                .alloc::<u8>((heap.data_bytes() + DATA_ALIGN) as usize)
+        }
+        .call("cuMemAlloc(heap data)")?;
         let mut image = vec![0u64; heap.metadata_words as usize];
         heap.write_initial_metadata(&mut image);
         let metadata = gpu.upload(&image)?;

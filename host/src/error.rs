@@ -40,7 +40,9 @@ impl fmt::Display for Error {
             ),
             Error::NoDevice => write!(f, "the NVIDIA driver reports no GPU"),
             Error::Driver { call, source } => write!(f, "{call} failed: {source}"),
-            Error::HeapSize { bytes, why } => write!(f, "cannot make a heap of {bytes} bytes: {why}"),
+            Error::HeapSize { bytes, why } => {
+                write!(f, "cannot make a heap of {bytes} bytes: {why}")
+            }
             Error::Check(what) => write!(f, "check failed: {what}"),
         }
     }

@@ -119,7 +119,9 @@ impl Gpu {
 
     /// `n` zeroed words of device memory.
     pub fn zeros(&self, n: usize) -> Result<CudaSlice<u64>> {
-        self.stream.alloc_zeros::<u64>(n.max(1)).call("cuMemAllocAsync")
+        self.stream
+            .alloc_zeros::<u64>(n.max(1))
+            .call("cuMemAllocAsync")
     }
 
     /// A device copy of `words`.

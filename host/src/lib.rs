@@ -14,6 +14,7 @@ pub mod cpu_heap;
 pub mod device_heap;
 pub mod error;
 pub mod gpu;
+pub mod lake;
 pub mod selftest;
 
 pub use config::HeapConfig;

@@ -58,12 +58,18 @@ pub fn check(n: u64, out: &[u64], w64: &[u64], w32: &[u64]) -> Result<SelfTestRe
         let lane = ((r[7] >> 32) & 0xff) as u32;
         retries += r[7] >> 40;
         let warp_base = t - t % 32;
-        let launched = if n - warp_base >= 32 { u32::MAX } else { (1u32 << (n - warp_base)) - 1 };
+        let launched = if n - warp_base >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << (n - warp_base)) - 1
+        };
         if lane as u64 != t % 32 {
             return fail(format!("thread {t}: lane id {lane}"));
         }
         if mask & (1 << lane) == 0 || mask & !launched != 0 {
-            return fail(format!("thread {t}: active mask {mask:#x} (launched {launched:#x})"));
+            return fail(format!(
+                "thread {t}: active mask {mask:#x} (launched {launched:#x})"
+            ));
         }
         if lane == 0 && mask == launched {
             converged += 1;
@@ -75,7 +81,11 @@ pub fn check(n: u64, out: &[u64], w64: &[u64], w32: &[u64]) -> Result<SelfTestRe
             return fail(format!("thread {t}: match_any {:#x}, mask {mask:#x}", r[1]));
         }
         let next = (lane + 1) % 32;
-        let src = if mask & (1 << next) != 0 { next } else { mask.trailing_zeros() };
+        let src = if mask & (1 << next) != 0 {
+            next
+        } else {
+            mask.trailing_zeros()
+        };
         let want = warp_base + src as u64;
         if r[2] != want << 32 | want {
             return fail(format!("thread {t}: shuffle {:#x}, want {want}", r[2]));
@@ -87,14 +97,19 @@ pub fn check(n: u64, out: &[u64], w64: &[u64], w32: &[u64]) -> Result<SelfTestRe
     let unique = |col: usize, what: &str, want: HashSet<u64>| -> Result<()> {
         let got: HashSet<u64> = (0..n).map(|t| row(t)[col]).collect();
         if got != want {
-            return Err(Error::Check(format!("{what}: old values are not a permutation")));
+            return Err(Error::Check(format!(
+                "{what}: old values are not a permutation"
+            )));
         }
         Ok(())
     };
     unique(3, "64-bit add", (0..n).collect())?;
     unique(4, "32-bit add", (0..n).collect())?;
     if w64[0] != n || w32[0] as u32 != n as u32 {
-        return fail(format!("add totals {} / {} for {n} threads", w64[0], w32[0] as u32));
+        return fail(format!(
+            "add totals {} / {} for {n} threads",
+            w64[0], w32[0] as u32
+        ));
     }
     if (w32[0] >> 32) as u32 != n as u32 {
         return fail(format!("CAS counter {} for {n} threads", w32[0] >> 32));

@@ -1,0 +1,215 @@
+//! `CudaVmm`: [`VmmDriver`] on a real GPU, a thin result layer over
+//! cudarc's raw `sys` VMM functions (cudarc wraps none of them). Every error
+//! names the driver call, e.g. "cuMemMap failed: CUDA_ERROR_INVALID_VALUE".
+//!
+//! Concurrency: holds no mutable state besides its [`CallMeter`] (atomics);
+//! each call binds the device's primary context to the calling thread first,
+//! so it may be used from any thread.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, DriverError, sys};
+
+use super::driver::{
+    CallMeter, ChunkHandle, ChunkOptions, DriverCounters, DriverFailure, FailureCause, VmmCall,
+    VmmDriver, VmmResult,
+};
+
+/// The CUDA VMM calls of one device.
+pub struct CudaVmm {
+    ctx: Arc<CudaContext>,
+    options: ChunkOptions,
+    granularity: u64,
+    meter: CallMeter,
+}
+
+/// Attaches the call to a cudarc result.
+fn named<T>(call: VmmCall, r: Result<T, DriverError>) -> VmmResult<T> {
+    r.map_err(|e| DriverFailure {
+        call,
+        cause: FailureCause::Cuda(e),
+    })
+}
+
+impl CudaVmm {
+    /// Opens device `ordinal` (its primary context) and asks the driver for
+    /// the minimum granularity of chunks made with `options`.
+    pub fn open(ordinal: usize, options: ChunkOptions) -> crate::Result<CudaVmm> {
+        use crate::error::DriverCall;
+        let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
+        let mut vmm = CudaVmm {
+            ctx,
+            options,
+            granularity: 0,
+            meter: CallMeter::default(),
+        };
+        let prop = vmm.properties();
+        let mut granularity: usize = 0;
+        vmm.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: `granularity` and `prop` are valid for the call; `prop` is
+        // fully initialised.
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        }
+        .result()
+        .call("cuMemGetAllocationGranularity")?;
+        vmm.granularity = granularity as u64;
+        Ok(vmm)
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    fn device(&self) -> i32 {
+        self.ctx.cu_device()
+    }
+
+    fn properties(&self) -> sys::CUmemAllocationProp {
+        sys::CUmemAllocationProp {
+            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.device(),
+            },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+                compressionType: 0,
+                gpuDirectRDMACapable: u8::from(self.options.rdma_capable),
+                usage: 0,
+                reserved: [0; 4],
+            },
+        }
+    }
+
+    /// Binds the context, then runs one metered driver call.
+    fn call<T>(&self, call: VmmCall, f: impl FnOnce() -> Result<T, DriverError>) -> VmmResult<T> {
+        named(call, self.ctx.bind_to_thread())?;
+        named(call, self.meter.time(call, f))
+    }
+
+    /// Copies `bytes` to device address `addr` (`cuMemcpyHtoD`, synchronous).
+    pub fn write(&self, addr: u64, bytes: &[u8]) -> crate::Result<()> {
+        use crate::error::DriverCall;
+        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: `bytes` is valid for reads of its length; the caller names
+        // a device range it mapped with access granted.
+        unsafe { sys::cuMemcpyHtoD_v2(addr, bytes.as_ptr().cast(), bytes.len()) }
+            .result()
+            .call("cuMemcpyHtoD")
+    }
+
+    /// Copies `len` bytes from device address `addr` (`cuMemcpyDtoH`,
+    /// synchronous).
+    pub fn read(&self, addr: u64, len: usize) -> crate::Result<Vec<u8>> {
+        use crate::error::DriverCall;
+        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        let mut out = vec![0u8; len];
+        // SAFETY: `out` is valid for writes of `len` bytes; the caller names
+        // a device range it mapped with access granted.
+        unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), addr, len) }
+            .result()
+            .call("cuMemcpyDtoH")?;
+        Ok(out)
+    }
+}
+
+impl VmmDriver for CudaVmm {
+    fn granularity(&self) -> u64 {
+        self.granularity
+    }
+
+    fn options(&self) -> &ChunkOptions {
+        &self.options
+    }
+
+    fn reserve(&self, size: u64) -> VmmResult<u64> {
+        let mut addr: sys::CUdeviceptr = 0;
+        self.call(VmmCall::Reserve, || {
+            // SAFETY: writes one pointer; no fixed address is requested (0),
+            // alignment is the granularity.
+            unsafe {
+                sys::cuMemAddressReserve(&mut addr, size as usize, self.granularity as usize, 0, 0)
+            }
+            .result()
+        })?;
+        Ok(addr)
+    }
+
+    fn free_address(&self, addr: u64, size: u64) -> VmmResult<()> {
+        self.call(VmmCall::FreeAddress, || {
+            // SAFETY: the caller passes a whole reservation with nothing
+            // mapped (trait precondition); the driver checks it too.
+            unsafe { sys::cuMemAddressFree(addr, size as usize) }.result()
+        })
+    }
+
+    fn create(&self) -> VmmResult<ChunkHandle> {
+        let size = self.granularity;
+        let prop = self.properties();
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        self.call(VmmCall::Create, || {
+            // SAFETY: `handle` and `prop` are valid for the call; `prop` is
+            // fully initialised; flags must be 0.
+            unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) }.result()
+        })?;
+        Ok(ChunkHandle(handle))
+    }
+
+    fn release(&self, chunk: ChunkHandle) -> VmmResult<()> {
+        self.call(VmmCall::Release, || {
+            // SAFETY: the handle came from `create` and is released once
+            // (the lake forgets it afterwards).
+            unsafe { sys::cuMemRelease(chunk.0) }.result()
+        })
+    }
+
+    fn map(&self, addr: u64, chunk: ChunkHandle) -> VmmResult<()> {
+        // Every chunk the lake makes is one granule.
+        let size = self.granularity;
+        self.call(VmmCall::Map, || {
+            // SAFETY: maps a live handle into reserved, unmapped space
+            // (trait precondition); offset and flags must be 0.
+            unsafe { sys::cuMemMap(addr, size as usize, 0, chunk.0, 0) }.result()
+        })
+    }
+
+    fn unmap(&self, addr: u64) -> VmmResult<()> {
+        let size = self.granularity;
+        self.call(VmmCall::Unmap, || {
+            // SAFETY: unmaps one whole earlier mapping (trait precondition);
+            // the lake makes sure no live allocation uses it.
+            unsafe { sys::cuMemUnmap(addr, size as usize) }.result()
+        })
+    }
+
+    fn set_access(&self, addr: u64, size: u64) -> VmmResult<()> {
+        let grant = |id: i32| sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let descs: Vec<sys::CUmemAccessDesc> = std::iter::once(self.device())
+            .chain(self.options.peers.iter().copied())
+            .map(grant)
+            .collect();
+        self.call(VmmCall::SetAccess, || {
+            // SAFETY: `descs` is valid for `descs.len()` entries; the range
+            // is wholly mapped (trait precondition).
+            unsafe { sys::cuMemSetAccess(addr, size as usize, descs.as_ptr(), descs.len()) }
+                .result()
+        })
+    }
+
+    fn counters(&self) -> DriverCounters {
+        self.meter.snapshot()
+    }
+}

@@ -1,0 +1,41 @@
+//! The lake: a pool of physical GPU memory in chunks of the driver's
+//! granularity (2 MiB on H100), handed out as contiguous device ranges by
+//! stitching non-contiguous chunks into new virtual ranges with CUDA's
+//! virtual memory management (the GMLake idea: Guo et al., "GMLake: Efficient
+//! and Transparent GPU Memory Defragmentation for Large-scale DNN Training
+//! with Virtual Memory Stitching", ASPLOS 2024).
+//!
+//! Glossary:
+//! - **chunk**: one granule of physical memory (`cuMemCreate`), mapped at its
+//!   *home* address for as long as it lives;
+//! - **pBlock** (primitive block): chunks at consecutive home addresses;
+//! - **sBlock** (stitched block): a second virtual range mapping the chunks
+//!   of several pBlocks back to back: no copy, no new physical memory;
+//! - **driver**: the [`VmmDriver`] boundary, real ([`CudaVmm`]) or modelled
+//!   on the CPU ([`ModelVmm`]).
+//!
+//! Files: `driver` (the boundary), `cuda` and `model` (its two sides),
+//! `block` (tables and driver work with rollback), `pool` (the policy and
+//! the thread-safe [`Lake`]), `config`, `stats`, `error`, `trace`.
+
+pub mod block;
+pub mod config;
+pub mod cuda;
+pub mod driver;
+pub mod error;
+pub mod model;
+pub mod pool;
+pub mod stats;
+pub mod trace;
+
+pub use config::LakeConfig;
+pub use cuda::CudaVmm;
+pub use driver::{
+    CallCount, ChunkHandle, ChunkOptions, DriverCounters, DriverFailure, FailureCause, VmmCall,
+    VmmDriver,
+};
+pub use error::{LakeError, LakeResult};
+pub use model::{ModelCensus, ModelVmm};
+pub use pool::{DeviceRange, Lake};
+pub use stats::{LakeStats, Outcomes};
+pub use trace::{Event, EventKind, Site, Trace, TraceError};

@@ -1,0 +1,372 @@
+//! `ModelVmm`: a faithful CPU model of the CUDA VMM calls, so the lake's
+//! logic is tested without a GPU.
+//!
+//! It tracks reserved ranges, live chunks, which chunk backs each mapped
+//! granule and which granules have access granted, and refuses every call
+//! that breaks a precondition of [`VmmDriver`] (mapping over a mapping or
+//! outside a reservation, releasing a mapped chunk, freeing a reservation
+//! with something mapped, …). It is stricter than CUDA in one place: CUDA
+//! lets a mapped chunk be released (the memory goes when the last mapping
+//! does); the model refuses, because the lake never needs that.
+//!
+//! Chunks are backed by host memory, so bytes written through one mapping
+//! read back through every other mapping of the same chunk
+//! ([`ModelVmm::write`], [`ModelVmm::read`]). Faults can be injected: the
+//! n-th next call of a kind fails ([`ModelVmm::fail_nth`]).
+//!
+//! Concurrency: all state sits behind one mutex, taken for the length of a
+//! call; the call meter is atomics.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+use super::driver::{
+    CallMeter, ChunkHandle, ChunkOptions, DriverCounters, DriverFailure, FailureCause, VmmCall,
+    VmmDriver, VmmResult,
+};
+
+/// Where the model's reservations start (any non-zero, aligned value; kept
+/// away from 0 so a zero address is never handed out).
+const ADDRESS_BASE: u64 = 0x7f00_0000_0000;
+
+/// The H100's VMM granularity, the model's default.
+pub const H100_GRANULARITY: u64 = 2 << 20;
+
+/// A live chunk of the model.
+struct Chunk {
+    /// Host memory standing in for the chunk.
+    bytes: Vec<u8>,
+    /// Granules where it is mapped now.
+    mappings: usize,
+    /// Whether it was created RDMA-capable.
+    rdma_capable: bool,
+}
+
+/// One mapped granule.
+struct Mapping {
+    chunk: ChunkHandle,
+    /// Whether `set_access` covered it since it was mapped.
+    accessible: bool,
+}
+
+#[derive(Default)]
+struct State {
+    /// Reservations: start → size.
+    reservations: BTreeMap<u64, u64>,
+    /// Next reservation address (reservations are never reused).
+    next_address: u64,
+    chunks: HashMap<ChunkHandle, Chunk>,
+    next_handle: u64,
+    /// Mapped granules: granule address → mapping.
+    mapped: BTreeMap<u64, Mapping>,
+    /// Fault injection: call → how many more calls succeed before one fails.
+    faults: HashMap<VmmCall, u64>,
+}
+
+/// The CPU model of the VMM driver.
+pub struct ModelVmm {
+    granularity: u64,
+    options: ChunkOptions,
+    state: Mutex<State>,
+    meter: CallMeter,
+}
+
+/// A snapshot of what the model holds, for tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelCensus {
+    /// Live reservations.
+    pub reservations: usize,
+    /// Live chunks.
+    pub chunks: usize,
+    /// Mapped granules.
+    pub mappings: usize,
+    /// Live chunks created RDMA-capable.
+    pub rdma_chunks: usize,
+}
+
+fn refuse<T>(call: VmmCall, why: String) -> VmmResult<T> {
+    Err(DriverFailure {
+        call,
+        cause: FailureCause::Model(why),
+    })
+}
+
+impl ModelVmm {
+    /// A model with chunks of `granularity` bytes (a power of two) and the
+    /// given chunk options.
+    pub fn new(granularity: u64, options: ChunkOptions) -> ModelVmm {
+        assert!(
+            granularity.is_power_of_two(),
+            "granularity must be a power of two"
+        );
+        ModelVmm {
+            granularity,
+            options,
+            state: Mutex::new(State {
+                next_address: ADDRESS_BASE,
+                next_handle: 1,
+                ..State::default()
+            }),
+            meter: CallMeter::default(),
+        }
+    }
+
+    /// A model with the H100's granularity and default options.
+    pub fn h100() -> ModelVmm {
+        ModelVmm::new(H100_GRANULARITY, ChunkOptions::default())
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock left the model as it was before the
+        // call that panicked (every call checks before it changes anything).
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the `n`-th next call of kind `call` (1 = the very next one)
+    /// fail with [`FailureCause::Injected`]; later calls succeed again.
+    pub fn fail_nth(&self, call: VmmCall, n: u64) {
+        assert!(n >= 1, "n counts from 1");
+        self.state().faults.insert(call, n - 1);
+    }
+
+    /// What the model holds now.
+    pub fn census(&self) -> ModelCensus {
+        let s = self.state();
+        ModelCensus {
+            reservations: s.reservations.len(),
+            chunks: s.chunks.len(),
+            mappings: s.mapped.len(),
+            rdma_chunks: s.chunks.values().filter(|c| c.rdma_capable).count(),
+        }
+    }
+
+    /// Writes `bytes` at device address `addr`, through whatever chunks are
+    /// mapped there. Every granule touched must be mapped with access.
+    pub fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), String> {
+        let mut s = self.state();
+        let mut done = 0;
+        while done < bytes.len() {
+            let (chunk, offset, n) = self.locate(&s, addr + done as u64, bytes.len() - done)?;
+            let target = &mut s
+                .chunks
+                .get_mut(&chunk)
+                .expect("mapped chunks are live")
+                .bytes;
+            target[offset..offset + n].copy_from_slice(&bytes[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes at device address `addr`. Every granule touched
+    /// must be mapped with access.
+    pub fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+        let s = self.state();
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let (chunk, offset, n) = self.locate(&s, addr + out.len() as u64, len - out.len())?;
+            out.extend_from_slice(&s.chunks[&chunk].bytes[offset..offset + n]);
+        }
+        Ok(out)
+    }
+
+    /// The chunk behind `addr`, the offset in it, and how many of `want`
+    /// bytes lie in that granule.
+    fn locate(
+        &self,
+        s: &State,
+        addr: u64,
+        want: usize,
+    ) -> Result<(ChunkHandle, usize, usize), String> {
+        let granule = addr & !(self.granularity - 1);
+        let m = s
+            .mapped
+            .get(&granule)
+            .ok_or_else(|| format!("address {addr:#x} is not mapped"))?;
+        if !m.accessible {
+            return Err(format!(
+                "address {addr:#x} is mapped but access was never granted"
+            ));
+        }
+        let offset = (addr - granule) as usize;
+        let n = want.min(self.granularity as usize - offset);
+        Ok((m.chunk, offset, n))
+    }
+
+    /// Runs one metered call: checks for an injected fault, then `f`.
+    fn call<T>(&self, call: VmmCall, f: impl FnOnce(&mut State) -> VmmResult<T>) -> VmmResult<T> {
+        self.meter.time(call, || {
+            let mut s = self.state();
+            if let Some(left) = s.faults.get_mut(&call) {
+                if *left == 0 {
+                    s.faults.remove(&call);
+                    return Err(DriverFailure {
+                        call,
+                        cause: FailureCause::Injected,
+                    });
+                }
+                *left -= 1;
+            }
+            f(&mut s)
+        })
+    }
+
+    fn aligned(&self, v: u64) -> bool {
+        v & (self.granularity - 1) == 0
+    }
+
+    /// The reservation holding `[addr, addr + size)`, if one does.
+    fn reservation_of(s: &State, addr: u64, size: u64) -> Option<(u64, u64)> {
+        let (&start, &len) = s.reservations.range(..=addr).next_back()?;
+        (addr + size <= start + len).then_some((start, len))
+    }
+}
+
+impl VmmDriver for ModelVmm {
+    fn granularity(&self) -> u64 {
+        self.granularity
+    }
+
+    fn options(&self) -> &ChunkOptions {
+        &self.options
+    }
+
+    fn reserve(&self, size: u64) -> VmmResult<u64> {
+        self.call(VmmCall::Reserve, |s| {
+            if size == 0 || !self.aligned(size) {
+                return refuse(
+                    VmmCall::Reserve,
+                    format!("size {size} is not a positive multiple of the granularity"),
+                );
+            }
+            let addr = s.next_address;
+            s.next_address += size;
+            s.reservations.insert(addr, size);
+            Ok(addr)
+        })
+    }
+
+    fn free_address(&self, addr: u64, size: u64) -> VmmResult<()> {
+        self.call(VmmCall::FreeAddress, |s| {
+            if s.reservations.get(&addr) != Some(&size) {
+                return refuse(
+                    VmmCall::FreeAddress,
+                    format!("[{addr:#x}, +{size}) is not a reservation"),
+                );
+            }
+            if let Some((&g, _)) = s.mapped.range(addr..addr + size).next() {
+                return refuse(
+                    VmmCall::FreeAddress,
+                    format!("granule {g:#x} inside it is still mapped"),
+                );
+            }
+            s.reservations.remove(&addr);
+            Ok(())
+        })
+    }
+
+    fn create(&self) -> VmmResult<ChunkHandle> {
+        self.call(VmmCall::Create, |s| {
+            let handle = ChunkHandle(s.next_handle);
+            s.next_handle += 1;
+            let chunk = Chunk {
+                bytes: vec![0; self.granularity as usize],
+                mappings: 0,
+                rdma_capable: self.options.rdma_capable,
+            };
+            s.chunks.insert(handle, chunk);
+            Ok(handle)
+        })
+    }
+
+    fn release(&self, chunk: ChunkHandle) -> VmmResult<()> {
+        self.call(VmmCall::Release, |s| {
+            match s.chunks.get(&chunk) {
+                None => return refuse(VmmCall::Release, format!("chunk {} is not live", chunk.0)),
+                Some(c) if c.mappings > 0 => {
+                    return refuse(
+                        VmmCall::Release,
+                        format!(
+                            "chunk {} is still mapped at {} granules",
+                            chunk.0, c.mappings
+                        ),
+                    );
+                }
+                Some(_) => {}
+            }
+            s.chunks.remove(&chunk);
+            Ok(())
+        })
+    }
+
+    fn map(&self, addr: u64, chunk: ChunkHandle) -> VmmResult<()> {
+        self.call(VmmCall::Map, |s| {
+            if !self.aligned(addr) {
+                return refuse(
+                    VmmCall::Map,
+                    format!("address {addr:#x} is not aligned to the granularity"),
+                );
+            }
+            if Self::reservation_of(s, addr, self.granularity).is_none() {
+                return refuse(
+                    VmmCall::Map,
+                    format!("address {addr:#x} is outside every reservation"),
+                );
+            }
+            if s.mapped.contains_key(&addr) {
+                return refuse(VmmCall::Map, format!("address {addr:#x} is already mapped"));
+            }
+            let Some(c) = s.chunks.get_mut(&chunk) else {
+                return refuse(VmmCall::Map, format!("chunk {} is not live", chunk.0));
+            };
+            c.mappings += 1;
+            s.mapped.insert(
+                addr,
+                Mapping {
+                    chunk,
+                    accessible: false,
+                },
+            );
+            Ok(())
+        })
+    }
+
+    fn unmap(&self, addr: u64) -> VmmResult<()> {
+        self.call(VmmCall::Unmap, |s| {
+            let Some(m) = s.mapped.remove(&addr) else {
+                return refuse(VmmCall::Unmap, format!("nothing is mapped at {addr:#x}"));
+            };
+            s.chunks
+                .get_mut(&m.chunk)
+                .expect("mapped chunks are live")
+                .mappings -= 1;
+            Ok(())
+        })
+    }
+
+    fn set_access(&self, addr: u64, size: u64) -> VmmResult<()> {
+        self.call(VmmCall::SetAccess, |s| {
+            if size == 0 || !self.aligned(addr) || !self.aligned(size) {
+                return refuse(
+                    VmmCall::SetAccess,
+                    format!("[{addr:#x}, +{size}) is not whole granules"),
+                );
+            }
+            let granules = size / self.granularity;
+            if (s.mapped.range(addr..addr + size).count() as u64) < granules {
+                return refuse(
+                    VmmCall::SetAccess,
+                    format!("[{addr:#x}, +{size}) is not wholly mapped"),
+                );
+            }
+            for (_, m) in s.mapped.range_mut(addr..addr + size) {
+                m.accessible = true;
+            }
+            Ok(())
+        })
+    }
+
+    fn counters(&self) -> DriverCounters {
+        self.meter.snapshot()
+    }
+}

@@ -1,0 +1,606 @@
+//! CPU tests of `host::lake` on the model driver.
+//!
+//! Workloads: seeded random alloc/free sequences (sizes 1 byte to 12 chunks,
+//! a small granularity so chunks are cheap host memory) checked after every
+//! step; a periodic training-like trace (forward phase grows, backward phase
+//! shrinks, recompute-like irregular temporaries) that must converge to
+//! exact matches; injected map failures that must roll back; error messages.
+
+use host::lake::{
+    ChunkOptions, DeviceRange, Lake, LakeConfig, LakeError, ModelCensus, ModelVmm, Site, Trace,
+    VmmCall,
+};
+
+/// Model granularity in these tests: small, so host backing is cheap.
+const G: u64 = 64 << 10;
+
+/// SplitMix64: a tiny seeded generator, so runs are reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn new_lake(limit_chunks: u64) -> Lake<ModelVmm> {
+    Lake::new(
+        ModelVmm::new(G, ChunkOptions::default()),
+        LakeConfig::with_limit(limit_chunks * G),
+    )
+}
+
+/// A byte pattern unique to (tag, position).
+fn pattern(tag: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (tag.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8)
+        .collect()
+}
+
+/// Writes a tag pattern through each chunk's home (primitive) mapping and
+/// reads it back through the allocation's own (possibly stitched) range.
+fn write_through_homes(lake: &Lake<ModelVmm>, r: DeviceRange, tag: u64) {
+    let homes = lake.chunk_homes(r).unwrap();
+    let data = pattern(tag, (homes.len() as u64 * G) as usize);
+    for (i, &h) in homes.iter().enumerate() {
+        let part = &data[i * G as usize..(i + 1) * G as usize];
+        lake.driver().write(h, part).unwrap();
+    }
+    assert_eq!(
+        lake.driver().read(r.addr, data.len()).unwrap(),
+        data,
+        "range {:#x} reads back",
+        r.addr
+    );
+}
+
+/// Checks that the allocation still holds its tag's pattern.
+fn still_holds(lake: &Lake<ModelVmm>, r: DeviceRange, tag: u64) {
+    let len = (r.len.div_ceil(G) * G) as usize;
+    assert_eq!(
+        lake.driver().read(r.addr, len).unwrap(),
+        pattern(tag, len),
+        "allocation {:#x} was overwritten",
+        r.addr
+    );
+}
+
+fn empty() -> ModelCensus {
+    ModelCensus::default()
+}
+
+#[test]
+fn random_sequences_keep_every_invariant() {
+    for seed in [1, 2, 3, 0xdead_beef] {
+        let limit = 48;
+        let lake = new_lake(limit);
+        let mut rng = Rng(seed);
+        let mut live: Vec<(DeviceRange, u64)> = Vec::new();
+        let (mut ooms, mut stitched) = (0, 0);
+        for step in 0..1500u64 {
+            let grow = live.is_empty() || rng.below(100) < 55;
+            if grow {
+                let size = 1 + rng.below(12 * G);
+                match lake.alloc(size) {
+                    Ok(r) => {
+                        stitched += u64::from(lake.is_stitched(r));
+                        write_through_homes(&lake, r, step);
+                        live.push((r, step));
+                    }
+                    Err(LakeError::OutOfMemory { .. }) => ooms += 1,
+                    Err(e) => panic!("seed {seed} step {step}: {e}"),
+                }
+            } else {
+                let (r, tag) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                still_holds(&lake, r, tag);
+                lake.free(r).unwrap();
+            }
+            lake.check()
+                .unwrap_or_else(|e| panic!("seed {seed} step {step}: {e}"));
+            let st = lake.stats();
+            assert!(
+                st.reserved_bytes <= limit * G,
+                "reserved {} over the limit",
+                st.reserved_bytes
+            );
+            // No chunk backs two live allocations.
+            let mut homes: Vec<u64> = live
+                .iter()
+                .flat_map(|(r, _)| lake.chunk_homes(*r).unwrap())
+                .collect();
+            let n = homes.len();
+            homes.sort_unstable();
+            homes.dedup();
+            assert_eq!(
+                homes.len(),
+                n,
+                "seed {seed} step {step}: a chunk backs two allocations"
+            );
+        }
+        for (r, tag) in live.drain(..) {
+            still_holds(&lake, r, tag);
+            lake.free(r).unwrap();
+        }
+        let st = lake.stats();
+        assert_eq!((st.active_bytes, st.live_allocations), (0, 0));
+        lake.trim().unwrap();
+        assert_eq!(lake.stats().reserved_bytes, 0);
+        assert_eq!(
+            lake.driver().census(),
+            empty(),
+            "seed {seed}: memory left with the driver"
+        );
+        println!(
+            "seed {seed:#x}: {stitched} stitched allocations, {ooms} out-of-memory answers, outcomes {:?}",
+            st.outcomes
+        );
+        assert!(stitched > 0, "the workload never stitched");
+    }
+}
+
+#[test]
+fn stitched_range_reads_what_primitive_ranges_wrote() {
+    let lake = new_lake(64);
+    let a: Vec<DeviceRange> = (0..4).map(|_| lake.alloc(2 * G).unwrap()).collect();
+    // Free every other block: 4 free chunks, no two adjacent.
+    for (i, r) in a.iter().enumerate() {
+        lake.driver()
+            .write(r.addr, &pattern(i as u64, 2 * G as usize))
+            .unwrap();
+    }
+    lake.free(a[0]).unwrap();
+    lake.free(a[2]).unwrap();
+    let reserved = lake.stats().reserved_bytes;
+    let big = lake.alloc(4 * G).unwrap();
+    assert!(lake.is_stitched(big));
+    assert_eq!(
+        lake.stats().reserved_bytes,
+        reserved,
+        "stitching made no new memory"
+    );
+    // Whatever order the stitch chose, each chunk reads the same through
+    // the stitched range as at its home in a primitive range.
+    let homes = lake.chunk_homes(big).unwrap();
+    let mut want = Vec::new();
+    for &h in &homes {
+        want.extend(lake.driver().read(h, G as usize).unwrap());
+    }
+    assert!(
+        lake.driver().read(big.addr, 4 * G as usize).unwrap() == want,
+        "stitched range differs"
+    );
+    let freed: Vec<u8> = [pattern(0, 2 * G as usize), pattern(2, 2 * G as usize)].concat();
+    let mut sorted_want = want
+        .chunks(G as usize)
+        .map(<[u8]>::to_vec)
+        .collect::<Vec<_>>();
+    let mut sorted_freed = freed
+        .chunks(G as usize)
+        .map(<[u8]>::to_vec)
+        .collect::<Vec<_>>();
+    sorted_want.sort();
+    sorted_freed.sort();
+    assert!(
+        sorted_want == sorted_freed,
+        "the stitch is made of the freed chunks"
+    );
+    // And the other way: written through the stitch, read at home.
+    lake.driver().write(big.addr + 3 * G, &[7; 16]).unwrap();
+    assert_eq!(lake.driver().read(homes[3], 16).unwrap(), vec![7; 16]);
+}
+
+#[test]
+fn four_outcomes_and_cached_stitch_reuse() {
+    let lake = new_lake(64);
+    let r = lake.alloc(6 * G).unwrap(); // fresh
+    lake.free(r).unwrap();
+    let s = lake.alloc(2 * G).unwrap(); // split 6 -> 2 + 4
+    let t = lake.alloc(4 * G).unwrap(); // exact (the rest)
+    lake.free(s).unwrap();
+    lake.free(t).unwrap();
+    let u = lake.alloc(6 * G).unwrap(); // stitch 4 + 2
+    assert!(lake.is_stitched(u));
+    lake.free(u).unwrap();
+    let v = lake.alloc(6 * G).unwrap(); // exact: the cached sBlock
+    assert_eq!(v.addr, u.addr);
+    lake.free(v).unwrap();
+    let w = lake.alloc(9 * G).unwrap(); // 6 free + 3 new, stitched
+    let o = lake.stats().outcomes;
+    assert_eq!(
+        (
+            o.fresh,
+            o.split,
+            o.exact_primitive,
+            o.stitch,
+            o.exact_stitched,
+            o.grow_stitch
+        ),
+        (1, 1, 1, 1, 1, 1)
+    );
+    assert_eq!(lake.stats().reserved_bytes, 9 * G);
+    lake.free(w).unwrap();
+    lake.check().unwrap();
+}
+
+#[test]
+fn split_limit_and_stitch_cap_are_respected() {
+    let mut config = LakeConfig::with_limit(64 * G);
+    config.min_split_bytes = 4 * G;
+    config.max_stitch_chunks = 4;
+    let lake = Lake::new(ModelVmm::new(G, ChunkOptions::default()), config);
+    let small = lake.alloc(3 * G).unwrap();
+    lake.free(small).unwrap();
+    // A 3-chunk block is under the limit: not split for 1 chunk.
+    let one = lake.alloc(G).unwrap();
+    assert_eq!(lake.stats().outcomes.split, 0);
+    assert_eq!(lake.stats().reserved_bytes, 4 * G);
+    lake.free(one).unwrap();
+    // 5 chunks is over the stitch cap: a new primitive block, no stitch.
+    let five = lake.alloc(5 * G).unwrap();
+    assert!(!lake.is_stitched(five));
+    assert_eq!(
+        lake.stats().outcomes.stitch + lake.stats().outcomes.grow_stitch,
+        0
+    );
+}
+
+#[test]
+fn lru_sweep_drops_stitched_blocks_over_the_limit() {
+    let mut config = LakeConfig::with_limit(64 * G);
+    config.max_cached_stitched = 1;
+    let lake = Lake::new(ModelVmm::new(G, ChunkOptions::default()), config);
+    let parts: Vec<DeviceRange> = (0..6).map(|_| lake.alloc(G).unwrap()).collect();
+    for r in &parts {
+        lake.free(*r).unwrap();
+    }
+    let a = lake.alloc(2 * G).unwrap();
+    let b = lake.alloc(3 * G).unwrap();
+    assert!(lake.is_stitched(a) && lake.is_stitched(b));
+    lake.free(a).unwrap();
+    lake.free(b).unwrap();
+    assert_eq!(lake.stats().stitched_blocks, 1, "one cached sBlock kept");
+    // The most recently used (b, 3 chunks) is the one kept.
+    let again = lake.alloc(3 * G).unwrap();
+    assert_eq!(again.addr, b.addr);
+    lake.check().unwrap();
+}
+
+#[test]
+fn failed_map_halfway_through_a_stitch_is_rolled_back() {
+    for k in 1..=3 {
+        let lake = new_lake(64);
+        let a: Vec<DeviceRange> = (0..4).map(|_| lake.alloc(G).unwrap()).collect();
+        lake.free(a[0]).unwrap();
+        lake.free(a[2]).unwrap();
+        let census = lake.driver().census();
+        let stats = lake.stats();
+        // A 2-chunk stitch maps 2 granules; fail the k-th (k = 3: the
+        // stitch succeeds, the injected fault is not reached).
+        lake.driver().fail_nth(VmmCall::Map, k);
+        match lake.alloc(2 * G) {
+            Err(e) => {
+                assert!(k <= 2);
+                assert!(e.to_string().contains("cuMemMap failed"), "{e}");
+                assert_eq!(
+                    lake.driver().census(),
+                    census,
+                    "k = {k}: a mapping or reservation leaked"
+                );
+                assert_eq!(lake.stats().reserved_bytes, stats.reserved_bytes);
+                lake.check().unwrap();
+                // The pool still works afterwards.
+                let r = lake.alloc(2 * G).unwrap();
+                assert!(lake.is_stitched(r));
+            }
+            Ok(r) => {
+                assert_eq!(k, 3);
+                assert!(lake.is_stitched(r));
+            }
+        }
+    }
+}
+
+#[test]
+fn failed_map_while_growing_releases_the_new_chunks() {
+    let lake = new_lake(64);
+    let a = lake.alloc(G).unwrap();
+    let census = lake.driver().census();
+    // A fresh 3-chunk block maps 3 granules; fail the 2nd.
+    lake.driver().fail_nth(VmmCall::Map, 2);
+    let e = lake.alloc(3 * G).unwrap_err();
+    assert!(
+        e.to_string().contains("cuMemMap failed: injected fault"),
+        "{e}"
+    );
+    assert_eq!(
+        lake.driver().census(),
+        census,
+        "new chunks or their reservation leaked"
+    );
+    // Grow-and-stitch: free 1 chunk + 2 new; fail the stitch's last map.
+    lake.free(a).unwrap();
+    let census = lake.driver().census();
+    lake.driver().fail_nth(VmmCall::Map, 2 + 3);
+    assert!(lake.alloc(3 * G).is_err());
+    assert_eq!(lake.driver().census(), census);
+    lake.check().unwrap();
+    assert_eq!(lake.stats().live_allocations, 0);
+}
+
+#[test]
+fn errors_name_their_cause() {
+    let lake = new_lake(8);
+    let r = lake.alloc(3 * G).unwrap();
+    let e = lake.alloc(6 * G).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(e, LakeError::OutOfMemory { asked, active, .. } if asked == 6 * G && active == 3 * G),
+        "{text}"
+    );
+    assert!(
+        text.contains("out of physical memory") && text.contains("largest free block"),
+        "{text}"
+    );
+    assert!(
+        lake.alloc(0)
+            .unwrap_err()
+            .to_string()
+            .contains("zero bytes")
+    );
+    let foreign = DeviceRange {
+        addr: 0x1234_0000,
+        len: 8,
+    };
+    assert!(matches!(lake.free(foreign), Err(LakeError::NotOurs { .. })));
+    let e = lake
+        .free(DeviceRange {
+            addr: r.addr,
+            len: r.len + 1,
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("another length"), "{e}");
+    lake.free(r).unwrap();
+    let e = lake.free(r).unwrap_err();
+    assert!(
+        matches!(e, LakeError::DoubleFree { .. }) && e.to_string().contains("double free"),
+        "{e}"
+    );
+    // The model refuses what CUDA would: mapping over a mapping.
+    use host::lake::VmmDriver;
+    let m = lake.driver();
+    let c = m.create().unwrap();
+    let e = m.map(r.addr, c).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("cuMemMap failed: refused by the CPU model"),
+        "{e}"
+    );
+    let e = m.map(0x10, c).unwrap_err();
+    assert!(e.to_string().contains("not aligned"), "{e}");
+    m.release(c).unwrap();
+}
+
+#[test]
+fn out_of_memory_releases_unhelpful_blocks_first() {
+    let mut config = LakeConfig::with_limit(8 * G);
+    config.max_stitch_chunks = 2;
+    let lake = Lake::new(ModelVmm::new(G, ChunkOptions::default()), config);
+    let a: Vec<DeviceRange> = (0..8).map(|_| lake.alloc(G).unwrap()).collect();
+    for r in &a {
+        lake.free(*r).unwrap();
+    }
+    // 6 chunks cannot be stitched (cap 2) and no block is that large: the
+    // free blocks are released and 6 new chunks made within the limit.
+    let big = lake.alloc(6 * G).unwrap();
+    assert!(!lake.is_stitched(big));
+    assert!(lake.stats().reserved_bytes <= 8 * G);
+    lake.check().unwrap();
+}
+
+#[test]
+fn options_reach_the_driver() {
+    let options = ChunkOptions {
+        rdma_capable: true,
+        peers: vec![1],
+    };
+    let lake = Lake::new(ModelVmm::new(G, options), LakeConfig::with_limit(8 * G));
+    let r = lake.alloc(2 * G).unwrap();
+    assert_eq!(lake.driver().census().rdma_chunks, 2);
+    let st = lake.stats();
+    assert_eq!(st.driver.of(VmmCall::Create).calls, 2);
+    assert_eq!(st.driver.of(VmmCall::SetAccess).calls, 1);
+    assert!(st.driver.total().calls >= 5);
+    lake.free(r).unwrap();
+}
+
+/// One training-like period: a forward phase that keeps activations and
+/// frees recompute-like temporaries, then a backward phase that frees the
+/// activations in reverse while making gradients of irregular sizes.
+fn period(lake: &Lake<ModelVmm>, rng_seed: u64) {
+    const LAYERS: u64 = 12;
+    const FORWARD: u32 = 0;
+    const BACKWARD: u32 = 1;
+    let fwd = Site {
+        stream: 0,
+        phase: FORWARD,
+    };
+    let bwd = Site {
+        stream: 0,
+        phase: BACKWARD,
+    };
+    // Sizes depend on the layer, not the period: the workload is periodic.
+    let mut rng = Rng(rng_seed);
+    let act: Vec<u64> = (0..LAYERS).map(|_| G + rng.below(7 * G)).collect();
+    let tmp: Vec<u64> = (0..LAYERS).map(|_| 1 + rng.below(5 * G)).collect();
+    let grad: Vec<u64> = (0..LAYERS).map(|_| G / 2 + rng.below(9 * G)).collect();
+    let mut kept = Vec::new();
+    for l in 0..LAYERS as usize {
+        let t = lake.alloc_at(tmp[l], fwd).unwrap();
+        kept.push(lake.alloc_at(act[l], fwd).unwrap());
+        lake.free_at(t, fwd).unwrap();
+    }
+    for l in (0..LAYERS as usize).rev() {
+        let g = lake.alloc_at(grad[l], bwd).unwrap();
+        let a = kept.pop().unwrap();
+        lake.free_at(a, bwd).unwrap();
+        lake.free_at(g, bwd).unwrap();
+    }
+}
+
+#[test]
+fn periodic_trace_converges_to_exact_matches() {
+    const PERIODS: usize = 8;
+    const WARM_UP: usize = 3;
+    const SEED: u64 = 42;
+    let lake = new_lake(512);
+    lake.start_trace();
+    let mut rates = Vec::new();
+    let mut after_warm_up = None;
+    for p in 0..PERIODS {
+        let before = lake.stats().outcomes;
+        period(&lake, SEED);
+        let o = lake.stats().outcomes.since(&before);
+        rates.push(o.hit_rate());
+        if p == WARM_UP {
+            after_warm_up = Some(before);
+        }
+        lake.check().unwrap();
+    }
+    let converged = lake.stats().outcomes.since(&after_warm_up.unwrap());
+    let st = lake.stats();
+    println!(
+        "hit rate per period: {:?}",
+        rates
+            .iter()
+            .map(|r| format!("{:.1}%", r * 100.0))
+            .collect::<Vec<_>>()
+    );
+    println!(
+        "hit rate after {WARM_UP} warm-up periods: {:.1}% ({} of {}); fragmentation {:.1}%; reserved {} chunks; driver calls {}",
+        converged.hit_rate() * 100.0,
+        converged.exact(),
+        converged.total(),
+        st.fragmentation() * 100.0,
+        st.peak_reserved_bytes / G,
+        st.driver.total().calls,
+    );
+    assert!(
+        converged.hit_rate() >= 0.95,
+        "hit rate {:.3} after convergence",
+        converged.hit_rate()
+    );
+    assert_eq!(
+        *rates.last().unwrap(),
+        1.0,
+        "the last period is all exact matches"
+    );
+
+    // The trace round-trips through its file format and replays.
+    let trace = lake.take_trace().unwrap();
+    assert_eq!(trace.events.len(), PERIODS * 12 * 6);
+    let path = std::env::temp_dir().join(format!("lake-trace-{}.bin", std::process::id()));
+    trace.save(&path).unwrap();
+    let back = Trace::load(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(back, trace);
+    let replay = new_lake(512);
+    let outcomes = back.replay(&replay).unwrap();
+    assert_eq!(
+        outcomes,
+        lake.stats().outcomes,
+        "replay on a fresh lake serves the same way"
+    );
+    assert_eq!(replay.stats().live_allocations, 0);
+}
+
+#[test]
+fn trace_files_are_checked() {
+    let mut bytes = Vec::new();
+    Trace {
+        granularity: G,
+        events: vec![],
+    }
+    .write_to(&mut bytes)
+    .unwrap();
+    assert_eq!(
+        Trace::read_from(&mut bytes.as_slice()).unwrap().granularity,
+        G
+    );
+    let mut bad = bytes.clone();
+    bad[0] = b'X';
+    assert!(
+        Trace::read_from(&mut bad.as_slice())
+            .unwrap_err()
+            .to_string()
+            .contains("magic")
+    );
+    let mut bad = bytes.clone();
+    bad[8] = 9;
+    assert!(
+        Trace::read_from(&mut bad.as_slice())
+            .unwrap_err()
+            .to_string()
+            .contains("version 9")
+    );
+    bytes.push(0);
+    assert!(Trace::read_from(&mut bytes.as_slice()).is_err());
+}
+
+#[test]
+fn threads_share_one_lake() {
+    let lake = new_lake(256);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let lake = &lake;
+            s.spawn(move || {
+                let mut rng = Rng(t + 100);
+                let mut mine = Vec::new();
+                for i in 0..300u64 {
+                    if mine.len() < 8 && rng.below(2) == 0 {
+                        let r = lake.alloc(1 + rng.below(4 * G)).unwrap();
+                        let tag = t << 32 | i;
+                        let len = (r.len.div_ceil(G) * G) as usize;
+                        lake.driver().write(r.addr, &pattern(tag, len)).unwrap();
+                        mine.push((r, tag));
+                    } else if let Some((r, tag)) = mine.pop() {
+                        still_holds(lake, r, tag);
+                        lake.free(r).unwrap();
+                    }
+                }
+                for (r, _) in mine {
+                    lake.free(r).unwrap();
+                }
+            });
+        }
+    });
+    lake.check().unwrap();
+    assert_eq!(lake.stats().active_bytes, 0);
+    lake.trim().unwrap();
+    assert_eq!(lake.driver().census(), empty());
+}
+
+#[test]
+fn dropping_the_lake_returns_everything() {
+    let model = std::sync::Arc::new(ModelVmm::new(G, ChunkOptions::default()));
+    let lake = Lake::new(model.clone(), LakeConfig::with_limit(32 * G));
+    let _live = lake.alloc(3 * G).unwrap();
+    let r = lake.alloc(2 * G).unwrap();
+    lake.free(r).unwrap();
+    let s = lake.alloc(5 * G).unwrap();
+    assert!(lake.is_stitched(s));
+    assert!(model.census().chunks > 0);
+    drop(lake);
+    assert_eq!(
+        model.census(),
+        empty(),
+        "live and cached blocks all went back"
+    );
+}
