@@ -21,7 +21,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let heap = DeviceHeap::new(&gpu, HeapConfig::with_bytes(1 << 30))?;
     let (threads, len) = (65_536u64, 16u64);
     let out = gpu.zeros(threads as usize)?;
-    let args = [heap.arg(), Arg::U64(len), Arg::U64(gpu.address(&out)), Arg::U64(threads)];
+    let args = [
+        heap.arg(),
+        Arg::U64(len),
+        Arg::U64(gpu.address(&out)),
+        Arg::U64(threads),
+    ];
     gpu.launch("user_list_sum", threads, &args)?;
     let sums = gpu.download(&out)?;
     for (t, &sum) in sums.iter().enumerate() {

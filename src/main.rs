@@ -18,7 +18,10 @@ use gpumalloc::bench::suite::{self, Bench, Options};
 use gpumalloc::bench::{GIB, cpu, plot};
 
 #[derive(Parser)]
-#[command(name = "gpumalloc", about = "A fast malloc/free for GPU kernels: benchmarks and self-test")]
+#[command(
+    name = "gpumalloc",
+    about = "A fast malloc/free for GPU kernels: benchmarks and self-test"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -70,7 +73,11 @@ struct BenchArgs {
     #[arg(long, default_value_t = 256)]
     scaling_size: u64,
     /// Allocators, comma-separated (ours, cuda-malloc, bump-bound).
-    #[arg(long, value_delimiter = ',', default_value = "ours,cuda-malloc,bump-bound")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ours,cuda-malloc,bump-bound"
+    )]
     allocators: Vec<String>,
     /// Where CSV, JSON and PNG files go.
     #[arg(long, default_value = "results")]
@@ -125,7 +132,11 @@ fn selftest(threads: u64) -> Result<(), String> {
 }
 
 fn options(args: &BenchArgs, on_gpu: bool) -> Options {
-    let default_heap = if args.test == "oom" || !on_gpu { 2 * GIB } else { 16 * GIB };
+    let default_heap = if args.test == "oom" || !on_gpu {
+        2 * GIB
+    } else {
+        16 * GIB
+    };
     let default_threads = if on_gpu { 1 << 20 } else { 1 << 18 };
     Options {
         threads: args.threads.unwrap_or(default_threads),
@@ -145,15 +156,22 @@ fn bench(args: BenchArgs) -> Result<(), String> {
         return bench_all(&args);
     }
     if !TESTS.contains(&args.test.as_str()) {
-        return Err(format!("unknown test {:?}; one of {TESTS:?} or all", args.test));
+        return Err(format!(
+            "unknown test {:?}; one of {TESTS:?} or all",
+            args.test
+        ));
     }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let started = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let gpu = match (args.cpu, host::Gpu::available()) {
         (false, Ok(())) => Some(gpumalloc::open_gpu(0).map_err(|e| e.to_string())?),
         (true, _) => None,
         (false, Err(e)) => {
-            eprintln!("no GPU ({e}): running our allocator on the CPU instead (labelled \"ours (cpu)\")");
+            eprintln!(
+                "no GPU ({e}): running our allocator on the CPU instead (labelled \"ours (cpu)\")"
+            );
             None
         }
     };
@@ -168,26 +186,41 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 command,
                 started,
             };
-            Results { info, records: run_gpu(gpu, &args.test, opts).map_err(|e| e.to_string())? }
+            Results {
+                info,
+                records: run_gpu(gpu, &args.test, opts).map_err(|e| e.to_string())?,
+            }
         }
         None => {
             let info = RunInfo {
                 device: "cpu".into(),
-                device_name: format!("{} host threads", std::thread::available_parallelism().map_or(1, |p| p.get())),
+                device_name: format!(
+                    "{} host threads",
+                    std::thread::available_parallelism().map_or(1, |p| p.get())
+                ),
                 driver: String::new(),
                 heap_bytes: opts.heap,
                 command,
                 started,
             };
-            Results { info, records: cpu::run(&args.test, &opts).map_err(|e| e.to_string())? }
+            Results {
+                info,
+                records: cpu::run(&args.test, &opts).map_err(|e| e.to_string())?,
+            }
         }
     };
-    results.write(&args.out, &args.test).map_err(|e| format!("writing {}: {e}", args.out.display()))?;
+    results
+        .write(&args.out, &args.test)
+        .map_err(|e| format!("writing {}: {e}", args.out.display()))?;
     print!("{}", results.table());
     Ok(())
 }
 
-fn run_gpu(gpu: &host::Gpu, test: &str, opts: Options) -> host::Result<Vec<gpumalloc::bench::report::Record>> {
+fn run_gpu(
+    gpu: &host::Gpu,
+    test: &str,
+    opts: Options,
+) -> host::Result<Vec<gpumalloc::bench::report::Record>> {
     if test == "init" {
         return suite::init(gpu, &opts);
     }
@@ -218,7 +251,14 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         eprintln!("== {test}");
         let mut cmd = Command::new(&exe);
         cmd.args(["bench", test, "--iters", &args.iters.to_string()])
-            .args(["--seed", &args.seed.to_string(), "--lo", &args.lo.to_string(), "--hi", &args.hi.to_string()])
+            .args([
+                "--seed",
+                &args.seed.to_string(),
+                "--lo",
+                &args.lo.to_string(),
+                "--hi",
+                &args.hi.to_string(),
+            ])
             .args(["--scaling-size", &args.scaling_size.to_string()])
             .args(["--allocators", &args.allocators.join(",")])
             .arg("--out")
@@ -236,20 +276,24 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         if !status.success() {
             return Err(format!("test {test} failed ({status})"));
         }
-        let r = Results::read(&args.out, test).map_err(|e| format!("reading {test} results: {e}"))?;
+        let r =
+            Results::read(&args.out, test).map_err(|e| format!("reading {test} results: {e}"))?;
         if merged.info.device.is_empty() {
             merged.info = r.info.clone();
             merged.info.command = std::env::args().collect::<Vec<_>>().join(" ");
         }
         merged.records.extend(r.records);
     }
-    merged.write(&args.out, "results").map_err(|e| e.to_string())?;
+    merged
+        .write(&args.out, "results")
+        .map_err(|e| e.to_string())?;
     println!("{}", merged.table());
     plot_dir(&args.out)
 }
 
 fn plot_dir(dir: &Path) -> Result<(), String> {
-    let results = Results::read(dir, "results").map_err(|e| format!("{}/results.json: {e}", dir.display()))?;
+    let results = Results::read(dir, "results")
+        .map_err(|e| format!("{}/results.json: {e}", dir.display()))?;
     match plot::plot_all(&results, dir) {
         Ok(files) => {
             println!("wrote {} figures to {}", files.len(), dir.display());

@@ -35,9 +35,25 @@ fn every_boundary_size() {
     let h = heap(256 * MIB);
     let whole = h.bytes();
     assert!(h.heap().malloc(0).is_null(), "malloc(0) must be null");
-    assert!(h.heap().malloc(whole + 1).is_null(), "heap + 1 must be null");
-    let sizes = [1, 16, 17, 4096, 4097, SEGMENT_BYTES, SEGMENT_BYTES + 1, 3 * SEGMENT_BYTES];
-    let ptrs: Vec<_> = sizes.iter().enumerate().map(|(i, &s)| alloc_checked(&h, s, i as u64)).collect();
+    assert!(
+        h.heap().malloc(whole + 1).is_null(),
+        "heap + 1 must be null"
+    );
+    let sizes = [
+        1,
+        16,
+        17,
+        4096,
+        4097,
+        SEGMENT_BYTES,
+        SEGMENT_BYTES + 1,
+        3 * SEGMENT_BYTES,
+    ];
+    let ptrs: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| alloc_checked(&h, s, i as u64))
+        .collect();
     for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
         // SAFETY: p holds `s` bytes written with pattern i.
         assert_eq!(unsafe { verify(p, s, i as u64) }, 0, "size {s} overwritten");
@@ -69,7 +85,11 @@ fn each_slice_class_fills_blocks_without_overlap() {
         assert_eq!(distinct.len(), ptrs.len());
         for (i, &p) in ptrs.iter().enumerate() {
             // SAFETY: p holds `size` bytes written with pattern i.
-            assert_eq!(unsafe { verify(p, size, i as u64) }, 0, "class {size}: slice {i} overwritten");
+            assert_eq!(
+                unsafe { verify(p, size, i as u64) },
+                0,
+                "class {size}: slice {i} overwritten"
+            );
             h.heap().free(p);
         }
         let s = h.stats();
@@ -100,12 +120,15 @@ fn threads_churn_random_sizes() {
                     let id = t << 32 | i;
                     let p = h.heap().malloc(size);
                     if p.is_null() {
-                        panic!("thread {t}: malloc({size}) null with memory to spare: {:?}", h.stats());
+                        panic!(
+                            "thread {t}: malloc({size}) null with memory to spare: {:?}",
+                            h.stats()
+                        );
                     }
                     // SAFETY: fresh allocation of `size` bytes.
                     unsafe { fill(p, size, id) };
                     live.push((p, size, id));
-                    if live.len() > 64 || (r >> 40) % 3 == 0 {
+                    if live.len() > 64 || (r >> 40).is_multiple_of(3) {
                         let k = (r >> 20) as usize % live.len();
                         let (p, size, id) = live.swap_remove(k);
                         // SAFETY: p holds `size` bytes written with pattern id.
@@ -126,7 +149,11 @@ fn threads_churn_random_sizes() {
     assert_eq!(stats.live_allocations(), 0);
     assert_eq!(stats.invalid_frees + stats.double_frees, 0);
     let whole = h.heap().malloc(h.bytes());
-    assert!(!whole.is_null(), "the whole heap should be free again: {:?}", h.stats());
+    assert!(
+        !whole.is_null(),
+        "the whole heap should be free again: {:?}",
+        h.stats()
+    );
     h.heap().free(whole);
 }
 
@@ -145,7 +172,10 @@ fn exhaustion_returns_null_and_the_heap_recovers() {
         let handed = ptrs.len() as u64 * size;
         let utilization = handed as f64 / h.bytes() as f64;
         let floor = if size == 100_000 { 0.7 } else { 0.97 };
-        assert!(utilization >= floor, "size {size}: utilization {utilization}");
+        assert!(
+            utilization >= floor,
+            "size {size}: utilization {utilization}"
+        );
         let first = ptrs.len();
         for p in ptrs.drain(..) {
             h.heap().free(p);
@@ -159,7 +189,11 @@ fn exhaustion_returns_null_and_the_heap_recovers() {
             }
             ptrs.push(p);
         }
-        assert!(ptrs.len() >= first, "size {size}: {} after recovery, {first} before", ptrs.len());
+        assert!(
+            ptrs.len() >= first,
+            "size {size}: {} after recovery, {first} before",
+            ptrs.len()
+        );
         for p in ptrs {
             h.heap().free(p);
         }
@@ -206,6 +240,8 @@ fn trap_on_misuse_stops_on_double_free() {
 
 #[test]
 fn heap_sizes_that_cannot_be_laid_out_are_errors() {
-    let e = CpuHeap::new(HeapConfig::with_bytes(MIB)).err().expect("too small");
+    let e = CpuHeap::new(HeapConfig::with_bytes(MIB))
+        .err()
+        .expect("too small");
     assert!(e.to_string().contains("smaller than one segment"), "{e}");
 }

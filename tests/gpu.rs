@@ -55,7 +55,10 @@ fn selftest_of_the_architecture_module() {
     let Some(gpu) = gpu() else { return };
     for n in [1000, 100_003] {
         let r = host::selftest::run(&gpu, n).expect("self-test");
-        println!("self-test {n} threads: {}/{} warps converged, {} CAS retries", r.converged_warps, r.warps, r.cas_retries);
+        println!(
+            "self-test {n} threads: {}/{} warps converged, {} CAS retries",
+            r.converged_warps, r.warps, r.cas_retries
+        );
     }
 }
 
@@ -64,13 +67,19 @@ fn every_class_million_threads_ten_rounds() {
     let Some(gpu) = gpu() else { return };
     let heap_bytes = 16 * GIB;
     let mut ours = checked(&gpu, heap_bytes);
-    let sizes = (4..=13).map(|s| 1u64 << s).chain([65536, 3 << 23, 40 << 20]);
+    let sizes = (4..=13)
+        .map(|s| 1u64 << s)
+        .chain([65536, 3 << 23, 40 << 20]);
     for size in sizes {
         let n = threads().min(heap_bytes / 2 / size);
         let mut buffers = Buffers::new(&gpu, n).unwrap();
         for r in 0..10 {
             let out = round(&gpu, &mut ours, &mut buffers, Sizes::Fixed(size), false).unwrap();
-            assert_eq!((out.nulls, out.wrong), (0, 0), "size {size}, round {r}, {n} threads");
+            assert_eq!(
+                (out.nulls, out.wrong),
+                (0, 0),
+                "size {size}, round {r}, {n} threads"
+            );
         }
         assert_whole(&ours, &format!("size {size}"));
         println!("size {size}: {n} threads x 10 rounds ok");
@@ -107,8 +116,13 @@ fn mixed_sizes_and_churn() {
     // The whole heap in one piece.
     let one = Buffers::new(&gpu, 1).unwrap();
     let bytes = ours.heap().bytes();
-    ours.alloc(&gpu, Sizes::Fixed(bytes), gpu.address(&one.ptrs), 1).unwrap();
-    assert_ne!(gpu.download(&one.ptrs).unwrap()[0], 0, "whole-heap allocation failed");
+    ours.alloc(&gpu, Sizes::Fixed(bytes), gpu.address(&one.ptrs), 1)
+        .unwrap();
+    assert_ne!(
+        gpu.download(&one.ptrs).unwrap()[0],
+        0,
+        "whole-heap allocation failed"
+    );
     ours.free(&gpu, gpu.address(&one.ptrs), 1).unwrap();
     assert_whole(&ours, "whole heap");
 }
@@ -131,19 +145,28 @@ fn exhaustion_returns_null_and_recovers() {
                 ours.alloc(&gpu, Sizes::Fixed(size), at, batch).unwrap();
                 used += batch;
                 let ptrs = gpu.download(&buffers.ptrs).unwrap();
-                let fresh = ptrs[(used - batch) as usize..used as usize].iter().filter(|&&p| p != 0).count() as u64;
+                let fresh = ptrs[(used - batch) as usize..used as usize]
+                    .iter()
+                    .filter(|&&p| p != 0)
+                    .count() as u64;
                 got += fresh;
                 if fresh < batch {
                     break;
                 }
             }
             let share = (got * size) as f64 / heap_bytes as f64;
-            println!("size {size} pass {pass}: {:.2}% of the heap before the first null", 100.0 * share);
+            println!(
+                "size {size} pass {pass}: {:.2}% of the heap before the first null",
+                100.0 * share
+            );
             assert!(share >= 0.97, "size {size}: utilization {share}");
             if pass == 0 {
                 first = got;
             } else {
-                assert!(got >= first, "size {size}: {got} after recovery, {first} before");
+                assert!(
+                    got >= first,
+                    "size {size}: {got} after recovery, {first} before"
+                );
             }
             ours.free(&gpu, gpu.address(&buffers.ptrs), used).unwrap();
             assert_whole(&ours, &format!("oom {size}"));
@@ -157,7 +180,9 @@ fn bad_frees_are_counted_not_fatal() {
     let ours = checked(&gpu, GIB);
     let buffers = Buffers::new(&gpu, 1).unwrap();
     let mut dummy = ours;
-    dummy.alloc(&gpu, Sizes::Fixed(64), gpu.address(&buffers.ptrs), 1).unwrap();
+    dummy
+        .alloc(&gpu, Sizes::Fixed(64), gpu.address(&buffers.ptrs), 1)
+        .unwrap();
     let p = gpu.download(&buffers.ptrs).unwrap()[0];
     let wild = gpu.upload(&[0, 0xdead_0000, p + 8, p, p]).unwrap();
     dummy.free(&gpu, gpu.address(&wild), 5).unwrap();

@@ -47,7 +47,10 @@ const fn parse_shift(text: Option<&str>, default: u32) -> u32 {
     let mut value = 0u32;
     let mut i = 0;
     while i < bytes.len() {
-        assert!(bytes[i].is_ascii_digit(), "GPUMALLOC_SEGMENT_SHIFT must be a number");
+        assert!(
+            bytes[i].is_ascii_digit(),
+            "GPUMALLOC_SEGMENT_SHIFT must be a number"
+        );
         value = value * 10 + (bytes[i] - b'0') as u32;
         i += 1;
     }

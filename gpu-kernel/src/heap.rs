@@ -29,7 +29,7 @@ use crate::class::{
 };
 use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
 use crate::segment::{Reservation, Return, SegmentState, SegmentTable};
-use crate::slot::{SLOTS_PER_CLASS, SlotWord};
+use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
 use crate::veb::VebTree;
 
 /// What [`Heap::reserve_if_open`] answers for a slot with nothing left (not
@@ -106,12 +106,20 @@ impl Heap {
         // SAFETY: `metadata` points to `metadata_words` words laid out by
         // `Heap::layout`, which the host keeps alive while kernels run; every
         // region asked for here lies inside it.
-        unsafe { core::slice::from_raw_parts((self.metadata as *const Word).add(at as usize), len as usize) }
+        unsafe {
+            core::slice::from_raw_parts(
+                (self.metadata as *const Word).add(at as usize),
+                len as usize,
+            )
+        }
     }
 
     #[inline(always)]
     fn segment_tree(&self) -> VebTree<'_> {
-        VebTree::new(self.region(self.trees_at, self.tree.words as u64), &self.tree)
+        VebTree::new(
+            self.region(self.trees_at, self.tree.words as u64),
+            &self.tree,
+        )
     }
 
     #[inline(always)]
@@ -145,7 +153,10 @@ impl Heap {
 
     #[inline(always)]
     fn slot(&self, class: SizeClass, slot: u32) -> &Word {
-        &self.region(self.slots_at + (class.index() * SLOTS_PER_CLASS + slot) as u64, 1)[0]
+        &self.region(
+            self.slots_at + (class.index() * SLOTS_PER_CLASS + slot) as u64,
+            1,
+        )[0]
     }
 
     #[inline(always)]
@@ -246,13 +257,15 @@ impl Heap {
             let mut fresh = 0;
             if installer {
                 if lane == leader {
-                    fresh = self.install(class, word, first + size - cap);
+                    fresh = self.install(class, slot, first + size - cap);
                 }
                 fresh = arch::shfl_u64(team, fresh, leader);
             }
             if index < cap {
                 let block = BlockId::from_global(seen.block().unwrap_or(0));
-                return Some(self.block_address(class, block) + ((index as u64) << class.unit_shift()));
+                return Some(
+                    self.block_address(class, block) + ((index as u64) << class.unit_shift()),
+                );
             }
             if fresh != 0 {
                 let block = BlockId::from_global(fresh - 1);
@@ -296,8 +309,15 @@ impl Heap {
     /// installing team. Retires the displaced word. Returns the fresh block's
     /// global id + 1, or 0.
     #[inline(never)]
-    fn install(&self, class: SizeClass, word: &Word, taken: u32) -> u64 {
-        let fresh = self.claim_one(class).map(BlockId::global);
+    fn install(&self, class: SizeClass, slot: u32, taken: u32) -> u64 {
+        let word = self.slot(class, slot);
+        // Own spare, else a claim, else (the heap has no block left) another
+        // slot's spare.
+        let fresh = self
+            .pop_spare(class, slot)
+            .or_else(|| self.claim_for_slot(class, slot))
+            .or_else(|| (0..SLOTS_PER_CLASS).find_map(|s| self.pop_spare(class, s)))
+            .map(BlockId::global);
         let reserved = if fresh.is_some() { taken } else { 0 };
         let mut current = arch::load_relaxed(word);
         let displaced = loop {
@@ -312,6 +332,49 @@ impl Heap {
         };
         self.retire(class, displaced);
         fresh.map_or(0, |g| g + 1)
+    }
+
+    #[inline(always)]
+    fn spare(&self, class: SizeClass, slot: u32, i: u32) -> &Word {
+        &self.region(self.spare_index(class.index(), slot, i), 1)[0]
+    }
+
+    /// Takes one of the slot's spare blocks, if it has one.
+    #[inline]
+    fn pop_spare(&self, class: SizeClass, slot: u32) -> Option<BlockId> {
+        for i in 0..SPARES_PER_SLOT {
+            let w = self.spare(class, slot, i);
+            // acq_rel swap: pairs with the pushing CAS, so the claim that
+            // produced the block happens before this thread uses it.
+            if arch::load_relaxed(w) != 0 {
+                let g = arch::swap_acq_rel(w, 0);
+                if g != 0 {
+                    return Some(BlockId::from_global(g - 1));
+                }
+            }
+        }
+        None
+    }
+
+    /// Claims `1 + SPARES_PER_SLOT` blocks (fewer if the segment has fewer),
+    /// returns the first and parks the others as the slot's spares.
+    #[inline]
+    fn claim_for_slot(&self, class: SizeClass, slot: u32) -> Option<BlockId> {
+        let claim = self.claim_blocks(class, 1 + SPARES_PER_SLOT);
+        if claim.count() == 0 {
+            return None;
+        }
+        let first = claim.take(self, class, 0);
+        for i in 1..claim.count() {
+            let b = claim.take(self, class, i);
+            let parked = (0..SPARES_PER_SLOT).any(|k| {
+                arch::compare_exchange_acq_rel(self.spare(class, slot, k), 0, b.global() + 1).is_ok()
+            });
+            if !parked {
+                self.release_block(class, b);
+            }
+        }
+        Some(first)
     }
 
     /// Accounts for the slices a replaced slot word never handed out.
@@ -337,8 +400,13 @@ impl Heap {
         }
     }
 
-    /// Empties one slot (see [`Heap::flush_slots`]).
+    /// Empties one slot and its spares (see [`Heap::flush_slots`]).
     pub fn flush_slot(&self, class: SizeClass, slot: u32) {
+        while let Some(b) = self.pop_spare(class, slot) {
+            // A spare never handed out a slice: its counter is zero, and
+            // recycling it is returning the block.
+            self.release_block(class, b);
+        }
         let word = self.slot(class, slot);
         let mut current = arch::load_relaxed(word);
         loop {
@@ -378,13 +446,6 @@ impl Heap {
                 return Some(self.block_address(class, block));
             }
         }
-    }
-
-    /// Claims one block of `class` (for a slot).
-    #[inline]
-    fn claim_one(&self, class: SizeClass) -> Option<BlockId> {
-        let claim = self.claim_blocks(class, 1);
-        (claim.count() == 1).then(|| claim.take(self, class, 0))
     }
 
     /// Claims up to `want` blocks of `class` in one segment: from a segment
@@ -480,7 +541,11 @@ impl Heap {
         }
         if !self.bitmap(b.segment).give_back(b.block) {
             // A slot's accounting went wrong; count it rather than corrupt the tree.
-            self.misuse(Stat::DoubleFrees, b"gpumalloc: block %llu returned twice\n\0", global);
+            self.misuse(
+                Stat::DoubleFrees,
+                b"gpumalloc: block %llu returned twice\n\0",
+                global,
+            );
             return;
         }
         self.return_blocks(class, b.segment, 1);
@@ -492,7 +557,11 @@ impl Heap {
     #[inline]
     fn free_block(&self, class: SizeClass, b: BlockId) {
         if !self.bitmap(b.segment).give_back(b.block) {
-            return self.misuse(Stat::DoubleFrees, b"gpumalloc: double free of a block in segment %llu\n\0", b.segment as u64);
+            return self.misuse(
+                Stat::DoubleFrees,
+                b"gpumalloc: double free of a block in segment %llu\n\0",
+                b.segment as u64,
+            );
         }
         let mask = arch::active_mask();
         let team = arch::match_any(mask, b.segment);
@@ -547,7 +616,11 @@ impl Heap {
         }
         let offset = (p as u64).wrapping_sub(self.data);
         if offset >= self.data_bytes() {
-            return self.misuse(Stat::InvalidFrees, b"gpumalloc: free of a pointer outside the heap (%llx)\n\0", p as u64);
+            return self.misuse(
+                Stat::InvalidFrees,
+                b"gpumalloc: free of a pointer outside the heap (%llx)\n\0",
+                p as u64,
+            );
         }
         let segment = (offset >> SEGMENT_SHIFT) as u32;
         let within = offset & ((1u64 << SEGMENT_SHIFT) - 1);
@@ -555,7 +628,11 @@ impl Heap {
             SegmentState::Active { class, .. } => {
                 let unit_mask = (1u64 << class.unit_shift()) - 1;
                 if within & unit_mask != 0 {
-                    return self.misuse(Stat::InvalidFrees, b"gpumalloc: free of a misaligned pointer (%llx)\n\0", p as u64);
+                    return self.misuse(
+                        Stat::InvalidFrees,
+                        b"gpumalloc: free of a misaligned pointer (%llx)\n\0",
+                        p as u64,
+                    );
                 }
                 let b = BlockId {
                     segment,
@@ -570,9 +647,17 @@ impl Heap {
             }
             SegmentState::RunHead { .. } if within == 0 => match self.table().end_run(segment) {
                 Some(count) => self.segment_tree().release_run(segment, count),
-                None => self.misuse(Stat::DoubleFrees, b"gpumalloc: double free of a run at %llx\n\0", p as u64),
+                None => self.misuse(
+                    Stat::DoubleFrees,
+                    b"gpumalloc: double free of a run at %llx\n\0",
+                    p as u64,
+                ),
             },
-            _ => self.misuse(Stat::InvalidFrees, b"gpumalloc: free of memory not allocated (%llx)\n\0", p as u64),
+            _ => self.misuse(
+                Stat::InvalidFrees,
+                b"gpumalloc: free of memory not allocated (%llx)\n\0",
+                p as u64,
+            ),
         }
     }
 
@@ -581,8 +666,14 @@ impl Heap {
     #[inline]
     fn free_slice(&self, class: SizeClass, b: BlockId, slice: u32) {
         let global = b.global();
-        if self.flags & CHECK_DOUBLE_FREE != 0 && !block::mark_slice_freed(self.slice_bits(global), slice) {
-            return self.misuse(Stat::DoubleFrees, b"gpumalloc: double free of a slice in block %llu\n\0", global);
+        if self.flags & CHECK_DOUBLE_FREE != 0
+            && !block::mark_slice_freed(self.slice_bits(global), slice)
+        {
+            return self.misuse(
+                Stat::DoubleFrees,
+                b"gpumalloc: double free of a slice in block %llu\n\0",
+                global,
+            );
         }
         let mask = arch::active_mask();
         let team = arch::match_any64(mask, global);

@@ -47,7 +47,12 @@ pub unsafe extern "C" fn gallatin_free(heap: *const Heap, p: *mut u8) {
 /// # Safety
 /// `out` holds `8 * n` words, `w64` `2 + n / 64` zeroed words, `w32` two.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn gpumalloc_selftest(out: *mut u64, w64: *const Word, w32: *const Word32, n: u64) {
+pub unsafe extern "ptx-kernel" fn gpumalloc_selftest(
+    out: *mut u64,
+    w64: *const Word,
+    w32: *const Word32,
+    n: u64,
+) {
     let t = arch::global_thread_index();
     if t >= n {
         return;
@@ -56,7 +61,11 @@ pub unsafe extern "ptx-kernel" fn gpumalloc_selftest(out: *mut u64, w64: *const 
     let lane = arch::lane_id();
     let ballot = arch::ballot(mask, lane % 2 == 0);
     let matched = arch::match_any(mask, lane / 4);
-    let src = if mask & (1 << ((lane + 1) % 32)) != 0 { (lane + 1) % 32 } else { arch::lowest_lane(mask) };
+    let src = if mask & (1 << ((lane + 1) % 32)) != 0 {
+        (lane + 1) % 32
+    } else {
+        arch::lowest_lane(mask)
+    };
     let shuffled = arch::shfl_u64(mask, t << 32 | t, src);
     // SAFETY: the caller sized w64 and w32 as documented.
     let (add64, add32, or, swap, retries) = unsafe {
@@ -95,12 +104,22 @@ pub unsafe extern "ptx-kernel" fn gpumalloc_selftest(out: *mut u64, w64: *const 
 /// # Safety
 /// `ptrs` (and `sizes`, if not null) hold `n` words.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn heap_alloc(heap: Heap, size: u64, sizes: *const u64, ptrs: *mut u64, n: u64) {
+pub unsafe extern "ptx-kernel" fn heap_alloc(
+    heap: Heap,
+    size: u64,
+    sizes: *const u64,
+    ptrs: *mut u64,
+    n: u64,
+) {
     let t = arch::global_thread_index();
     if t < n {
         // SAFETY: t < n and the arrays hold n words.
         unsafe {
-            let s = if sizes.is_null() { size } else { *sizes.add(t as usize) };
+            let s = if sizes.is_null() {
+                size
+            } else {
+                *sizes.add(t as usize)
+            };
             *ptrs.add(t as usize) = heap.malloc(s) as u64;
         }
     }
@@ -136,7 +155,13 @@ pub extern "ptx-kernel" fn heap_flush(heap: Heap) {
 /// # Safety
 /// `sizes` holds `n` words.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mixed_sizes(seed: u64, lo: u64, hi: u64, sizes: *mut u64, n: u64) {
+pub unsafe extern "ptx-kernel" fn mixed_sizes(
+    seed: u64,
+    lo: u64,
+    hi: u64,
+    sizes: *mut u64,
+    n: u64,
+) {
     let t = arch::global_thread_index();
     if t < n {
         // SAFETY: t < n.
@@ -151,13 +176,23 @@ pub unsafe extern "ptx-kernel" fn mixed_sizes(seed: u64, lo: u64, hi: u64, sizes
 /// `ptrs` (and `sizes`) hold `n` words; each non-null pointer is an
 /// allocation of at least that size; `errors` holds 2 words.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn fill_pattern(ptrs: *const u64, size: u64, sizes: *const u64, errors: *const Word, n: u64) {
+pub unsafe extern "ptx-kernel" fn fill_pattern(
+    ptrs: *const u64,
+    size: u64,
+    sizes: *const u64,
+    errors: *const Word,
+    n: u64,
+) {
     let t = arch::global_thread_index();
     if t < n {
         // SAFETY: as documented.
         unsafe {
             let p = *ptrs.add(t as usize) as *mut u8;
-            let s = if sizes.is_null() { size } else { *sizes.add(t as usize) };
+            let s = if sizes.is_null() {
+                size
+            } else {
+                *sizes.add(t as usize)
+            };
             if p.is_null() {
                 arch::fetch_add_relaxed(&*errors, 1);
             } else {
@@ -172,13 +207,23 @@ pub unsafe extern "ptx-kernel" fn fill_pattern(ptrs: *const u64, size: u64, size
 /// # Safety
 /// As for `fill_pattern`.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn verify_pattern(ptrs: *const u64, size: u64, sizes: *const u64, errors: *const Word, n: u64) {
+pub unsafe extern "ptx-kernel" fn verify_pattern(
+    ptrs: *const u64,
+    size: u64,
+    sizes: *const u64,
+    errors: *const Word,
+    n: u64,
+) {
     let t = arch::global_thread_index();
     if t < n {
         // SAFETY: as documented.
         unsafe {
             let p = *ptrs.add(t as usize) as *const u8;
-            let s = if sizes.is_null() { size } else { *sizes.add(t as usize) };
+            let s = if sizes.is_null() {
+                size
+            } else {
+                *sizes.add(t as usize)
+            };
             if !p.is_null() {
                 let wrong = workload::verify(p, s, t);
                 if wrong != 0 {
@@ -195,7 +240,15 @@ pub unsafe extern "ptx-kernel" fn verify_pattern(ptrs: *const u64, size: u64, si
 /// # Safety
 /// `errors` holds 2 words.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn heap_churn(heap: Heap, rounds: u32, lo: u64, hi: u64, seed: u64, errors: *const Word, n: u64) {
+pub unsafe extern "ptx-kernel" fn heap_churn(
+    heap: Heap,
+    rounds: u32,
+    lo: u64,
+    hi: u64,
+    seed: u64,
+    errors: *const Word,
+    n: u64,
+) {
     let t = arch::global_thread_index();
     if t >= n {
         return;
@@ -238,7 +291,11 @@ pub unsafe extern "ptx-kernel" fn cuda_alloc(size: u64, sizes: *const u64, ptrs:
     if t < n {
         // SAFETY: as documented.
         unsafe {
-            let s = if sizes.is_null() { size } else { *sizes.add(t as usize) };
+            let s = if sizes.is_null() {
+                size
+            } else {
+                *sizes.add(t as usize)
+            };
             *ptrs.add(t as usize) = malloc(s as usize) as u64;
         }
     }
@@ -264,14 +321,26 @@ pub unsafe extern "ptx-kernel" fn cuda_free(ptrs: *const u64, n: u64) {
 /// As for `heap_alloc`; `bump` is one word, `base` a region of `capacity`
 /// bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn bump_alloc(bump: *const Word, base: u64, capacity: u64, size: u64, sizes: *const u64, ptrs: *mut u64, n: u64) {
+pub unsafe extern "ptx-kernel" fn bump_alloc(
+    bump: *const Word,
+    base: u64,
+    capacity: u64,
+    size: u64,
+    sizes: *const u64,
+    ptrs: *mut u64,
+    n: u64,
+) {
     let t = arch::global_thread_index();
     if t >= n {
         return;
     }
     // SAFETY: as documented.
     unsafe {
-        let s = if sizes.is_null() { size } else { *sizes.add(t as usize) };
+        let s = if sizes.is_null() {
+            size
+        } else {
+            *sizes.add(t as usize)
+        };
         let s = s.div_ceil(16) * 16;
         let mask = arch::active_mask();
         let lane = arch::lane_id();

@@ -5,14 +5,15 @@
 //! `Heap` by value to kernels or by pointer to `gallatin_malloc`.
 //!
 //! Metadata is one array of 64-bit words, in this order: statistics, slot
-//! words, format locks, segment states, block bitmaps, block counters, trees (the segment
+//! words, format locks, spare blocks, segment
+//! states, block bitmaps, block counters, trees (the segment
 //! tree, then one per class), and, on checked heaps, double-free bits.
 
 use crate::block::SLICE_BIT_WORDS;
 use crate::class::{
     BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_BLOCKS_PER_SEGMENT, SLICE_CLASSES,
 };
-use crate::slot::{MAX_SLOT_BLOCK, SLOTS_PER_CLASS};
+use crate::slot::{MAX_SLOT_BLOCK, SLOTS_PER_CLASS, SPARES_PER_SLOT};
 use crate::veb::TreeShape;
 
 /// Flag: keep one bit per slice to detect double frees of slices.
@@ -56,6 +57,8 @@ pub struct Heap {
     pub slots_at: u64,
     /// Word offset of the per-class format locks.
     pub locks_at: u64,
+    /// Word offset of the slots' spare blocks.
+    pub spares_at: u64,
     /// Word offset of the segment states.
     pub states_at: u64,
     /// Word offset of the block bitmaps.
@@ -95,7 +98,8 @@ impl Heap {
         let stats_at = 0;
         let slots_at = stats_at + STAT_WORDS;
         let locks_at = slots_at + (SLICE_CLASSES * SLOTS_PER_CLASS) as u64;
-        let states_at = locks_at + CLASSES as u64;
+        let spares_at = locks_at + CLASSES as u64;
+        let states_at = spares_at + (SLICE_CLASSES * SLOTS_PER_CLASS * SPARES_PER_SLOT) as u64;
         let bitmaps_at = states_at + segments;
         let counters_at = bitmaps_at + segments * BITMAP_WORDS_PER_SEGMENT as u64;
         let trees_at = counters_at + segments * SLICE_BLOCKS_PER_SEGMENT as u64;
@@ -114,6 +118,7 @@ impl Heap {
             stats_at,
             slots_at,
             locks_at,
+            spares_at,
             states_at,
             bitmaps_at,
             counters_at,
@@ -126,6 +131,12 @@ impl Heap {
     /// The layout of the largest heap whose data fits in `bytes`.
     pub fn layout_for_bytes(bytes: u64, flags: u32) -> Result<Heap, LayoutError> {
         Heap::layout(bytes / SEGMENT_BYTES, flags)
+    }
+
+    /// Word offset of spare `i` of `slot` of slice class `class`.
+    #[inline(always)]
+    pub fn spare_index(&self, class: u32, slot: u32, i: u32) -> u64 {
+        self.spares_at + ((class * SLOTS_PER_CLASS + slot) * SPARES_PER_SLOT + i) as u64
     }
 
     /// Word offset (from `counters_at`) of the counter of slice block

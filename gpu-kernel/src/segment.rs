@@ -77,9 +77,7 @@ impl SegmentState {
             SegmentState::Active { class, free } => {
                 1 << KIND_SHIFT | (class.index() as u64) << CLASS_SHIFT | free as u64
             }
-            SegmentState::RunHead { segments } => {
-                2 << KIND_SHIFT | (segments as u64) << RUN_SHIFT
-            }
+            SegmentState::RunHead { segments } => 2 << KIND_SHIFT | (segments as u64) << RUN_SHIFT,
             SegmentState::RunTail => 3 << KIND_SHIFT,
         }
     }
@@ -141,7 +139,10 @@ impl<'a> SegmentTable<'a> {
     /// before is visible to whoever reserves a block after seeing this.
     #[inline]
     pub fn publish_active(&self, segment: u32, class: SizeClass, free: u32) {
-        arch::store_release(self.word(segment), SegmentState::Active { class, free }.encode());
+        arch::store_release(
+            self.word(segment),
+            SegmentState::Active { class, free }.encode(),
+        );
     }
 
     /// Takes up to `want` (at least one) free blocks of an active segment of
@@ -155,7 +156,12 @@ impl<'a> SegmentTable<'a> {
                 SegmentState::Active { class: c, free } if c == class && free > 0 => {
                     let count = want.clamp(1, free);
                     match arch::compare_exchange_acq_rel(w, current, current - count as u64) {
-                        Ok(_) => return Reservation::Reserved { count, last: free == count },
+                        Ok(_) => {
+                            return Reservation::Reserved {
+                                count,
+                                last: free == count,
+                            };
+                        }
                         Err(actual) => current = actual,
                     }
                 }
@@ -228,7 +234,10 @@ mod tests {
         for s in [
             SegmentState::Free,
             SegmentState::Active { class: c, free: 0 },
-            SegmentState::Active { class: c, free: 2048 },
+            SegmentState::Active {
+                class: c,
+                free: 2048,
+            },
             SegmentState::RunHead { segments: 77 },
             SegmentState::RunTail,
         ] {
@@ -244,8 +253,20 @@ mod tests {
         let c16 = SizeClass::new(0).unwrap();
         t.publish_active(0, c16, 2);
         assert_eq!(t.reserve_blocks(0, c, 1), Reservation::Stale);
-        assert_eq!(t.reserve_blocks(0, c16, 1), Reservation::Reserved { count: 1, last: false });
-        assert_eq!(t.reserve_blocks(0, c16, 5), Reservation::Reserved { count: 1, last: true });
+        assert_eq!(
+            t.reserve_blocks(0, c16, 1),
+            Reservation::Reserved {
+                count: 1,
+                last: false
+            }
+        );
+        assert_eq!(
+            t.reserve_blocks(0, c16, 5),
+            Reservation::Reserved {
+                count: 1,
+                last: true
+            }
+        );
         assert_eq!(t.reserve_blocks(0, c16, 1), Reservation::Stale);
         assert_eq!(t.return_blocks(0, c16, 1), Return::FirstFree);
         assert_eq!(t.return_blocks(0, c16, 1), Return::Retired);

@@ -24,6 +24,17 @@ use crate::class::SLICES_PER_BLOCK;
 /// Slots per slice class.
 pub const SLOTS_PER_CLASS: u32 = 32;
 
+/// Claimed blocks a slot keeps ready for its next installs. An installer
+/// that finds none claims `1 + SPARES_PER_SLOT` blocks at once and parks the
+/// extra ones here, so only one install in four waits for a claim (claims
+/// contend on the class tree and on one segment's state word).
+///
+/// Spare words hold a global block id + 1 (0: empty). They are pushed only
+/// by the slot's installer (one at a time per slot) with a CAS from 0, and
+/// popped with a swap by installers and by flushes. A spare block is claimed
+/// (its bitmap bit clear) with a zero counter and no slice handed out.
+pub const SPARES_PER_SLOT: u32 = 3;
+
 const RESERVED_MASK: u64 = 0xffff_ffff;
 const BLOCK_SHIFT: u32 = 32;
 const BLOCK_MASK: u64 = 0xff_ffff;
@@ -41,9 +52,7 @@ impl SlotWord {
     #[inline(always)]
     pub fn new(block: Option<u64>, reserved: u32, generation: u8) -> SlotWord {
         let b = block.map_or(0, |b| b + 1) & BLOCK_MASK;
-        SlotWord(
-            (generation as u64) << GENERATION_SHIFT | b << BLOCK_SHIFT | reserved as u64,
-        )
+        SlotWord((generation as u64) << GENERATION_SHIFT | b << BLOCK_SHIFT | reserved as u64)
     }
 
     /// The global block id, if a block is installed.

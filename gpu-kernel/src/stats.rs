@@ -7,12 +7,11 @@
 //! issued `min(reserved, 4096)`.
 
 use crate::class::{
-    BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_CLASSES,
-    SLICES_PER_BLOCK, SizeClass,
+    BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_CLASSES, SLICES_PER_BLOCK, SizeClass,
 };
 use crate::layout::{Heap, Stat};
 use crate::segment::SegmentState;
-use crate::slot::{SLOTS_PER_CLASS, SlotWord};
+use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
 
 /// What a heap holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -60,8 +59,9 @@ impl HeapStats {
         for segment in 0..heap.segments as u64 {
             match SegmentState::decode(at(heap.states_at + segment)) {
                 SegmentState::Active { class, .. } => {
-                    let bitmap = &words[(heap.bitmaps_at + segment * BITMAP_WORDS_PER_SEGMENT as u64)
-                        as usize..][..BITMAP_WORDS_PER_SEGMENT as usize];
+                    let bitmap = &words
+                        [(heap.bitmaps_at + segment * BITMAP_WORDS_PER_SEGMENT as u64) as usize..]
+                        [..BITMAP_WORDS_PER_SEGMENT as usize];
                     for block in 0..class.blocks_per_segment() {
                         if bitmap[(block / 64) as usize] & 1 << (block % 64) != 0 {
                             continue;
@@ -82,11 +82,17 @@ impl HeapStats {
                 _ => {}
             }
         }
-        // Blocks in slots have not issued their unissued slices yet.
+        // Blocks in slots have not issued their unissued slices yet, and
+        // spare blocks none at all.
         for c in 0..SLICE_CLASSES {
             for slot in 0..SLOTS_PER_CLASS {
                 let word = SlotWord(at(heap.slots_at + (c * SLOTS_PER_CLASS + slot) as u64));
                 s.live_per_class[c as usize] -= word.unissued() as u64;
+                for i in 0..SPARES_PER_SLOT {
+                    if at(heap.spare_index(c, slot, i)) != 0 {
+                        s.live_per_class[c as usize] -= SLICES_PER_BLOCK;
+                    }
+                }
             }
         }
         s.live_bytes = (0..CLASSES)

@@ -47,7 +47,11 @@ fn remove_and_insert_in_one_word_keep_the_hint() {
         VebTree::new(&w, &SHAPE).insert(1);
         t.join().unwrap();
         let tree = VebTree::new(&w, &SHAPE);
-        assert_eq!(tree.successor(0), Some(1), "id 1 lost behind a cleared hint");
+        assert_eq!(
+            tree.successor(0),
+            Some(1),
+            "id 1 lost behind a cleared hint"
+        );
     });
 }
 
@@ -77,7 +81,10 @@ fn exactly_one_thread_completes_a_block() {
         let t = thread::spawn(move || block::count_freed_slices(&c1, 1));
         let retire = block::count_dead_slices(&counter, 2);
         let free = t.join().unwrap();
-        assert!(retire ^ free, "completed by both or neither: {retire} {free}");
+        assert!(
+            retire ^ free,
+            "completed by both or neither: {retire} {free}"
+        );
     });
 }
 
@@ -92,14 +99,22 @@ fn two_block_class() -> SizeClass {
 fn reservation_racing_the_last_return() {
     model(|| {
         let class = two_block_class();
-        let states = Arc::new(vec![Word::new(SegmentState::Active { class, free: 1 }.encode())]);
+        let states = Arc::new(vec![Word::new(
+            SegmentState::Active { class, free: 1 }.encode(),
+        )]);
         let s1 = states.clone();
         let t = thread::spawn(move || SegmentTable::new(&s1).reserve_blocks(0, class, 1));
         let returned = SegmentTable::new(&states).return_blocks(0, class, 1);
         let reserved = t.join().unwrap();
         let end = SegmentTable::new(&states).load(0);
         match (reserved, returned) {
-            (Reservation::Reserved { count: 1, last: true }, Return::FirstFree) => {
+            (
+                Reservation::Reserved {
+                    count: 1,
+                    last: true,
+                },
+                Return::FirstFree,
+            ) => {
                 assert_eq!(end, SegmentState::Active { class, free: 1 })
             }
             (Reservation::Stale, Return::Retired) => assert_eq!(end, SegmentState::Free),
@@ -112,12 +127,17 @@ fn reservation_racing_the_last_return() {
 fn the_last_two_returns_retire_once() {
     model(|| {
         let class = two_block_class();
-        let states = Arc::new(vec![Word::new(SegmentState::Active { class, free: 0 }.encode())]);
+        let states = Arc::new(vec![Word::new(
+            SegmentState::Active { class, free: 0 }.encode(),
+        )]);
         let s1 = states.clone();
         let t = thread::spawn(move || SegmentTable::new(&s1).return_blocks(0, class, 1));
         let mine = SegmentTable::new(&states).return_blocks(0, class, 1);
         let theirs = t.join().unwrap();
-        let retired = [mine, theirs].iter().filter(|r| **r == Return::Retired).count();
+        let retired = [mine, theirs]
+            .iter()
+            .filter(|r| **r == Return::Retired)
+            .count();
         assert_eq!(retired, 1, "{mine:?} {theirs:?}");
         assert_eq!(SegmentTable::new(&states).load(0), SegmentState::Free);
     });

@@ -170,8 +170,10 @@ impl PtxBuilder {
         ] {
             cmd.env_remove(var);
         }
-        cmd.env("RUSTC_BOOTSTRAP", "1")
-            .env("CARGO_ENCODED_RUSTFLAGS", format!("-Ctarget-cpu={}", self.arch));
+        cmd.env("RUSTC_BOOTSTRAP", "1").env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("-Ctarget-cpu={}", self.arch),
+        );
         let command = format!("{cmd:?}");
         let out = cmd.output().map_err(|source| BuildError::Spawn {
             what: cargo.clone(),
@@ -208,16 +210,16 @@ struct Toolchain {
 
 impl Toolchain {
     fn probe(rustc: &str) -> Result<Toolchain, BuildError> {
-        let run = |args: &[&str]| -> Result<String, BuildError> {
-            let out = Command::new(rustc)
-                .args(args)
-                .output()
-                .map_err(|source| BuildError::Spawn {
-                    what: format!("{rustc} {}", args.join(" ")),
-                    source,
+        let run =
+            |args: &[&str]| -> Result<String, BuildError> {
+                let out = Command::new(rustc).args(args).output().map_err(|source| {
+                    BuildError::Spawn {
+                        what: format!("{rustc} {}", args.join(" ")),
+                        source,
+                    }
                 })?;
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        };
+                Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+            };
         let sysroot = PathBuf::from(run(&["--print", "sysroot"])?);
         let version = run(&["-vV"])?;
         let host = version
@@ -239,7 +241,11 @@ impl Toolchain {
     }
 
     fn check_components(&self) -> Result<(), BuildError> {
-        let bin = self.sysroot.join("lib/rustlib").join(&self.host).join("bin");
+        let bin = self
+            .sysroot
+            .join("lib/rustlib")
+            .join(&self.host)
+            .join("bin");
         let checks: [(&'static str, PathBuf); 3] = [
             (
                 "rust-src",

@@ -77,10 +77,18 @@ impl Allocator for Ours {
     }
     fn alloc(&mut self, gpu: &Gpu, sizes: Sizes, ptrs: u64, n: u64) -> Result<()> {
         let [a, b] = sizes.args();
-        gpu.launch("heap_alloc", n, &[self.heap.arg(), a, b, Arg::U64(ptrs), Arg::U64(n)])
+        gpu.launch(
+            "heap_alloc",
+            n,
+            &[self.heap.arg(), a, b, Arg::U64(ptrs), Arg::U64(n)],
+        )
     }
     fn free(&mut self, gpu: &Gpu, ptrs: u64, n: u64) -> Result<()> {
-        gpu.launch("heap_free", n, &[self.heap.arg(), Arg::U64(ptrs), Arg::U64(n)])
+        gpu.launch(
+            "heap_free",
+            n,
+            &[self.heap.arg(), Arg::U64(ptrs), Arg::U64(n)],
+        )
     }
 }
 
@@ -126,7 +134,8 @@ impl Bump {
     pub fn new(gpu: &Gpu, bytes: u64) -> Result<Bump> {
         use host::error::DriverCall;
         // SAFETY: the region is written by the check kernel before it is read.
-        let region = unsafe { gpu.stream().alloc::<u8>(bytes as usize) }.call("cuMemAlloc(bump region)")?;
+        let region =
+            unsafe { gpu.stream().alloc::<u8>(bytes as usize) }.call("cuMemAlloc(bump region)")?;
         Ok(Bump {
             region,
             counter: gpu.zeros(1)?,

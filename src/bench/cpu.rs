@@ -47,7 +47,10 @@ fn round(heap: &CpuHeap, n: u64, size_of: &(dyn Fn(u64) -> u64 + Sync)) -> Round
                 });
             }
         });
-        let begun = start.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(Instant::now);
+        let begun = start
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(Instant::now);
         begun.elapsed().as_secs_f64() * 1e3
     };
     let alloc_ms = phase(&|id| {
@@ -75,13 +78,20 @@ fn round(heap: &CpuHeap, n: u64, size_of: &(dyn Fn(u64) -> u64 + Sync)) -> Round
             wrong += unsafe { verify(p as *const u8, size_of(id as u64), id as u64) };
         }
     }
-    let free_ms = phase(&|id| heap.heap().free(ptrs[id as usize].load(Ordering::Relaxed) as *mut u8));
+    let free_ms = phase(&|id| {
+        heap.heap()
+            .free(ptrs[id as usize].load(Ordering::Relaxed) as *mut u8)
+    });
     Round {
         alloc_ms,
         free_ms,
         nulls,
         wrong,
-        span_over_requested: if requested > 0 { (hi - lo) as f64 / requested as f64 } else { 0.0 },
+        span_over_requested: if requested > 0 {
+            (hi - lo) as f64 / requested as f64
+        } else {
+            0.0
+        },
     }
 }
 
@@ -96,27 +106,67 @@ pub fn run(test: &str, opts: &Options) -> Result<Vec<Record>> {
     let (seed, lo, hi) = (opts.seed, opts.lo, opts.hi);
     let mixed = move |id: u64| mixed_size(seed, id, lo, hi);
     let mut out = Vec::new();
-    let timed = |test: &str, size: u64, label: &str, n: u64, size_of: &(dyn Fn(u64) -> u64 + Sync)| {
-        let rounds: Vec<Round> = (0..=opts.iters).map(|_| round(&heap, n, size_of)).skip(1).collect();
-        let valid = rounds.iter().all(|r| r.nulls == 0 && r.wrong == 0);
-        let allocs: Vec<f64> = rounds.iter().map(|r| r.alloc_ms).collect();
-        let frees: Vec<f64> = rounds.iter().map(|r| r.free_ms).collect();
-        let spans: Vec<f64> = rounds.iter().map(|r| r.span_over_requested).collect();
-        let note = "CPU build, host threads, wall clock".to_string();
-        let mut v = vec![
-            Record::new(test, NAME, size, label, n, "alloc_ms", Summary::of(&allocs), valid, note.clone()),
-            Record::new(test, NAME, size, label, n, "free_ms", Summary::of(&frees), valid, note.clone()),
-        ];
-        if test == "frag" {
-            v = vec![Record::new(test, NAME, size, label, n, "span_over_requested", Summary::of(&spans), valid, note)];
-        }
-        v
-    };
+    let timed =
+        |test: &str, size: u64, label: &str, n: u64, size_of: &(dyn Fn(u64) -> u64 + Sync)| {
+            let rounds: Vec<Round> = (0..=opts.iters)
+                .map(|_| round(&heap, n, size_of))
+                .skip(1)
+                .collect();
+            let valid = rounds.iter().all(|r| r.nulls == 0 && r.wrong == 0);
+            let allocs: Vec<f64> = rounds.iter().map(|r| r.alloc_ms).collect();
+            let frees: Vec<f64> = rounds.iter().map(|r| r.free_ms).collect();
+            let spans: Vec<f64> = rounds.iter().map(|r| r.span_over_requested).collect();
+            let note = "CPU build, host threads, wall clock".to_string();
+            let mut v = vec![
+                Record::new(
+                    test,
+                    NAME,
+                    size,
+                    label,
+                    n,
+                    "alloc_ms",
+                    Summary::of(&allocs),
+                    valid,
+                    note.clone(),
+                ),
+                Record::new(
+                    test,
+                    NAME,
+                    size,
+                    label,
+                    n,
+                    "free_ms",
+                    Summary::of(&frees),
+                    valid,
+                    note.clone(),
+                ),
+            ];
+            if test == "frag" {
+                v = vec![Record::new(
+                    test,
+                    NAME,
+                    size,
+                    label,
+                    n,
+                    "span_over_requested",
+                    Summary::of(&spans),
+                    valid,
+                    note,
+                )];
+            }
+            v
+        };
     let threads_for = |size: u64| opts.threads.min((heap.bytes() / 2 / size).max(1));
     match test {
         "single" | "warm" => {
             for &size in &opts.sizes {
-                out.extend(timed("single", size, &size.to_string(), threads_for(size), &move |_| size));
+                out.extend(timed(
+                    "single",
+                    size,
+                    &size.to_string(),
+                    threads_for(size),
+                    &move |_| size,
+                ));
             }
             out.extend(timed("mixed", 0, &mixed_label, opts.threads, &mixed));
         }
@@ -124,12 +174,24 @@ pub fn run(test: &str, opts: &Options) -> Result<Vec<Record>> {
         "scaling" => {
             let size = opts.scaling_size;
             for p in 0..=opts.threads.ilog2() {
-                out.extend(timed("scaling", size, &size.to_string(), 1 << p, &move |_| size));
+                out.extend(timed(
+                    "scaling",
+                    size,
+                    &size.to_string(),
+                    1 << p,
+                    &move |_| size,
+                ));
             }
         }
         "frag" => {
             for size in [16u64, 256, 1024, 4096] {
-                out.extend(timed("frag", size, &size.to_string(), threads_for(size), &move |_| size));
+                out.extend(timed(
+                    "frag",
+                    size,
+                    &size.to_string(),
+                    threads_for(size),
+                    &move |_| size,
+                ));
             }
             out.extend(timed("frag", 0, &mixed_label, opts.threads, &mixed));
         }
@@ -150,8 +212,21 @@ pub fn run(test: &str, opts: &Options) -> Result<Vec<Record>> {
                         heap.heap().free(p);
                     }
                 }
-                for (i, metric) in ["utilization", "utilization_after_free"].into_iter().enumerate() {
-                    out.push(Record::new("oom", NAME, size, &size.to_string(), 1, metric, Summary::of(&[shares[i]]), true, "CPU build, one thread".into()));
+                for (i, metric) in ["utilization", "utilization_after_free"]
+                    .into_iter()
+                    .enumerate()
+                {
+                    out.push(Record::new(
+                        "oom",
+                        NAME,
+                        size,
+                        &size.to_string(),
+                        1,
+                        metric,
+                        Summary::of(&[shares[i]]),
+                        true,
+                        "CPU build, one thread".into(),
+                    ));
                 }
             }
         }

@@ -41,7 +41,13 @@ impl Buffers {
         gpu.launch(
             "mixed_sizes",
             self.n,
-            &[Arg::U64(seed), Arg::U64(lo), Arg::U64(hi), Arg::U64(sizes), Arg::U64(self.n)],
+            &[
+                Arg::U64(seed),
+                Arg::U64(lo),
+                Arg::U64(hi),
+                Arg::U64(sizes),
+                Arg::U64(self.n),
+            ],
         )?;
         Ok(Sizes::PerThread(sizes))
     }

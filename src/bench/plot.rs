@@ -31,10 +31,9 @@ fn load_font() -> Result<(), String> {
                 .into_iter()
                 .chain(FONT_PATHS.iter().map(PathBuf::from))
                 .collect();
-            let path = candidates
-                .iter()
-                .find(|p| p.exists())
-                .ok_or_else(|| format!("no TrueType font found (tried {FONT_PATHS:?}; set GPUMALLOC_FONT)"))?;
+            let path = candidates.iter().find(|p| p.exists()).ok_or_else(|| {
+                format!("no TrueType font found (tried {FONT_PATHS:?}; set GPUMALLOC_FONT)")
+            })?;
             let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
             let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
             plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
@@ -61,16 +60,29 @@ pub fn plot_all(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, String> {
         let fig = figures
             .entry((r.test.clone(), r.metric.clone(), key.clone()))
             .or_insert_with(|| Figure {
-                title: format!("{} {} {} — {}", r.test, key, r.metric, results.info.device_name),
+                title: format!(
+                    "{} {} {} — {}",
+                    r.test, key, r.metric, results.info.device_name
+                ),
                 x_label,
                 y_label: r.metric.clone(),
                 lines: BTreeMap::new(),
             });
-        fig.lines.entry(&r.allocator).or_default().push((x, r.median));
+        fig.lines
+            .entry(&r.allocator)
+            .or_default()
+            .push((x, r.median));
     }
     let mut written = Vec::new();
     for ((test, metric, key), fig) in figures {
-        let name = format!("{test}-{metric}{}.png", if key.is_empty() { String::new() } else { format!("-{}", key.replace(' ', "")) });
+        let name = format!(
+            "{test}-{metric}{}.png",
+            if key.is_empty() {
+                String::new()
+            } else {
+                format!("-{}", key.replace(' ', ""))
+            }
+        );
         let path = dir.join(name);
         draw(&fig, &path).map_err(|e| format!("{}: {e}", path.display()))?;
         written.push(path);
@@ -81,7 +93,11 @@ pub fn plot_all(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, String> {
 /// The x value of a record and the series key that separates figures.
 fn axis(r: &Record) -> (f64, &'static str, String) {
     if r.test == "scaling" {
-        (r.threads as f64, "threads", format!("size {}", r.size_label))
+        (
+            r.threads as f64,
+            "threads",
+            format!("size {}", r.size_label),
+        )
     } else if r.size == 0 {
         // Mixed sizes sit at the right of size plots, at 2x the largest.
         (r.threads as f64, "threads", r.size_label.clone())
@@ -111,7 +127,10 @@ fn draw(fig: &Figure, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(70)
-        .build_cartesian_2d((x0 / 1.5..x1 * 1.5).log_scale(), (y0 / 1.5..y1 * 1.5).log_scale())?;
+        .build_cartesian_2d(
+            (x0 / 1.5..x1 * 1.5).log_scale(),
+            (y0 / 1.5..y1 * 1.5).log_scale(),
+        )?;
     chart
         .configure_mesh()
         .x_desc(fig.x_label)

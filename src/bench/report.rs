@@ -61,7 +61,17 @@ pub struct Record {
 impl Record {
     /// A record of `summary`.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(test: &str, allocator: &str, size: u64, size_label: &str, threads: u64, metric: &str, summary: Summary, valid: bool, note: String) -> Record {
+    pub fn new(
+        test: &str,
+        allocator: &str,
+        size: u64,
+        size_label: &str,
+        threads: u64,
+        metric: &str,
+        summary: Summary,
+        valid: bool,
+        note: String,
+    ) -> Record {
         Record {
             test: test.into(),
             allocator: allocator.into(),
@@ -107,15 +117,31 @@ impl Results {
     pub fn csv(&self) -> String {
         let i = &self.info;
         let mut out = String::new();
-        let _ = writeln!(out, "# device: {} ({}), driver {}", i.device, i.device_name, i.driver);
+        let _ = writeln!(
+            out,
+            "# device: {} ({}), driver {}",
+            i.device, i.device_name, i.driver
+        );
         let _ = writeln!(out, "# heap bytes: {}", i.heap_bytes);
         let _ = writeln!(out, "# command: {}", i.command);
-        out.push_str("test,allocator,size,size_label,threads,metric,median,min,max,samples,valid,note\n");
+        out.push_str(
+            "test,allocator,size,size_label,threads,metric,median,min,max,samples,valid,note\n",
+        );
         for r in &self.records {
             let _ = writeln!(
                 out,
                 "{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
-                r.test, r.allocator, r.size, r.size_label, r.threads, r.metric, r.median, r.min, r.max, r.samples, r.valid,
+                r.test,
+                r.allocator,
+                r.size,
+                r.size_label,
+                r.threads,
+                r.metric,
+                r.median,
+                r.min,
+                r.max,
+                r.samples,
+                r.valid,
                 r.note.replace('"', "'")
             );
         }
@@ -127,7 +153,10 @@ impl Results {
     pub fn table(&self) -> String {
         let mut groups: BTreeMap<(String, String), Vec<&Record>> = BTreeMap::new();
         for r in &self.records {
-            groups.entry((r.test.clone(), r.metric.clone())).or_default().push(r);
+            groups
+                .entry((r.test.clone(), r.metric.clone()))
+                .or_default()
+                .push(r);
         }
         let mut out = String::new();
         for ((test, metric), records) in groups {
@@ -143,14 +172,20 @@ impl Results {
                 let _ = write!(header, " {a:>14}");
             }
             let has_ours = allocators.contains(&"ours");
-            let others: Vec<&str> = allocators.iter().copied().filter(|a| has_ours && *a != "ours").collect();
+            let others: Vec<&str> = allocators
+                .iter()
+                .copied()
+                .filter(|a| has_ours && *a != "ours")
+                .collect();
             for a in &others {
                 let _ = write!(header, " {:>16}", format!("ours/{a}"));
             }
             let _ = writeln!(out, "{header}");
             let mut rows: BTreeMap<(u64, u64, String), BTreeMap<&str, &Record>> = BTreeMap::new();
             for r in &records {
-                rows.entry((r.size, r.threads, r.size_label.clone())).or_default().insert(&r.allocator, r);
+                rows.entry((r.size, r.threads, r.size_label.clone()))
+                    .or_default()
+                    .insert(&r.allocator, r);
             }
             for ((_, threads, label), by) in rows {
                 let mut line = format!("{label:>14} {threads:>8}");
@@ -166,7 +201,9 @@ impl Results {
                 let ours = by.get("ours").filter(|r| r.valid);
                 for a in &others {
                     let cell = match (ours, by.get(a).filter(|r| r.valid)) {
-                        (Some(o), Some(b)) if b.median > 0.0 => format!("{:.3}", o.median / b.median),
+                        (Some(o), Some(b)) if b.median > 0.0 => {
+                            format!("{:.3}", o.median / b.median)
+                        }
                         _ => "-".to_string(),
                     };
                     let _ = write!(line, " {cell:>16}");

@@ -124,7 +124,8 @@ impl Bench {
     }
 
     fn plan(&self, steps: u64) {
-        self.progress.set_length(steps * self.allocators.len() as u64);
+        self.progress
+            .set_length(steps * self.allocators.len() as u64);
         self.progress.set_position(0);
     }
 
@@ -133,7 +134,11 @@ impl Bench {
     fn step(&self, message: String) {
         use std::io::IsTerminal;
         if !std::io::stderr().is_terminal() {
-            eprintln!("[{}/{}] {message}", self.progress.position() + 1, self.progress.length().unwrap_or(0));
+            eprintln!(
+                "[{}/{}] {message}",
+                self.progress.position() + 1,
+                self.progress.length().unwrap_or(0)
+            );
         }
         self.progress.set_message(message);
     }
@@ -144,7 +149,13 @@ impl Bench {
     }
 
     /// Times rounds of `threads` threads for every allocator.
-    fn measure(&mut self, test: &str, spec: SizeSpec, threads: u64, cold: bool) -> Result<Vec<Record>> {
+    fn measure(
+        &mut self,
+        test: &str,
+        spec: SizeSpec,
+        threads: u64,
+        cold: bool,
+    ) -> Result<Vec<Record>> {
         let (size, label) = match spec {
             SizeSpec::Fixed(s) => (s, s.to_string()),
             SizeSpec::Mixed => (0, format!("{}-{}", self.opts.lo, self.opts.hi)),
@@ -152,7 +163,9 @@ impl Bench {
         let mut buffers = Buffers::new(&self.gpu, threads)?;
         let sizes = match spec {
             SizeSpec::Fixed(s) => Sizes::Fixed(s),
-            SizeSpec::Mixed => buffers.mixed(&self.gpu, self.opts.seed, self.opts.lo, self.opts.hi)?,
+            SizeSpec::Mixed => {
+                buffers.mixed(&self.gpu, self.opts.seed, self.opts.lo, self.opts.hi)?
+            }
         };
         let mut records = Vec::new();
         for i in 0..self.allocators.len() {
@@ -160,8 +173,19 @@ impl Bench {
             self.step(format!("{test} {label} B x {threads} threads: {name}"));
             let spent = self.spent.get(name).copied().unwrap_or(0.0);
             if spent > ALLOCATOR_BUDGET_S {
-                let note = format!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
-                records.push(Record::new(test, name, size, &label, threads, "alloc_ms", Summary::default(), false, note));
+                let note =
+                    format!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
+                records.push(Record::new(
+                    test,
+                    name,
+                    size,
+                    &label,
+                    threads,
+                    "alloc_ms",
+                    Summary::default(),
+                    false,
+                    note,
+                ));
                 self.progress.inc(1);
                 continue;
             }
@@ -171,7 +195,11 @@ impl Bench {
             let warm_up = Instant::now();
             let first = measure::round(&self.gpu, allocator.as_mut(), &mut buffers, sizes, false)?;
             let slow = warm_up.elapsed().as_secs_f64() > 2.0;
-            let iters = if slow { self.opts.iters.min(3) } else { self.opts.iters };
+            let iters = if slow {
+                self.opts.iters.min(3)
+            } else {
+                self.opts.iters
+            };
             let (mut allocs, mut frees) = (Vec::new(), Vec::new());
             let (mut nulls, mut wrong) = (first.nulls, first.wrong);
             for _ in 0..iters {
@@ -189,13 +217,36 @@ impl Bench {
             let valid = nulls == 0 && wrong == 0;
             let mut note = String::new();
             if !valid {
-                note = format!("{nulls} nulls and {wrong} wrong words over {} rounds", iters + 1);
+                note = format!(
+                    "{nulls} nulls and {wrong} wrong words over {} rounds",
+                    iters + 1
+                );
             } else if slow {
                 note = format!("{iters} rounds: warm-up took over 2 s");
             }
-            records.push(Record::new(test, name, size, &label, threads, "alloc_ms", Summary::of(&allocs), valid, note.clone()));
+            records.push(Record::new(
+                test,
+                name,
+                size,
+                &label,
+                threads,
+                "alloc_ms",
+                Summary::of(&allocs),
+                valid,
+                note.clone(),
+            ));
             if allocator.frees() {
-                records.push(Record::new(test, name, size, &label, threads, "free_ms", Summary::of(&frees), valid, note));
+                records.push(Record::new(
+                    test,
+                    name,
+                    size,
+                    &label,
+                    threads,
+                    "free_ms",
+                    Summary::of(&frees),
+                    valid,
+                    note,
+                ));
             }
             *self.spent.entry(name).or_default() += began.elapsed().as_secs_f64();
             self.progress.inc(1);
@@ -257,16 +308,24 @@ impl Bench {
             let (sizes, size, label, per_thread) = match spec {
                 SizeSpec::Fixed(s) => (Sizes::Fixed(s), s, s.to_string(), None),
                 SizeSpec::Mixed => {
-                    let sizes = buffers.mixed(&self.gpu, self.opts.seed, self.opts.lo, self.opts.hi)?;
+                    let sizes =
+                        buffers.mixed(&self.gpu, self.opts.seed, self.opts.lo, self.opts.hi)?;
                     let host = self.gpu.download(&buffers.sizes)?;
-                    (sizes, 0, format!("{}-{}", self.opts.lo, self.opts.hi), Some(host))
+                    (
+                        sizes,
+                        0,
+                        format!("{}-{}", self.opts.lo, self.opts.hi),
+                        Some(host),
+                    )
                 }
             };
             for i in 0..self.allocators.len() {
                 let name = self.allocators[i].name();
                 self.step(format!("frag {label} B: {}", name));
                 if self.spent.get(name).copied().unwrap_or(0.0) > ALLOCATOR_BUDGET_S {
-                    eprintln!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
+                    eprintln!(
+                        "skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test"
+                    );
                     self.progress.inc(1);
                     continue;
                 }
@@ -279,7 +338,8 @@ impl Bench {
                     if began.elapsed().as_secs_f64() > ALLOCATOR_BUDGET_S {
                         break;
                     }
-                    let r = measure::round(&self.gpu, allocator.as_mut(), &mut buffers, sizes, true)?;
+                    let r =
+                        measure::round(&self.gpu, allocator.as_mut(), &mut buffers, sizes, true)?;
                     valid &= r.nulls == 0 && r.wrong == 0;
                     let ptrs = r.ptrs.unwrap_or_default();
                     let size_of = |t: usize| per_thread.as_ref().map_or(size, |s| s[t]);
@@ -296,7 +356,17 @@ impl Bench {
                     }
                 }
                 let s = Summary::of(&ratios);
-                out.push(Record::new("frag", allocator.name(), size, &label, threads, "span_over_requested", s, valid, String::new()));
+                out.push(Record::new(
+                    "frag",
+                    allocator.name(),
+                    size,
+                    &label,
+                    threads,
+                    "span_over_requested",
+                    s,
+                    valid,
+                    String::new(),
+                ));
                 *self.spent.entry(name).or_default() += began.elapsed().as_secs_f64();
                 self.progress.inc(1);
             }
@@ -317,7 +387,9 @@ impl Bench {
                 let name = self.allocators[i].name();
                 self.step(format!("oom {size} B: {}", name));
                 if self.spent.get(name).copied().unwrap_or(0.0) > ALLOCATOR_BUDGET_S {
-                    eprintln!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
+                    eprintln!(
+                        "skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test"
+                    );
                     self.progress.inc(1);
                     continue;
                 }
@@ -347,9 +419,23 @@ impl Bench {
                     shares.push((pass, handed as f64 * size as f64 / self.opts.heap as f64));
                 }
                 for (pass, share) in shares {
-                    let metric = if pass == 0 { "utilization" } else { "utilization_after_free" };
+                    let metric = if pass == 0 {
+                        "utilization"
+                    } else {
+                        "utilization_after_free"
+                    };
                     let s = Summary::of(&[share]);
-                    out.push(Record::new("oom", allocator.name(), size, &size.to_string(), BATCH, metric, s, wrong == 0, String::new()));
+                    out.push(Record::new(
+                        "oom",
+                        allocator.name(),
+                        size,
+                        &size.to_string(),
+                        BATCH,
+                        metric,
+                        s,
+                        wrong == 0,
+                        String::new(),
+                    ));
                 }
                 *self.spent.entry(name).or_default() += began.elapsed().as_secs_f64();
                 self.progress.inc(1);
@@ -380,8 +466,10 @@ fn check_range(gpu: &Gpu, buffers: &mut Buffers, n: u64, size: u64) -> Result<u6
     let saved = buffers.n;
     buffers.n = n;
     use host::error::DriverCall;
-    gpu.stream().memset_zeros(&mut buffers.errors).call("cuMemsetD8")?;
-    measure::check(&gpu, buffers, Sizes::Fixed(size))?;
+    gpu.stream()
+        .memset_zeros(&mut buffers.errors)
+        .call("cuMemsetD8")?;
+    measure::check(gpu, buffers, Sizes::Fixed(size))?;
     buffers.n = saved;
     Ok(gpu.download(&buffers.errors)?[1])
 }
@@ -397,7 +485,14 @@ pub fn init(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
         let mut times = Vec::new();
         for i in 0..=opts.iters {
             let start = Instant::now();
-            let heap = DeviceHeap::new(gpu, HeapConfig { bytes: Some(bytes), check_double_free: false, trap_on_misuse: false })?;
+            let heap = DeviceHeap::new(
+                gpu,
+                HeapConfig {
+                    bytes: Some(bytes),
+                    check_double_free: false,
+                    trap_on_misuse: false,
+                },
+            )?;
             gpu.sync()?;
             let ms = start.elapsed().as_secs_f64() * 1e3;
             drop(heap);
@@ -405,7 +500,17 @@ pub fn init(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
                 times.push(ms);
             }
         }
-        out.push(Record::new("init", "ours", bytes, &format!("{} MiB", bytes >> 20), 0, "init_ms", Summary::of(&times), true, "host wall clock: allocation, metadata upload, sync".into()));
+        out.push(Record::new(
+            "init",
+            "ours",
+            bytes,
+            &format!("{} MiB", bytes >> 20),
+            0,
+            "init_ms",
+            Summary::of(&times),
+            true,
+            "host wall clock: allocation, metadata upload, sync".into(),
+        ));
     }
     Ok(out)
 }

@@ -4,10 +4,10 @@
 
 extern crate std;
 
-#[cfg(loom)]
-use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 #[cfg(not(loom))]
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 /// A 64-bit word of heap metadata.
 pub type Word = AtomicU64;
@@ -152,7 +152,10 @@ pub fn backoff(_round: u32) {
 pub fn clock64() -> u64 {
     use std::sync::OnceLock;
     static START: OnceLock<std::time::Instant> = OnceLock::new();
-    START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
 }
 /// Reports misuse and stops: on the host, a panic with the message.
 #[cold]

@@ -59,11 +59,7 @@ load64!(
     "relaxed",
     "Relaxed load at device scope (coherent in L2, never a stale L1 line)."
 );
-load64!(
-    load_acquire,
-    "acquire",
-    "Acquire load at device scope."
-);
+load64!(load_acquire, "acquire", "Acquire load at device scope.");
 
 macro_rules! store64 {
     ($name:ident, $sem:literal, $doc:literal) => {
@@ -101,12 +97,42 @@ macro_rules! rmw64 {
     };
 }
 
-rmw64!(fetch_add_relaxed, "relaxed", "add.u64", "Relaxed add; returns the old value.");
-rmw64!(fetch_add_release, "release", "add.u64", "Release add; returns the old value.");
-rmw64!(fetch_add_acq_rel, "acq_rel", "add.u64", "Acquire-release add; returns the old value.");
-rmw64!(fetch_or_acq_rel, "acq_rel", "or.b64", "Acquire-release or; returns the old value.");
-rmw64!(fetch_and_acq_rel, "acq_rel", "and.b64", "Acquire-release and; returns the old value.");
-rmw64!(swap_acq_rel, "acq_rel", "exch.b64", "Acquire-release exchange; returns the old value.");
+rmw64!(
+    fetch_add_relaxed,
+    "relaxed",
+    "add.u64",
+    "Relaxed add; returns the old value."
+);
+rmw64!(
+    fetch_add_release,
+    "release",
+    "add.u64",
+    "Release add; returns the old value."
+);
+rmw64!(
+    fetch_add_acq_rel,
+    "acq_rel",
+    "add.u64",
+    "Acquire-release add; returns the old value."
+);
+rmw64!(
+    fetch_or_acq_rel,
+    "acq_rel",
+    "or.b64",
+    "Acquire-release or; returns the old value."
+);
+rmw64!(
+    fetch_and_acq_rel,
+    "acq_rel",
+    "and.b64",
+    "Acquire-release and; returns the old value."
+);
+rmw64!(
+    swap_acq_rel,
+    "acq_rel",
+    "exch.b64",
+    "Acquire-release exchange; returns the old value."
+);
 
 /// Acquire-release compare-and-swap: `Ok(old)` if the word held `current` and
 /// now holds `new`, else `Err(actual)`.
@@ -275,9 +301,7 @@ pub fn clock64() -> u64 {
 pub fn global_thread_index() -> u64 {
     use core::arch::nvptx::*;
     // SAFETY: reads special registers.
-    unsafe {
-        _block_idx_x() as u64 * _block_dim_x() as u64 + _thread_idx_x() as u64
-    }
+    unsafe { _block_idx_x() as u64 * _block_dim_x() as u64 + _thread_idx_x() as u64 }
 }
 
 /// The number of threads in the grid (x dimension).

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The project's test command (README.md): installs what it needs on a fresh
+# machine, then runs formatting, lints, every CPU test, the loom model
+# checks, the PTX build and ptxas over the PTX for sm_80 and sm_90. GPU tests
+# print "skipped: no GPU" on machines without one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== toolchain"
+toolchain=$(sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)
+rustup toolchain install "$toolchain" --profile minimal --no-self-update
+rustup component add --toolchain "$toolchain" rust-src llvm-tools llvm-bitcode-linker clippy rustfmt
+
+echo "== ptxas (PyPI nvidia-cuda-nvcc)"
+python3 -m pip install --quiet --disable-pip-version-check "nvidia-cuda-nvcc>=13,<14"
+PTXAS=$(python3 - <<'PY'
+import os, nvidia
+for root in nvidia.__path__:
+    for sub in ("cu13/bin/ptxas", "cuda_nvcc/bin/ptxas"):
+        p = os.path.join(root, sub)
+        if os.path.exists(p):
+            print(p)
+            raise SystemExit
+raise SystemExit("ptxas not found in the nvidia-cuda-nvcc wheel")
+PY
+)
+
+echo "== fmt"
+cargo fmt --all --check
+echo "== clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== tests (CPU; GPU tests skip without a GPU)"
+cargo test --workspace --release
+echo "== loom model checks"
+RUSTFLAGS="--cfg loom" cargo test -p gpu-kernel --test loom --release
+
+echo "== ptxas"
+ptx_dir=$(ls -td target/release/build/gpumalloc-*/out/ptx-target/nvptx64-nvidia-cuda/release | head -1)
+scripts/ptxas-report.sh "$PTXAS" "$ptx_dir/gpu_kernel.ptx" "$ptx_dir/user_kernel.ptx"
+echo "all checks passed"
