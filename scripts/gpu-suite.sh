@@ -23,6 +23,7 @@ step() {
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 step "$OUT/selftest.log" "$BIN/gpumalloc" selftest
 step "$OUT/tests.log" "$BIN/test-gpu" --test-threads=1 --nocapture
+step "$OUT/lake.log" "$BIN/test-lake_gpu" --test-threads=1 --nocapture
 step "$OUT/example.log" "$BIN/user_kernel"
 if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do

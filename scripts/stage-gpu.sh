@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 mkdir -p .gpu
 cargo build --release --bins --examples
 cp target/release/gpumalloc target/release/examples/user_kernel .gpu/
-for t in gpu; do
-  bin=$(cargo test --release --no-run --test "$t" --message-format=json 2>/dev/null \
+for spec in gpumalloc:gpu host:lake_gpu; do
+  pkg=${spec%%:*}; t=${spec#*:}
+  bin=$(cargo test --release -p "$pkg" --no-run --test "$t" --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)

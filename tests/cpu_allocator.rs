@@ -245,3 +245,40 @@ fn heap_sizes_that_cannot_be_laid_out_are_errors() {
         .expect("too small");
     assert!(e.to_string().contains("smaller than one segment"), "{e}");
 }
+
+/// Workload: 8 threads (8 slots) allocate 256 B until each sees null; the
+/// heap must be nearly all handed out, so slots that ran dry took slices
+/// left in other slots' blocks and their spare blocks.
+#[test]
+fn threads_exhaust_the_heap_together() {
+    let h = heap(256 * MIB);
+    let size = 256u64;
+    let counts: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let p = h.heap().malloc(size);
+                        if p.is_null() {
+                            return mine;
+                        }
+                        mine.push(p as u64);
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let all: HashSet<u64> = counts.iter().flatten().copied().collect();
+    let handed = counts.iter().map(Vec::len).sum::<usize>();
+    assert_eq!(all.len(), handed, "a slice was handed out twice");
+    let share = (handed as u64 * size) as f64 / h.bytes() as f64;
+    assert!(share >= 0.97, "utilization {share}");
+    for p in all {
+        h.heap().free(p as *mut u8);
+    }
+    h.flush();
+    let s = h.stats();
+    assert_eq!((s.live_bytes, s.free_segments), (0, s.segments), "{s:?}");
+}
