@@ -11,12 +11,7 @@ use gpumalloc::{CpuHeap, HeapConfig};
 const MIB: u64 = 1 << 20;
 
 fn heap(bytes: u64) -> CpuHeap {
-    CpuHeap::new(HeapConfig {
-        bytes: Some(bytes),
-        check_double_free: true,
-        trap_on_misuse: false,
-    })
-    .expect("CPU heap")
+    CpuHeap::new(HeapConfig::checked(bytes)).expect("CPU heap")
 }
 
 /// Allocates, fills and verifies `size` bytes; returns the pointer.
@@ -228,9 +223,8 @@ fn bad_frees_are_ignored_and_counted() {
 #[should_panic(expected = "double free")]
 fn trap_on_misuse_stops_on_double_free() {
     let h = CpuHeap::new(HeapConfig {
-        bytes: Some(64 * MIB),
-        check_double_free: true,
         trap_on_misuse: true,
+        ..HeapConfig::checked(64 * MIB)
     })
     .unwrap();
     let p = h.heap().malloc(32);

@@ -30,15 +30,7 @@ fn threads() -> u64 {
 }
 
 fn checked(gpu: &Gpu, bytes: u64) -> Ours {
-    Ours::with_config(
-        gpu,
-        HeapConfig {
-            bytes: Some(bytes),
-            check_double_free: true,
-            trap_on_misuse: false,
-        },
-    )
-    .expect("heap")
+    Ours::with_config(gpu, HeapConfig::checked(bytes)).expect("heap")
 }
 
 /// Everything freed: nothing live, every segment back in the segment tree.

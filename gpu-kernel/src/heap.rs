@@ -27,7 +27,7 @@ use crate::class::{
     BITMAP_WORDS_PER_SEGMENT, Request, SEGMENT_SHIFT, SLICE_BLOCKS_PER_SEGMENT, SLICES_PER_BLOCK,
     SizeClass,
 };
-use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
+use crate::layout::{CHECK_DOUBLE_FREE, Heap, NO_SPARES, Stat, TRAP_ON_MISUSE};
 use crate::segment::{Reservation, Return, SegmentState, SegmentTable};
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
 use crate::veb::VebTree;
@@ -360,7 +360,12 @@ impl Heap {
     /// returns the first and parks the others as the slot's spares.
     #[inline]
     fn claim_for_slot(&self, class: SizeClass, slot: u32) -> Option<BlockId> {
-        let claim = self.claim_blocks(class, 1 + SPARES_PER_SLOT);
+        let spares = if self.flags & NO_SPARES != 0 {
+            0
+        } else {
+            SPARES_PER_SLOT
+        };
+        let claim = self.claim_blocks(class, 1 + spares);
         if claim.count() == 0 {
             return None;
         }
@@ -368,7 +373,8 @@ impl Heap {
         for i in 1..claim.count() {
             let b = claim.take(self, class, i);
             let parked = (0..SPARES_PER_SLOT).any(|k| {
-                arch::compare_exchange_acq_rel(self.spare(class, slot, k), 0, b.global() + 1).is_ok()
+                arch::compare_exchange_acq_rel(self.spare(class, slot, k), 0, b.global() + 1)
+                    .is_ok()
             });
             if !parked {
                 self.release_block(class, b);

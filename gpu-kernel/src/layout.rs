@@ -22,6 +22,10 @@ pub const CHECK_DOUBLE_FREE: u32 = 1;
 /// after counting it.
 pub const TRAP_ON_MISUSE: u32 = 2;
 
+/// Flag: slots keep no spare blocks (each install claims one block); a
+/// tuning knob for measuring what spares buy.
+pub const NO_SPARES: u32 = 4;
+
 /// Statistics words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
@@ -49,7 +53,7 @@ pub struct Heap {
     pub metadata_words: u64,
     /// Number of segments.
     pub segments: u32,
-    /// `CHECK_DOUBLE_FREE`, `TRAP_ON_MISUSE`.
+    /// `CHECK_DOUBLE_FREE`, `TRAP_ON_MISUSE`, `NO_SPARES`.
     pub flags: u32,
     /// Word offset of the statistics.
     pub stats_at: u64,

@@ -42,23 +42,26 @@ pub trait Allocator {
 /// Ours: the device heap.
 pub struct Ours {
     heap: DeviceHeap,
+    name: &'static str,
 }
 
 impl Ours {
     /// A heap of `bytes` with checks off (as users run it).
     pub fn new(gpu: &Gpu, bytes: u64) -> Result<Ours> {
-        let config = HeapConfig {
-            bytes: Some(bytes),
-            check_double_free: false,
-            trap_on_misuse: false,
-        };
+        let config = HeapConfig::unchecked(bytes);
         Ours::with_config(gpu, config)
     }
 
     /// A heap with the given options.
     pub fn with_config(gpu: &Gpu, config: HeapConfig) -> Result<Ours> {
+        let name = if config.slot_spares {
+            "ours"
+        } else {
+            "ours-nospares"
+        };
         Ok(Ours {
             heap: DeviceHeap::new(gpu, config)?,
+            name,
         })
     }
 
@@ -70,7 +73,7 @@ impl Ours {
 
 impl Allocator for Ours {
     fn name(&self) -> &'static str {
-        "ours"
+        self.name
     }
     fn reset(&mut self) -> Result<()> {
         self.heap.reset()

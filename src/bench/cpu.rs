@@ -97,11 +97,7 @@ fn round(heap: &CpuHeap, n: u64, size_of: &(dyn Fn(u64) -> u64 + Sync)) -> Round
 
 /// Runs `test` on the CPU.
 pub fn run(test: &str, opts: &Options) -> Result<Vec<Record>> {
-    let heap = CpuHeap::new(HeapConfig {
-        bytes: Some(opts.heap),
-        check_double_free: false,
-        trap_on_misuse: false,
-    })?;
+    let heap = CpuHeap::new(HeapConfig::unchecked(opts.heap))?;
     let mixed_label = format!("{}-{}", opts.lo, opts.hi);
     let (seed, lo, hi) = (opts.seed, opts.lo, opts.hi);
     let mixed = move |id: u64| mixed_size(seed, id, lo, hi);

@@ -100,11 +100,18 @@ impl Bench {
         for name in &opts.allocators {
             match name.as_str() {
                 "ours" => allocators.push(Box::new(Ours::new(gpu, opts.heap)?)),
+                "ours-nospares" => allocators.push(Box::new(Ours::with_config(
+                    gpu,
+                    HeapConfig {
+                        slot_spares: false,
+                        ..HeapConfig::unchecked(opts.heap)
+                    },
+                )?)),
                 "cuda-malloc" => allocators.push(Box::new(CudaMalloc::new(gpu, opts.heap)?)),
                 "bump-bound" => allocators.push(Box::new(Bump::new(gpu, opts.heap)?)),
                 other => {
                     return Err(host::Error::Check(format!(
-                        "unknown allocator {other:?} (ours, cuda-malloc, bump-bound)"
+                        "unknown allocator {other:?} (ours, ours-nospares, cuda-malloc, bump-bound)"
                     )));
                 }
             }
@@ -485,14 +492,7 @@ pub fn init(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
         let mut times = Vec::new();
         for i in 0..=opts.iters {
             let start = Instant::now();
-            let heap = DeviceHeap::new(
-                gpu,
-                HeapConfig {
-                    bytes: Some(bytes),
-                    check_double_free: false,
-                    trap_on_misuse: false,
-                },
-            )?;
+            let heap = DeviceHeap::new(gpu, HeapConfig::unchecked(bytes))?;
             gpu.sync()?;
             let ms = start.elapsed().as_secs_f64() * 1e3;
             drop(heap);
