@@ -6,24 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== toolchain"
-toolchain=$(sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)
-rustup toolchain install "$toolchain" --profile minimal --no-self-update
-rustup component add --toolchain "$toolchain" rust-src llvm-tools llvm-bitcode-linker clippy rustfmt
-
-echo "== ptxas (PyPI nvidia-cuda-nvcc)"
-python3 -m pip install --quiet --disable-pip-version-check "nvidia-cuda-nvcc>=13,<14"
-PTXAS=$(python3 - <<'PY'
-import os, nvidia
-for root in nvidia.__path__:
-    for sub in ("cu13/bin/ptxas", "cuda_nvcc/bin/ptxas"):
-        p = os.path.join(root, sub)
-        if os.path.exists(p):
-            print(p)
-            raise SystemExit
-raise SystemExit("ptxas not found in the nvidia-cuda-nvcc wheel")
-PY
-)
+echo "== set-up (toolchain components, ptxas)"
+PTXAS=$(scripts/setup.sh | tail -1)
 
 echo "== fmt"
 cargo fmt --all --check

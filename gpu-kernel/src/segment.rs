@@ -249,26 +249,21 @@ mod tests {
     fn reserve_then_return_retires() {
         let states = [Word::new(0)];
         let t = SegmentTable::new(&states);
-        let c = SizeClass::new(8).unwrap(); // 4 KiB slices: one block per segment
         let c16 = SizeClass::new(0).unwrap();
-        t.publish_active(0, c16, 2);
-        assert_eq!(t.reserve_blocks(0, c, 1), Reservation::Stale);
+        let c2k = SizeClass::new(7).unwrap(); // 2 KiB slices: two blocks per segment
+        assert_eq!(c2k.blocks_per_segment(), 2);
+        t.publish_active(0, c2k, 1);
+        assert_eq!(t.reserve_blocks(0, c16, 1), Reservation::Stale);
         assert_eq!(
-            t.reserve_blocks(0, c16, 1),
-            Reservation::Reserved {
-                count: 1,
-                last: false
-            }
-        );
-        assert_eq!(
-            t.reserve_blocks(0, c16, 5),
+            t.reserve_blocks(0, c2k, 5),
             Reservation::Reserved {
                 count: 1,
                 last: true
             }
         );
-        assert_eq!(t.reserve_blocks(0, c16, 1), Reservation::Stale);
-        assert_eq!(t.return_blocks(0, c16, 1), Return::FirstFree);
-        assert_eq!(t.return_blocks(0, c16, 1), Return::Retired);
+        assert_eq!(t.reserve_blocks(0, c2k, 1), Reservation::Stale);
+        assert_eq!(t.return_blocks(0, c2k, 1), Return::FirstFree);
+        assert_eq!(t.return_blocks(0, c2k, 1), Return::Retired);
+        assert_eq!(t.load(0), SegmentState::Free);
     }
 }
