@@ -458,10 +458,10 @@ impl Heap {
     /// already formatted for it, else from a newly formatted one. A count of
     /// zero means the heap has no block of this class left.
     ///
-    /// Formatting is serialised per class (for classes with more than one
-    /// block per segment): when the class tree runs empty, every waiting
-    /// thread would otherwise format a segment of its own and scatter the
-    /// class over many barely used segments.
+    /// Formatting is serialised per class (unless the caller takes the whole
+    /// segment): when the class tree runs empty, every waiting thread would
+    /// otherwise format a segment of its own and scatter the class over many
+    /// barely used segments.
     #[inline(never)]
     fn claim_blocks(&self, class: SizeClass, want: u32) -> Claim {
         let tree = self.class_tree(class);
@@ -481,8 +481,9 @@ impl Heap {
                 }
                 continue;
             }
-            if class.blocks_per_segment() == 1 {
-                return self.format_segment(class, 1);
+            if class.blocks_per_segment() <= want {
+                // The caller takes the whole segment: nothing to scatter.
+                return self.format_segment(class, want);
             }
             // Acquire: the lock orders this thread after the previous
             // formatter's tree insert, which the re-check below must see.
