@@ -15,6 +15,20 @@ use crate::layout::Heap;
 use crate::selftest::SELFTEST_WORDS;
 use crate::workload;
 
+/// The size thread `t` works on: `sizes[t]`, or `size` when `sizes` is null.
+///
+/// # Safety
+/// A non-null `sizes` holds more than `t` words.
+#[inline(always)]
+unsafe fn size_for(size: u64, sizes: *const u64, t: u64) -> u64 {
+    if sizes.is_null() {
+        size
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { *sizes.add(t as usize) }
+    }
+}
+
 /// Allocates `size` bytes from the heap at `heap` (null on failure).
 ///
 /// # Safety
@@ -115,11 +129,7 @@ pub unsafe extern "ptx-kernel" fn heap_alloc(
     if t < n {
         // SAFETY: t < n and the arrays hold n words.
         unsafe {
-            let s = if sizes.is_null() {
-                size
-            } else {
-                *sizes.add(t as usize)
-            };
+            let s = size_for(size, sizes, t);
             *ptrs.add(t as usize) = heap.malloc(s) as u64;
         }
     }
@@ -188,11 +198,7 @@ pub unsafe extern "ptx-kernel" fn fill_pattern(
         // SAFETY: as documented.
         unsafe {
             let p = *ptrs.add(t as usize) as *mut u8;
-            let s = if sizes.is_null() {
-                size
-            } else {
-                *sizes.add(t as usize)
-            };
+            let s = size_for(size, sizes, t);
             if p.is_null() {
                 arch::fetch_add_relaxed(&*errors, 1);
             } else {
@@ -219,11 +225,7 @@ pub unsafe extern "ptx-kernel" fn verify_pattern(
         // SAFETY: as documented.
         unsafe {
             let p = *ptrs.add(t as usize) as *const u8;
-            let s = if sizes.is_null() {
-                size
-            } else {
-                *sizes.add(t as usize)
-            };
+            let s = size_for(size, sizes, t);
             if !p.is_null() {
                 let wrong = workload::verify(p, s, t);
                 if wrong != 0 {
@@ -291,11 +293,7 @@ pub unsafe extern "ptx-kernel" fn cuda_alloc(size: u64, sizes: *const u64, ptrs:
     if t < n {
         // SAFETY: as documented.
         unsafe {
-            let s = if sizes.is_null() {
-                size
-            } else {
-                *sizes.add(t as usize)
-            };
+            let s = size_for(size, sizes, t);
             *ptrs.add(t as usize) = malloc(s as usize) as u64;
         }
     }
@@ -336,11 +334,7 @@ pub unsafe extern "ptx-kernel" fn bump_alloc(
     }
     // SAFETY: as documented.
     unsafe {
-        let s = if sizes.is_null() {
-            size
-        } else {
-            *sizes.add(t as usize)
-        };
+        let s = size_for(size, sizes, t);
         let s = s.div_ceil(16) * 16;
         let mask = arch::active_mask();
         let lane = arch::lane_id();

@@ -1,6 +1,9 @@
 //! `HeapConfig`: what a user chooses when creating a heap.
 
-use gpu_kernel::layout::{CHECK_DOUBLE_FREE, NO_SPARES, TRAP_ON_MISUSE};
+use gpu_kernel::Heap;
+use gpu_kernel::layout::{CHECK_DOUBLE_FREE, LayoutError, NO_SPARES, TRAP_ON_MISUSE};
+
+use crate::error::{Error, Result};
 
 /// Options of a heap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +52,18 @@ impl HeapConfig {
             check_double_free: true,
             ..HeapConfig::unchecked(bytes)
         }
+    }
+
+    /// The layout (addresses left zero) of a heap of `bytes` with these
+    /// options.
+    pub fn layout(&self, bytes: u64) -> Result<Heap> {
+        Heap::layout_for_bytes(bytes, self.flags()).map_err(|e| Error::HeapSize {
+            bytes,
+            why: match e {
+                LayoutError::TooSmall => "smaller than one segment (16 MiB)",
+                LayoutError::TooLarge => "more segments than the heap supports",
+            },
+        })
     }
 
     /// The kernel-side flags.

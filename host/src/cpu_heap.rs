@@ -6,7 +6,6 @@ use std::alloc::{Layout, alloc, dealloc};
 
 use gpu_kernel::Heap;
 use gpu_kernel::arch::Word;
-use gpu_kernel::layout::LayoutError;
 use gpu_kernel::stats::HeapStats;
 
 use crate::config::HeapConfig;
@@ -37,14 +36,7 @@ impl CpuHeap {
             bytes: 0,
             why: "a CPU heap needs an explicit size",
         })?;
-        let mut heap =
-            Heap::layout_for_bytes(bytes, config.flags()).map_err(|e| Error::HeapSize {
-                bytes,
-                why: match e {
-                    LayoutError::TooSmall => "smaller than one segment (16 MiB)",
-                    LayoutError::TooLarge => "more segments than the heap supports",
-                },
-            })?;
+        let mut heap = config.layout(bytes)?;
         let data_layout =
             Layout::from_size_align(heap.data_bytes() as usize, DATA_ALIGN).map_err(|_| {
                 Error::HeapSize {

@@ -5,11 +5,10 @@
 use cudarc::driver::CudaSlice;
 use gpu_kernel::Heap;
 use gpu_kernel::class::SEGMENT_BYTES;
-use gpu_kernel::layout::LayoutError;
 use gpu_kernel::stats::HeapStats;
 
 use crate::config::HeapConfig;
-use crate::error::{DriverCall, Error, Result};
+use crate::error::{DriverCall, Result};
 use crate::gpu::{Arg, Gpu, HeapParam};
 
 /// Alignment of the data region (a segment's start is aligned to this).
@@ -30,14 +29,7 @@ impl DeviceHeap {
             Some(b) => b,
             None => (gpu.memory()?.0 as f64 * HeapConfig::DEFAULT_FREE_FRACTION) as u64,
         };
-        let mut heap =
-            Heap::layout_for_bytes(bytes, config.flags()).map_err(|e| Error::HeapSize {
-                bytes,
-                why: match e {
-                    LayoutError::TooSmall => "smaller than one segment (16 MiB)",
-                    LayoutError::TooLarge => "more segments than the heap supports",
-                },
-            })?;
+        let mut heap = config.layout(bytes)?;
         // SAFETY: the data region is written by its users before it is read.
         let data = unsafe {
             gpu.stream()

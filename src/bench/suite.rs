@@ -136,6 +136,17 @@ impl Bench {
         self.progress.set_position(0);
     }
 
+    /// Whether `name` has used its time for this test; if so says so and
+    /// counts the step as done.
+    fn over_budget(&self, name: &str) -> bool {
+        let over = self.spent.get(name).copied().unwrap_or(0.0) > ALLOCATOR_BUDGET_S;
+        if over {
+            eprintln!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
+            self.progress.inc(1);
+        }
+        over
+    }
+
     /// Shows what runs now: on the bar, or as a line when stderr is not a
     /// terminal (logs of long runs).
     fn step(&self, message: String) {
@@ -329,11 +340,7 @@ impl Bench {
             for i in 0..self.allocators.len() {
                 let name = self.allocators[i].name();
                 self.step(format!("frag {label} B: {}", name));
-                if self.spent.get(name).copied().unwrap_or(0.0) > ALLOCATOR_BUDGET_S {
-                    eprintln!(
-                        "skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test"
-                    );
-                    self.progress.inc(1);
+                if self.over_budget(name) {
                     continue;
                 }
                 let began = Instant::now();
@@ -393,11 +400,7 @@ impl Bench {
             for i in 0..self.allocators.len() {
                 let name = self.allocators[i].name();
                 self.step(format!("oom {size} B: {}", name));
-                if self.spent.get(name).copied().unwrap_or(0.0) > ALLOCATOR_BUDGET_S {
-                    eprintln!(
-                        "skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test"
-                    );
-                    self.progress.inc(1);
+                if self.over_budget(name) {
                     continue;
                 }
                 let began = Instant::now();
