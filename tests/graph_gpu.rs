@@ -15,7 +15,7 @@
 use gpumalloc::graph::batch::GroupedBatch;
 use gpumalloc::graph::device::{DeviceBatch, DeviceGraph, DevicePool, Pages};
 use gpumalloc::graph::reference::Reference;
-use gpumalloc::graph::rmat::Rmat;
+use gpumalloc::graph::rmat::{Rmat, SplitMix64};
 use gpumalloc::{DeviceHeap, Gpu, HeapConfig};
 
 const SCALE: u32 = 16;
@@ -37,19 +37,6 @@ fn gpu() -> Option<Gpu> {
         return None;
     }
     Some(gpumalloc::open_gpu(0).expect("a GPU is present but could not be opened"))
-}
-
-/// A deterministic LCG for picking edges.
-struct Picker(u64);
-
-impl Picker {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        ((self.0 >> 33) % n as u64) as usize
-    }
 }
 
 /// One graph on the GPU with its page source and host reference.
@@ -104,7 +91,7 @@ fn rounds(gpu: &Gpu, pages: Pages, expansion_only: bool) -> f64 {
         graph: DeviceGraph::new(gpu, stream.vertices as u64).unwrap(),
         reference: Reference::new(stream.vertices),
     };
-    let mut picker = Picker(SEED);
+    let mut picker = SplitMix64(SEED);
     let (loaded, per_round) = if expansion_only {
         (0, stream.edges.len() / ROUNDS)
     } else {

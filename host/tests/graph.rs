@@ -15,7 +15,7 @@ use gpu_kernel::graph::source::PageSource;
 use host::graph::batch::GroupedBatch;
 use host::graph::mtx::{self, MtxError};
 use host::graph::reference::Reference;
-use host::graph::rmat::Rmat;
+use host::graph::rmat::{Rmat, SplitMix64};
 use host::{CpuHeap, HeapConfig};
 
 fn read(text: &str) -> Result<host::graph::EdgeList, MtxError> {
@@ -288,14 +288,6 @@ impl HostGraph {
     }
 }
 
-/// A tiny deterministic generator for picking deletions.
-fn pick(seed: &mut u64, below: usize) -> usize {
-    *seed = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    ((*seed >> 33) % below as u64) as usize
-}
-
 /// Rounds of insert (fresh R-MAT edges, with duplicates) and delete (a third
 /// of the live edges plus absent ones), checked after every batch.
 fn rounds<S: PageSource + Sync>(source: &S, rounds: usize, delete: bool) -> HostGraph {
@@ -303,7 +295,7 @@ fn rounds<S: PageSource + Sync>(source: &S, rounds: usize, delete: bool) -> Host
     let mut reference = Reference::new(g.vertices);
     let graph = HostGraph::new(g.vertices);
     let per_round = g.edges.len() / rounds;
-    let mut seed = 5;
+    let mut picker = SplitMix64(5);
     for (r, chunk) in g.edges.chunks(per_round).take(rounds).enumerate() {
         reference.insert(chunk).unwrap();
         graph.apply(source, &GroupedBatch::new(chunk), true);
@@ -315,7 +307,7 @@ fn rounds<S: PageSource + Sync>(source: &S, rounds: usize, delete: bool) -> Host
                 .flat_map(|v| reference.edges(v).map(move |t| (v, t)))
                 .collect();
             let mut doomed: Vec<(u32, u32)> = (0..live.len() / 3)
-                .map(|_| live[pick(&mut seed, live.len())])
+                .map(|_| live[picker.below(live.len())])
                 .collect();
             doomed.extend((0..16).map(|i| (i, g.vertices - 1 - i)));
             reference.delete(&doomed).unwrap();

@@ -19,7 +19,7 @@
 use gpu_kernel::graph::page::EDGES_PER_PAGE;
 use host::graph::batch::GroupedBatch;
 use host::graph::device::{DeviceBatch, DeviceGraph, DevicePool, Pages};
-use host::graph::rmat::Rmat;
+use host::graph::rmat::{Rmat, SplitMix64};
 use host::{DeviceHeap, Gpu, HeapConfig, Result};
 
 use super::measure::Summary;
@@ -36,19 +36,6 @@ pub const EDGE_FACTOR: u32 = 16;
 pub const BATCHES: [usize; 2] = [10_000, 100_000];
 /// Bytes of our heap for the graph (pages are 128 bytes).
 const HEAP_BYTES: u64 = 4 << 30;
-
-/// A deterministic LCG for picking deleted edges.
-struct Picker(u64);
-
-impl Picker {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        ((self.0 >> 33) % n as u64) as usize
-    }
-}
 
 /// One configuration's rounds; returns per-round milliseconds and whether
 /// no kernel counted an error.
@@ -67,7 +54,7 @@ fn rounds(
         pages,
         &DeviceBatch::new(gpu, &GroupedBatch::new(&stream[..loaded]))?,
     )?;
-    let mut picker = Picker(seed);
+    let mut picker = SplitMix64(seed);
     let mut at = loaded;
     let mut samples = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
