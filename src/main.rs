@@ -44,11 +44,13 @@ enum Cmd {
     },
 }
 
-const TESTS: [&str; 7] = ["single", "mixed", "frag", "oom", "init", "warm", "scaling"];
+const TESTS: [&str; 8] = [
+    "single", "mixed", "frag", "oom", "init", "warm", "scaling", "graph",
+];
 
 #[derive(Args, Clone)]
 struct BenchArgs {
-    /// single, mixed, scaling, frag, oom, init, warm or all.
+    /// single, mixed, scaling, frag, oom, init, warm, graph or all.
     test: String,
     /// Threads, one allocation each (default 2^20; 2^18 on the CPU).
     #[arg(long)]
@@ -223,6 +225,9 @@ fn run_gpu(
 ) -> host::Result<Vec<gpumalloc::bench::report::Record>> {
     if test == "init" {
         return suite::init(gpu, &opts);
+    }
+    if test == "graph" {
+        return gpumalloc::bench::graph::run(gpu, &opts);
     }
     let mut b = Bench::new(gpu, opts)?;
     let records = match test {

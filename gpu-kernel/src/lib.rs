@@ -30,6 +30,7 @@
 pub mod arch;
 pub mod block;
 pub mod class;
+pub mod graph;
 pub mod heap;
 pub mod layout;
 pub mod segment;

@@ -7,6 +7,8 @@
 //! - [`device_heap::DeviceHeap`]: a heap in GPU memory.
 //! - [`cpu_heap::CpuHeap`]: the same heap in host memory, used by host threads
 //!   (tests, and the benchmark when no GPU is present).
+//! - [`graph`]: dynamic-graph workloads (R-MAT, `.mtx`, reference model, the
+//!   graph on a GPU).
 //! - [`selftest`]: runs `gpumalloc_selftest` and checks every result.
 
 pub mod config;
@@ -14,6 +16,7 @@ pub mod cpu_heap;
 pub mod device_heap;
 pub mod error;
 pub mod gpu;
+pub mod graph;
 pub mod lake;
 pub mod selftest;
 

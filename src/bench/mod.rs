@@ -8,11 +8,13 @@
 //!   `init`, `warm`).
 //! - [`report`]: records, the summary table, CSV and JSON files.
 //! - [`plot`]: PNG figures from the records.
+//! - [`graph`]: dynamic-graph update rounds per page source (issue 5).
 //! - [`cpu`]: the same tests of our allocator on host threads, when no GPU
 //!   is present.
 
 pub mod allocator;
 pub mod cpu;
+pub mod graph;
 pub mod measure;
 pub mod plot;
 pub mod report;

@@ -1,0 +1,25 @@
+//! A dynamic graph on the device heap, in the style of faimGraph (Winter et
+//! al., SC 2018): every vertex owns a chain of fixed-size [`page::Page`]s of
+//! edges, and the update kernels take and return pages *inside* the kernel
+//! through a [`source::PageSource`]: our [`crate::Heap`], CUDA's device
+//! `malloc` (GPU only, in [`kernels`]) or a pre-allocated
+//! [`pool::PagePool`] with a lock-free free list (faimGraph's own way).
+//!
+//! Updates come in batches grouped by source vertex ([`adjacency::Batch`]):
+//! one thread owns one source vertex for the whole kernel, so no two threads
+//! ever touch the same chain and no per-vertex lock is needed. The host sorts
+//! the batch once (it builds it anyway); the price is load imbalance on hub
+//! vertices, which an R-MAT batch has, but a lock per vertex would serialise
+//! those same hub updates anyway and add spinning threads to the warp.
+//!
+//! The logic ([`adjacency`]) is generic over the page source and builds for the
+//! host as well, so a CPU test runs it with host threads over a
+//! `host::CpuHeap` and compares with a reference model.
+
+pub mod adjacency;
+pub mod page;
+pub mod pool;
+pub mod source;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod kernels;

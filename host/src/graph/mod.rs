@@ -1,0 +1,25 @@
+//! Dynamic-graph workloads (issue 5): input graphs and a host reference.
+//!
+//! - [`mtx`]: a Matrix Market reader for users' graphs.
+//! - [`rmat`]: a deterministic seeded R-MAT generator.
+//! - [`reference`]: the host model every device result is checked against.
+//! - [`batch`]: an update batch grouped by source vertex, the form the
+//!   device kernels (`gpu_kernel::graph`) take.
+//! - [`device`]: the graph on a GPU, for each page source.
+//!
+//! Vertex ids are `0..vertices` (the `.mtx` reader converts from 1-based).
+
+pub mod batch;
+pub mod device;
+pub mod mtx;
+pub mod reference;
+pub mod rmat;
+
+/// A directed graph as an edge list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EdgeList {
+    /// Vertices, numbered `0..vertices`.
+    pub vertices: u32,
+    /// Edges `(source, target)`; may hold duplicates and self-loops.
+    pub edges: Vec<(u32, u32)>,
+}

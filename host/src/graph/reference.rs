@@ -1,0 +1,94 @@
+//! `Reference`: the host model of a dynamic graph that device results are
+//! checked against. Per-vertex sorted edge sets; single-threaded.
+
+use std::collections::BTreeSet;
+
+/// A dynamic directed graph on the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reference {
+    adjacency: Vec<BTreeSet<u32>>,
+}
+
+impl Reference {
+    /// A graph of `vertices` vertices and no edges.
+    pub fn new(vertices: u32) -> Reference {
+        Reference {
+            adjacency: vec![BTreeSet::new(); vertices as usize],
+        }
+    }
+
+    /// Vertices.
+    pub fn vertices(&self) -> u32 {
+        self.adjacency.len() as u32
+    }
+
+    fn check(&self, edges: &[(u32, u32)]) -> Result<(), String> {
+        let n = self.vertices();
+        match edges.iter().find(|&&(s, t)| s >= n || t >= n) {
+            Some(&(s, t)) => Err(format!(
+                "edge {s} -> {t} names a vertex outside 0..{n} of the graph"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Inserts a batch (duplicates ignored); returns how many edges are new.
+    /// An edge with an id out of range rejects the whole batch.
+    pub fn insert(&mut self, edges: &[(u32, u32)]) -> Result<u64, String> {
+        self.check(edges)?;
+        Ok(edges
+            .iter()
+            .filter(|&&(s, t)| self.adjacency[s as usize].insert(t))
+            .count() as u64)
+    }
+
+    /// Deletes a batch (absent edges ignored); returns how many were there.
+    pub fn delete(&mut self, edges: &[(u32, u32)]) -> Result<u64, String> {
+        self.check(edges)?;
+        Ok(edges
+            .iter()
+            .filter(|&&(s, t)| self.adjacency[s as usize].remove(&t))
+            .count() as u64)
+    }
+
+    /// The targets of `v`, ascending.
+    pub fn edges(&self, v: u32) -> impl Iterator<Item = u32> + '_ {
+        self.adjacency[v as usize].iter().copied()
+    }
+
+    /// Out-degree of `v`.
+    pub fn degree(&self, v: u32) -> usize {
+        self.adjacency[v as usize].len()
+    }
+
+    /// Edges in all.
+    pub fn edge_count(&self) -> u64 {
+        self.adjacency.iter().map(|s| s.len() as u64).sum()
+    }
+
+    /// The first vertex whose edges differ from `adjacency` (one sorted or
+    /// unsorted list per vertex), described; `None` if all agree.
+    pub fn first_difference(&self, adjacency: &[Vec<u32>]) -> Option<String> {
+        if adjacency.len() != self.adjacency.len() {
+            return Some(format!(
+                "{} vertices, the reference has {}",
+                adjacency.len(),
+                self.adjacency.len()
+            ));
+        }
+        for (v, (got, want)) in adjacency.iter().zip(&self.adjacency).enumerate() {
+            let mut sorted = got.clone();
+            sorted.sort_unstable();
+            if !sorted.iter().copied().eq(want.iter().copied()) {
+                return Some(format!(
+                    "vertex {v}: {} edges {:?}…, the reference has {} {:?}…",
+                    sorted.len(),
+                    &sorted[..sorted.len().min(8)],
+                    want.len(),
+                    want.iter().take(8).collect::<Vec<_>>()
+                ));
+            }
+        }
+        None
+    }
+}

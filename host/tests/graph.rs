@@ -1,0 +1,382 @@
+//! CPU tests of the dynamic-graph workload (issue 5): the `.mtx` reader
+//! (valid, malformed, symmetric, general), the R-MAT generator (determinism,
+//! degree skew), the reference model, batch grouping, and the device graph
+//! logic itself (`gpu_kernel::graph`) run by host threads over a `CpuHeap` and
+//! over a host-memory page pool, checked against the reference after every
+//! round. Fixed seeds throughout.
+
+use std::io::Cursor;
+
+use gpu_kernel::arch::Word;
+use gpu_kernel::graph::adjacency::{ERROR_WORDS, Graph, GraphError};
+use gpu_kernel::graph::page::{EDGES_PER_PAGE, PAGE_BYTES};
+use gpu_kernel::graph::pool::PagePool;
+use gpu_kernel::graph::source::PageSource;
+use host::graph::batch::GroupedBatch;
+use host::graph::mtx::{self, MtxError};
+use host::graph::reference::Reference;
+use host::graph::rmat::{Rmat, SplitMix64};
+use host::{CpuHeap, HeapConfig};
+
+fn read(text: &str) -> Result<host::graph::EdgeList, MtxError> {
+    mtx::read(Cursor::new(text))
+}
+
+#[test]
+fn mtx_general_pattern_and_comments() {
+    let g = read(
+        "%%MatrixMarket matrix coordinate pattern general\n% a comment\n\n3 3 3\n1 2\n2 3\n% late\n3 1\n",
+    )
+    .unwrap();
+    assert_eq!(g.vertices, 3);
+    assert_eq!(g.edges, vec![(0, 1), (1, 2), (2, 0)]);
+}
+
+#[test]
+fn mtx_symmetric_real_gives_both_directions() {
+    let g =
+        read("%%MatrixMarket matrix coordinate real symmetric\n3 3 3\n2 1 0.5\n3 3 1e3\n3 1 -2\n")
+            .unwrap();
+    assert_eq!(g.edges, vec![(1, 0), (0, 1), (2, 2), (2, 0), (0, 2)]);
+}
+
+#[test]
+fn mtx_integer_general_rectangular() {
+    let g =
+        read("%%MatrixMarket matrix coordinate integer general\n2 4 2\n1 4 7\n2 1 -3\n").unwrap();
+    assert_eq!((g.vertices, g.edges), (4, vec![(0, 3), (1, 0)]));
+}
+
+fn line_of(e: MtxError) -> usize {
+    match e {
+        MtxError::Malformed { line, .. } | MtxError::OutOfRange { line, .. } => line,
+        other => panic!("expected a line number, got {other}"),
+    }
+}
+
+#[test]
+fn mtx_malformed_files_name_the_line() {
+    let cases = [
+        ("", 1),
+        ("%%MatrixMarket matrix array real general\n2 2\n", 1),
+        ("%%MatrixMarket matrix coordinate complex general\n", 1),
+        ("%%MatrixMarket matrix coordinate pattern hermitian\n", 1),
+        ("%%MatrixMarket matrix coordinate pattern general\n", 1),
+        ("%%MatrixMarket matrix coordinate pattern general\n2 2\n", 2),
+        (
+            "%%MatrixMarket matrix coordinate pattern general\n2 2 1\n1 x\n",
+            3,
+        ),
+        (
+            "%%MatrixMarket matrix coordinate real general\n2 2 1\n1 2\n",
+            3,
+        ),
+        (
+            "%%MatrixMarket matrix coordinate integer general\n2 2 1\n1 2 1.5\n",
+            3,
+        ),
+        (
+            "%%MatrixMarket matrix coordinate pattern general\n2 2 1\n1 2\n2 1\n",
+            4,
+        ),
+        (
+            "%%MatrixMarket matrix coordinate pattern general\n2 2 3\n1 2\n2 1\n",
+            4,
+        ),
+        (
+            "%%MatrixMarket matrix coordinate pattern symmetric\n2 3 1\n1 2\n",
+            2,
+        ),
+        (
+            "%%MatrixMarket matrix coordinate pattern general\n2 2 1\n3 1\n",
+            3,
+        ),
+        (
+            "%%MatrixMarket matrix coordinate pattern general\n2 2 1\n1 0\n",
+            3,
+        ),
+    ];
+    for (text, line) in cases {
+        let e = read(text).expect_err(text);
+        let message = e.to_string();
+        assert_eq!(line_of(e), line, "{text:?}: {message}");
+        assert!(message.contains(&format!("line {line}")), "{message}");
+    }
+}
+
+#[test]
+fn mtx_out_of_range_and_empty() {
+    let e = read("%%MatrixMarket matrix coordinate pattern general\n2 2 1\n1 9\n").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            MtxError::OutOfRange {
+                line: 3,
+                vertex: 9,
+                vertices: 2
+            }
+        ),
+        "{e}"
+    );
+    for text in [
+        "%%MatrixMarket matrix coordinate pattern general\n0 0 0\n",
+        "%%MatrixMarket matrix coordinate pattern general\n5 5 0\n",
+    ] {
+        assert!(matches!(read(text), Err(MtxError::Empty)), "{text}");
+    }
+    assert!(matches!(
+        mtx::read_file(std::path::Path::new("/nonexistent/graph.mtx")),
+        Err(MtxError::Io(_))
+    ));
+}
+
+#[test]
+fn rmat_is_deterministic_and_skewed() {
+    let a = Rmat::new(14, 16, 7).generate().unwrap();
+    let b = Rmat::new(14, 16, 7).generate().unwrap();
+    let c = Rmat::new(14, 16, 8).generate().unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a.edges, c.edges);
+    assert_eq!(a.vertices, 1 << 14);
+    assert_eq!(a.edges.len(), 16 << 14);
+    assert!(
+        a.edges
+            .iter()
+            .all(|&(s, t)| s < a.vertices && t < a.vertices)
+    );
+    let mut degree = vec![0u64; a.vertices as usize];
+    for &(s, _) in &a.edges {
+        degree[s as usize] += 1;
+    }
+    let mean = a.edges.len() as f64 / a.vertices as f64;
+    let max = *degree.iter().max().unwrap() as f64;
+    assert!(max > 20.0 * mean, "max degree {max}, mean {mean}");
+    assert!(Rmat::new(0, 16, 1).generate().is_err());
+    assert!(Rmat::new(10, 0, 1).generate().is_err());
+    let mut bad = Rmat::new(10, 4, 1);
+    bad.a = 0.9;
+    assert!(bad.generate().is_err());
+}
+
+#[test]
+fn reference_model_inserts_and_deletes_sets() {
+    let mut r = Reference::new(4);
+    assert_eq!(r.insert(&[(0, 1), (0, 1), (0, 2), (3, 3)]).unwrap(), 3);
+    assert_eq!(r.insert(&[(0, 2), (1, 0)]).unwrap(), 1);
+    assert_eq!(r.edges(0).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(r.edge_count(), 4);
+    assert_eq!(r.delete(&[(0, 1), (0, 1), (2, 0)]).unwrap(), 1);
+    assert_eq!((r.degree(0), r.edge_count()), (1, 3));
+    assert!(r.insert(&[(0, 4)]).is_err());
+    assert!(r.delete(&[(7, 0)]).is_err());
+    assert_eq!(r.edge_count(), 3, "a rejected batch changes nothing");
+    let same = vec![vec![2], vec![0], vec![], vec![3]];
+    assert_eq!(r.first_difference(&same), None);
+    let other = vec![vec![2], vec![], vec![], vec![3]];
+    assert!(r.first_difference(&other).unwrap().starts_with("vertex 1"));
+}
+
+#[test]
+fn batches_group_by_source() {
+    let b = GroupedBatch::new(&[(3, 1), (0, 2), (3, 0), (0, 2)]);
+    assert_eq!(b.sources, vec![0, 3]);
+    assert_eq!(b.offsets, vec![0, 2, 4]);
+    assert_eq!(b.entry(1), (3, &[1u64, 0][..]));
+    assert!(GroupedBatch::new(&[]).is_empty());
+}
+
+/// A page pool in host memory.
+struct HostPool {
+    _pages: Vec<u64>,
+    words: Vec<Word>,
+    pool: PagePool,
+}
+
+impl HostPool {
+    fn new(capacity: u64) -> HostPool {
+        let pages = vec![0u64; (PagePool::page_bytes(capacity) / 8) as usize];
+        let mut image = vec![0u64; PagePool::words(capacity) as usize];
+        PagePool::write_initial_words(capacity, &mut image);
+        let words: Vec<Word> = image.into_iter().map(Word::new).collect();
+        let pool = PagePool {
+            pages: pages.as_ptr() as u64,
+            words: words.as_ptr() as u64,
+            capacity,
+        };
+        HostPool {
+            _pages: pages,
+            words,
+            pool,
+        }
+    }
+
+    fn free_pages(&self) -> u64 {
+        let words: Vec<u64> = self
+            .words
+            .iter()
+            .map(gpu_kernel::arch::load_relaxed)
+            .collect();
+        PagePool::free_pages(&words)
+    }
+}
+
+/// The device graph in host memory.
+struct HostGraph {
+    heads: Vec<Word>,
+    errors: Vec<Word>,
+}
+
+const THREADS: usize = 4;
+
+impl HostGraph {
+    fn new(vertices: u32) -> HostGraph {
+        HostGraph {
+            heads: (0..vertices).map(|_| Word::new(0)).collect(),
+            errors: (0..ERROR_WORDS).map(|_| Word::new(0)).collect(),
+        }
+    }
+
+    fn graph(&self) -> Graph {
+        Graph {
+            heads: self.heads.as_ptr() as u64,
+            vertices: self.heads.len() as u64,
+            errors: self.errors.as_ptr() as u64,
+        }
+    }
+
+    /// Applies `batch` with `THREADS` host threads, entry `i` on thread
+    /// `i % THREADS` (each source once, as on the GPU).
+    fn apply<S: PageSource + Sync>(&self, source: &S, batch: &GroupedBatch, insert: bool) {
+        let graph = self.graph();
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                s.spawn(move || {
+                    for i in (t..batch.len() as usize).step_by(THREADS) {
+                        let (v, targets) = batch.entry(i);
+                        if insert {
+                            graph.insert(source, v, targets);
+                        } else {
+                            graph.delete(source, v, targets);
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    fn adjacency(&self) -> Vec<Vec<u32>> {
+        let graph = self.graph();
+        (0..graph.vertices)
+            .map(|v| {
+                let mut out = vec![0u64; graph.degree(v) as usize];
+                // SAFETY: `out` holds degree(v) words.
+                unsafe { graph.export(v, out.as_mut_ptr()) };
+                out.into_iter().map(|e| e as u32).collect()
+            })
+            .collect()
+    }
+
+    fn clear<S: PageSource>(&self, source: &S) {
+        let graph = self.graph();
+        for v in 0..graph.vertices {
+            graph.clear(source, v);
+        }
+    }
+
+    fn error(&self, e: GraphError) -> u64 {
+        gpu_kernel::arch::load_relaxed(&self.errors[e as usize])
+    }
+}
+
+/// Rounds of insert (fresh R-MAT edges, with duplicates) and delete (a third
+/// of the live edges plus absent ones), checked after every batch.
+fn rounds<S: PageSource + Sync>(source: &S, rounds: usize, delete: bool) -> HostGraph {
+    let g = Rmat::new(10, 16, 3).generate().unwrap();
+    let mut reference = Reference::new(g.vertices);
+    let graph = HostGraph::new(g.vertices);
+    let per_round = g.edges.len() / rounds;
+    let mut picker = SplitMix64(5);
+    for (r, chunk) in g.edges.chunks(per_round).take(rounds).enumerate() {
+        reference.insert(chunk).unwrap();
+        graph.apply(source, &GroupedBatch::new(chunk), true);
+        if let Some(d) = reference.first_difference(&graph.adjacency()) {
+            panic!("round {r} insert: {d}");
+        }
+        if delete {
+            let live: Vec<(u32, u32)> = (0..g.vertices)
+                .flat_map(|v| reference.edges(v).map(move |t| (v, t)))
+                .collect();
+            let mut doomed: Vec<(u32, u32)> = (0..live.len() / 3)
+                .map(|_| live[picker.below(live.len())])
+                .collect();
+            doomed.extend((0..16).map(|i| (i, g.vertices - 1 - i)));
+            reference.delete(&doomed).unwrap();
+            graph.apply(source, &GroupedBatch::new(&doomed), false);
+            if let Some(d) = reference.first_difference(&graph.adjacency()) {
+                panic!("round {r} delete: {d}");
+            }
+        }
+    }
+    assert_eq!(graph.error(GraphError::PageExhausted), 0);
+    assert_eq!(graph.error(GraphError::OutOfRange), 0);
+    graph
+}
+
+fn cpu_heap() -> CpuHeap {
+    CpuHeap::new(HeapConfig {
+        bytes: Some(64 << 20),
+        check_double_free: true,
+        trap_on_misuse: true,
+    })
+    .unwrap()
+}
+
+#[test]
+fn graph_on_the_cpu_heap_matches_the_reference() {
+    let heap = cpu_heap();
+    for delete in [true, false] {
+        let graph = rounds(heap.heap(), 20, delete);
+        graph.clear(heap.heap());
+        heap.flush();
+        let s = heap.stats();
+        assert_eq!(s.live_bytes, 0, "{s:?}");
+        assert_eq!(s.free_segments, s.segments, "{s:?}");
+    }
+}
+
+#[test]
+fn graph_on_the_page_pool_matches_the_reference() {
+    let capacity = 1 << 16;
+    let pool = HostPool::new(capacity);
+    assert_eq!(pool.free_pages(), capacity);
+    for delete in [true, false] {
+        let graph = rounds(&pool.pool, 20, delete);
+        assert!(pool.free_pages() < capacity);
+        graph.clear(&pool.pool);
+        assert_eq!(pool.free_pages(), capacity, "every page back in the pool");
+    }
+}
+
+#[test]
+fn exhausted_pool_and_bad_ids_are_counted() {
+    let pool = HostPool::new(2);
+    let graph = HostGraph::new(4);
+    let edges: Vec<(u32, u32)> = (0..(3 * EDGES_PER_PAGE) as u32)
+        .map(|t| (0, t % 4))
+        .collect();
+    graph.apply(&pool.pool, &GroupedBatch::new(&edges), true);
+    assert_eq!(graph.adjacency()[0].len(), 4, "duplicates ignored");
+    let many: Vec<(u32, u32)> = (0..3).map(|s| (s, 1)).collect();
+    graph.apply(&pool.pool, &GroupedBatch::new(&many), true);
+    assert_eq!(
+        graph.error(GraphError::PageExhausted),
+        1,
+        "third vertex gets no page"
+    );
+    graph.apply(&pool.pool, &GroupedBatch::new(&[(9, 0), (1, 9)]), true);
+    assert_eq!(graph.error(GraphError::OutOfRange), 2);
+    assert_eq!(pool.free_pages(), 0);
+    graph.clear(&pool.pool);
+    assert_eq!(pool.free_pages(), 2);
+    assert_eq!(PAGE_BYTES, 128);
+}
