@@ -4,6 +4,9 @@
 //!
 //! Run: `cargo bench --bench host_paths`.
 
+// criterion_group! defines an undocumented public function.
+#![allow(missing_docs)]
+
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};

@@ -151,11 +151,7 @@ fn assert_heap_whole(heap: &DeviceHeap, what: &str) {
 #[test]
 fn graph_updates_on_our_heap() {
     let Some(gpu) = gpu() else { return };
-    let config = HeapConfig {
-        bytes: Some(HEAP_BYTES),
-        check_double_free: true,
-        trap_on_misuse: false,
-    };
+    let config = HeapConfig::checked(HEAP_BYTES);
     let heap = DeviceHeap::new(&gpu, config).unwrap();
     for expansion_only in [false, true] {
         rounds(&gpu, Pages::Heap(&heap), expansion_only);

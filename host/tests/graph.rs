@@ -324,9 +324,8 @@ fn rounds<S: PageSource + Sync>(source: &S, rounds: usize, delete: bool) -> Host
 
 fn cpu_heap() -> CpuHeap {
     CpuHeap::new(HeapConfig {
-        bytes: Some(64 << 20),
-        check_double_free: true,
         trap_on_misuse: true,
+        ..HeapConfig::checked(64 << 20)
     })
     .unwrap()
 }

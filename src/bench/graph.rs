@@ -93,7 +93,7 @@ pub fn run(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
     if opts.allocators.iter().any(|a| a == "cuda-malloc") {
         gpu.set_malloc_heap_size(opts.heap)?;
     }
-    let heap = DeviceHeap::new(gpu, HeapConfig::with_bytes(HEAP_BYTES))?;
+    let heap = DeviceHeap::new(gpu, HeapConfig::unchecked(HEAP_BYTES))?;
     let mut records = Vec::new();
     for scale in SCALES {
         let rmat = Rmat::new(scale, EDGE_FACTOR, opts.seed);
