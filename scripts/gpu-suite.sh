@@ -24,6 +24,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 step "$OUT/selftest.log" "$BIN/gpumalloc" selftest
 step "$OUT/tests.log" "$BIN/test-gpu" --test-threads=1 --nocapture
 step "$OUT/lake.log" "$BIN/test-lake_gpu" --test-threads=1 --nocapture
+step "$OUT/graph.log" "$BIN/test-graph_gpu" --test-threads=1 --nocapture
 step "$OUT/example.log" "$BIN/user_kernel"
 if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do

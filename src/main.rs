@@ -297,8 +297,25 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
 }
 
 fn plot_dir(dir: &Path) -> Result<(), String> {
-    let results = Results::read(dir, "results")
-        .map_err(|e| format!("{}/results.json: {e}", dir.display()))?;
+    // results.json from `bench all`, else every per-test file merged.
+    let results = match Results::read(dir, "results") {
+        Ok(r) => r,
+        Err(_) => {
+            let mut merged = Results::default();
+            for test in TESTS {
+                if let Ok(r) = Results::read(dir, test) {
+                    merged.info = r.info;
+                    merged.records.extend(r.records);
+                }
+            }
+            if merged.records.is_empty() {
+                return Err(format!("no results in {}", dir.display()));
+            }
+            merged.write(dir, "results").map_err(|e| e.to_string())?;
+            println!("{}", merged.table());
+            merged
+        }
+    };
     match plot::plot_all(&results, dir) {
         Ok(files) => {
             println!("wrote {} figures to {}", files.len(), dir.display());
