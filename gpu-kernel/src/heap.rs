@@ -612,6 +612,34 @@ impl Heap {
         Some(self.segment_address(head))
     }
 
+    /// Publishes an *absent* segment (one the heap was created without, or
+    /// that [`Heap::withdraw_free_segment`] took out): inserts it into the
+    /// segment tree, where allocations find it. Safe while other threads
+    /// allocate: the insert is an acq_rel RMW, so whatever the host did
+    /// before the launch (mapping the segment's memory) happens before any
+    /// thread that claims it. Returns false (and does nothing) for an id
+    /// beyond the heap or a segment in use.
+    ///
+    /// The caller must pass only absent ids: a present free segment is
+    /// already in the tree (inserting it again is harmless), but one that
+    /// another thread has just claimed would be handed out twice.
+    pub fn add_segment(&self, segment: u32) -> bool {
+        if segment >= self.segments || self.table().load(segment) != SegmentState::Free {
+            return false;
+        }
+        self.segment_tree().insert(segment);
+        true
+    }
+
+    /// Takes the highest free segment out of the segment tree and returns
+    /// its id: it is now absent, reachable by no allocation, and its memory
+    /// may be unmapped. The removal is the same claim allocations make, so a
+    /// segment is withdrawn or allocated, never both. `None` when no segment
+    /// is wholly free (flush the slots first to return partly used blocks).
+    pub fn withdraw_free_segment(&self) -> Option<u32> {
+        self.segment_tree().claim_run_from_top(1)
+    }
+
     /// Frees memory returned by [`Heap::malloc`]. Null is ignored. A pointer
     /// this heap never handed out is ignored and counted (`InvalidFrees`);
     /// a detected double free is ignored and counted (`DoubleFrees`); with

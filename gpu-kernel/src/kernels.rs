@@ -160,6 +160,52 @@ pub extern "ptx-kernel" fn heap_flush(heap: Heap) {
     }
 }
 
+/// Thread `t` publishes absent segment `ids[t]` (`Heap::add_segment`);
+/// `added` counts those published.
+///
+/// # Safety
+/// `ids` holds `n` words of absent segment ids; `added` is one word.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn heap_grow(
+    heap: Heap,
+    ids: *const u64,
+    added: *const Word,
+    n: u64,
+) {
+    let t = arch::global_thread_index();
+    if t < n {
+        // SAFETY: t < n; added is one word.
+        unsafe {
+            if heap.add_segment(*ids.add(t as usize) as u32) {
+                arch::fetch_add_relaxed(&*added, 1);
+            }
+        }
+    }
+}
+
+/// One thread withdraws up to `max` wholly free segments from the top
+/// (`Heap::withdraw_free_segment`) into `ids` and their count into `count`.
+///
+/// # Safety
+/// `ids` holds `max` words; `count` is one word.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn heap_trim(heap: Heap, max: u64, ids: *mut u64, count: *mut u64) {
+    if arch::global_thread_index() != 0 {
+        return;
+    }
+    let mut k = 0;
+    while k < max {
+        let Some(segment) = heap.withdraw_free_segment() else {
+            break;
+        };
+        // SAFETY: k < max.
+        unsafe { *ids.add(k as usize) = segment as u64 };
+        k += 1;
+    }
+    // SAFETY: count is one word.
+    unsafe { *count = k };
+}
+
 /// Sizes for a mixed run: `sizes[t] = mixed_size(seed, t, lo, hi)`.
 ///
 /// # Safety

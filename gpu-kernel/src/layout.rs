@@ -166,8 +166,15 @@ impl Heap {
     /// Writes the initial metadata image into `words` (which must be zero):
     /// every segment free, in the segment tree.
     pub fn write_initial_metadata(&self, words: &mut [u64]) {
+        self.write_initial_metadata_with(words, self.segments);
+    }
+
+    /// Like [`Heap::write_initial_metadata`], with only the first `present`
+    /// segments in the segment tree: the rest are absent until
+    /// [`Heap::add_segment`] publishes them (a heap that grows).
+    pub fn write_initial_metadata_with(&self, words: &mut [u64], present: u32) {
         let at = self.trees_at as usize;
         self.tree
-            .full_image(&mut words[at..at + self.tree.words as usize]);
+            .prefix_image(present, &mut words[at..at + self.tree.words as usize]);
     }
 }

@@ -79,16 +79,21 @@ impl TreeShape {
 
     /// The words of a tree holding every id of the universe.
     pub fn full_image(&self, out: &mut [u64]) {
-        assert!(out.len() >= self.words as usize);
-        let mut bits = self.universe as u64;
+        self.prefix_image(self.universe, out);
+    }
+
+    /// The words of a tree holding the ids `0..count` (`count <= universe`).
+    pub fn prefix_image(&self, count: u32, out: &mut [u64]) {
+        assert!(out.len() >= self.words as usize && count <= self.universe);
+        // Set bits at each level: `count` leaves, then one per non-empty word.
+        let mut bits = count as u64;
         for l in 0..self.levels as usize {
             for w in 0..self.level_words[l] as u64 {
-                let lo = w * 64;
-                let n = bits.saturating_sub(lo).min(64);
+                let n = bits.saturating_sub(w * 64).min(64);
                 out[(self.level_start[l] as u64 + w) as usize] =
                     if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
             }
-            bits = self.level_words[l] as u64;
+            bits = bits.div_ceil(64);
         }
     }
 }
@@ -373,6 +378,30 @@ mod tests {
             assert_eq!(t.claim_lowest(), Some(i));
         }
         assert_eq!(t.claim_lowest(), None);
+    }
+
+    #[test]
+    fn prefix_image_holds_exactly_the_prefix() {
+        for (universe, count) in [
+            (300u32, 0u32),
+            (300, 1),
+            (300, 64),
+            (300, 65),
+            (5000, 4097),
+            (5000, 5000),
+        ] {
+            let shape = TreeShape::new(universe);
+            let mut image = std::vec![0u64; shape.words as usize];
+            shape.prefix_image(count, &mut image);
+            let w: Vec<Word> = image.iter().map(|&v| Word::new(v)).collect();
+            let t = VebTree::new(&w, &shape);
+            assert_eq!(t.count(), count);
+            assert_eq!(t.successor(0), (count > 0).then_some(0));
+            if count > 0 {
+                assert_eq!(t.successor(count - 1), Some(count - 1));
+            }
+            assert_eq!(t.successor(count), None);
+        }
     }
 
     #[test]

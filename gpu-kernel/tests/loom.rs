@@ -6,6 +6,8 @@
 //! - A tree's hint bits: a remove that empties a word racing an insert into
 //!   the same word must leave the id findable (the re-check RMW of `veb`).
 //! - Claiming: two claims of the lowest id never get the same id.
+//! - Trimming: withdrawing the top free segment racing an allocation's
+//!   claim of the lowest gives the one free segment to exactly one of them.
 //! - Block counters: of a free and a slot retire racing to complete a block,
 //!   exactly one completes it.
 //! - Segment return: a reservation racing the return of a segment's last
@@ -70,6 +72,23 @@ fn two_claims_get_different_ids() {
         got.sort();
         assert_eq!(got, [5, 70]);
         assert_eq!(VebTree::new(&w, &SHAPE).successor(0), None);
+    });
+}
+
+#[test]
+fn a_withdrawal_and_a_claim_never_share_a_segment() {
+    model(|| {
+        let w = words(SHAPE.words);
+        VebTree::new(&w, &SHAPE).insert(70);
+        let w1 = w.clone();
+        let t = thread::spawn(move || VebTree::new(&w1, &SHAPE).claim_run_from_top(1));
+        let claimed = VebTree::new(&w, &SHAPE).claim_lowest();
+        let withdrawn = t.join().unwrap();
+        assert!(
+            claimed.is_some() ^ withdrawn.is_some(),
+            "{claimed:?} {withdrawn:?}"
+        );
+        assert_eq!(claimed.or(withdrawn), Some(70));
     });
 }
 

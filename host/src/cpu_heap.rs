@@ -3,6 +3,8 @@
 //! exact allocator code the GPU runs, minus warp coalescing.
 
 use std::alloc::{Layout, alloc, dealloc};
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 
 use gpu_kernel::Heap;
 use gpu_kernel::arch::Word;
@@ -20,6 +22,8 @@ pub struct CpuHeap {
     data: *mut u8,
     data_layout: Layout,
     metadata: Vec<Word>,
+    /// Segments in no tree (not yet added, or trimmed).
+    absent: Mutex<BTreeSet<u32>>,
 }
 
 // SAFETY: all shared state is reached through atomics (`Word`); `data` is
@@ -32,6 +36,12 @@ impl CpuHeap {
     /// A heap of `config.bytes` (required on the CPU) bytes, rounded down
     /// to whole segments.
     pub fn new(config: HeapConfig) -> Result<CpuHeap> {
+        CpuHeap::growable(config, u32::MAX)
+    }
+
+    /// A heap laid out for `config.bytes` of which only the first `present`
+    /// segments are usable until [`CpuHeap::grow`] adds more.
+    pub fn growable(config: HeapConfig, present: u32) -> Result<CpuHeap> {
         let bytes = config.bytes.ok_or(Error::HeapSize {
             bytes: 0,
             why: "a CPU heap needs an explicit size",
@@ -52,12 +62,14 @@ impl CpuHeap {
                 why: "host memory allocation failed",
             });
         }
+        let present = present.min(heap.segments);
         let mut image = vec![0u64; heap.metadata_words as usize];
-        heap.write_initial_metadata(&mut image);
+        heap.write_initial_metadata_with(&mut image, present);
         let metadata: Vec<Word> = image.into_iter().map(Word::new).collect();
         heap.data = data as u64;
         heap.metadata = metadata.as_ptr() as u64;
         Ok(CpuHeap {
+            absent: Mutex::new((present..heap.segments).collect()),
             heap,
             data,
             data_layout,
@@ -73,6 +85,37 @@ impl CpuHeap {
     /// Bytes of data the heap manages.
     pub fn bytes(&self) -> u64 {
         self.heap.data_bytes()
+    }
+
+    /// Adds up to `count` absent segments (lowest ids first) while other
+    /// threads may allocate; returns the ids added. On the CPU the memory is
+    /// there from the start: this models the device heap's growth.
+    pub fn grow(&self, count: u32) -> Vec<u32> {
+        let mut absent = self.absent.lock().unwrap_or_else(|e| e.into_inner());
+        let ids: Vec<u32> = absent.iter().copied().take(count as usize).collect();
+        for &id in &ids {
+            absent.remove(&id);
+            let added = self.heap.add_segment(id);
+            debug_assert!(added, "absent segment {id} was in use");
+        }
+        ids
+    }
+
+    /// Takes up to `max` wholly free segments out of use (highest first);
+    /// returns their ids. Flush first so slots give back partly used blocks.
+    pub fn trim(&self, max: u32) -> Vec<u32> {
+        let mut absent = self.absent.lock().unwrap_or_else(|e| e.into_inner());
+        let ids: Vec<u32> = (0..max)
+            .map_while(|_| self.heap.withdraw_free_segment())
+            .collect();
+        absent.extend(&ids);
+        ids
+    }
+
+    /// Segments usable now (present).
+    pub fn present_segments(&self) -> u32 {
+        let absent = self.absent.lock().unwrap_or_else(|e| e.into_inner());
+        self.heap.segments - absent.len() as u32
     }
 
     /// Empties the per-class slots so partly used blocks go back to their
