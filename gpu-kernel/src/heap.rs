@@ -1,7 +1,7 @@
 //! `malloc` and `free` on a [`Heap`]: the three tiers put together.
 //!
 //! - Slice classes (16 B … 4 KiB): a warp team reserves slices from the block
-//!   in its slot ([`crate::slot`]); the installer claims blocks here.
+//!   in its slot ([`crate::team`]); the installer claims blocks here.
 //! - Block classes (8 KiB … one segment): one block per call, claimed from the
 //!   class tree or from a freshly formatted segment.
 //! - Above a segment: a run of segments claimed from the top of the segment
@@ -27,18 +27,14 @@ use crate::class::{
     BITMAP_WORDS_PER_SEGMENT, Request, SEGMENT_SHIFT, SLICE_BLOCKS_PER_SEGMENT, SLICES_PER_BLOCK,
     SizeClass,
 };
-use crate::layout::{CHECK_DOUBLE_FREE, Heap, NO_SPARES, Stat, TRAP_ON_MISUSE};
+use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
 use crate::segment::{Reservation, Return, SegmentState, SegmentTable};
-use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
+use crate::slot::SLOTS_PER_CLASS;
 use crate::veb::VebTree;
-
-/// What [`Heap::reserve_if_open`] answers for a slot with nothing left (not
-/// a valid slot word: its block field is all ones).
-const CLOSED: u64 = u64::MAX;
 
 /// A block claimed for a class: segment and block within it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct BlockId {
+pub(crate) struct BlockId {
     segment: u32,
     block: u32,
 }
@@ -46,12 +42,12 @@ struct BlockId {
 impl BlockId {
     /// The id slot words and counters use for slice blocks.
     #[inline(always)]
-    fn global(self) -> u64 {
+    pub(crate) fn global(self) -> u64 {
         self.segment as u64 * SLICE_BLOCKS_PER_SEGMENT as u64 + self.block as u64
     }
 
     #[inline(always)]
-    fn from_global(g: u64) -> BlockId {
+    pub(crate) fn from_global(g: u64) -> BlockId {
         BlockId {
             segment: (g / SLICE_BLOCKS_PER_SEGMENT as u64) as u32,
             block: (g % SLICE_BLOCKS_PER_SEGMENT as u64) as u32,
@@ -64,7 +60,7 @@ impl BlockId {
 /// table (each member takes a bitmap bit) or freshly formatted (member `i`
 /// owns block `i`). A count of zero: nothing could be claimed.
 #[derive(Clone, Copy, Debug)]
-struct Claim(u64);
+pub(crate) struct Claim(u64);
 
 impl Claim {
     const FORMATTED: u64 = 1 << 48;
@@ -78,7 +74,7 @@ impl Claim {
     }
 
     #[inline(always)]
-    fn count(self) -> u32 {
+    pub(crate) fn count(self) -> u32 {
         (self.0 >> 32) as u16 as u32
     }
 
@@ -89,7 +85,7 @@ impl Claim {
 
     /// The block of the member of rank `rank < count`.
     #[inline(always)]
-    fn take(self, heap: &Heap, class: SizeClass, rank: u32) -> BlockId {
+    pub(crate) fn take(self, heap: &Heap, class: SizeClass, rank: u32) -> BlockId {
         let segment = self.segment();
         let block = if self.0 & Claim::FORMATTED != 0 {
             rank
@@ -102,7 +98,7 @@ impl Claim {
 
 impl Heap {
     #[inline(always)]
-    fn region(&self, at: u64, len: u64) -> &[Word] {
+    pub(crate) fn region(&self, at: u64, len: u64) -> &[Word] {
         // SAFETY: `metadata` points to `metadata_words` words laid out by
         // `Heap::layout`, which the host keeps alive while kernels run; every
         // region asked for here lies inside it.
@@ -140,19 +136,19 @@ impl Heap {
     }
 
     #[inline(always)]
-    fn counter(&self, global_block: u64) -> &Word {
+    pub(crate) fn counter(&self, global_block: u64) -> &Word {
         let b = BlockId::from_global(global_block);
         &self.region(self.counters_at + self.counter_index(b.segment, b.block), 1)[0]
     }
 
     #[inline(always)]
-    fn slice_bits(&self, global_block: u64) -> &[Word] {
+    pub(crate) fn slice_bits(&self, global_block: u64) -> &[Word] {
         let per = SLICE_BIT_WORDS as u64;
         self.region(self.slice_bits_at + global_block * per, per)
     }
 
     #[inline(always)]
-    fn slot(&self, class: SizeClass, slot: u32) -> &Word {
+    pub(crate) fn slot(&self, class: SizeClass, slot: u32) -> &Word {
         &self.region(
             self.slots_at + (class.index() * SLOTS_PER_CLASS + slot) as u64,
             1,
@@ -165,7 +161,7 @@ impl Heap {
     }
 
     #[inline(always)]
-    fn stat(&self, stat: Stat) -> &Word {
+    pub(crate) fn stat(&self, stat: Stat) -> &Word {
         &self.region(self.stats_at + stat as u64, 1)[0]
     }
 
@@ -180,7 +176,7 @@ impl Heap {
     }
 
     #[inline(always)]
-    fn block_address(&self, class: SizeClass, b: BlockId) -> u64 {
+    pub(crate) fn block_address(&self, class: SizeClass, b: BlockId) -> u64 {
         self.segment_address(b.segment) + ((b.block as u64) << class.block_shift())
     }
 
@@ -205,228 +201,6 @@ impl Heap {
                 ptr::null_mut()
             }
         }
-    }
-
-    /// The slice path: warp teams reserve slices from their slot's block.
-    #[inline]
-    fn malloc_slice(&self, class: SizeClass) -> Option<u64> {
-        let home = arch::sm_id() % SLOTS_PER_CLASS;
-        let mut slot = home;
-        // After the home slot found the heap exhausted, visit every other
-        // slot once for slices left in its block before giving up.
-        let mut stealing = false;
-        let mut round = 0;
-        loop {
-            let mask = arch::active_mask();
-            let team = arch::match_any(mask, class.index() * SLOTS_PER_CLASS + slot);
-            let lane = arch::lane_id();
-            let leader = arch::lowest_lane(team);
-            let rank = arch::rank_in(team, lane);
-            let size = team.count_ones();
-            let word = self.slot(class, slot);
-
-            let mut seen = 0u64;
-            if lane == leader {
-                // Relaxed: the add only hands out indices. The slices' memory
-                // was last written by threads that freed them with a release
-                // add (see `block::count_freed_slices`), and every write this
-                // thread makes to its slice has an address dependency on the
-                // value returned here, so it cannot be performed before the
-                // add. An acquire would invalidate this SM's L1 on every call.
-                seen = if stealing {
-                    self.reserve_if_open(word, size)
-                } else {
-                    arch::fetch_add_relaxed(word, size as u64)
-                };
-            }
-            let seen = SlotWord(arch::shfl_u64(team, seen, leader));
-            if seen.0 == CLOSED {
-                slot = (slot + 1) % SLOTS_PER_CLASS;
-                if slot == home {
-                    return None;
-                }
-                continue;
-            }
-            let (first, cap) = (seen.reserved(), seen.capacity());
-            let index = first + rank;
-            // Whether this team installs is decided for the whole team before
-            // any member leaves: the leader installs even when its own slice
-            // came from the old block, since every member must reach the
-            // shuffle.
-            let installer = first <= cap && cap < first + size;
-            let mut fresh = 0;
-            if installer {
-                if lane == leader {
-                    fresh = self.install(class, slot, first + size - cap);
-                }
-                fresh = arch::shfl_u64(team, fresh, leader);
-            }
-            if index < cap {
-                let block = BlockId::from_global(seen.block().unwrap_or(0));
-                return Some(
-                    self.block_address(class, block) + ((index as u64) << class.unit_shift()),
-                );
-            }
-            if fresh != 0 {
-                let block = BlockId::from_global(fresh - 1);
-                let k = (index - cap) as u64;
-                return Some(self.block_address(class, block) + (k << class.unit_shift()));
-            }
-            if installer {
-                // Out of blocks: look for slices left in the other slots.
-                stealing = true;
-            }
-            if stealing {
-                slot = (slot + 1) % SLOTS_PER_CLASS;
-                if slot == home {
-                    return None;
-                }
-                continue;
-            }
-            // Past the end: wait until the installer replaces the word.
-            while SlotWord(arch::load_relaxed(word)).version() == seen.version() {
-                arch::backoff(round);
-                round += 1;
-            }
-        }
-    }
-
-    /// In stealing mode, reserve only from a word that still has slices, so
-    /// a thread that found the heap exhausted does not become an installer
-    /// again. Returns [`CLOSED`] when the word has no slices left.
-    #[inline]
-    fn reserve_if_open(&self, word: &Word, size: u32) -> u64 {
-        let current = SlotWord(arch::load_relaxed(word));
-        if current.reserved() >= current.capacity() {
-            return CLOSED;
-        }
-        // Relaxed, as in `malloc_slice`.
-        arch::fetch_add_relaxed(word, size as u64)
-    }
-
-    /// Replaces the slot word with a fresh block (or with an empty word if
-    /// none can be had), keeping `taken` slices of the fresh block for the
-    /// installing team. Retires the displaced word. Returns the fresh block's
-    /// global id + 1, or 0.
-    #[inline(never)]
-    fn install(&self, class: SizeClass, slot: u32, taken: u32) -> u64 {
-        let word = self.slot(class, slot);
-        // Own spare, else a claim, else (the heap has no block left) another
-        // slot's spare.
-        let fresh = self
-            .pop_spare(class, slot)
-            .or_else(|| self.claim_for_slot(class, slot))
-            .or_else(|| (0..SLOTS_PER_CLASS).find_map(|s| self.pop_spare(class, s)))
-            .map(BlockId::global);
-        let reserved = if fresh.is_some() { taken } else { 0 };
-        let mut current = arch::load_relaxed(word);
-        let displaced = loop {
-            // A new generation relative to the word replaced, so that threads
-            // waiting on that version see the change.
-            let generation = SlotWord(current).generation().wrapping_add(1);
-            let next = SlotWord::new(fresh, reserved, generation);
-            match arch::compare_exchange_acq_rel(word, current, next.0) {
-                Ok(old) => break SlotWord(old),
-                Err(actual) => current = actual,
-            }
-        };
-        self.retire(class, displaced);
-        fresh.map_or(0, |g| g + 1)
-    }
-
-    #[inline(always)]
-    fn spare(&self, class: SizeClass, slot: u32, i: u32) -> &Word {
-        &self.region(self.spare_index(class.index(), slot, i), 1)[0]
-    }
-
-    /// Takes one of the slot's spare blocks, if it has one.
-    #[inline]
-    fn pop_spare(&self, class: SizeClass, slot: u32) -> Option<BlockId> {
-        for i in 0..SPARES_PER_SLOT {
-            let w = self.spare(class, slot, i);
-            // acq_rel swap: pairs with the pushing CAS, so the claim that
-            // produced the block happens before this thread uses it.
-            if arch::load_relaxed(w) != 0 {
-                let g = arch::swap_acq_rel(w, 0);
-                if g != 0 {
-                    return Some(BlockId::from_global(g - 1));
-                }
-            }
-        }
-        None
-    }
-
-    /// Claims `1 + SPARES_PER_SLOT` blocks (fewer if the segment has fewer),
-    /// returns the first and parks the others as the slot's spares.
-    #[inline]
-    fn claim_for_slot(&self, class: SizeClass, slot: u32) -> Option<BlockId> {
-        let spares = if self.flags & NO_SPARES != 0 {
-            0
-        } else {
-            SPARES_PER_SLOT
-        };
-        let claim = self.claim_blocks(class, 1 + spares);
-        if claim.count() == 0 {
-            return None;
-        }
-        let first = claim.take(self, class, 0);
-        for i in 1..claim.count() {
-            let b = claim.take(self, class, i);
-            let parked = (0..SPARES_PER_SLOT).any(|k| {
-                arch::compare_exchange_acq_rel(self.spare(class, slot, k), 0, b.global() + 1)
-                    .is_ok()
-            });
-            if !parked {
-                self.release_block(class, b);
-            }
-        }
-        Some(first)
-    }
-
-    /// Accounts for the slices a replaced slot word never handed out.
-    #[inline]
-    fn retire(&self, class: SizeClass, displaced: SlotWord) {
-        let Some(global) = displaced.block() else {
-            return;
-        };
-        let unissued = displaced.unissued();
-        if unissued > 0 && block::count_dead_slices(self.counter(global), unissued as u64) {
-            self.release_block(class, BlockId::from_global(global));
-        }
-    }
-
-    /// Empties every slot, returning the slices they hold to their blocks.
-    /// Safe while other threads allocate; used when a large request fails
-    /// and by the host before it checks that the heap is whole.
-    pub fn flush_slots(&self) {
-        for class in (0..crate::class::SLICE_CLASSES).filter_map(SizeClass::new) {
-            for s in 0..SLOTS_PER_CLASS {
-                self.flush_slot(class, s);
-            }
-        }
-    }
-
-    /// Empties one slot and its spares (see [`Heap::flush_slots`]).
-    pub fn flush_slot(&self, class: SizeClass, slot: u32) {
-        while let Some(b) = self.pop_spare(class, slot) {
-            // A spare never handed out a slice: its counter is zero, and
-            // recycling it is returning the block.
-            self.release_block(class, b);
-        }
-        let word = self.slot(class, slot);
-        let mut current = arch::load_relaxed(word);
-        loop {
-            let seen = SlotWord(current);
-            if seen.block().is_none() {
-                return;
-            }
-            let next = SlotWord::new(None, 0, seen.generation().wrapping_add(1));
-            match arch::compare_exchange_acq_rel(word, current, next.0) {
-                Ok(_) => break,
-                Err(actual) => current = actual,
-            }
-        }
-        self.retire(class, SlotWord(current));
     }
 
     /// The block path: a warp team's leader claims blocks for the whole
@@ -463,7 +237,7 @@ impl Heap {
     /// otherwise format a segment of its own and scatter the class over many
     /// barely used segments.
     #[inline(never)]
-    fn claim_blocks(&self, class: SizeClass, want: u32) -> Claim {
+    pub(crate) fn claim_blocks(&self, class: SizeClass, want: u32) -> Claim {
         let tree = self.class_tree(class);
         let table = self.table();
         let lock = self.format_lock(class);
@@ -539,7 +313,7 @@ impl Heap {
 
     /// Returns a slice block whose every slice is dead to its segment.
     #[inline(never)]
-    fn release_block(&self, class: SizeClass, b: BlockId) {
+    pub(crate) fn release_block(&self, class: SizeClass, b: BlockId) {
         let global = b.global();
         // Relaxed: published by the bitmap's acq_rel RMW below.
         arch::store_relaxed(self.counter(global), 0);

@@ -37,6 +37,7 @@ pub mod segment;
 pub mod selftest;
 pub mod slot;
 pub mod stats;
+pub mod team;
 pub mod veb;
 pub mod workload;
 
