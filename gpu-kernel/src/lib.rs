@@ -13,8 +13,8 @@
 //!   free segments and one per class for segments with free blocks.
 //! - **Slot** ([`slot`]): a per-class buffer word holding the block that warps
 //!   carve slices from.
-//! - **Team**: the threads of a warp that ask for the same class and slot at
-//!   once; they reserve their slices with one atomic add.
+//! - **Team** ([`team`]): the threads of a warp that ask for the same class
+//!   and slot at once; they reserve their slices with one atomic add.
 //!
 //! The crate builds for `nvptx64-nvidia-cuda` (kernels and the `extern "C"`
 //! functions `gallatin_malloc` / `gallatin_free`) and for the host, where a

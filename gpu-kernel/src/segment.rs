@@ -83,7 +83,7 @@ impl SegmentState {
     }
 }
 
-/// The outcome of [`SegmentTable::reserve_block`].
+/// The outcome of [`SegmentTable::reserve_blocks`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reservation {
     /// `count` free blocks are now ours to take from the bitmap; `last` if
@@ -98,7 +98,7 @@ pub enum Reservation {
     Stale,
 }
 
-/// The outcome of [`SegmentTable::return_block`].
+/// The outcome of [`SegmentTable::return_blocks`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Return {
     /// The segment had no free block before (it must join its class tree).

@@ -2,7 +2,7 @@
 //! al., SC 2018): every vertex owns a chain of fixed-size [`page::Page`]s of
 //! edges, and the update kernels take and return pages *inside* the kernel
 //! through a [`source::PageSource`]: our [`crate::Heap`], CUDA's device
-//! `malloc` (GPU only, in [`kernels`]) or a pre-allocated
+//! `malloc` (GPU only, in `kernels`) or a pre-allocated
 //! [`pool::PagePool`] with a lock-free free list (faimGraph's own way).
 //!
 //! Updates come in batches grouped by source vertex ([`adjacency::Batch`]):

@@ -3,7 +3,7 @@
 //!
 //! Implementations: [`crate::Heap`] here (`malloc`/`free` of [`PAGE_BYTES`]),
 //! [`super::pool::PagePool`], and CUDA's device `malloc` in
-//! [`super::kernels`] (GPU only).
+//! `super::kernels` (GPU only).
 
 use super::page::{PAGE_BYTES, Page};
 use crate::Heap;
