@@ -282,9 +282,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         let want = self.capacity_for(s, size);
         let small = s.split.is_small(size);
         let list = s.waiting.get_mut(&stream)?;
-        let i = list.iter().position(|(b, _)| {
-            b.capacity == want && matches!(b.origin, Origin::Small) == small
-        })?;
+        let i = list
+            .iter()
+            .position(|(b, _)| b.capacity == want && matches!(b.origin, Origin::Small) == small)?;
         let (block, event) = list.remove(i).expect("position is in the list");
         // The stream's own later work is ordered after the free: the event
         // is not needed.
@@ -401,12 +401,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 active: s.active,
                 limit,
                 largest_free: largest_free.max(s.split.largest_free()),
-                waiting: s
-                    .waiting
-                    .values()
-                    .flatten()
-                    .map(|(b, _)| b.capacity)
-                    .sum(),
+                waiting: s.waiting.values().flatten().map(|(b, _)| b.capacity).sum(),
             }),
             Err(e) => Err(PoolError::Lake(e)),
         }

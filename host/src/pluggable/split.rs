@@ -88,7 +88,9 @@ impl SplitCache {
         let want = Self::rounded(size);
         let &(len, addr) = self.free.range((want, 0)..).next()?;
         self.free.remove(&(len, addr));
-        let chunk = self.chunk_of_mut(addr).expect("a free piece lies in a chunk");
+        let chunk = self
+            .chunk_of_mut(addr)
+            .expect("a free piece lies in a chunk");
         chunk.pieces.insert(addr, (want, false));
         if len > want {
             chunk.pieces.insert(addr + want, (len - want, true));
@@ -197,13 +199,17 @@ impl SplitCache {
             let mut prev_free = false;
             for (&addr, &(len, free)) in &chunk.pieces {
                 if addr != at {
-                    return Err(format!("chunk {base:#x}: piece {addr:#x} does not start at {at:#x}"));
+                    return Err(format!(
+                        "chunk {base:#x}: piece {addr:#x} does not start at {at:#x}"
+                    ));
                 }
                 if len == 0 || !len.is_multiple_of(PIECE_ALIGN) {
                     return Err(format!("chunk {base:#x}: piece {addr:#x} has length {len}"));
                 }
                 if free && prev_free {
-                    return Err(format!("chunk {base:#x}: free piece {addr:#x} not coalesced"));
+                    return Err(format!(
+                        "chunk {base:#x}: free piece {addr:#x} not coalesced"
+                    ));
                 }
                 if free {
                     free_seen.insert((len, addr));
