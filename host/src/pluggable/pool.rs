@@ -296,10 +296,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     fn poll(&self, s: &mut State) -> PoolResult<()> {
         let streams: Vec<StreamId> = s.waiting.keys().copied().collect();
         for stream in streams {
-            loop {
-                let Some(&(block, event)) = s.waiting.get(&stream).and_then(|l| l.front()) else {
-                    break;
-                };
+            while let Some(&(block, event)) = s.waiting.get(&stream).and_then(|l| l.front()) {
                 if !self.events.is_complete(event)? {
                     break;
                 }
