@@ -9,6 +9,9 @@
 //!   (tests, and the benchmark when no GPU is present).
 //! - [`graph`]: dynamic-graph workloads (R-MAT, `.mtx`, reference model, the
 //!   graph on a GPU).
+//! - [`lake`]: the CUDA VMM pool (GMLake stitching).
+//! - [`pluggable`]: the lake as a PyTorch pluggable allocator (split cache,
+//!   stream rule, one pool per device).
 //! - [`selftest`]: runs `gpumalloc_selftest` and checks every result.
 
 pub mod config;
@@ -18,6 +21,7 @@ pub mod error;
 pub mod gpu;
 pub mod graph;
 pub mod lake;
+pub mod pluggable;
 pub mod selftest;
 
 pub use config::HeapConfig;

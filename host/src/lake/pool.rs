@@ -157,6 +157,26 @@ impl<D: VmmDriver> Lake<D> {
             }
             Err(e) => return Err(e),
         };
+        Ok(self.hand_out(&mut s, backing, size, site))
+    }
+
+    /// Allocates `size` bytes from blocks the lake already holds, with no
+    /// driver call: an exact match or a split (outcomes 1 and 2). `None`
+    /// when neither fits; used while a CUDA graph is being captured.
+    pub fn alloc_cached(&self, size: u64) -> LakeResult<Option<DeviceRange>> {
+        if size == 0 {
+            return Err(LakeError::ZeroSize);
+        }
+        let mut s = self.state();
+        let n = self.chunks_for(size);
+        s.clock += 1;
+        Ok(self
+            .cached_fit(&mut s, n)
+            .map(|backing| self.hand_out(&mut s, backing, size, Site::default())))
+    }
+
+    /// Records a chosen block as a live allocation of `size` bytes.
+    fn hand_out(&self, s: &mut State, backing: Backing, size: u64, site: Site) -> DeviceRange {
         let addr = match backing {
             Backing::Primitive(p) => s.blocks.pblock(p).addr,
             Backing::Stitched(id) => s.blocks.sblock(id).addr,
@@ -170,13 +190,21 @@ impl<D: VmmDriver> Lake<D> {
         if let Some(t) = s.trace.as_mut() {
             t.record(EventKind::Alloc, size, addr, site);
         }
-        Ok(DeviceRange { addr, len: size })
+        DeviceRange { addr, len: size }
     }
 
     /// Chooses and prepares the block for `n` chunks (outcomes 1–4) and
     /// marks it in use. Errors leave the tables as they were, except that a
     /// split done before a failed stitch stays (both pieces free).
     fn best_fit(&self, s: &mut State, n: usize) -> LakeResult<Backing> {
+        if let Some(b) = self.cached_fit(s, n) {
+            return Ok(b);
+        }
+        self.stitch_or_grow(s, n)
+    }
+
+    /// Outcomes 1 (exact) and 2 (split): table work only, no driver call.
+    fn cached_fit(&self, s: &mut State, n: usize) -> Option<Backing> {
         let min = self.min_split_chunks();
         let clock = s.clock;
         // 1. Exact: a pBlock, else an available sBlock (most recent first).
@@ -187,7 +215,7 @@ impl<D: VmmDriver> Lake<D> {
         {
             s.blocks.set_in_use(p, true);
             s.outcomes.exact_primitive += 1;
-            return Ok(Backing::Primitive(p));
+            return Some(Backing::Primitive(p));
         }
         let cached = s
             .blocks
@@ -197,15 +225,22 @@ impl<D: VmmDriver> Lake<D> {
         if let Some(id) = cached {
             s.blocks.set_sblock_active(id, true, clock);
             s.outcomes.exact_stitched += 1;
-            return Ok(Backing::Stitched(id));
+            return Some(Backing::Stitched(id));
         }
         // 2. Split the smallest larger pBlock.
         if let Some((_, p)) = s.blocks.smallest_free_at_least(n + 1, min) {
             s.blocks.split(p, n);
             s.blocks.set_in_use(p, true);
             s.outcomes.split += 1;
-            return Ok(Backing::Primitive(p));
+            return Some(Backing::Primitive(p));
         }
+        None
+    }
+
+    /// Outcomes 3 (stitch) and 4 (grow and stitch): driver calls.
+    fn stitch_or_grow(&self, s: &mut State, n: usize) -> LakeResult<Backing> {
+        let min = self.min_split_chunks();
+        let clock = s.clock;
         let reserved = s.blocks.chunk_count();
         let stitchable = n <= self.config.max_stitch_chunks;
         // Free pBlocks that may take part in a stitch, largest first. None
