@@ -107,7 +107,9 @@ fn rounds(gpu: &Gpu, pages: Pages, expansion_only: bool) -> f64 {
         let mut inserts = stream.edges[at..at + per_round].to_vec();
         let check = !expansion_only || (r + 1) % 10 == 0;
         if !expansion_only {
-            inserts.extend((0..DUPLICATES_PER_ROUND).map(|_| stream.edges[picker.below(at)]));
+            inserts.extend(
+                (0..DUPLICATES_PER_ROUND).map(|_| stream.edges[picker.below(at as u64) as usize]),
+            );
         }
         let what = format!("round {r} insert");
         total_ms += run.step(&inserts, true, check, &what);
@@ -116,7 +118,7 @@ fn rounds(gpu: &Gpu, pages: Pages, expansion_only: bool) -> f64 {
         }
         let end = at + per_round;
         let mut deletes: Vec<(u32, u32)> = (0..DELETES_PER_ROUND)
-            .map(|_| stream.edges[picker.below(end)])
+            .map(|_| stream.edges[picker.below(end as u64) as usize])
             .collect();
         // Edges R-MAT almost never makes: between the two sparsest corners.
         let last = stream.vertices - 1;

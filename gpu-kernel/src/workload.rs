@@ -3,13 +3,46 @@
 //! seeded size for mixed-size runs, and a pattern written into every byte of
 //! an allocation and verified later (never zeros, different per thread).
 
+/// The increment of SplitMix64's state (the golden ratio in 64 bits).
+const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
 /// splitmix64: a well-mixed 64-bit hash.
 #[inline(always)]
 pub fn hash64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = x.wrapping_add(GOLDEN_GAMMA);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
+}
+
+/// SplitMix64 (Steele, Lea & Flood, OOPSLA 2014): the seeded generator of
+/// every host-side workload (R-MAT graphs, update picks, test sequences).
+/// Output `i` is `hash64(seed + i * GOLDEN_GAMMA)`.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    /// Bits of an `f64` mantissa (53) taken from the top of the output.
+    const MANTISSA_BITS: u32 = f64::MANTISSA_DIGITS;
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let x = self.0;
+        self.0 = x.wrapping_add(GOLDEN_GAMMA);
+        hash64(x)
+    }
+
+    /// Uniform in `0..n` (`n > 0`; the modulo bias is below 2^-32 for the
+    /// sizes used here).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> (u64::BITS - Self::MANTISSA_BITS)) as f64
+            / (1u64 << Self::MANTISSA_BITS) as f64
+    }
 }
 
 /// The size thread `id` asks for in a mixed run: uniform in `lo..=hi`.

@@ -307,7 +307,7 @@ fn rounds<S: PageSource + Sync>(source: &S, rounds: usize, delete: bool) -> Host
                 .flat_map(|v| reference.edges(v).map(move |t| (v, t)))
                 .collect();
             let mut doomed: Vec<(u32, u32)> = (0..live.len() / 3)
-                .map(|_| live[picker.below(live.len())])
+                .map(|_| live[picker.below(live.len() as u64) as usize])
                 .collect();
             doomed.extend((0..16).map(|i| (i, g.vertices - 1 - i)));
             reference.delete(&doomed).unwrap();

@@ -6,6 +6,7 @@
 //! shrinks, recompute-like irregular temporaries) that must converge to
 //! exact matches; injected map failures that must roll back; error messages.
 
+use gpu_kernel::workload::SplitMix64;
 use host::lake::{
     ChunkOptions, DeviceRange, Lake, LakeConfig, LakeError, ModelCensus, ModelVmm, Site, Trace,
     VmmCall,
@@ -13,23 +14,6 @@ use host::lake::{
 
 /// Model granularity in these tests: small, so host backing is cheap.
 const G: u64 = 64 << 10;
-
-/// SplitMix64: a tiny seeded generator, so runs are reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn new_lake(limit_chunks: u64) -> Lake<ModelVmm> {
     Lake::new(
@@ -82,7 +66,7 @@ fn random_sequences_keep_every_invariant() {
     for seed in [1, 2, 3, 0xdead_beef] {
         let limit = 48;
         let lake = new_lake(limit);
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64(seed);
         let mut live: Vec<(DeviceRange, u64)> = Vec::new();
         let (mut ooms, mut stitched) = (0, 0);
         for step in 0..1500u64 {
@@ -437,7 +421,7 @@ fn period(lake: &Lake<ModelVmm>, rng_seed: u64) {
         phase: BACKWARD,
     };
     // Sizes depend on the layer, not the period: the workload is periodic.
-    let mut rng = Rng(rng_seed);
+    let mut rng = SplitMix64(rng_seed);
     let act: Vec<u64> = (0..LAYERS).map(|_| G + rng.below(7 * G)).collect();
     let tmp: Vec<u64> = (0..LAYERS).map(|_| 1 + rng.below(5 * G)).collect();
     let grad: Vec<u64> = (0..LAYERS).map(|_| G / 2 + rng.below(9 * G)).collect();
@@ -561,7 +545,7 @@ fn threads_share_one_lake() {
         for t in 0..4u64 {
             let lake = &lake;
             s.spawn(move || {
-                let mut rng = Rng(t + 100);
+                let mut rng = SplitMix64(t + 100);
                 let mut mine = Vec::new();
                 for i in 0..300u64 {
                     if mine.len() < 8 && rng.below(2) == 0 {

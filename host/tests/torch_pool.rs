@@ -6,6 +6,7 @@
 //! size; out-of-memory text; capture mode with driver-call counters; four
 //! threads on four streams with events that complete at once.
 
+use gpu_kernel::workload::SplitMix64;
 use std::sync::Arc;
 
 use host::lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};
@@ -26,22 +27,6 @@ fn pool(limit_chunks: u64, events: ModelEvents) -> Pool {
     StreamPool::new(lake, events)
 }
 
-/// SplitMix64, so runs are reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn pattern(tag: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (tag.wrapping_mul(131).wrapping_add(i as u64 * 7) % 251) as u8)
@@ -51,7 +36,7 @@ fn pattern(tag: u64, len: usize) -> Vec<u8> {
 #[test]
 fn split_pieces_never_overlap_and_keep_data_and_all_returns() {
     let p = pool(256, ModelEvents::completing());
-    let mut rng = Rng(7);
+    let mut rng = SplitMix64(7);
     let mut live: Vec<(u64, u64, u64)> = Vec::new(); // addr, size, tag
     for step in 0..2000u64 {
         if live.is_empty() || (live.len() < 48 && rng.below(2) == 0) {
@@ -234,7 +219,7 @@ fn threads_on_their_own_streams() {
             let p = Arc::clone(&p);
             std::thread::spawn(move || {
                 let stream = StreamId(t + 1);
-                let mut rng = Rng(100 + t);
+                let mut rng = SplitMix64(100 + t);
                 let mut live = Vec::new();
                 for step in 0..500u64 {
                     if live.len() < 8 && rng.below(2) == 0 {

@@ -67,7 +67,7 @@ fn rounds(
             None
         } else {
             let d: Vec<(u32, u32)> = (0..batch)
-                .map(|_| stream[picker.below(stream.len())])
+                .map(|_| stream[picker.below(stream.len() as u64) as usize])
                 .collect();
             Some(DeviceBatch::new(gpu, &GroupedBatch::new(&d))?)
         };

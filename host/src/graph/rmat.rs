@@ -33,39 +33,9 @@ pub const GRAPH500_ABC: (f64, f64, f64) = (0.57, 0.19, 0.19);
 /// The largest scale: vertex ids are 32-bit.
 pub const MAX_SCALE: u32 = 31;
 
-/// SplitMix64 (Steele, Lea & Flood, OOPSLA 2014): small, fast, seedable;
-/// also what the graph tests and benchmark pick updates with.
-#[derive(Clone, Debug)]
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
-    const MIX1: u64 = 0xbf58_476d_1ce4_e5b9;
-    const MIX2: u64 = 0x94d0_49bb_1331_11eb;
-    /// Bits of an `f64` mantissa (53) taken from the top of the output.
-    const MANTISSA_BITS: u32 = f64::MANTISSA_DIGITS;
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(Self::GAMMA);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(Self::MIX1);
-        z = (z ^ (z >> 27)).wrapping_mul(Self::MIX2);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`; the modulo bias is below 2^-32 for the
-    /// sizes used here).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> (u64::BITS - Self::MANTISSA_BITS)) as f64
-            / (1u64 << Self::MANTISSA_BITS) as f64
-    }
-}
+/// The seeded generator of R-MAT streams and of the graph tests' and
+/// benchmark's update picks.
+pub use gpu_kernel::workload::SplitMix64;
 
 impl Rmat {
     /// Graph500 probabilities with the given size and seed.
