@@ -147,6 +147,34 @@ impl Bench {
         over
     }
 
+    /// Runs `work` for each allocator in turn: shows the step, skips an
+    /// allocator that used its budget (`skipped` gives the records saying
+    /// so), resets it, and charges the time `work` takes to its budget.
+    /// `work` gets the moment the allocator's turn began.
+    fn each_allocator(
+        &mut self,
+        what: &str,
+        skipped: impl Fn(&'static str) -> Vec<Record>,
+        mut work: impl FnMut(&Gpu, &Options, &mut dyn Allocator, Instant) -> Result<Vec<Record>>,
+    ) -> Result<Vec<Record>> {
+        let mut out = Vec::new();
+        for i in 0..self.allocators.len() {
+            let name = self.allocators[i].name();
+            self.step(format!("{what}: {name}"));
+            if self.over_budget(name) {
+                out.extend(skipped(name));
+                continue;
+            }
+            let began = Instant::now();
+            let allocator = self.allocators[i].as_mut();
+            allocator.reset()?;
+            out.extend(work(&self.gpu, &self.opts, allocator, began)?);
+            *self.spent.entry(name).or_default() += began.elapsed().as_secs_f64();
+            self.progress.inc(1);
+        }
+        Ok(out)
+    }
+
     /// Shows what runs now: on the bar, or as a line when stderr is not a
     /// terminal (logs of long runs).
     fn step(&self, message: String) {
@@ -185,46 +213,36 @@ impl Bench {
                 buffers.mixed(&self.gpu, self.opts.seed, self.opts.lo, self.opts.hi)?
             }
         };
-        let mut records = Vec::new();
-        for i in 0..self.allocators.len() {
-            let name = self.allocators[i].name();
-            self.step(format!("{test} {label} B x {threads} threads: {name}"));
-            let spent = self.spent.get(name).copied().unwrap_or(0.0);
-            if spent > ALLOCATOR_BUDGET_S {
-                let note =
-                    format!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
-                records.push(Record::new(
-                    test,
-                    name,
-                    size,
-                    &label,
-                    threads,
-                    "alloc_ms",
-                    Summary::default(),
-                    false,
-                    note,
-                ));
-                self.progress.inc(1);
-                continue;
-            }
-            let began = Instant::now();
-            let allocator = &mut self.allocators[i];
-            allocator.reset()?;
+        let skipped = |name: &'static str| {
+            let note =
+                format!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
+            vec![Record::new(
+                test,
+                name,
+                size,
+                &label,
+                threads,
+                "alloc_ms",
+                Summary::default(),
+                false,
+                note,
+            )]
+        };
+        let what = format!("{test} {label} B x {threads} threads");
+        self.each_allocator(&what, skipped, |gpu, opts, allocator, _| {
+            let name = allocator.name();
+            let mut records = Vec::new();
             let warm_up = Instant::now();
-            let first = measure::round(&self.gpu, allocator.as_mut(), &mut buffers, sizes, false)?;
+            let first = measure::round(gpu, allocator, &mut buffers, sizes, false)?;
             let slow = warm_up.elapsed().as_secs_f64() > 2.0;
-            let iters = if slow {
-                self.opts.iters.min(3)
-            } else {
-                self.opts.iters
-            };
+            let iters = if slow { opts.iters.min(3) } else { opts.iters };
             let (mut allocs, mut frees) = (Vec::new(), Vec::new());
             let (mut nulls, mut wrong) = (first.nulls, first.wrong);
             for _ in 0..iters {
                 if cold {
                     allocator.reset()?;
                 }
-                let r = measure::round(&self.gpu, allocator.as_mut(), &mut buffers, sizes, false)?;
+                let r = measure::round(gpu, allocator, &mut buffers, sizes, false)?;
                 nulls += r.nulls;
                 wrong += r.wrong;
                 allocs.push(r.alloc_ms);
@@ -266,10 +284,8 @@ impl Bench {
                     note,
                 ));
             }
-            *self.spent.entry(name).or_default() += began.elapsed().as_secs_f64();
-            self.progress.inc(1);
-        }
-        Ok(records)
+            Ok(records)
+        })
     }
 
     /// Threads for a size: all of them, unless the requests would not fit
@@ -337,53 +353,48 @@ impl Bench {
                     )
                 }
             };
-            for i in 0..self.allocators.len() {
-                let name = self.allocators[i].name();
-                self.step(format!("frag {label} B: {}", name));
-                if self.over_budget(name) {
-                    continue;
-                }
-                let began = Instant::now();
-                let allocator = &mut self.allocators[i];
-                allocator.reset()?;
-                let mut ratios = Vec::new();
-                let mut valid = true;
-                for _ in 0..self.opts.iters {
-                    if began.elapsed().as_secs_f64() > ALLOCATOR_BUDGET_S {
-                        break;
-                    }
-                    let r =
-                        measure::round(&self.gpu, allocator.as_mut(), &mut buffers, sizes, true)?;
-                    valid &= r.nulls == 0 && r.wrong == 0;
-                    let ptrs = r.ptrs.unwrap_or_default();
-                    let size_of = |t: usize| per_thread.as_ref().map_or(size, |s| s[t]);
-                    let (mut lo, mut hi, mut requested) = (u64::MAX, 0u64, 0u64);
-                    for (t, &p) in ptrs.iter().enumerate() {
-                        if p != 0 {
-                            lo = lo.min(p);
-                            hi = hi.max(p + size_of(t));
-                            requested += size_of(t);
+            let what = format!("frag {label} B");
+            let records = self.each_allocator(
+                &what,
+                |_| Vec::new(),
+                |gpu, opts, allocator, began| {
+                    let mut ratios = Vec::new();
+                    let mut valid = true;
+                    for _ in 0..opts.iters {
+                        if began.elapsed().as_secs_f64() > ALLOCATOR_BUDGET_S {
+                            break;
+                        }
+                        let r = measure::round(gpu, allocator, &mut buffers, sizes, true)?;
+                        valid &= r.nulls == 0 && r.wrong == 0;
+                        let ptrs = r.ptrs.unwrap_or_default();
+                        let size_of = |t: usize| per_thread.as_ref().map_or(size, |s| s[t]);
+                        let (mut lo, mut hi, mut requested) = (u64::MAX, 0u64, 0u64);
+                        for (t, &p) in ptrs.iter().enumerate() {
+                            if p != 0 {
+                                lo = lo.min(p);
+                                hi = hi.max(p + size_of(t));
+                                requested += size_of(t);
+                            }
+                        }
+                        if requested > 0 {
+                            ratios.push((hi - lo) as f64 / requested as f64);
                         }
                     }
-                    if requested > 0 {
-                        ratios.push((hi - lo) as f64 / requested as f64);
-                    }
-                }
-                let s = Summary::of(&ratios);
-                out.push(Record::new(
-                    "frag",
-                    allocator.name(),
-                    size,
-                    &label,
-                    threads,
-                    "span_over_requested",
-                    s,
-                    valid,
-                    String::new(),
-                ));
-                *self.spent.entry(name).or_default() += began.elapsed().as_secs_f64();
-                self.progress.inc(1);
-            }
+                    let s = Summary::of(&ratios);
+                    Ok(vec![Record::new(
+                        "frag",
+                        allocator.name(),
+                        size,
+                        &label,
+                        threads,
+                        "span_over_requested",
+                        s,
+                        valid,
+                        String::new(),
+                    )])
+                },
+            )?;
+            out.extend(records);
         }
         Ok(out)
     }
@@ -397,59 +408,57 @@ impl Bench {
         for size in self.opts.oom_sizes.clone() {
             let capacity = (self.opts.heap / size + 2 * BATCH).next_multiple_of(BATCH);
             let mut buffers = Buffers::new(&self.gpu, capacity)?;
-            for i in 0..self.allocators.len() {
-                let name = self.allocators[i].name();
-                self.step(format!("oom {size} B: {}", name));
-                if self.over_budget(name) {
-                    continue;
-                }
-                let began = Instant::now();
-                let allocator = &mut self.allocators[i];
-                allocator.reset()?;
-                let mut shares = Vec::new();
-                let mut wrong = 0;
-                for pass in 0..2 {
-                    let mut handed = 0u64;
-                    let mut batch = 0u64;
-                    while (batch + 1) * BATCH <= capacity {
-                        let ptrs = self.gpu.address(&buffers.ptrs) + batch * BATCH * 8;
-                        allocator.alloc(&self.gpu, Sizes::Fixed(size), ptrs, BATCH)?;
-                        let got = count_non_null(&self.gpu, ptrs, BATCH)?;
-                        handed += got;
-                        batch += 1;
-                        if got < BATCH {
-                            break;
+            let what = format!("oom {size} B");
+            let records = self.each_allocator(
+                &what,
+                |_| Vec::new(),
+                |gpu, opts, allocator, _| {
+                    let mut shares = Vec::new();
+                    let mut wrong = 0;
+                    for pass in 0..2 {
+                        let mut handed = 0u64;
+                        let mut batch = 0u64;
+                        while (batch + 1) * BATCH <= capacity {
+                            let ptrs = gpu.address(&buffers.ptrs) + batch * BATCH * 8;
+                            allocator.alloc(gpu, Sizes::Fixed(size), ptrs, BATCH)?;
+                            let got = count_non_null(gpu, ptrs, BATCH)?;
+                            handed += got;
+                            batch += 1;
+                            if got < BATCH {
+                                break;
+                            }
                         }
+                        let all = gpu.address(&buffers.ptrs);
+                        // Check every allocation of the pass, then free them all.
+                        wrong += check_range(gpu, &mut buffers, batch * BATCH, size)?;
+                        allocator.free(gpu, all, batch * BATCH)?;
+                        gpu.sync()?;
+                        shares.push((pass, handed as f64 * size as f64 / opts.heap as f64));
                     }
-                    let all = self.gpu.address(&buffers.ptrs);
-                    // Check every allocation of the pass, then free them all.
-                    wrong += check_range(&self.gpu, &mut buffers, batch * BATCH, size)?;
-                    allocator.free(&self.gpu, all, batch * BATCH)?;
-                    self.gpu.sync()?;
-                    shares.push((pass, handed as f64 * size as f64 / self.opts.heap as f64));
-                }
-                for (pass, share) in shares {
-                    let metric = if pass == 0 {
-                        "utilization"
-                    } else {
-                        "utilization_after_free"
-                    };
-                    let s = Summary::of(&[share]);
-                    out.push(Record::new(
-                        "oom",
-                        allocator.name(),
-                        size,
-                        &size.to_string(),
-                        BATCH,
-                        metric,
-                        s,
-                        wrong == 0,
-                        String::new(),
-                    ));
-                }
-                *self.spent.entry(name).or_default() += began.elapsed().as_secs_f64();
-                self.progress.inc(1);
-            }
+                    let mut records = Vec::new();
+                    for (pass, share) in shares {
+                        let metric = if pass == 0 {
+                            "utilization"
+                        } else {
+                            "utilization_after_free"
+                        };
+                        let s = Summary::of(&[share]);
+                        records.push(Record::new(
+                            "oom",
+                            allocator.name(),
+                            size,
+                            &size.to_string(),
+                            BATCH,
+                            metric,
+                            s,
+                            wrong == 0,
+                            String::new(),
+                        ));
+                    }
+                    Ok(records)
+                },
+            )?;
+            out.extend(records);
         }
         Ok(out)
     }
