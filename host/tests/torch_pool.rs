@@ -3,14 +3,16 @@
 //!
 //! Workloads: a seeded random mix of small requests checked for overlap and
 //! data survival; the stream rule with events completed by hand; zero
-//! size; out-of-memory text; capture mode with driver-call counters; four
-//! threads on four streams with events that complete at once.
+//! size; out of memory (text, waiting for events first, the driver's own,
+//! a changed limit); record_stream; private pools of CUDA graphs and their
+//! windows (no event call while one is open); four threads on four streams
+//! with events that complete at once.
 
 use gpu_kernel::workload::SplitMix64;
 use std::sync::Arc;
 
 use host::lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};
-use host::pluggable::{ModelEvents, PoolError, Registry, SplitCache, StreamId, StreamPool};
+use host::pluggable::{ModelEvents, PoolError, PoolId, Registry, SplitCache, StreamId, StreamPool};
 
 /// Model granularity: small, so host backing is cheap.
 const G: u64 = 64 << 10;
@@ -132,6 +134,7 @@ fn out_of_memory_says_asked_reserved_active_largest() {
     let a = p.alloc(3 * G, S1).unwrap();
     let small = p.alloc(100, S1).unwrap();
     let err = p.alloc(2 * G, S2).unwrap_err();
+    assert!(err.is_out_of_memory());
     let msg = err.to_string();
     match err {
         PoolError::OutOfMemory {
@@ -149,13 +152,15 @@ fn out_of_memory_says_asked_reserved_active_largest() {
         other => panic!("expected out of memory, got {other}"),
     }
     for part in [
-        format!("asked {}", 2 * G),
-        format!("{} bytes reserved", 4 * G),
-        format!("{} active", 3 * G + 100),
-        format!("largest free extent {}", G - 512),
+        "gpumalloc: out of memory".to_string(),
+        format!("({} bytes)", 2 * G),
+        "256.00 KiB reserved".to_string(),
+        "largest free extent 63.50 KiB".to_string(),
     ] {
         assert!(msg.contains(&part), "{msg:?} lacks {part:?}");
     }
+    let st = p.stats();
+    assert_eq!((st.alloc_retries, st.ooms), (1, 1));
     // Wholly free split chunks go back to the lake before giving up.
     p.free(small, S1).unwrap();
     p.free(a, S1).unwrap();
@@ -165,50 +170,205 @@ fn out_of_memory_says_asked_reserved_active_largest() {
 }
 
 #[test]
-fn capture_makes_no_driver_call() {
-    let p = pool(16, ModelEvents::new());
-    // Warm: one small piece and one large block, freed and completed.
-    let a = p.alloc(4096, S1).unwrap();
-    let b = p.alloc(2 * G, S1).unwrap();
+fn out_of_memory_waits_for_pending_events_first() {
+    // Freed on S1, its event not complete: S2 cannot have it until the pool
+    // waits for the device, which it does before declaring out of memory.
+    let p = pool(4, ModelEvents::new());
+    let a = p.alloc(3 * G, S1).unwrap();
+    p.free(a, S1).unwrap();
+    let b = p.alloc(3 * G, S2).unwrap();
+    assert_eq!(b, a, "served after waiting for S1's event");
+    let st = p.stats();
+    assert_eq!((st.alloc_retries, st.ooms), (1, 0));
+    p.free(b, S2).unwrap();
+    p.check().unwrap();
+}
+
+#[test]
+fn driver_out_of_memory_is_out_of_memory_and_the_pool_recovers() {
+    // The lake's limit allows 16 chunks but the device holds only 3 (other
+    // processes, the context): the driver refuses, the pool answers out of
+    // memory and stays usable.
+    let p = pool(16, ModelEvents::completing());
+    p.lake().driver().set_device_bytes(Some(3 * G));
+    let err = p.alloc(4 * G, S1).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert!(err.to_string().contains("device memory is full"), "{err}");
+    let a = p.alloc(2 * G, S1).unwrap();
+    let b = p.alloc(100, S1).unwrap();
     p.free(a, S1).unwrap();
     p.free(b, S1).unwrap();
-    p.events().complete_stream(S1);
-    let c = p.alloc(100, S1).unwrap(); // polls: a and b return to the caches
-    p.free(c, S1).unwrap();
-    let before = p.stats();
-    p.begin_capture();
-    let x = p.alloc(4096, S2).unwrap();
-    let y = p.alloc(2 * G, S2).unwrap();
-    let z = p.alloc(100, S1).unwrap(); // S1's own waiting block
-    assert_eq!(z, c);
-    let err = p.alloc(8 * G, S2).unwrap_err();
-    assert!(
-        matches!(err, PoolError::CaptureNeedsWarmPool { .. }),
-        "{err}"
-    );
-    assert!(err.to_string().contains("capture needs a warmed pool"));
-    p.free(x, S2).unwrap();
-    p.free(y, S2).unwrap();
-    let during = p.stats();
-    assert_eq!(
-        during.driver_calls, before.driver_calls,
-        "no VMM call in capture"
-    );
-    assert_eq!(
-        during.event_calls, before.event_calls,
-        "no event call in capture"
-    );
-    // Parked frees are not reusable by another stream during capture.
-    let w = p.alloc(4096, StreamId(9)).unwrap();
-    assert_ne!(w, x);
-    p.end_capture().unwrap();
-    assert!(
-        p.stats().event_calls > before.event_calls,
-        "events recorded at end"
-    );
-    p.free(z, S1).unwrap();
-    p.free(w, StreamId(9)).unwrap();
+    assert_eq!(p.stats().ooms, 1);
     p.check().unwrap();
+}
+
+#[test]
+fn memory_limit_can_change() {
+    let p = pool(16, ModelEvents::completing());
+    p.set_limit_bytes(2 * G);
+    assert!(p.alloc(3 * G, S1).unwrap_err().is_out_of_memory());
+    p.set_limit_bytes(16 * G);
+    let a = p.alloc(3 * G, S1).unwrap();
+    p.free(a, S1).unwrap();
+    assert_eq!(p.stats().limit_bytes, 16 * G);
+}
+
+#[test]
+fn record_stream_delays_reuse_until_every_stream_is_done() {
+    for size in [1000, 3 * G] {
+        let p = pool(16, ModelEvents::new());
+        let a = p.alloc(size, S1).unwrap();
+        p.record_stream(a, S2).unwrap();
+        p.free(a, S1).unwrap();
+        let b = p.alloc(size, S1).unwrap();
+        assert_ne!(b, a, "S2 may still use it: not even S1 takes it back");
+        p.events().complete_stream(S1);
+        let c = p.alloc(size, StreamId(3)).unwrap();
+        assert_ne!(c, a, "S2's event is still pending (size {size})");
+        p.events().complete_stream(S2);
+        let d = p.alloc(size, StreamId(3)).unwrap();
+        assert_eq!(d, a, "both events done: reusable (size {size})");
+        for x in [b, c, d] {
+            p.free(x, StreamId(3)).unwrap();
+        }
+        assert!(matches!(
+            p.record_stream(a, S2),
+            Err(PoolError::NotOurs { .. })
+        ));
+        p.check().unwrap();
+    }
+}
+
+const GRAPH: PoolId = PoolId(7, 0);
+const OTHER_GRAPH: PoolId = PoolId(8, 0);
+
+#[test]
+fn graph_memory_stays_the_graphs_until_released() {
+    let p = pool(64, ModelEvents::completing());
+    p.begin_allocate_to_pool(GRAPH).unwrap();
+    let small = p.alloc_in(4096, S1, GRAPH).unwrap();
+    let large = p.alloc_in(3 * G, S1, GRAPH).unwrap();
+    p.free(small, S1).unwrap(); // freed during capture: the graph's again at once
+    let again = p.alloc_in(4096, S1, GRAPH).unwrap();
+    assert_eq!(
+        again, small,
+        "the graph reuses its own memory in capture order"
+    );
+    p.end_allocate_to_pool(GRAPH).unwrap();
+    p.free(again, S1).unwrap();
+    p.free(large, S1).unwrap();
+    // Eager code never gets the graph's memory.
+    let mut eager = Vec::new();
+    for _ in 0..10 {
+        let e = p.alloc(4096, S1).unwrap();
+        let f = p.alloc(3 * G, S1).unwrap();
+        assert!(e != small && f != large, "eager request got graph memory");
+        eager.extend([e, f]);
+    }
+    for e in eager {
+        p.free(e, S1).unwrap();
+    }
+    // A second graph sharing the pool reuses it; another stream does not.
+    p.begin_allocate_to_pool(GRAPH).unwrap();
+    assert_eq!(p.pool_use_count(GRAPH), 2);
+    assert_eq!(p.alloc_in(3 * G, S1, GRAPH).unwrap(), large);
+    assert_ne!(p.alloc_in(4096, S2, GRAPH).unwrap(), small);
+    p.end_allocate_to_pool(GRAPH).unwrap();
+    let st = p.stats();
+    assert!(st.private_free_bytes > 0 && st.private_pools == 1, "{st:?}");
+    // Both graphs deleted: the free memory goes back to general use, the
+    // rest when its tensors are freed.
+    p.release_pool(GRAPH).unwrap();
+    p.release_pool(GRAPH).unwrap();
+    assert_eq!(p.pool_use_count(GRAPH), 0);
+    // What stays is the rest of the chunk whose S2 piece is still live.
+    assert!(p.stats().private_free_bytes < G);
+    let reused = p.alloc(G, S1).unwrap();
+    assert_eq!(reused, small, "the released chunk serves general requests");
+    p.free(reused, S1).unwrap();
+    let live = p.live_in_pool(GRAPH);
+    assert_eq!(live.len(), 2, "{live:x?}");
+    for a in live {
+        p.free(a, if a == large { S1 } else { S2 }).unwrap();
+    }
+    assert_eq!(p.stats().private_pools, 0);
+    p.check().unwrap();
+}
+
+#[test]
+fn no_event_work_while_a_window_is_open() {
+    let p = pool(64, ModelEvents::new());
+    let warm = p.alloc(3 * G, S1).unwrap();
+    let kept = p.alloc(1000, S2).unwrap();
+    p.free(warm, S1).unwrap();
+    let before = p.stats().event_calls;
+    p.begin_allocate_to_pool(GRAPH).unwrap();
+    // Eager work on other threads continues: allocations (growing the lake
+    // is allowed), frees of general blocks, and graph work.
+    let x = p.alloc(5 * G, S2).unwrap();
+    p.free(kept, S2).unwrap();
+    p.free(x, S2).unwrap();
+    let y = p.alloc(5 * G, StreamId(9)).unwrap();
+    assert_ne!(y, x, "a block freed during a window waits for its event");
+    let g = p.alloc_in(2 * G, S1, GRAPH).unwrap();
+    p.record_stream(g, S2).unwrap();
+    p.free(g, S1).unwrap(); // used on S2 too: parked
+    assert!(p.empty_cache().is_ok());
+    assert_eq!(
+        p.stats().event_calls,
+        before,
+        "no event call while a window is open"
+    );
+    assert!(p.stats().waiting_bytes >= 7 * G);
+    p.end_allocate_to_pool(GRAPH).unwrap();
+    assert!(
+        p.stats().event_calls > before,
+        "parked frees get their events"
+    );
+    p.free(y, StreamId(9)).unwrap();
+    p.events().complete_stream(S1);
+    p.events().complete_stream(S2);
+    p.events().complete_stream(StreamId(9));
+    p.release_pool(GRAPH).unwrap();
+    p.empty_cache().unwrap();
+    let st = p.stats();
+    assert_eq!(
+        (st.active_bytes, st.reserved_bytes, st.private_pools),
+        (0, 0, 0),
+        "{st:?}"
+    );
+}
+
+#[test]
+fn private_pool_calls_that_do_not_fit_are_refused() {
+    let p = pool(16, ModelEvents::completing());
+    assert!(matches!(
+        p.release_pool(GRAPH),
+        Err(PoolError::PrivatePool(_))
+    ));
+    assert!(matches!(
+        p.end_allocate_to_pool(GRAPH),
+        Err(PoolError::PrivatePool(_))
+    ));
+    assert!(matches!(
+        p.alloc_in(100, S1, GRAPH),
+        Err(PoolError::PrivatePool(_))
+    ));
+    assert!(p.begin_allocate_to_pool(PoolId::GENERAL).is_err());
+    p.begin_allocate_to_pool(GRAPH).unwrap();
+    assert!(
+        p.begin_allocate_to_pool(GRAPH).is_err(),
+        "one window per pool"
+    );
+    p.begin_allocate_to_pool(OTHER_GRAPH).unwrap();
+    p.end_allocate_to_pool(GRAPH).unwrap();
+    p.end_allocate_to_pool(OTHER_GRAPH).unwrap();
+    p.incref_pool(GRAPH).unwrap();
+    assert_eq!(p.pool_use_count(GRAPH), 2);
+    p.release_pool(GRAPH).unwrap();
+    p.release_pool(GRAPH).unwrap();
+    p.release_pool(OTHER_GRAPH).unwrap();
+    assert_eq!(p.stats().private_pools, 0);
 }
 
 #[test]

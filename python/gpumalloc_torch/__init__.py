@@ -3,10 +3,17 @@
     import gpumalloc_torch
     gpumalloc_torch.enable()          # before the first CUDA allocation
     ...
-    print(gpumalloc_torch.stats(0))
+    torch.cuda.max_memory_reserved()  # PyTorch's own statistics work
+    print(gpumalloc_torch.stats(0))   # ours, with more detail
 
-The shared library is built by `cargo build --release -p torch-alloc`
-(target/release/libgpumalloc_torch.so).
+Two pieces: the pool itself, a Rust shared library built by
+`cargo build --release -p torch-alloc` (target/release/libgpumalloc_torch.so,
+or $GPUMALLOC_TORCH_LIB), and a small C++ extension (csrc/gpumalloc_ext.cpp)
+that makes it PyTorch's allocator. The extension is built the way PyTorch
+extensions are: `pip install --no-build-isolation ./python` ahead of time, or,
+if that was not done, by `enable()` itself through
+`torch.utils.cpp_extension.load` (needs a C++ compiler, ninja and the CUDA
+headers; the result is cached under ~/.cache/torch_extensions).
 """
 
 import ctypes
@@ -14,7 +21,9 @@ import os
 from pathlib import Path
 
 _LIB_NAME = "libgpumalloc_torch.so"
+_HERE = Path(__file__).resolve().parent
 _lib = None
+_ext = None
 
 
 class GmStats(ctypes.Structure):
@@ -27,60 +36,122 @@ class GmStats(ctypes.Structure):
         ("peak_reserved", ctypes.c_uint64),
         ("fragmentation", ctypes.c_double),
         ("driver_calls", ctypes.c_uint64),
+        ("allocated", ctypes.c_uint64),
+        ("peak_allocated", ctypes.c_uint64),
+        ("waiting", ctypes.c_uint64),
+        ("split_free", ctypes.c_uint64),
+        ("private_free", ctypes.c_uint64),
+        ("largest_free", ctypes.c_uint64),
+        ("limit", ctypes.c_uint64),
+        ("live_allocations", ctypes.c_uint64),
+        ("allocs", ctypes.c_uint64),
+        ("frees", ctypes.c_uint64),
+        ("alloc_retries", ctypes.c_uint64),
+        ("ooms", ctypes.c_uint64),
+        ("event_calls", ctypes.c_uint64),
+        ("split_chunks", ctypes.c_uint64),
+        ("private_pools", ctypes.c_uint64),
     ]
 
 
 def default_path():
-    """The library under the repository's target/release (or $GPUMALLOC_TORCH_LIB)."""
+    """The library: $GPUMALLOC_TORCH_LIB, else the repository's target/release."""
     env = os.environ.get("GPUMALLOC_TORCH_LIB")
     if env:
         return env
-    root = Path(__file__).resolve().parents[2]
-    return str(root / "target" / "release" / _LIB_NAME)
+    return str(_HERE.parents[1] / "target" / "release" / _LIB_NAME)
 
 
 def _load(path):
     global _lib
     if _lib is None:
-        _lib = ctypes.CDLL(path)
-        _lib.gm_stats.argtypes = [ctypes.c_int, ctypes.POINTER(GmStats)]
-        _lib.gm_stats.restype = ctypes.c_int
-        _lib.gm_reset_peaks.argtypes = [ctypes.c_int]
-        _lib.gm_reset_peaks.restype = None
-        _lib.gm_empty_cache.argtypes = [ctypes.c_int]
-        _lib.gm_empty_cache.restype = ctypes.c_uint64
+        if not Path(path).exists():
+            raise FileNotFoundError(
+                f"{path} not found: build it with `cargo build --release -p torch-alloc` "
+                "or point $GPUMALLOC_TORCH_LIB at it"
+            )
+        lib = ctypes.CDLL(path)
+        lib.gm_stats.argtypes = [ctypes.c_int, ctypes.POINTER(GmStats)]
+        lib.gm_stats.restype = ctypes.c_int
+        lib.gm_reset_peaks.argtypes = [ctypes.c_int]
+        lib.gm_reset_peaks.restype = None
+        lib.gm_empty_cache.argtypes = [ctypes.c_int]
+        lib.gm_empty_cache.restype = ctypes.c_uint64
+        lib.gm_last_error.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.gm_last_error.restype = ctypes.c_int
+        _lib = lib
     return _lib
 
 
-def enable(path=None):
-    """Installs gpumalloc as the CUDA allocator; call before any CUDA allocation."""
-    import torch
+def _last_error(lib):
+    buf = ctypes.create_string_buffer(4096)
+    lib.gm_last_error(buf, len(buf))
+    return buf.value.decode(errors="replace")
 
-    path = path or default_path()
-    if not Path(path).exists():
-        raise FileNotFoundError(
-            f"{path} not found: build it with `cargo build --release -p torch-alloc`"
+
+def _extension(verbose=False):
+    """The C++ extension: the one pip installed, else built now (cached)."""
+    global _ext
+    if _ext is not None:
+        return _ext
+    try:
+        from . import _gpumalloc_ext as ext  # built by `pip install ./python`
+    except ImportError:
+        from torch.utils import cpp_extension
+
+        ext = cpp_extension.load(
+            name="_gpumalloc_ext",
+            sources=[str(_HERE / "csrc" / "gpumalloc_ext.cpp")],
+            extra_ldflags=["-ltorch_cuda", "-lc10_cuda"],
+            with_cuda=True,
+            verbose=verbose,
         )
+    _ext = ext
+    return ext
+
+
+def enable(path=None, verbose=False):
+    """Makes gpumalloc PyTorch's CUDA allocator; call before any CUDA allocation.
+
+    Out of memory then raises torch.cuda.OutOfMemoryError; CUDA graphs get
+    private pools; torch.cuda.memory_stats(), empty_cache(), record_stream
+    and set_per_process_memory_fraction reach the pool.
+    """
+    path = path or default_path()
     _load(path)
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "gm_malloc", "gm_free")
-    torch.cuda.memory.change_current_allocator(alloc)
-    return alloc
+    _extension(verbose).install(path)
+
+
+def is_enabled():
+    """Whether gpumalloc is PyTorch's CUDA allocator now."""
+    return _ext is not None and _ext.is_installed()
+
+
+def _lib_or_default():
+    return _lib if _lib is not None else _load(default_path())
 
 
 def stats(device=0):
-    """Our statistics of `device` as a dict (fragmentation = 1 - peak active / peak reserved)."""
-    lib = _load(default_path()) if _lib is None else _lib
+    """Our statistics of `device` as a dict.
+
+    active: bytes in live tensors as requested; reserved: physical bytes held;
+    peaks of both; fragmentation = 1 - peak active / peak reserved; waiting:
+    bytes freed but waiting for other streams' events; split_free: free bytes
+    in the small-request cache; private_free: free bytes held by CUDA graphs;
+    driver_calls / event_calls: CUDA calls made; alloc_retries / ooms.
+    """
+    lib = _lib_or_default()
     out = GmStats()
     if lib.gm_stats(device, ctypes.byref(out)) != 0:
-        raise RuntimeError(f"gm_stats failed for device {device} (see stderr)")
+        raise RuntimeError(f"gm_stats failed for device {device}: {_last_error(lib)}")
     return {name: getattr(out, name) for name, _ in GmStats._fields_}
 
 
 def reset_peaks(device=0):
-    """Sets the peaks to the current values."""
-    _lib.gm_reset_peaks(device)
+    """Sets the peaks to the current values (also torch.cuda.reset_peak_memory_stats)."""
+    _lib_or_default().gm_reset_peaks(device)
 
 
-def empty_cache(device=0):
-    """Returns cached memory to the driver; the bytes released."""
-    return _lib.gm_empty_cache(device)
+def empty_cache(device=-1):
+    """Returns cached memory to the driver (all devices by default); the bytes released."""
+    return _lib_or_default().gm_empty_cache(device)

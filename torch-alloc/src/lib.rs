@@ -1,12 +1,17 @@
-//! The C ABI of gpumalloc's pool for PyTorch's
-//! `torch.cuda.memory.CUDAPluggableAllocator`: `gm_malloc` and `gm_free`
-//! with the signatures PyTorch calls, plus statistics, peak reset and
-//! cache release. Backed by the real CUDA driver ([`CudaVmm`] and
-//! [`CudaEvents`]), one [`StreamPool`] per device, made on first use.
+//! The C ABI of gpumalloc's pool for PyTorch: the allocation calls of
+//! `CUDAPluggableAllocator` (`gm_malloc`, `gm_free`), and what the C++
+//! extension of `python/gpumalloc_torch` needs to stand in for PyTorch's
+//! whole CUDA allocator: private pools for CUDA graphs, `record_stream`,
+//! the memory fraction, `empty_cache`, statistics, and the last error's
+//! text so that out of memory becomes `torch.cuda.OutOfMemoryError`.
+//! Backed by the real CUDA driver ([`CudaVmm`] and [`CudaEvents`]), one
+//! [`StreamPool`] per device, made on first use.
 //!
-//! Nothing panics across the boundary: every entry point runs under
-//! `catch_unwind`; a failure is written to stderr once per kind (the first
-//! message of each kind) and answered with null (or, for `gm_stats`, `-1`).
+//! Every entry point goes through [`boundary::enter`]: no panic crosses the
+//! boundary, the calling thread's CUDA context and capture mode are as
+//! they were, and a forked child touches no driver. A call that fails
+//! answers null (or -1) and leaves its message as the thread's last error
+//! (`gm_last_error`).
 //!
 //! Environment: `GPUMALLOC_LIMIT_BYTES` caps the physical memory of each
 //! device's pool (default: the device's total memory).
@@ -14,22 +19,35 @@
 //! Concurrency: the registry of pools is a process-wide static; each pool
 //! is thread-safe (see `host::pluggable::pool`).
 
-use std::ffi::c_void;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+mod boundary;
 
-use cudarc::driver::{CudaContext, sys};
+use std::ffi::{c_char, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use boundary::{ErrorKind, enter, set_error, take_error};
+use cudarc::driver::CudaContext;
 use host::lake::{ChunkOptions, CudaVmm, Lake, LakeConfig};
-use host::pluggable::{CudaEvents, Registry, StreamId, StreamPool};
+use host::pluggable::{CudaEvents, PoolId, PoolStats, Registry, StreamId, StreamPool};
 
-/// The pool of one device on the real driver.
-type CudaPool = StreamPool<CudaVmm, CudaEvents>;
+/// The pool of one device on the real driver, with its total memory and
+/// the fraction of it the user allows.
+struct Device {
+    pool: StreamPool<CudaVmm, CudaEvents>,
+    total_bytes: u64,
+    /// The fraction set with `gm_set_memory_fraction` (1.0 at first).
+    fraction: Mutex<f64>,
+}
 
 /// Environment variable capping each pool's physical memory, in bytes.
 const LIMIT_ENV: &str = "GPUMALLOC_LIMIT_BYTES";
 
-/// Statistics of one device's pool, as `gm_stats` fills them.
+/// What a forked child is told when it asks for memory.
+const IN_CHILD: &str = "gpumalloc: CUDA memory cannot be used in a process forked after CUDA \
+                        was initialised (use the 'spawn' start method for workers that need \
+                        the GPU)";
+
+/// Statistics of one device's pool, as `gm_stats` fills them. The first
+/// six fields keep their order from earlier versions.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct GmStats {
@@ -45,112 +63,165 @@ pub struct GmStats {
     pub fragmentation: f64,
     /// VMM driver calls made.
     pub driver_calls: u64,
+    /// Bytes in live allocations, each rounded up to 512 bytes.
+    pub allocated: u64,
+    /// Highest `allocated` since start or the last `gm_reset_peaks`.
+    pub peak_allocated: u64,
+    /// Bytes freed and waiting for other streams' events.
+    pub waiting: u64,
+    /// Free bytes in the general split cache.
+    pub split_free: u64,
+    /// Free bytes held by private (CUDA graph) pools.
+    pub private_free: u64,
+    /// The largest free extent.
+    pub largest_free: u64,
+    /// The limit on physical bytes.
+    pub limit: u64,
+    /// Live allocations.
+    pub live_allocations: u64,
+    /// Allocations made.
+    pub allocs: u64,
+    /// Frees made.
+    pub frees: u64,
+    /// Requests retried after reclaiming the cache.
+    pub alloc_retries: u64,
+    /// Requests answered with out of memory.
+    pub ooms: u64,
+    /// Event calls made.
+    pub event_calls: u64,
+    /// Chunks held by split caches.
+    pub split_chunks: u64,
+    /// Private pools that exist.
+    pub private_pools: u64,
 }
 
-/// Kinds of failure, each reported to stderr once.
-#[derive(Clone, Copy)]
-enum Failure {
-    Setup,
-    Malloc,
-    Free,
-    Stats,
-    EmptyCache,
-    Panic,
-}
-
-const FAILURE_KINDS: usize = 6;
-
-static REPORTED: [AtomicBool; FAILURE_KINDS] = [const { AtomicBool::new(false) }; FAILURE_KINDS];
-
-/// Writes `msg` to stderr if no failure of `kind` was written before.
-fn report(kind: Failure, msg: &str) {
-    // Relaxed: only decides whether to print; no data is published.
-    if !REPORTED[kind as usize].swap(true, Ordering::Relaxed) {
-        eprintln!("gpumalloc_torch: {msg} (further errors of this kind are not printed)");
+impl From<PoolStats> for GmStats {
+    fn from(s: PoolStats) -> GmStats {
+        GmStats {
+            active: s.active_bytes,
+            reserved: s.reserved_bytes,
+            peak_active: s.peak_active_bytes,
+            peak_reserved: s.peak_reserved_bytes,
+            fragmentation: s.fragmentation(),
+            driver_calls: s.driver_calls,
+            allocated: s.allocated_bytes,
+            peak_allocated: s.peak_allocated_bytes,
+            waiting: s.waiting_bytes,
+            split_free: s.split_free_bytes,
+            private_free: s.private_free_bytes,
+            largest_free: s.largest_free_bytes,
+            limit: s.limit_bytes,
+            live_allocations: s.live_allocations,
+            allocs: s.allocs,
+            frees: s.frees,
+            alloc_retries: s.alloc_retries,
+            ooms: s.ooms,
+            event_calls: s.event_calls,
+            split_chunks: s.split_chunks,
+            private_pools: s.private_pools,
+        }
     }
 }
 
-fn pools() -> &'static Registry<CudaPool> {
-    static POOLS: OnceLock<Registry<CudaPool>> = OnceLock::new();
-    POOLS.get_or_init(Registry::new)
+fn devices() -> &'static Registry<Device> {
+    static DEVICES: OnceLock<Registry<Device>> = OnceLock::new();
+    DEVICES.get_or_init(Registry::new)
 }
 
 /// Makes the pool of `device`: its VMM driver, lake and events.
-fn make_pool(device: i32) -> Result<CudaPool, String> {
+fn make_device(device: i32) -> Result<Device, String> {
     let ordinal = usize::try_from(device).map_err(|_| format!("bad device {device}"))?;
     let vmm = CudaVmm::open(ordinal, ChunkOptions::default())
         .map_err(|e| format!("opening device {device}: {e}"))?;
+    let ctx = CudaContext::new(ordinal)
+        .map_err(|e| format!("cuDevicePrimaryCtxRetain failed on device {device}: {e}"))?;
+    let total_bytes = ctx
+        .total_mem()
+        .map_err(|e| format!("cuDeviceTotalMem failed on device {device}: {e}"))?
+        as u64;
     let limit = match std::env::var(LIMIT_ENV) {
         Ok(v) => v
             .parse::<u64>()
             .map_err(|e| format!("{LIMIT_ENV}={v:?} is not a byte count: {e}"))?,
-        Err(_) => {
-            let ctx = CudaContext::new(ordinal)
-                .map_err(|e| format!("cuDevicePrimaryCtxRetain failed on device {device}: {e}"))?;
-            ctx.total_mem()
-                .map_err(|e| format!("cuDeviceTotalMem failed on device {device}: {e}"))?
-                as u64
-        }
+        Err(_) => total_bytes,
     };
     let events = CudaEvents::open(ordinal).map_err(|e| e.to_string())?;
-    Ok(StreamPool::new(
-        Lake::new(vmm, LakeConfig::with_limit(limit)),
-        events,
-    ))
+    Ok(Device {
+        pool: StreamPool::new(Lake::new(vmm, LakeConfig::with_limit(limit)), events),
+        total_bytes,
+        fraction: Mutex::new(1.0),
+    })
 }
 
-fn pool(device: i32) -> Option<std::sync::Arc<CudaPool>> {
-    match pools().get_or_make(device, make_pool) {
-        Ok(p) => Some(p),
+/// The pool of `device`, made on first use; on failure the reason is the
+/// thread's last error.
+fn device(device: i32) -> Option<Arc<Device>> {
+    match devices().get_or_make(device, make_device) {
+        Ok(d) => Some(d),
         Err(e) => {
-            report(Failure::Setup, &format!("no pool for device {device}: {e}"));
+            set_error(
+                ErrorKind::Other,
+                format!("gpumalloc: no pool for device {device}: {e}"),
+            );
             None
         }
     }
 }
 
-/// Runs `f`, turning a panic into `fallback` (reported once).
-fn guarded<T>(fallback: T, f: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
-        report(Failure::Panic, "internal panic caught at the C boundary");
-        fallback
+fn stream_id(stream: *mut c_void) -> StreamId {
+    StreamId(stream as u64)
+}
+
+/// Runs `f` on the pool of `device`; 0 on success, -1 with the thread's
+/// last error set otherwise.
+fn with_device(dev: i32, f: impl FnOnce(&Device) -> Result<(), String>) -> i32 {
+    enter(-1, Some(IN_CHILD), || {
+        let Some(d) = device(dev) else {
+            return -1;
+        };
+        match f(&d) {
+            Ok(()) => 0,
+            Err(e) => {
+                set_error(ErrorKind::Other, e);
+                -1
+            }
+        }
     })
 }
 
-/// Whether `stream` is being captured into a CUDA graph (a failed query
-/// counts as not capturing; the allocation then proceeds normally).
-fn is_capturing(stream: *mut c_void) -> bool {
-    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: `stream` is the stream PyTorch passed for this device (0 is
-    // the legacy default stream); `status` is a valid out-pointer. The query
-    // is allowed during capture and makes no allocation.
-    let r = unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut status) };
-    r == sys::CUresult::CUDA_SUCCESS
-        && status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
-}
-
-/// Allocates `size` bytes on `device` for `stream`. Null on failure and for
-/// `size <= 0` (zero-size requests are answered with null by design).
+/// Allocates `size` bytes on `device` for `stream`, in private pool
+/// `(pool_hi, pool_lo)` (`(0, 0)`: the general pool). Null for `size == 0`
+/// (with no error) and on failure (with the thread's last error set:
+/// `gm_last_error`).
 #[unsafe(no_mangle)]
-pub extern "C" fn gm_malloc(size: isize, device: i32, stream: *mut c_void) -> *mut c_void {
-    guarded(std::ptr::null_mut(), || {
-        let Ok(size) = u64::try_from(size) else {
-            report(Failure::Malloc, &format!("gm_malloc: negative size {size}"));
-            return std::ptr::null_mut();
-        };
+pub extern "C" fn gm_malloc_in(
+    size: u64,
+    device_index: i32,
+    stream: *mut c_void,
+    pool_hi: u64,
+    pool_lo: u64,
+) -> *mut c_void {
+    enter(std::ptr::null_mut(), Some(IN_CHILD), || {
         if size == 0 {
             return std::ptr::null_mut();
         }
-        let Some(pool) = pool(device) else {
+        let Some(d) = device(device_index) else {
             return std::ptr::null_mut();
         };
-        let capturing = is_capturing(stream);
-        match pool.alloc_with(size, StreamId(stream as u64), capturing) {
+        match d
+            .pool
+            .alloc_in(size, stream_id(stream), PoolId(pool_hi, pool_lo))
+        {
             Ok(addr) => addr as *mut c_void,
             Err(e) => {
-                report(
-                    Failure::Malloc,
-                    &format!("gm_malloc on device {device}: {e}"),
+                let kind = if e.is_out_of_memory() {
+                    ErrorKind::OutOfMemory
+                } else {
+                    ErrorKind::Other
+                };
+                set_error(
+                    kind,
+                    format!("{e} [device {device_index}, stream {:#x}]", stream as u64),
                 );
                 std::ptr::null_mut()
             }
@@ -158,22 +229,200 @@ pub extern "C" fn gm_malloc(size: isize, device: i32, stream: *mut c_void) -> *m
     })
 }
 
-/// Frees `ptr` (from `gm_malloc` on `device`), last used on `stream`.
-/// `size` is not needed (the pool knows each allocation's size).
+/// Allocates `size` bytes on `device` for `stream` from the general pool,
+/// with the signature `CUDAPluggableAllocator` calls. Null for `size <= 0`
+/// and on failure (see `gm_last_error`).
 #[unsafe(no_mangle)]
-pub extern "C" fn gm_free(ptr: *mut c_void, _size: isize, device: i32, stream: *mut c_void) {
-    guarded((), || {
+pub extern "C" fn gm_malloc(size: isize, device: i32, stream: *mut c_void) -> *mut c_void {
+    match u64::try_from(size) {
+        Ok(size) => gm_malloc_in(size, device, stream, 0, 0),
+        Err(_) => {
+            set_error(ErrorKind::Other, format!("gm_malloc: negative size {size}"));
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Frees `ptr` (from `gm_malloc`/`gm_malloc_in` on `device`), last used on
+/// `stream`. `size` is not needed (the pool knows each allocation's size).
+/// A pointer the pool does not know is ignored, with the thread's last
+/// error set. In a forked child, does nothing.
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_free(ptr: *mut c_void, _size: isize, device_index: i32, stream: *mut c_void) {
+    enter((), None, || {
         if ptr.is_null() {
             return;
         }
-        let Some(pool) = pool(device) else {
+        let Some(d) = device(device_index) else {
             return;
         };
-        let capturing = is_capturing(stream);
-        if let Err(e) = pool.free_with(ptr as u64, StreamId(stream as u64), capturing) {
-            report(Failure::Free, &format!("gm_free on device {device}: {e}"));
+        if let Err(e) = d.pool.free(ptr as u64, stream_id(stream)) {
+            set_error(
+                ErrorKind::Other,
+                format!("gm_free on device {device_index}: {e}"),
+            );
         }
     })
+}
+
+/// Adds `stream` to the streams that use the allocation at `ptr`
+/// (`Tensor.record_stream`), on whichever device's pool holds it. 0, or -1
+/// if no pool holds it.
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_record_stream(ptr: *mut c_void, stream: *mut c_void) -> i32 {
+    enter(-1, Some(IN_CHILD), || {
+        for dev in devices().devices() {
+            let Some(d) = devices().get(dev) else {
+                continue;
+            };
+            if d.pool.owns(ptr as u64) {
+                return match d.pool.record_stream(ptr as u64, stream_id(stream)) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        set_error(ErrorKind::Other, e.to_string());
+                        -1
+                    }
+                };
+            }
+        }
+        set_error(
+            ErrorKind::Other,
+            format!(
+                "gpumalloc: record_stream of {:#x}: not a live allocation",
+                ptr as u64
+            ),
+        );
+        -1
+    })
+}
+
+/// Opens an allocation window on private pool `(hi, lo)` of `device` (a
+/// CUDA graph capture begins). 0, or -1 (see `gm_last_error`).
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_begin_allocate_to_pool(device: i32, hi: u64, lo: u64) -> i32 {
+    with_device(device, |d| {
+        d.pool
+            .begin_allocate_to_pool(PoolId(hi, lo))
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Closes the window on private pool `(hi, lo)` of `device`.
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_end_allocate_to_pool(device: i32, hi: u64, lo: u64) -> i32 {
+    with_device(device, |d| {
+        d.pool
+            .end_allocate_to_pool(PoolId(hi, lo))
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Adds a user to private pool `(hi, lo)` of `device`.
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_incref_pool(device: i32, hi: u64, lo: u64) -> i32 {
+    with_device(device, |d| {
+        d.pool
+            .incref_pool(PoolId(hi, lo))
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Removes a user of private pool `(hi, lo)` of `device` (a graph was
+/// deleted); its memory returns to general use when it has none left.
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_release_pool(device: i32, hi: u64, lo: u64) -> i32 {
+    with_device(device, |d| {
+        d.pool
+            .release_pool(PoolId(hi, lo))
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Users of private pool `(hi, lo)` of `device`; -1 on failure.
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_pool_use_count(device_index: i32, hi: u64, lo: u64) -> i32 {
+    enter(-1, Some(IN_CHILD), || match device(device_index) {
+        Some(d) => i32::try_from(d.pool.pool_use_count(PoolId(hi, lo))).unwrap_or(i32::MAX),
+        None => -1,
+    })
+}
+
+/// Writes the addresses of the live allocations of private pool
+/// `(hi, lo)` of `device` into `out` (at most `cap` of them) and returns
+/// how many there are (possibly more than `cap`); -1 on failure.
+///
+/// # Safety
+/// `out` is null with `cap == 0`, or points to `cap` writable `u64`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gm_pool_live_allocations(
+    device_index: i32,
+    hi: u64,
+    lo: u64,
+    out: *mut u64,
+    cap: usize,
+) -> i64 {
+    let live = enter(None, Some(IN_CHILD), || {
+        device(device_index).map(|d| d.pool.live_in_pool(PoolId(hi, lo)))
+    });
+    let Some(live) = live else {
+        return -1;
+    };
+    if !out.is_null() {
+        let n = live.len().min(cap);
+        // SAFETY: `out` has `cap` writable slots and `n <= cap`; `live` is
+        // a distinct allocation.
+        unsafe { std::ptr::copy_nonoverlapping(live.as_ptr(), out, n) };
+    }
+    i64::try_from(live.len()).unwrap_or(i64::MAX)
+}
+
+/// Limits `device`'s pool to `fraction` (0 < fraction <= 1) of the
+/// device's memory (`torch.cuda.set_per_process_memory_fraction`).
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_set_memory_fraction(device: i32, fraction: f64) -> i32 {
+    with_device(device, |d| {
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(format!(
+                "gpumalloc: memory fraction {fraction} is not in (0, 1]"
+            ));
+        }
+        *d.fraction.lock().unwrap_or_else(|e| e.into_inner()) = fraction;
+        d.pool
+            .set_limit_bytes((d.total_bytes as f64 * fraction) as u64);
+        Ok(())
+    })
+}
+
+/// The fraction last set with `gm_set_memory_fraction` (1.0 if none);
+/// -1.0 on failure.
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_get_memory_fraction(device_index: i32) -> f64 {
+    enter(-1.0, Some(IN_CHILD), || match device(device_index) {
+        Some(d) => *d.fraction.lock().unwrap_or_else(|e| e.into_inner()),
+        None => -1.0,
+    })
+}
+
+/// Copies this thread's last error message into `buf` (`len` bytes, NUL
+/// terminated, cut to fit) and returns its kind: 0 none, 1 out of memory,
+/// 2 other. The error is cleared.
+///
+/// # Safety
+/// `buf` is null (the message is dropped) or points to `len` writable
+/// bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gm_last_error(buf: *mut c_char, len: usize) -> i32 {
+    let (kind, msg) = take_error();
+    if !buf.is_null() && len > 0 {
+        let n = msg.len().min(len - 1);
+        // SAFETY: `buf` has `len` writable bytes and `n + 1 <= len`; the
+        // message is a distinct allocation, so the ranges do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(msg.as_ptr(), buf.cast::<u8>(), n);
+            buf.add(n).write(0);
+        }
+    }
+    kind as i32
 }
 
 /// Fills `*out` with the statistics of `device`'s pool. Returns 0, or -1
@@ -182,59 +431,61 @@ pub extern "C" fn gm_free(ptr: *mut c_void, _size: isize, device: i32, stream: *
 /// # Safety
 /// `out` is null or points to writable memory for one `GmStats`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn gm_stats(device: i32, out: *mut GmStats) -> i32 {
-    let stats = guarded(None, || {
-        let s = pool(device)?.stats();
-        Some(GmStats {
-            active: s.active_bytes,
-            reserved: s.reserved_bytes,
-            peak_active: s.peak_active_bytes,
-            peak_reserved: s.peak_reserved_bytes,
-            fragmentation: s.fragmentation(),
-            driver_calls: s.driver_calls,
-        })
+pub unsafe extern "C" fn gm_stats(device_index: i32, out: *mut GmStats) -> i32 {
+    if out.is_null() {
+        set_error(ErrorKind::Other, "gm_stats: null output".to_string());
+        return -1;
+    }
+    let stats = enter(None, Some(IN_CHILD), || {
+        device(device_index).map(|d| GmStats::from(d.pool.stats()))
     });
-    match (stats, out.is_null()) {
-        (Some(s), false) => {
+    match stats {
+        Some(s) => {
             // SAFETY: `out` is non-null and, by the caller's contract,
             // points to writable memory for one `GmStats`.
             unsafe { out.write(s) };
             0
         }
-        _ => {
-            report(
-                Failure::Stats,
-                &format!("gm_stats: no statistics for device {device}"),
-            );
-            -1
-        }
+        None => -1,
     }
 }
 
 /// Sets the peaks of `device`'s pool to the current values.
 #[unsafe(no_mangle)]
-pub extern "C" fn gm_reset_peaks(device: i32) {
-    guarded((), || {
-        if let Some(p) = pool(device) {
-            p.reset_peaks();
+pub extern "C" fn gm_reset_peaks(device_index: i32) {
+    enter((), None, || {
+        if let Some(d) = device(device_index) {
+            d.pool.reset_peaks();
         }
     })
 }
 
 /// Releases `device`'s cached memory to the driver (like
-/// `torch.cuda.empty_cache()`). Returns the bytes released, or 0.
+/// `torch.cuda.empty_cache()`); a negative device means every device with
+/// a pool. Returns the bytes released (0 on failure, see `gm_last_error`).
 #[unsafe(no_mangle)]
-pub extern "C" fn gm_empty_cache(device: i32) -> u64 {
-    guarded(0, || match pool(device).map(|p| p.empty_cache()) {
-        Some(Ok(bytes)) => bytes,
-        Some(Err(e)) => {
-            report(
-                Failure::EmptyCache,
-                &format!("gm_empty_cache on device {device}: {e}"),
-            );
-            0
+pub extern "C" fn gm_empty_cache(device_index: i32) -> u64 {
+    enter(0, None, || {
+        let all = devices().devices();
+        let list: Vec<i32> = if device_index < 0 {
+            all
+        } else {
+            vec![device_index]
+        };
+        let mut released = 0;
+        for dev in list {
+            let Some(d) = device(dev) else {
+                continue;
+            };
+            match d.pool.empty_cache() {
+                Ok(bytes) => released += bytes,
+                Err(e) => set_error(
+                    ErrorKind::Other,
+                    format!("gm_empty_cache on device {dev}: {e}"),
+                ),
+            }
         }
-        None => 0,
+        released
     })
 }
 
@@ -246,8 +497,31 @@ mod tests {
     fn null_and_zero_answers_need_no_gpu() {
         assert!(gm_malloc(0, 0, std::ptr::null_mut()).is_null());
         assert!(gm_malloc(-5, 0, std::ptr::null_mut()).is_null());
+        let mut buf = [0 as c_char; 128];
+        // SAFETY: `buf` has 128 writable bytes.
+        let kind = unsafe { gm_last_error(buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(kind, ErrorKind::Other as i32);
+        // SAFETY: gm_last_error NUL-terminates within the buffer.
+        let msg = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        assert!(
+            msg.to_string_lossy().contains("negative size -5"),
+            "{msg:?}"
+        );
+        // SAFETY: the error was taken: a second call finds none.
+        assert_eq!(unsafe { gm_last_error(std::ptr::null_mut(), 0) }, 0);
         gm_free(std::ptr::null_mut(), 0, 0, std::ptr::null_mut());
         // SAFETY: a null `out` is allowed and answered with -1.
         assert_eq!(unsafe { gm_stats(0, std::ptr::null_mut()) }, -1);
+    }
+
+    #[test]
+    fn messages_are_cut_to_the_buffer_and_terminated() {
+        set_error(ErrorKind::OutOfMemory, "x".repeat(100));
+        let mut buf = [1 as c_char; 8];
+        // SAFETY: `buf` has 8 writable bytes.
+        let kind = unsafe { gm_last_error(buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(kind, ErrorKind::OutOfMemory as i32);
+        assert_eq!(buf[7], 0);
+        assert!(buf[..7].iter().all(|&c| c == b'x' as c_char));
     }
 }

@@ -92,6 +92,8 @@ pub enum FailureCause {
     Model(String),
     /// The CPU model was told to fail this call (fault injection).
     Injected,
+    /// The CPU model's device is full (see `ModelVmm::set_device_bytes`).
+    OutOfMemory,
 }
 
 /// A failed driver call: which call, and why.
@@ -110,6 +112,21 @@ impl fmt::Display for DriverFailure {
             FailureCause::Cuda(e) => write!(f, "{call} failed: {e}"),
             FailureCause::Model(why) => write!(f, "{call} failed: refused by the CPU model: {why}"),
             FailureCause::Injected => write!(f, "{call} failed: injected fault (CPU model)"),
+            FailureCause::OutOfMemory => {
+                write!(f, "{call} failed: the CPU model's device memory is full")
+            }
+        }
+    }
+}
+
+impl DriverFailure {
+    /// Whether the driver refused for lack of device memory
+    /// (`CUDA_ERROR_OUT_OF_MEMORY`, or the model's full device).
+    pub fn is_out_of_memory(&self) -> bool {
+        match &self.cause {
+            FailureCause::Cuda(e) => e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            FailureCause::OutOfMemory => true,
+            _ => false,
         }
     }
 }

@@ -77,6 +77,19 @@ impl fmt::Display for LakeError {
     }
 }
 
+impl LakeError {
+    /// Whether the request failed for lack of memory: the lake's limit, or
+    /// the driver's own `CUDA_ERROR_OUT_OF_MEMORY` (other processes, or the
+    /// context itself, hold what the limit would allow).
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            LakeError::OutOfMemory { .. } => true,
+            LakeError::Driver(e) => e.is_out_of_memory(),
+            _ => false,
+        }
+    }
+}
+
 impl std::error::Error for LakeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {

@@ -61,6 +61,8 @@ struct State {
     mapped: BTreeMap<u64, Mapping>,
     /// Fault injection: call → how many more calls succeed before one fails.
     faults: HashMap<VmmCall, u64>,
+    /// Modelled device memory in chunks (`None`: unlimited).
+    device_chunks: Option<u64>,
 }
 
 /// The CPU model of the VMM driver.
@@ -127,6 +129,15 @@ impl ModelVmm {
     pub fn fail_nth(&self, call: VmmCall, n: u64) {
         assert!(n >= 1, "n counts from 1");
         self.state().faults.insert(call, n - 1);
+    }
+
+    /// Models a device of `bytes` physical memory (rounded down to whole
+    /// chunks): a `create` beyond it fails with
+    /// [`FailureCause::OutOfMemory`], as CUDA does when the GPU is full
+    /// whatever the lake's own limit says. `None` (the default) never runs
+    /// out.
+    pub fn set_device_bytes(&self, bytes: Option<u64>) {
+        self.state().device_chunks = bytes.map(|b| b / self.granularity);
     }
 
     /// What the model holds now.
@@ -267,6 +278,14 @@ impl VmmDriver for ModelVmm {
 
     fn create(&self) -> VmmResult<ChunkHandle> {
         self.call(VmmCall::Create, |s| {
+            if s.device_chunks
+                .is_some_and(|cap| s.chunks.len() as u64 >= cap)
+            {
+                return Err(DriverFailure {
+                    call: VmmCall::Create,
+                    cause: FailureCause::OutOfMemory,
+                });
+            }
             let handle = ChunkHandle(s.next_handle);
             s.next_handle += 1;
             let chunk = Chunk {

@@ -26,6 +26,7 @@
 //! any) always comes second. No call re-enters the lake.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use super::block::{Blocks, PId, SId};
@@ -79,6 +80,9 @@ struct State {
 pub struct Lake<D: VmmDriver> {
     driver: D,
     config: LakeConfig,
+    /// The limit on physical bytes: `config.limit_bytes` until
+    /// [`Lake::set_limit_bytes`] changes it.
+    limit_bytes: AtomicU64,
     granularity: u64,
     state: Mutex<State>,
 }
@@ -89,6 +93,7 @@ impl<D: VmmDriver> Lake<D> {
         let granularity = driver.granularity();
         Lake {
             driver,
+            limit_bytes: AtomicU64::new(config.limit_bytes),
             config,
             granularity,
             state: Mutex::new(State {
@@ -128,7 +133,24 @@ impl<D: VmmDriver> Lake<D> {
     }
 
     fn limit_chunks(&self) -> usize {
-        (self.config.limit_bytes / self.granularity) as usize
+        // Relaxed: the limit is read under the state lock by the only
+        // decision that uses it; a change racing with a request applies to
+        // the next one, as with any setting.
+        (self.limit_bytes.load(Ordering::Relaxed) / self.granularity) as usize
+    }
+
+    /// The limit on physical bytes.
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Changes the limit on physical bytes (PyTorch's
+    /// `set_per_process_memory_fraction`). Memory already held above a
+    /// lowered limit stays until it is freed and trimmed; new chunks are
+    /// refused while the lake holds more than the limit.
+    pub fn set_limit_bytes(&self, bytes: u64) {
+        // Relaxed: see `limit_chunks`.
+        self.limit_bytes.store(bytes, Ordering::Relaxed);
     }
 
     fn min_split_chunks(&self) -> usize {
@@ -488,6 +510,17 @@ impl<D: VmmDriver> Lake<D> {
                 ..
             })
         )
+    }
+
+    /// The largest free primitive block, in bytes (0 when none).
+    pub fn largest_free_bytes(&self) -> u64 {
+        let s = self.state();
+        let chunks = s
+            .blocks
+            .free_pblocks()
+            .next_back()
+            .map_or(0, |(len, _)| len);
+        chunks as u64 * self.granularity
     }
 
     /// A snapshot of the lake's counters.

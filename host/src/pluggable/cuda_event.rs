@@ -119,6 +119,14 @@ impl EventSource for CudaEvents {
             .push(event);
     }
 
+    fn synchronize_all(&self) -> Result<(), EventFailure> {
+        self.bind()?;
+        self.count();
+        // SAFETY: the device's primary context is current (bound above);
+        // the call only waits.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+
     fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
     }

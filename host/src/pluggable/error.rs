@@ -47,14 +47,12 @@ pub enum PoolError {
         /// Bytes freed on some stream whose event has not completed yet
         /// (not reusable by the asking stream for now).
         waiting: u64,
+        /// What refused last: the lake's limit or the driver, in words.
+        cause: String,
     },
-    /// A request during graph capture that cached memory cannot serve.
-    CaptureNeedsWarmPool {
-        /// Bytes asked for.
-        asked: u64,
-        /// The capturing stream.
-        stream: u64,
-    },
+    /// A private-pool call that does not fit the pool's state (no window
+    /// open, no user to release, ...), in words.
+    PrivatePool(String),
     /// `free` of an address this pool did not hand out (or already freed).
     NotOurs {
         /// The address.
@@ -76,19 +74,21 @@ impl fmt::Display for PoolError {
                 limit,
                 largest_free,
                 waiting,
+                cause,
             } => write!(
                 f,
-                "gpumalloc pool: out of memory: asked {asked} bytes; {reserved} bytes reserved \
-                 of a {limit}-byte limit, {active} active, largest free extent {largest_free} \
-                 bytes, {waiting} bytes waiting for another stream's event (free tensors, \
-                 synchronize the streams, or call empty_cache)"
+                "gpumalloc: out of memory: tried to allocate {} ({asked} bytes); {} reserved \
+                 of a {} limit, {} in live tensors, largest free extent {}, {} waiting for \
+                 other streams' events; the pool already waited for the device and released \
+                 its cache. Free tensors or use a smaller batch. ({cause})",
+                human(*asked),
+                human(*reserved),
+                human(*limit),
+                human(*active),
+                human(*largest_free),
+                human(*waiting),
             ),
-            PoolError::CaptureNeedsWarmPool { asked, stream } => write!(
-                f,
-                "gpumalloc pool: cannot allocate {asked} bytes on stream {stream:#x} during CUDA \
-                 graph capture: no cached block fits and capture forbids driver calls; capture \
-                 needs a warmed pool (run the captured region once before capturing)"
-            ),
+            PoolError::PrivatePool(why) => write!(f, "gpumalloc pool: {why}"),
             PoolError::NotOurs { addr } => write!(
                 f,
                 "gpumalloc pool: free of {addr:#x}: not a live allocation of this pool \
@@ -97,6 +97,30 @@ impl fmt::Display for PoolError {
             PoolError::Lake(e) => write!(f, "gpumalloc pool: {e}"),
             PoolError::Event(e) => write!(f, "gpumalloc pool: {e}"),
         }
+    }
+}
+
+/// Bytes as PyTorch users read them: `1.50 GiB`.
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{v:.2} {}", UNITS[unit])
+    }
+}
+
+impl PoolError {
+    /// Whether this is an out-of-memory answer (PyTorch raises
+    /// `torch.cuda.OutOfMemoryError` for it).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, PoolError::OutOfMemory { .. })
     }
 }
 

@@ -37,7 +37,13 @@ pub trait EventSource: Send + Sync {
     /// source may keep the event for a later record).
     fn destroy(&self, event: EventId);
 
-    /// Driver calls made so far (creations, records and queries).
+    /// Waits until all work submitted to the device so far has completed
+    /// (every event recorded so far completes). Used before out of memory
+    /// is declared and before a graph's memory returns to general use.
+    fn synchronize_all(&self) -> Result<(), EventFailure>;
+
+    /// Driver calls made so far (creations, records, queries and
+    /// synchronisations).
     fn calls(&self) -> u64;
 }
 
@@ -129,6 +135,14 @@ impl EventSource for ModelEvents {
 
     fn destroy(&self, event: EventId) {
         self.state().live.remove(&event);
+    }
+
+    fn synchronize_all(&self) -> Result<(), EventFailure> {
+        self.count();
+        for (_, done) in self.state().live.values_mut() {
+            *done = true;
+        }
+        Ok(())
     }
 
     fn calls(&self) -> u64 {

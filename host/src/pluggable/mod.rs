@@ -13,22 +13,29 @@
 //!   completed ([`StreamPool`]);
 //! - **event source**: the [`EventSource`] boundary, real ([`CudaEvents`])
 //!   or modelled ([`ModelEvents`]);
-//! - **capture**: while a CUDA graph is captured no driver call is made;
-//!   requests are served from cached memory or refused.
+//! - **private pool**: memory of a CUDA graph (or a `torch.cuda.MemPool`)
+//!   that stays the graph's until the graph is deleted; requests reach it
+//!   through an allocation window ([`PrivatePools`]), and while a window is
+//!   open the pool does no event work.
 //!
-//! Files: `event` (the boundary and its model), `cuda_event` (its CUDA
-//! side), `split` (the small-request cache), `pool` (the stream rule and the
-//! thread-safe [`StreamPool`]), `stats`, `error`, `registry` (one pool per
-//! device).
+//! Files: `block` (blocks, their origins and homes), `event` (the boundary
+//! and its model), `cuda_event` (its CUDA side), `split` (the small-request
+//! cache), `pending` (blocks waiting for events), `private` (graph pools
+//! and windows), `pool` (the thread-safe [`StreamPool`] over all of them),
+//! `stats`, `error`, `registry` (one pool per device).
 
+pub mod block;
 pub mod cuda_event;
 pub mod error;
 pub mod event;
+pub mod pending;
 pub mod pool;
+pub mod private;
 pub mod registry;
 pub mod split;
 pub mod stats;
 
+pub use block::PoolId;
 pub use cuda_event::CudaEvents;
 pub use error::{EventFailure, PoolError, PoolResult};
 pub use event::{EventId, EventSource, ModelEvents, StreamId};

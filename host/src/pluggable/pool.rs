@@ -1,108 +1,117 @@
-//! `StreamPool`: the lake and the split cache behind the stream rule, the
-//! allocator a `CUDAPluggableAllocator` calls.
+//! `StreamPool`: the lake and the split cache behind the stream rule, with
+//! private pools for CUDA graphs: the allocator PyTorch calls.
 //!
 //! Rules:
-//! - **routing**: requests under one lake chunk go to the [`SplitCache`]
+//! - **routing**: requests under one lake chunk go to a [`SplitCache`]
 //!   (pieces of chunks taken from the lake); larger ones to the lake
-//!   (exact match, split, stitch, grow);
-//! - **stream rule**: `free(addr, S)` records an event on S and parks the
-//!   block on S's waiting list. S may take it back at once (its later work
-//!   is ordered after the free); when the event is seen complete the block
-//!   returns to the split cache or the lake and any stream may get it.
-//!   Waiting blocks are reused by S only for requests of the same piece
-//!   length (small) or the same chunk count (large). Events of one stream
-//!   complete in order, so each `alloc` polls every stream's oldest events
-//!   until one is not complete;
-//! - **zero size**: `alloc(0)` answers the null address `0` and counts
-//!   nothing; `free(0)` does nothing (what `cudaMalloc`/`cudaFree` and
-//!   PyTorch's own allocator do);
-//! - **out of memory**: when the lake refuses, wholly free split-cache
-//!   chunks go back to the lake and the request is tried once more; then
+//!   (exact match, split, stitch, grow). A request for a private pool
+//!   ([`StreamPool::alloc_in`]) is served from that pool's store for the
+//!   asking stream, else from the lake, and its block stays the pool's;
+//! - **stream rule** ([`Pending`]): `free(addr, S)` of a general block
+//!   records an event on S and on every stream added with
+//!   [`StreamPool::record_stream`]; S alone may take the block back at once
+//!   (when it is the only user); it returns to the split cache or the lake
+//!   for every stream once all its events have completed. A private block
+//!   with no extra stream returns to its store at once;
+//! - **no event work while a window is open** ([`PrivatePools`]): while
+//!   any allocation window is open (a graph may be being captured), frees
+//!   that would need events are *parked* and nothing is polled; when the
+//!   last window closes, parked blocks get their events;
+//! - **zero size**: `alloc(0)` answers `0` and counts nothing; `free(0)`
+//!   does nothing (what `cudaMalloc`/`cudaFree` and PyTorch's allocator do);
+//! - **out of memory**: when the lake refuses (its limit, or the driver's
+//!   own out-of-memory), the pool waits for the device (unless a window is
+//!   open), takes back every block whose events completed, returns wholly
+//!   free split chunks and released graphs' memory to the lake, gives the
+//!   lake's free chunks back to the driver, and tries once more; then
 //!   [`PoolError::OutOfMemory`] says what was asked, what is reserved and
-//!   active, the largest free extent and what waits on events;
-//! - **capture**: while capturing (the pool-wide flag, or a per-call flag
-//!   for a stream the caller knows is being captured) no driver call is
-//!   made, VMM or event: requests are served from the asking stream's
-//!   waiting blocks, the split cache's free pieces or the lake's free
-//!   blocks ([`Lake::alloc_cached`]), else refused with
-//!   [`PoolError::CaptureNeedsWarmPool`]; frees are parked, not reusable,
-//!   until capture ends, when their events are recorded. Blocks a captured
-//!   graph uses must stay allocated while the graph may replay (PyTorch's
-//!   graph pools do this).
+//!   active, the largest free extent and what waits on events. Nothing is
+//!   lost: the pool is as usable after the error as before.
 //!
 //! Concurrency: one mutex guards the pool's state (split cache, live
-//! allocations, waiting lists, statistics); every public call takes it
-//! once. Lake and event calls are made while holding it, so the lock order
-//! is always pool, then lake, then driver.
+//! allocations, waiting blocks, private pools, statistics); every public
+//! call takes it once. Lake and event calls are made while holding it, so
+//! the lock order is always pool, then lake, then driver.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
+use super::block::{Block, Home, Origin, PoolId};
 use super::error::{PoolError, PoolResult};
 use super::event::{EventId, EventSource, StreamId};
-use super::split::SplitCache;
+use super::pending::Pending;
+use super::private::PrivatePools;
+use super::split::{PIECE_ALIGN, SplitCache};
 use super::stats::PoolStats;
 use crate::lake::{DeviceRange, Lake, LakeError, VmmDriver};
 
-/// Where a block came from, and so where it goes back.
-#[derive(Clone, Copy, Debug)]
-enum Origin {
-    /// A piece of the split cache.
-    Small,
-    /// A lake allocation (the range exactly as the lake handed it out).
-    Large(DeviceRange),
+/// A live allocation.
+#[derive(Clone, Debug)]
+struct Live {
+    /// Bytes requested.
+    size: u64,
+    block: Block,
+    home: Home,
+    /// Streams other than the freeing one that used it (`record_stream`).
+    uses: Vec<StreamId>,
 }
 
-/// Memory handed out: its address, how much it really holds, its origin.
-#[derive(Clone, Copy, Debug)]
-struct Block {
-    addr: u64,
-    /// Piece length (small) or whole chunks (large).
-    capacity: u64,
-    origin: Origin,
+/// A block freed while a window was open: its events are recorded when the
+/// last window closes.
+#[derive(Clone, Debug)]
+struct Parked {
+    live: Live,
+    freed_on: StreamId,
+}
+
+/// Counters behind [`PoolStats`].
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    active: u64,
+    peak_active: u64,
+    /// Requested bytes rounded up to [`PIECE_ALIGN`] (PyTorch's
+    /// `allocated_bytes`).
+    allocated: u64,
+    peak_allocated: u64,
+    peak_reserved: u64,
+    allocs: u64,
+    frees: u64,
+    retries: u64,
+    ooms: u64,
 }
 
 /// Everything behind the pool's mutex.
 struct State {
     split: SplitCache,
-    /// Address -> (bytes requested, block).
-    live: HashMap<u64, (u64, Block)>,
-    /// Per stream, blocks freed on it with the event recorded at the free,
-    /// oldest first.
-    waiting: HashMap<StreamId, VecDeque<(Block, EventId)>>,
-    /// Blocks freed during capture, with their stream; no event yet.
-    parked: Vec<(StreamId, Block)>,
-    active: u64,
-    peak_active: u64,
-    peak_reserved: u64,
+    live: HashMap<u64, Live>,
+    pending: Pending,
+    parked: Vec<Parked>,
+    private: PrivatePools,
+    counters: Counters,
 }
 
-/// The allocator of one device: lake, split cache and stream rule.
+/// The allocator of one device: lake, split cache, stream rule and
+/// private pools.
 pub struct StreamPool<D: VmmDriver, E: EventSource> {
     lake: Lake<D>,
     events: E,
-    /// The pool-wide capture flag.
-    capturing: AtomicBool,
     state: Mutex<State>,
 }
 
 impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// A pool over `lake` with events from `events`.
     pub fn new(lake: Lake<D>, events: E) -> StreamPool<D, E> {
-        let split = SplitCache::new(lake.granularity());
+        let chunk = lake.granularity();
         StreamPool {
             lake,
             events,
-            capturing: AtomicBool::new(false),
             state: Mutex::new(State {
-                split,
+                split: SplitCache::new(chunk),
                 live: HashMap::new(),
-                waiting: HashMap::new(),
+                pending: Pending::default(),
                 parked: Vec::new(),
-                active: 0,
-                peak_active: 0,
-                peak_reserved: 0,
+                private: PrivatePools::new(chunk),
+                counters: Counters::default(),
             }),
         }
     }
@@ -123,149 +132,253 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts capture mode: no driver call until [`StreamPool::end_capture`].
-    pub fn begin_capture(&self) {
-        // SeqCst is not needed: the flag is read under the state lock by
-        // every call that acts on it; Relaxed would do, Release/Acquire
-        // documents the hand-over.
-        self.capturing.store(true, Ordering::Release);
-    }
-
-    /// Ends capture mode and records the events of blocks freed during it.
-    pub fn end_capture(&self) -> PoolResult<()> {
-        self.capturing.store(false, Ordering::Release);
-        let mut s = self.state();
-        self.flush_parked(&mut s)
-    }
-
-    /// Whether the pool-wide capture flag is set.
-    pub fn is_capturing(&self) -> bool {
-        self.capturing.load(Ordering::Acquire)
-    }
-
-    /// Allocates `size` bytes for use on `stream`; `0` for `size == 0`.
+    /// Allocates `size` bytes for use on `stream` from the general pool;
+    /// `0` for `size == 0`.
     pub fn alloc(&self, size: u64, stream: StreamId) -> PoolResult<u64> {
-        self.alloc_with(size, stream, false)
+        self.alloc_in(size, stream, PoolId::GENERAL)
     }
 
-    /// [`StreamPool::alloc`]; `capturing` says that `stream` is being
-    /// captured (capture mode for this call even if the pool-wide flag is
-    /// off).
-    pub fn alloc_with(&self, size: u64, stream: StreamId, capturing: bool) -> PoolResult<u64> {
+    /// Allocates `size` bytes for use on `stream` from private pool `pool`
+    /// ([`PoolId::GENERAL`]: the general pool). The pool must be held
+    /// (a window open on it, or a user added with
+    /// [`StreamPool::incref_pool`]).
+    pub fn alloc_in(&self, size: u64, stream: StreamId, pool: PoolId) -> PoolResult<u64> {
         if size == 0 {
             return Ok(0);
         }
-        let capturing = capturing || self.is_capturing();
         let mut s = self.state();
-        if !capturing {
-            self.flush_parked(&mut s)?;
+        if !s.private.any_window() {
+            self.settle(&mut s)?;
         }
-        let block = match self.take_waiting(&mut s, size, stream) {
-            Some(b) => b,
-            None if capturing => self.alloc_cached(&mut s, size, stream)?,
-            None => {
-                self.poll(&mut s)?;
-                self.alloc_fresh(&mut s, size)?
-            }
+        let (block, home) = if pool == PoolId::GENERAL {
+            (self.alloc_general(&mut s, size, stream)?, Home::General)
+        } else {
+            let block = self.alloc_private(&mut s, size, stream, pool)?;
+            (block, Home::Private(pool, stream))
         };
-        s.live.insert(block.addr, (size, block));
-        s.active += size;
-        s.peak_active = s.peak_active.max(s.active);
+        s.live.insert(
+            block.addr,
+            Live {
+                size,
+                block,
+                home,
+                uses: Vec::new(),
+            },
+        );
+        let c = &mut s.counters;
+        c.active += size;
+        c.peak_active = c.peak_active.max(c.active);
+        c.allocated += SplitCache::rounded(size);
+        c.peak_allocated = c.peak_allocated.max(c.allocated);
+        c.allocs += 1;
         Ok(block.addr)
     }
 
-    /// Frees `addr` (from [`StreamPool::alloc`]) last used on `stream`;
-    /// nothing for `addr == 0`.
+    /// Frees `addr` (from an `alloc`) last used on `stream`; nothing for
+    /// `addr == 0`.
     pub fn free(&self, addr: u64, stream: StreamId) -> PoolResult<()> {
-        self.free_with(addr, stream, false)
-    }
-
-    /// [`StreamPool::free`]; `capturing` as in [`StreamPool::alloc_with`].
-    pub fn free_with(&self, addr: u64, stream: StreamId, capturing: bool) -> PoolResult<()> {
         if addr == 0 {
             return Ok(());
         }
-        let capturing = capturing || self.is_capturing();
         let mut s = self.state();
-        let Some((size, block)) = s.live.remove(&addr) else {
+        let Some(live) = s.live.remove(&addr) else {
             return Err(PoolError::NotOurs { addr });
         };
-        s.active -= size;
-        if capturing {
-            s.parked.push((stream, block));
-            return Ok(());
-        }
-        match self.events.record(stream) {
-            Ok(event) => {
-                s.waiting
-                    .entry(stream)
-                    .or_default()
-                    .push_back((block, event));
-                self.flush_parked(&mut s)
+        let c = &mut s.counters;
+        c.active -= live.size;
+        c.allocated -= SplitCache::rounded(live.size);
+        c.frees += 1;
+        match live.home {
+            Home::Private(id, home_stream) if live.uses.is_empty() => {
+                s.private.give_back(id, home_stream, live.block);
+                if !s.private.any_window() && !s.private.is_held(id) {
+                    self.drain_released(&mut s)?;
+                }
+                Ok(())
             }
-            Err(e) => {
-                // Without an event nobody can tell when the block is safe
-                // for other streams: it stays allocated, the caller may
-                // retry the free.
-                s.live.insert(addr, (size, block));
-                s.active += size;
-                Err(e.into())
+            _ if s.private.any_window() => {
+                s.parked.push(Parked {
+                    live,
+                    freed_on: stream,
+                });
+                Ok(())
             }
+            _ => self
+                .wait_for_events(&mut s, live, stream)
+                .map_err(|(e, live)| {
+                    // Without an event nobody can tell when the block is safe
+                    // for other streams: it stays allocated, and the caller may
+                    // retry the free.
+                    let c = &mut s.counters;
+                    c.active += live.size;
+                    c.allocated += SplitCache::rounded(live.size);
+                    c.frees -= 1;
+                    s.live.insert(live.block.addr, live);
+                    e
+                }),
         }
     }
 
-    /// Releases cached memory: waiting blocks whose events completed go
-    /// back, wholly free split-cache chunks go back to the lake, and the
-    /// lake returns every free chunk to the driver. Returns the physical
-    /// bytes released. In capture mode it does nothing.
-    pub fn empty_cache(&self) -> PoolResult<u64> {
-        if self.is_capturing() {
-            return Ok(0);
-        }
+    /// Adds `stream` to the streams that use the allocation at `addr`: when
+    /// it is freed, its memory is reused only after `stream`'s work
+    /// submitted before the free has completed (`Tensor.record_stream`).
+    pub fn record_stream(&self, addr: u64, stream: StreamId) -> PoolResult<()> {
         let mut s = self.state();
-        self.flush_parked(&mut s)?;
-        self.poll(&mut s)?;
-        self.release_empty_chunks(&mut s)?;
+        let live = s.live.get_mut(&addr).ok_or(PoolError::NotOurs { addr })?;
+        if !live.uses.contains(&stream) {
+            live.uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Addresses of the live allocations of private pool `pool`, in
+    /// ascending order (CUDA graph trees check them against the tensors
+    /// they hold).
+    pub fn live_in_pool(&self, pool: PoolId) -> Vec<u64> {
+        let s = self.state();
+        let mut out: Vec<u64> = s
+            .live
+            .iter()
+            .filter(|(_, l)| matches!(l.home, Home::Private(id, _) if id == pool))
+            .map(|(&a, _)| a)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Whether `addr` starts a live allocation of this pool.
+    pub fn owns(&self, addr: u64) -> bool {
+        self.state().live.contains_key(&addr)
+    }
+
+    /// Opens an allocation window on private pool `pool` (a graph capture
+    /// begins) and adds a user to it. The caller routes the captured
+    /// streams' requests to [`StreamPool::alloc_in`] with `pool` until
+    /// [`StreamPool::end_allocate_to_pool`].
+    pub fn begin_allocate_to_pool(&self, pool: PoolId) -> PoolResult<()> {
+        self.check_private(pool)?;
+        self.state()
+            .private
+            .begin(pool)
+            .map_err(PoolError::PrivatePool)
+    }
+
+    /// Closes the window on `pool`. When no window is left, blocks freed
+    /// meanwhile get their events and released pools give their memory
+    /// back.
+    pub fn end_allocate_to_pool(&self, pool: PoolId) -> PoolResult<()> {
+        let mut s = self.state();
+        s.private.end(pool).map_err(PoolError::PrivatePool)?;
+        if s.private.any_window() {
+            return Ok(());
+        }
+        self.settle(&mut s)
+    }
+
+    /// Adds a user to private pool `pool`, making it if needed
+    /// (`torch.cuda.MemPool`).
+    pub fn incref_pool(&self, pool: PoolId) -> PoolResult<()> {
+        self.check_private(pool)?;
+        self.state().private.incref(pool);
+        Ok(())
+    }
+
+    /// Removes a user of `pool` (a graph was reset or deleted). With no
+    /// user left, its free memory returns to general use once the device
+    /// has finished the work submitted so far (now, or when the last window
+    /// closes), and the rest as it is freed.
+    pub fn release_pool(&self, pool: PoolId) -> PoolResult<()> {
+        let mut s = self.state();
+        let freeable = s.private.release(pool).map_err(PoolError::PrivatePool)?;
+        if freeable && !s.private.any_window() {
+            self.drain_released(&mut s)?;
+        }
+        Ok(())
+    }
+
+    /// Users of private pool `pool`.
+    pub fn pool_use_count(&self, pool: PoolId) -> u32 {
+        self.state().private.use_count(pool)
+    }
+
+    fn check_private(&self, pool: PoolId) -> PoolResult<()> {
+        if pool == PoolId::GENERAL {
+            return Err(PoolError::PrivatePool(
+                "(0, 0) is the general pool, not a private one".to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Releases cached memory: waits for the device, takes back every
+    /// waiting block, returns wholly free split chunks and released
+    /// graphs' memory to the lake, and the lake's free chunks to the
+    /// driver. Returns the physical bytes released. While a window is open
+    /// it only returns what needs no event work.
+    pub fn empty_cache(&self) -> PoolResult<u64> {
+        let mut s = self.state();
+        self.reclaim(&mut s)?;
         self.lake.trim().map_err(PoolError::Lake)
+    }
+
+    /// Limits the physical memory the pool may hold (PyTorch's
+    /// `set_per_process_memory_fraction`).
+    pub fn set_limit_bytes(&self, bytes: u64) {
+        self.lake.set_limit_bytes(bytes);
     }
 
     /// Sets the peaks to the current values.
     pub fn reset_peaks(&self) {
         let reserved = self.lake.stats().reserved_bytes;
         let mut s = self.state();
-        s.peak_active = s.active;
-        s.peak_reserved = reserved;
+        let c = &mut s.counters;
+        c.peak_active = c.active;
+        c.peak_allocated = c.allocated;
+        c.peak_reserved = reserved;
     }
 
     /// A snapshot of the pool's counters.
     pub fn stats(&self) -> PoolStats {
         let s = self.state();
         let lake = self.lake.stats();
-        let waiting: u64 = s
-            .waiting
-            .values()
-            .flatten()
-            .map(|(b, _)| b.capacity)
-            .chain(s.parked.iter().map(|(_, b)| b.capacity))
-            .sum();
+        let c = s.counters;
+        let parked: u64 = s.parked.iter().map(|p| p.live.block.capacity).sum();
         PoolStats {
-            active_bytes: s.active,
+            active_bytes: c.active,
+            allocated_bytes: c.allocated,
             reserved_bytes: lake.reserved_bytes,
-            peak_active_bytes: s.peak_active,
-            peak_reserved_bytes: s.peak_reserved.max(lake.reserved_bytes),
-            waiting_bytes: waiting,
-            split_chunks: s.split.chunk_count() as u64,
+            peak_active_bytes: c.peak_active,
+            peak_allocated_bytes: c.peak_allocated,
+            peak_reserved_bytes: c.peak_reserved.max(lake.reserved_bytes),
+            waiting_bytes: s.pending.bytes() + parked,
+            split_chunks: (s.split.chunk_count() + s.private.split_chunks()) as u64,
+            split_free_bytes: s.split.free_bytes(),
+            private_free_bytes: s.private.free_bytes(),
+            private_pools: s.private.count() as u64,
+            largest_free_bytes: self.largest_free(&s),
+            limit_bytes: self.lake.limit_bytes(),
             live_allocations: s.live.len() as u64,
+            allocs: c.allocs,
+            frees: c.frees,
+            alloc_retries: c.retries,
+            ooms: c.ooms,
             driver_calls: lake.driver.total().calls,
             event_calls: self.events.calls(),
         }
     }
 
-    /// Checks the split cache's tables and the lake's; the first broken
+    /// Checks the split caches' tables and the lake's; the first broken
     /// rule, in words.
     pub fn check(&self) -> Result<(), String> {
-        self.state().split.check()?;
+        let s = self.state();
+        s.split.check()?;
+        s.private.check()?;
+        drop(s);
         self.lake.check()
+    }
+
+    fn largest_free(&self, s: &State) -> u64 {
+        self.lake.largest_free_bytes().max(s.split.largest_free())
     }
 
     /// The capacity a request of `size` bytes needs from a block.
@@ -277,95 +390,6 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         }
     }
 
-    /// A block `stream` itself freed, of the capacity `size` needs.
-    fn take_waiting(&self, s: &mut State, size: u64, stream: StreamId) -> Option<Block> {
-        let want = self.capacity_for(s, size);
-        let small = s.split.is_small(size);
-        let list = s.waiting.get_mut(&stream)?;
-        let i = list
-            .iter()
-            .position(|(b, _)| b.capacity == want && matches!(b.origin, Origin::Small) == small)?;
-        let (block, event) = list.remove(i).expect("position is in the list");
-        // The stream's own later work is ordered after the free: the event
-        // is not needed.
-        self.events.destroy(event);
-        Some(block)
-    }
-
-    /// Returns blocks whose events completed to the split cache or lake.
-    fn poll(&self, s: &mut State) -> PoolResult<()> {
-        let streams: Vec<StreamId> = s.waiting.keys().copied().collect();
-        for stream in streams {
-            while let Some(&(block, event)) = s.waiting.get(&stream).and_then(|l| l.front()) {
-                if !self.events.is_complete(event)? {
-                    break;
-                }
-                s.waiting.get_mut(&stream).map(VecDeque::pop_front);
-                self.events.destroy(event);
-                self.release(s, block)?;
-            }
-            if s.waiting.get(&stream).is_some_and(VecDeque::is_empty) {
-                s.waiting.remove(&stream);
-            }
-        }
-        Ok(())
-    }
-
-    /// Gives a block back to where it came from.
-    fn release(&self, s: &mut State, block: Block) -> PoolResult<()> {
-        match block.origin {
-            Origin::Small => {
-                let freed = s.split.give_back(block.addr);
-                debug_assert!(freed.is_some(), "piece {:#x} was in use", block.addr);
-                Ok(())
-            }
-            Origin::Large(range) => self.lake.free(range).map_err(PoolError::Lake),
-        }
-    }
-
-    /// Records events for blocks freed during capture.
-    fn flush_parked(&self, s: &mut State) -> PoolResult<()> {
-        while let Some(&(stream, block)) = s.parked.last() {
-            let event = self.events.record(stream)?;
-            s.parked.pop();
-            s.waiting
-                .entry(stream)
-                .or_default()
-                .push_back((block, event));
-        }
-        Ok(())
-    }
-
-    /// Gives wholly free split-cache chunks back to the lake.
-    fn release_empty_chunks(&self, s: &mut State) -> PoolResult<()> {
-        for range in s.split.take_empty_chunks() {
-            self.lake.free(range).map_err(PoolError::Lake)?;
-        }
-        Ok(())
-    }
-
-    /// Serves a request from cached memory only (capture mode).
-    fn alloc_cached(&self, s: &mut State, size: u64, stream: StreamId) -> PoolResult<Block> {
-        let refused = PoolError::CaptureNeedsWarmPool {
-            asked: size,
-            stream: stream.0,
-        };
-        if s.split.is_small(size) {
-            let piece = s.split.take(size).ok_or(refused)?;
-            return Ok(Block {
-                addr: piece.addr,
-                capacity: piece.len,
-                origin: Origin::Small,
-            });
-        }
-        let range = self
-            .lake
-            .alloc_cached(size)
-            .map_err(PoolError::Lake)?
-            .ok_or(refused)?;
-        Ok(self.large_block(range))
-    }
-
     fn large_block(&self, range: DeviceRange) -> Block {
         Block {
             addr: range.addr,
@@ -374,55 +398,215 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         }
     }
 
-    /// Serves a request from the split cache or the lake, growing them.
-    fn alloc_fresh(&self, s: &mut State, size: u64) -> PoolResult<Block> {
-        let out = match self.try_fresh(s, size) {
-            Err(LakeError::OutOfMemory { .. }) => {
-                self.release_empty_chunks(s)?;
-                self.try_fresh(s, size)
+    /// Serves a general request: the stream's own waiting block, else the
+    /// split cache or the lake (growing them), with the out-of-memory
+    /// retry.
+    fn alloc_general(&self, s: &mut State, size: u64, stream: StreamId) -> PoolResult<Block> {
+        let capacity = self.capacity_for(s, size);
+        let small = s.split.is_small(size);
+        if let Some(b) = s.pending.take_own(stream, capacity, small, &self.events) {
+            return Ok(b);
+        }
+        if small {
+            if let Some(piece) = s.split.take(size) {
+                return Ok(Block {
+                    addr: piece.addr,
+                    capacity: piece.len,
+                    origin: Origin::Small,
+                });
             }
-            other => other,
-        };
+            let chunk = self.lake_alloc(s, self.lake.granularity(), size)?;
+            s.split.add_chunk(chunk);
+            let piece = s
+                .split
+                .take(size)
+                .expect("a fresh chunk holds any small piece");
+            return Ok(Block {
+                addr: piece.addr,
+                capacity: piece.len,
+                origin: Origin::Small,
+            });
+        }
+        let range = self.lake_alloc(s, size, size)?;
+        Ok(self.large_block(range))
+    }
+
+    /// Serves a request of private pool `pool` on `stream`.
+    fn alloc_private(
+        &self,
+        s: &mut State,
+        size: u64,
+        stream: StreamId,
+        pool: PoolId,
+    ) -> PoolResult<Block> {
+        if !s.private.is_held(pool) {
+            return Err(PoolError::PrivatePool(format!(
+                "private pool ({}, {}) is not held: open a window or add a user first",
+                pool.0, pool.1
+            )));
+        }
+        let capacity = self.capacity_for(s, size);
+        if let Some(b) = s.private.take(pool, stream, size, capacity) {
+            return Ok(b);
+        }
+        if s.split.is_small(size) {
+            let chunk = self.lake_alloc(s, self.lake.granularity(), size)?;
+            s.private.add_chunk(pool, stream, chunk);
+            return Ok(s
+                .private
+                .take(pool, stream, size, capacity)
+                .expect("a fresh chunk holds any small piece"));
+        }
+        let range = self.lake_alloc(s, size, size)?;
+        s.private.count_live(pool);
+        Ok(self.large_block(range))
+    }
+
+    /// `bytes` from the lake for a request of `asked` bytes; on a lack of
+    /// memory, reclaims everything cached and tries once more.
+    fn lake_alloc(&self, s: &mut State, bytes: u64, asked: u64) -> PoolResult<DeviceRange> {
+        let mut out = self.lake.alloc(bytes);
+        if matches!(&out, Err(e) if e.is_out_of_memory()) {
+            // First what nobody uses any more (waiting blocks, empty split
+            // chunks, released graphs): the lake stitches it.
+            s.counters.retries += 1;
+            self.reclaim(s)?;
+            out = self.lake.alloc(bytes);
+            if matches!(&out, Err(e) if e.is_out_of_memory()) {
+                // Then everything the lake holds free, so that the driver
+                // can make new chunks in its place (blocks the lake may not
+                // stitch, or a device that other processes fill).
+                self.lake.trim().map_err(PoolError::Lake)?;
+                out = self.lake.alloc(bytes);
+            }
+        }
         let reserved = self.lake.stats().reserved_bytes;
-        s.peak_reserved = s.peak_reserved.max(reserved);
+        s.counters.peak_reserved = s.counters.peak_reserved.max(reserved);
         match out {
-            Ok(b) => Ok(b),
-            Err(LakeError::OutOfMemory {
-                reserved,
-                limit,
-                largest_free,
-                ..
-            }) => Err(PoolError::OutOfMemory {
-                asked: size,
-                reserved,
-                active: s.active,
-                limit,
-                largest_free: largest_free.max(s.split.largest_free()),
-                waiting: s.waiting.values().flatten().map(|(b, _)| b.capacity).sum(),
-            }),
+            Ok(range) => Ok(range),
+            Err(e) if e.is_out_of_memory() => {
+                s.counters.ooms += 1;
+                Err(self.out_of_memory(s, asked, &e))
+            }
             Err(e) => Err(PoolError::Lake(e)),
         }
     }
 
-    fn try_fresh(&self, s: &mut State, size: u64) -> Result<Block, LakeError> {
-        if !s.split.is_small(size) {
-            return self.lake.alloc(size).map(|r| self.large_block(r));
+    fn out_of_memory(&self, s: &State, asked: u64, cause: &LakeError) -> PoolError {
+        let parked: u64 = s.parked.iter().map(|p| p.live.block.capacity).sum();
+        PoolError::OutOfMemory {
+            asked,
+            reserved: self.lake.stats().reserved_bytes,
+            active: s.counters.active,
+            limit: self.lake.limit_bytes(),
+            largest_free: self.largest_free(s),
+            waiting: s.pending.bytes() + parked,
+            cause: cause.to_string(),
         }
-        let piece = match s.split.take(size) {
-            Some(p) => p,
-            None => {
-                let chunk = self.lake.alloc(s.split.chunk_bytes())?;
-                s.split.add_chunk(chunk);
-                s.split
-                    .take(size)
-                    .expect("a fresh chunk holds any small piece")
+    }
+
+    /// Frees the memory nobody uses any more: with no window open, waits
+    /// for the device and takes back every waiting and parked block; then
+    /// returns wholly free split chunks and released graphs' memory to the
+    /// lake.
+    fn reclaim(&self, s: &mut State) -> PoolResult<()> {
+        if !s.private.any_window() {
+            self.flush_parked(s)?;
+            if !s.pending.is_empty() {
+                self.events.synchronize_all()?;
             }
-        };
-        Ok(Block {
-            addr: piece.addr,
-            capacity: piece.len,
-            origin: Origin::Small,
-        })
+            self.poll(s)?;
+            self.drain_released(s)?;
+        }
+        for range in s.split.take_empty_chunks() {
+            self.lake.free(range).map_err(PoolError::Lake)?;
+        }
+        Ok(())
+    }
+
+    /// The work done whenever no window is open: parked blocks get their
+    /// events, completed blocks return, released graphs give memory back.
+    fn settle(&self, s: &mut State) -> PoolResult<()> {
+        self.flush_parked(s)?;
+        self.poll(s)?;
+        self.drain_released(s)
+    }
+
+    /// Records the events of a freed block (on the freeing stream and every
+    /// stream that used it) and puts it on the waiting list. If an event
+    /// cannot be recorded, the events recorded so far are given back and
+    /// the block is handed back with the error.
+    fn wait_for_events(
+        &self,
+        s: &mut State,
+        live: Live,
+        freed_on: StreamId,
+    ) -> Result<(), (PoolError, Live)> {
+        let mut streams = vec![freed_on];
+        streams.extend(live.uses.iter().copied().filter(|&u| u != freed_on));
+        let mut events: Vec<(StreamId, EventId)> = Vec::with_capacity(streams.len());
+        for &stream in &streams {
+            match self.events.record(stream) {
+                Ok(e) => events.push((stream, e)),
+                Err(e) => {
+                    for (_, done) in events {
+                        self.events.destroy(done);
+                    }
+                    return Err((e.into(), live));
+                }
+            }
+        }
+        s.pending.insert(live.block, live.home, freed_on, events);
+        Ok(())
+    }
+
+    /// Records the events of blocks freed while a window was open. A block
+    /// whose event fails stays parked (the next flush tries again).
+    fn flush_parked(&self, s: &mut State) -> PoolResult<()> {
+        while let Some(Parked { live, freed_on }) = s.parked.pop() {
+            if let Err((e, live)) = self.wait_for_events(s, live, freed_on) {
+                s.parked.push(Parked { live, freed_on });
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns blocks whose events completed to where they belong.
+    fn poll(&self, s: &mut State) -> PoolResult<()> {
+        for (block, home) in s.pending.poll(&self.events)? {
+            self.go_home(s, block, home)?;
+        }
+        Ok(())
+    }
+
+    /// Gives a block nobody uses back to its home.
+    fn go_home(&self, s: &mut State, block: Block, home: Home) -> PoolResult<()> {
+        match (home, block.origin) {
+            (Home::Private(id, stream), _) => {
+                s.private.give_back(id, stream, block);
+                Ok(())
+            }
+            (Home::General, Origin::Small) => {
+                let freed = s.split.give_back(block.addr);
+                debug_assert!(freed.is_some(), "piece {:#x} was in use", block.addr);
+                Ok(())
+            }
+            (Home::General, Origin::Large(range)) => self.lake.free(range).map_err(PoolError::Lake),
+        }
+    }
+
+    /// Returns the free memory of private pools without users to the lake,
+    /// after the device has finished the work submitted so far (a replay
+    /// may still be reading it). Only called with no window open.
+    fn drain_released(&self, s: &mut State) -> PoolResult<()> {
+        if s.private.has_freeable_memory() {
+            self.events.synchronize_all()?;
+        }
+        for range in s.private.drain_freeable() {
+            self.lake.free(range).map_err(PoolError::Lake)?;
+        }
+        Ok(())
     }
 }
 
@@ -431,8 +615,8 @@ impl<D: VmmDriver, E: EventSource> Drop for StreamPool<D, E> {
         // The lake gives all memory back when it drops; the events go back
         // to their source here.
         let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        for (_, event) in s.waiting.drain().flat_map(|(_, l)| l) {
-            self.events.destroy(event);
-        }
+        s.pending.clear(&self.events);
     }
 }
+
+const _: () = assert!(PIECE_ALIGN.is_power_of_two());

@@ -8,19 +8,45 @@
 pub struct PoolStats {
     /// Bytes in live allocations, as requested (before any rounding).
     pub active_bytes: u64,
-    /// Physical bytes the lake holds (the split cache's chunks included).
+    /// Bytes in live allocations, each rounded up to 512 bytes (what
+    /// PyTorch's own allocator calls `allocated_bytes`).
+    pub allocated_bytes: u64,
+    /// Physical bytes the lake holds (split caches and private pools
+    /// included).
     pub reserved_bytes: u64,
     /// Highest `active_bytes` since creation or the last peak reset.
     pub peak_active_bytes: u64,
+    /// Highest `allocated_bytes` since creation or the last peak reset.
+    pub peak_allocated_bytes: u64,
     /// Highest `reserved_bytes` since creation or the last peak reset.
     pub peak_reserved_bytes: u64,
-    /// Bytes freed whose event has not been seen complete yet (reusable
-    /// only by the freeing stream), or freed during capture.
+    /// Bytes freed whose events have not been seen complete (reusable only
+    /// by the freeing stream), or freed while an allocation window was
+    /// open.
     pub waiting_bytes: u64,
-    /// Chunks held by the split cache.
+    /// Chunks held by split caches (general and private).
     pub split_chunks: u64,
+    /// Free bytes in the general split cache's chunks.
+    pub split_free_bytes: u64,
+    /// Free bytes held by private (CUDA graph) pools.
+    pub private_free_bytes: u64,
+    /// Private pools that exist.
+    pub private_pools: u64,
+    /// The largest free extent: a free lake block or a free piece of the
+    /// general split cache.
+    pub largest_free_bytes: u64,
+    /// The limit on physical bytes.
+    pub limit_bytes: u64,
     /// Live allocations (zero-size requests are not counted).
     pub live_allocations: u64,
+    /// Allocations made (since creation).
+    pub allocs: u64,
+    /// Frees made (since creation).
+    pub frees: u64,
+    /// Requests the lake refused once, retried after reclaiming.
+    pub alloc_retries: u64,
+    /// Requests answered with out of memory.
+    pub ooms: u64,
     /// VMM driver calls made by the lake.
     pub driver_calls: u64,
     /// Event calls made by the event source.

@@ -1,0 +1,151 @@
+//! What every call into the library goes through (`enter`): panics are
+//! caught, the calling thread's CUDA context is restored, driver calls run
+//! in relaxed stream-capture mode, a forked child is refused, and failures
+//! are kept as the thread's last error for the caller to raise.
+//!
+//! - **context**: cudarc binds a device's primary context to the calling
+//!   thread before each driver call and leaves it bound. A free of a
+//!   `cuda:1` tensor from a thread working on `cuda:0` would move that
+//!   thread to GPU 1. `enter` reads the current context first and puts it
+//!   back afterwards.
+//! - **capture mode**: while a CUDA graph is captured in the default
+//!   (global) mode, the driver refuses "unsafe" calls such as `cuMemCreate`
+//!   from any thread. Like PyTorch's own allocator, the library switches the
+//!   calling thread to relaxed mode for its own calls and back afterwards.
+//! - **fork**: CUDA does not survive `fork`. A child process (a DataLoader
+//!   worker) that frees an inherited tensor must not touch the driver:
+//!   frees are ignored there and allocations refused with a message.
+//!
+//! Concurrency: the fork flag is a process-wide atomic set by the
+//! `pthread_atfork` child handler (which runs in the child's only thread);
+//! the last error is thread-local.
+
+use std::cell::RefCell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cudarc::driver::sys;
+
+/// Kinds of failure the caller may tell apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum ErrorKind {
+    /// No failure.
+    None = 0,
+    /// Out of memory: PyTorch raises `torch.cuda.OutOfMemoryError`.
+    OutOfMemory = 1,
+    /// Any other failure.
+    Other = 2,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<(ErrorKind, String)> =
+        const { RefCell::new((ErrorKind::None, String::new())) };
+}
+
+/// Keeps `msg` as this thread's last error.
+pub fn set_error(kind: ErrorKind, msg: String) {
+    LAST_ERROR.with(|e| *e.borrow_mut() = (kind, msg));
+}
+
+/// This thread's last error (kind and message), leaving none behind.
+pub fn take_error() -> (ErrorKind, String) {
+    LAST_ERROR.with(|e| std::mem::replace(&mut *e.borrow_mut(), (ErrorKind::None, String::new())))
+}
+
+static FORKED: AtomicBool = AtomicBool::new(false);
+static AT_FORK: Once = Once::new();
+
+extern "C" fn in_child_after_fork() {
+    // Relaxed: the child has one thread at this point; later reads are on
+    // it or on threads it starts, which are ordered after this store.
+    FORKED.store(true, Ordering::Relaxed);
+}
+
+/// Whether this process is a child forked after the library was used.
+pub fn forked() -> bool {
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a handler that only stores to an atomic, which
+        // is async-signal-safe as `pthread_atfork` requires of a child
+        // handler. A failed registration (ENOMEM) leaves fork detection
+        // off; nothing else depends on it.
+        unsafe { libc::pthread_atfork(None, None, Some(in_child_after_fork)) };
+    });
+    // Relaxed: see `in_child_after_fork`.
+    FORKED.load(Ordering::Relaxed)
+}
+
+/// The calling thread's CUDA context and capture mode, put back on drop.
+struct ThreadCudaState {
+    context: sys::CUcontext,
+    mode: Option<sys::CUstreamCaptureMode>,
+}
+
+impl ThreadCudaState {
+    /// Saves the current context and switches to relaxed capture mode.
+    /// Without a loadable driver there is nothing to save.
+    fn save() -> Option<ThreadCudaState> {
+        // SAFETY: only checks whether libcuda can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            return None;
+        }
+        let mut context: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the call reads thread-local state.
+        let got = unsafe { sys::cuCtxGetCurrent(&mut context) };
+        if got != sys::CUresult::CUDA_SUCCESS {
+            // Before cuInit: no context to restore.
+            context = std::ptr::null_mut();
+        }
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a valid in/out pointer; the call swaps a thread-local mode.
+        let swapped = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        Some(ThreadCudaState {
+            context,
+            mode: (swapped == sys::CUresult::CUDA_SUCCESS).then_some(mode),
+        })
+    }
+}
+
+impl Drop for ThreadCudaState {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.mode {
+            // SAFETY: puts back the mode saved in `save`. Errors cannot be
+            // reported from a drop; the call only fails before cuInit.
+            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        }
+        let mut now: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let got = unsafe { sys::cuCtxGetCurrent(&mut now) };
+        if got != sys::CUresult::CUDA_SUCCESS || now != self.context {
+            // SAFETY: `self.context` was current on this thread when the
+            // call began (or null: no context), so it is still valid: a
+            // context is destroyed only by its owner, which is our caller.
+            let _ = unsafe { sys::cuCtxSetCurrent(self.context) };
+        }
+    }
+}
+
+/// Runs `f` as a library call: in a forked child `f` does not run and
+/// `fallback` is answered with `in_child` as the error; a panic is caught
+/// and answered with `fallback`; the thread's context and capture mode are
+/// restored whatever happens.
+pub fn enter<T>(fallback: T, in_child: Option<&str>, f: impl FnOnce() -> T) -> T {
+    if forked() {
+        if let Some(msg) = in_child {
+            set_error(ErrorKind::Other, msg.to_string());
+        }
+        return fallback;
+    }
+    let saved = ThreadCudaState::save();
+    let out = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        set_error(
+            ErrorKind::Other,
+            "gpumalloc: internal panic caught at the C boundary (a bug: please report it)"
+                .to_string(),
+        );
+        fallback
+    });
+    drop(saved);
+    out
+}
