@@ -78,13 +78,15 @@ def _cell(res):
 
 
 def largest_batch(results):
-    """{allocator: (largest ok batch, smallest failing batch or None)} over GPT-2 runs."""
+    """{allocator: (largest ok batch, smallest failing batch or None)} over runs without LoRA.
+
+    Skipped runs (time budget) count as neither."""
     out = {}
+    plain = [r for r in results if "batch" in r and "+lora" not in str(r.get("model", ""))
+             and r.get("status") != "skipped" and not str(r.get("run", "")).startswith("trace-")]
     for a in ALLOCATORS:
-        ok = [r["batch"] for r in results if r.get("allocator") == a and r.get("status") == "ok"
-              and r.get("model") == "gpt2"]
-        bad = [r["batch"] for r in results if r.get("allocator") == a and r.get("status") != "ok"
-               and r.get("model") == "gpt2" and "batch" in r]
+        ok = [r["batch"] for r in plain if r.get("allocator") == a and r.get("status") == "ok"]
+        bad = [r["batch"] for r in plain if r.get("allocator") == a and r.get("status") != "ok"]
         if ok or bad:
             out[a] = (max(ok) if ok else None, min(bad) if bad else None)
     return out
@@ -113,7 +115,7 @@ def markdown(results):
                      + " | ".join(_cell(by[a]) for a in allocs) + " |")
     lb = largest_batch(results)
     if lb:
-        lines += ["", "| largest GPT-2 batch that fits | " + " | ".join(LABEL[a] for a in lb) + " |",
+        lines += ["", "| largest batch that fits (no LoRA) | " + " | ".join(LABEL[a] for a in lb) + " |",
                   "|---|" + "---|" * len(lb),
                   "| batch (first failing) | " + " | ".join(
                       f"{ok} ({bad if bad is not None else 'none failed'})" for ok, bad in lb.values())
@@ -172,17 +174,18 @@ def plot_timelines(files, png_path):
         samples = doc.get("samples") or []
         if not samples:
             continue
-        t = [s["t"] for s in samples]
+        starts = doc.get("step_start_s") or [0.0]
+        t = [s["t"] - starts[0] for s in samples]
         color = f"C{i}"
         ax.plot(t, [s.get("active", 0) / GIB for s in samples], color=color, lw=1,
                 label=f"{alloc} active")
         ax.plot(t, [s.get("reserved", 0) / GIB for s in samples], color=color, lw=1.5, ls="--",
                 label=f"{alloc} reserved")
         drawn += 1
-        for ts in doc.get("step_start_s", [])[1:]:
-            ax.axvline(ts, color=color, lw=0.3, alpha=0.4)
+        for ts in starts[1:]:
+            ax.axvline(ts - starts[0], color=color, lw=0.3, alpha=0.4)
     batch = next((json.load(open(p)).get("batch") for p in files.values()), "?")
-    ax.set_xlabel("seconds since model creation (thin lines: step starts)")
+    ax.set_xlabel("seconds since step 0 began (thin lines: step starts)")
     ax.set_ylabel("GiB")
     ax.set_title(f"GPT-2 124M, batch {batch}: active and reserved memory")
     ax.legend(fontsize=8)

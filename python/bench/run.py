@@ -10,16 +10,20 @@ to DIR/results.jsonl. A crash, a timeout or an OOM is a result line too.
 DIR stays small (at most 8 files, each far under 16 MiB): per-run scratch
 files live in a temporary folder and only merged files are copied.
 
-Suites:
+Suites (each fits one 10-minute command on an H100; --budget-s stops
+starting runs after that many seconds):
   milestone1  default + expandable at batch 16/32/64; traces of the default
-              allocator at batch 16 (and 32 and LoRA if time allows); VMM
-              call costs. Under 7 minutes on an H100.
-  full        default, expandable, ours at batch 16/32/64 and GPT-2+LoRA at
-              batch 32; batch sweep to the first OOM per allocator; one
-              memory timeline per allocator (batch 32) and its PNG; loss check
-              against the default allocator; CSV + Markdown table; two-GPU
-              data-parallel loss check if two GPUs are present.
+              allocator at batch 16 (and 32 if time allows); VMM call costs.
+  main        default, expandable, ours at batch 16/32/64 and GPT-2+LoRA at
+              batch 32; the batch-32 runs also write a memory timeline ->
+              memory_timeline.png; CSV, Markdown table, loss check.
+  sweep       per allocator, batches 80, 88, 96, ... until the first run that
+              is not ok (OOM, crash, timeout): the largest batch that fits.
+  ddp         two-GPU data-parallel loss check, ours vs default (train_ddp.py;
+              needs two GPUs).
+  full        main + sweep + ddp in one command (about 15-20 minutes).
   smoke       CPU-only check of this runner (tiny model, --device cpu).
+--allocators picks a subset; --merge DIR... combines folders into one report.
 """
 
 import argparse
@@ -96,6 +100,13 @@ class Runner:
 
     def train(self, name, allocator, batch, timeout=150, lora=False, args=(), keep=()):
         """One train_gpt2.py run; returns its result dict (status crash/timeout if none)."""
+        if self.left() < 20:
+            res = {"allocator": allocator, "batch": batch, "model": "gpt2" + ("+lora" if lora else ""),
+                   "run": name, "status": "skipped", "why": "time budget of this command spent"}
+            log(f"skip {name}: time budget spent", self.logf)
+            self.record(res)
+            return res
+        timeout = max(20, min(timeout, self.left()))
         cmd = [PY, str(HERE / "train_gpt2.py"), "--allocator", allocator, "--batch", str(batch),
                "--tag", name] + (["--lora"] if lora else []) + list(args) + self.extra
         if self.device != "cuda":
@@ -169,91 +180,146 @@ def suite_milestone1(r):
         log("skipping the batch-32 trace: not enough time left", r.logf)
 
 
-def suite_full(r, sweep_batches, sweep_timeout):
-    allocs = ("default", "expandable", "ours")
+def suite_main(r, allocs):
+    """GPT-2 at batch 16/32/64 and GPT-2+LoRA at batch 32; batch-32 runs keep a timeline."""
+    tl_files = {}
     for batch in (16, 32, 64):
         for alloc in allocs:
-            r.train(f"{alloc}-b{batch}", alloc, batch, timeout=180)
+            args = []
+            if batch == 32:
+                path = r.scratch / f"timeline-{alloc}.json"
+                args = ["--timeline-out", str(path)]
+            r.train(f"{alloc}-b{batch}", alloc, batch, timeout=180, args=args)
+            if args and Path(args[1]).exists():
+                tl_files[alloc] = Path(args[1])
     for alloc in allocs:
         r.train(f"{alloc}-lora-b32", alloc, 32, lora=True, timeout=180)
-    # Batch sweep up to the first OOM (or crash) per allocator.
+    png = r.out / "memory_timeline.png"
+    try:
+        if tl_files:
+            report.plot_timelines(tl_files, png)
+            log(f"  wrote {png.name}", r.logf)
+    except Exception as e:
+        log(f"  timeline plot failed: {e!r}", r.logf)
+
+
+def suite_sweep(r, allocs, sweep_batches, sweep_timeout):
+    """Per allocator: batches in order until the first run that is not ok (OOM, crash, timeout)."""
     for alloc in allocs:
         for batch in sweep_batches:
-            if r.left() < sweep_timeout + 120:
+            if r.left() < sweep_timeout + 30:
                 log(f"sweep {alloc}: stopping before batch {batch}, time budget", r.logf)
                 break
             res = r.train(f"sweep-{alloc}-b{batch}", alloc, batch, timeout=sweep_timeout)
             if res.get("status") != "ok":
                 break
-    # Timelines (one per allocator, batch 32) -> one PNG.
-    tl_files = {}
-    for alloc in allocs:
-        path = r.scratch / f"timeline-{alloc}.json"
-        r.train(f"timeline-{alloc}-b32", alloc, 32, timeout=180, args=["--timeline-out", str(path)])
-        if path.exists():
-            tl_files[alloc] = path
-    png = r.out / "memory_timeline.png"
-    try:
-        report.plot_timelines(tl_files, png)
-        log(f"  wrote {png.name}", r.logf)
-    except Exception as e:
-        log(f"  timeline plot failed: {e!r}", r.logf)
-    # Two-GPU loss check.
-    ngpu = 0
+
+
+def count_gpus():
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-        ngpu = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
     except Exception:
-        pass
-    if ngpu >= 2 and r.left() > 240:
-        ddp_json = r.scratch / "ddp.json"
-        rc, text = r.subprocess("ddp", [PY, str(HERE / "train_ddp.py"), "--json-out", str(ddp_json)],
-                                timeout=min(420, r.left() - 30))
-        if ddp_json.exists():
-            r.record(json.loads(ddp_json.read_text()))
+        return 0
+
+
+def suite_ddp(r, allocs):
+    """Two-GPU data-parallel loss check (train_ddp.py), ours against PyTorch's default."""
+    ngpu = count_gpus()
+    if ngpu < 2:
+        log(f"skipping the two-GPU check: {ngpu} GPU(s) visible", r.logf)
+        return
+    ddp_json = r.scratch / "ddp.json"
+    pair = ",".join(a for a in ("default", "ours") if a in allocs) or "default,ours"
+    r.subprocess("ddp", [PY, str(HERE / "train_ddp.py"), "--allocators", pair,
+                         "--json-out", str(ddp_json)], timeout=max(60, min(560, r.left() - 10)))
+    if ddp_json.exists():
+        res = json.loads(ddp_json.read_text())
+        res["run"] = "ddp"
+        r.record(res)
+        log(f"  -> ddp: {res.get('verdict')} {res.get('why', '')}", r.logf)
     else:
-        log(f"skipping the two-GPU check: {ngpu} GPU(s), {r.left():.0f}s left", r.logf)
+        r.record({"run": "ddp", "status": "crash", "verdict": "FAIL", "why": "no result file"})
 
 
-def write_full_reports(r):
-    rows = report.rows(r.results)
-    (r.out / "results.csv").write_text(report.csv_text(rows))
-    check = report.loss_check(r.results)
-    text = report.markdown(r.results) + "\n" + check["text"] + "\n"
+def write_full_reports(r, results=None):
+    results = r.results if results is None else results
+    (r.out / "results.csv").write_text(report.csv_text(report.rows(results)))
+    check = report.loss_check(results)
+    ddp = [x for x in results if x.get("run") == "ddp"]
+    text = report.markdown(results) + "\n" + check["text"] + "\n"
+    for d in ddp:
+        text += f"Two-GPU data-parallel loss check: {d.get('verdict')} ({d.get('why', '')})\n"
     (r.out / "README_table.md").write_text(text)
-    log("loss check:\n" + check["text"], r.logf)
+    log("report:\n" + text, r.logf)
 
 
 def suite_smoke(r):
-    for alloc in ("default", "expandable", "ours"):
-        r.train(f"{alloc}-b2", alloc, 2, timeout=120)
-    r.train("default-lora-b2", "default", 2, lora=True, timeout=120)
-    path = r.scratch / "timeline-default.json"
-    r.train("timeline-default-b2", "default", 2, args=["--timeline-out", str(path)])
-    report.plot_timelines({"default": path}, r.out / "memory_timeline.png")
+    suite_main(r, ALLOCS)
+    suite_sweep(r, ("default",), [2, 4], 120)
     write_full_reports(r)
+
+
+def merge(dirs, out):
+    """Combines results.jsonl of several output folders into one report in `out`."""
+    results = []
+    for d in dirs:
+        p = Path(d) / "results.jsonl"
+        if p.exists():
+            results += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        else:
+            log(f"no {p}")
+    r = Runner(out, 60)
+    for res in results:
+        r.record(res)
+    write_full_reports(r)
+    r.finish()
+
+
+ALLOCS = ("default", "expandable", "ours")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=["milestone1", "full", "smoke"], required=True)
+    p.add_argument("--suite", choices=["milestone1", "main", "sweep", "ddp", "full", "smoke"])
     p.add_argument("--out", required=True)
-    p.add_argument("--budget-s", type=float, default=None, help="stop starting runs after this")
-    p.add_argument("--sweep", default="64,80,96,112,128,144,160,192,224,256",
-                   help="batches of the OOM sweep (full suite), in order")
+    p.add_argument("--allocators", default=",".join(ALLOCS),
+                   help="comma-separated subset of default,expandable,ours")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no run after this many seconds (default: per suite)")
+    p.add_argument("--sweep", default="80,88,96,104,112,120,128,144,160,192,256",
+                   help="batches of the OOM sweep, in order (batch 64 is in the main suite)")
     p.add_argument("--sweep-timeout", type=float, default=150)
+    p.add_argument("--merge", nargs="+", metavar="DIR",
+                   help="only combine the results.jsonl of these folders into --out")
     args = p.parse_args(argv)
+    allocs = tuple(a for a in args.allocators.split(",") if a)
+    bad = [a for a in allocs if a not in ALLOCS]
+    if bad:
+        p.error(f"unknown allocators {bad}")
+    if args.merge:
+        merge(args.merge, args.out)
+        return 0
+    if not args.suite:
+        p.error("--suite or --merge is required")
+    sweep = [int(b) for b in args.sweep.split(",") if b]
+    budgets = {"milestone1": 400, "main": 540, "sweep": 540, "ddp": 560, "full": 3000, "smoke": 900}
     if args.suite == "smoke":
-        r = Runner(args.out, args.budget_s or 900, device="cpu",
+        r = Runner(args.out, args.budget_s or budgets["smoke"], device="cpu",
                    extra=["--model", "tiny", "--seq", "64", "--seq-jitter", "16"])
         suite_smoke(r)
-    elif args.suite == "milestone1":
-        r = Runner(args.out, args.budget_s or 400)
-        suite_milestone1(r)
     else:
-        r = Runner(args.out, args.budget_s or 3000)
-        suite_full(r, [int(b) for b in args.sweep.split(",") if b], args.sweep_timeout)
-        write_full_reports(r)
+        r = Runner(args.out, args.budget_s or budgets[args.suite])
+        if args.suite == "milestone1":
+            suite_milestone1(r)
+        else:
+            if args.suite in ("main", "full"):
+                suite_main(r, allocs)
+            if args.suite in ("sweep", "full"):
+                suite_sweep(r, allocs, sweep, args.sweep_timeout)
+            if args.suite in ("ddp", "full"):
+                suite_ddp(r, allocs)
+            write_full_reports(r)
     r.finish()
     return 0
 

@@ -309,7 +309,7 @@ def run(args):
         result["oom_step"] = step
         log(f"OOM at step {step}: {result['error']}")
         t_end = None
-    except RuntimeError as e:  # a pluggable allocator's null can surface as RuntimeError
+    except Exception as e:  # a pluggable allocator's null surfaces as a RuntimeError (e.g. illegal address)
         msg = str(e)
         if "out of memory" in msg.lower() or "outofmemory" in msg.lower():
             result["oom"], result["status"] = True, "oom"
@@ -337,6 +337,11 @@ def run(args):
     result["at_peak_reserved_sample"] = {k: v for k, v in at_peak.items() if k != "t"}
     if gm is not None and cuda:
         result["ours_stats_end"] = dict(gm.stats(0))
+        log("ours, stats at the end: " + json.dumps(result["ours_stats_end"], sort_keys=True))
+    log(f"peak active {peak_active / GIB:.3f} GiB, peak reserved {peak_reserved / GIB:.3f} GiB, "
+        f"efficiency {result['efficiency']}, tokens/s {result['tokens_per_s']}")
+    log("sample at the highest reserved of the measured steps (every key): "
+        + json.dumps(result["at_peak_reserved_sample"], sort_keys=True))
     if cuda and gm is None:
         try:
             ms = torch.cuda.memory_stats(device)

@@ -243,3 +243,12 @@ def test_vmm_cost_sequence_on_a_fake_driver(capsys):
     assert out["calls"]["cuMemMap[1 of 16]"]["n"] == 16 * 3
     assert out["calls"]["cuMemCreate"]["n"] == (1 + 16 + 256) * 3
     assert "Fake GPU" in vmm_cost.table(out)
+
+
+def test_step_lengths_are_seeded_and_in_range():
+    import train_gpt2  # imports torch only inside run()
+
+    a = train_gpt2.step_lengths(1234, 6, 1024, 256)
+    assert a == train_gpt2.step_lengths(1234, 6, 1024, 256)
+    assert len(a) == 6 and all(769 <= n <= 1024 for n in a)
+    assert train_gpt2.step_lengths(1234, 3, 1024, 0) == [1024] * 3
