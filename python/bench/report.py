@@ -113,6 +113,22 @@ def markdown(results):
                           if r and r.get("status") == "ok" and r.get("peak_active")})
         lines.append(f"| {model} | {batch} | {' / '.join(actives) or '–'} | "
                      + " | ".join(_cell(by[a]) for a in allocs) + " |")
+    ours = [r for r in main if r.get("allocator") == "ours" and r.get("at_peak_reserved_sample")]
+    if ours:
+        lines += ["", "Ours, every `stats()` key at the highest-reserved sample of steps 2-5 "
+                  "(byte counts in GiB):", ""]
+        for r in ours:
+            sample = r["at_peak_reserved_sample"]
+            parts = []
+            for k in sorted(sample):
+                v = sample[k]
+                if k == "label":
+                    continue
+                if isinstance(v, int) and k not in ("driver_calls",) and abs(v) >= 2 ** 20:
+                    parts.append(f"{k} {v / GIB:.2f}")
+                else:
+                    parts.append(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}")
+            lines.append(f"- {r.get('model')} b{r['batch']} (at {sample.get('label')}): " + ", ".join(parts))
     lb = largest_batch(results)
     if lb:
         lines += ["", "| largest batch that fits (no LoRA) | " + " | ".join(LABEL[a] for a in lb) + " |",

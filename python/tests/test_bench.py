@@ -252,3 +252,36 @@ def test_step_lengths_are_seeded_and_in_range():
     assert a == train_gpt2.step_lengths(1234, 6, 1024, 256)
     assert len(a) == 6 and all(769 <= n <= 1024 for n in a)
     assert train_gpt2.step_lengths(1234, 3, 1024, 0) == [1024] * 3
+
+
+def test_write_trace_with_a_fake_torch(tmp_path):
+    """train_gpt2.write_trace end to end on a stand-in for torch.cuda's snapshot API."""
+    import train_gpt2
+
+    calls = []
+    memory = types.SimpleNamespace(
+        _snapshot=lambda: {"segments": [], "device_traces": [synthetic_trace()]},
+        _record_memory_history=lambda *a, **k: calls.append((a, k)))
+    cuda = types.SimpleNamespace(memory=memory, current_device=lambda: 0,
+                                 current_stream=lambda: types.SimpleNamespace(cuda_stream=0))
+    torch = types.SimpleNamespace(cuda=cuda)
+    args = types.SimpleNamespace(trace_out=str(tmp_path / "t.trace.gz"),
+                                 raw_trace_out=str(tmp_path / "t.raw.json.gz"), trace_max_entries=100)
+    result = {"allocator": "default", "batch": 16, "losses": [1.0]}
+    train_gpt2.write_trace(torch, args, result, [0.0, 1.0])
+    assert calls == [((), {"enabled": None})]
+    assert result["trace"]["records"] == 9 and result["trace"]["markers"] == 2
+    gran, recs = tracefmt.decode(gzip.decompress((tmp_path / "t.trace.gz").read_bytes()))
+    assert len(recs) == 9
+    doc = json.loads(gzip.decompress((tmp_path / "t.raw.json.gz").read_bytes()))
+    assert doc["meta"]["step_starts_in_records"] == {"0": 1, "1": 5}
+    assert train_gpt2.start_history(torch, 5).startswith("enabled='all'")
+    assert calls[-1] == ((), {"enabled": "all", "context": None, "stacks": "python", "max_entries": 5})
+
+
+def test_markdown_lists_ours_breakdown_at_peak():
+    r = result("ours", 16, 12, 11, [1.0])
+    r["at_peak_reserved_sample"] = {"active": 11 * GIB, "reserved": 12 * GIB, "label": "attn3",
+                                    "fragmentation": 0.08, "driver_calls": 12345}
+    md = report.markdown([r])
+    assert "- gpt2 b16 (at attn3): active 11.00, driver_calls 12345, fragmentation 0.08, reserved 12.00" in md
