@@ -216,9 +216,19 @@ def suite_sweep(r, allocs, sweep_batches, sweep_timeout):
 
 
 def count_gpus():
+    """GPUs visible (nvidia-smi, else torch in a child process so this one keeps no CUDA context)."""
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        n = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        if n:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            return min(n, len(visible.split(","))) if visible else n
+    except Exception:
+        pass
+    try:
+        out = subprocess.run([PY, "-c", "import torch; print(torch.cuda.device_count())"],
+                             capture_output=True, text=True, timeout=120).stdout
+        return int(out.strip().splitlines()[-1])
     except Exception:
         return 0
 

@@ -197,6 +197,8 @@ def run(args):
         pass
     device = torch.device(args.device)
     cuda = device.type == "cuda"
+    if cuda and device.index is None:
+        device = torch.device("cuda", 0)  # set_device and the memory calls want an index
     gm = None
     if args.allocator == "ours":
         sys.path.insert(0, str(REPO / "python"))
