@@ -13,7 +13,8 @@ ALLOCATORS = ("default", "expandable", "ours")
 LABEL = {"default": "PyTorch default", "expandable": "`expandable_segments:True`", "ours": "ours"}
 LOSS_TOL = 1e-3
 CSV_COLUMNS = ["run", "allocator", "model", "batch", "status", "oom", "peak_active_gib",
-               "peak_reserved_gib", "efficiency", "tokens_per_s", "losses", "seq_lens", "gpu"]
+               "peak_reserved_gib", "efficiency", "tokens_per_s", "measured_s", "probe_s", "losses",
+               "seq_lens", "gpu"]
 
 
 def _gib(res, key):

@@ -228,7 +228,10 @@ def run(args):
     t_origin = time.perf_counter()
     at_peak = {"reserved": -1}
 
+    probe_s = [0.0]  # time spent in probes (reported, so its share of tokens/s is visible)
+
     def probe(label):
+        tp = time.perf_counter()
         s = mem.sample()
         s["t"] = time.perf_counter() - t_origin
         s["label"] = label
@@ -237,6 +240,7 @@ def run(args):
         if s.get("reserved", 0) > at_peak.get("reserved", -1):
             at_peak.clear()
             at_peak.update(s)
+        probe_s[0] += time.perf_counter() - tp
 
     t0 = time.perf_counter()
     model, cfg = build_model(torch, args)
@@ -279,6 +283,7 @@ def run(args):
                 mem.reset_peaks()
                 at_peak.clear()
                 at_peak["reserved"] = -1
+                probe_s[0] = 0.0
                 t_measure = time.perf_counter()
             ts = time.perf_counter()
             step_wall.append(ts - t_origin)
@@ -334,6 +339,8 @@ def run(args):
     if result["status"] == "ok" and t_measure is not None and t_end is not None:
         result["tokens_per_s"] = round(tokens_measured / (t_end - t_measure), 1)
         result["measured_tokens"] = tokens_measured
+        result["measured_s"] = round(t_end - t_measure, 4)
+        result["probe_s"] = round(probe_s[0], 4)
     else:
         result["tokens_per_s"] = None
     result["at_peak_reserved_sample"] = {k: v for k, v in at_peak.items() if k != "t"}
