@@ -66,7 +66,8 @@ def csv_text(rows_):
     return buf.getvalue()
 
 
-def _cell(res):
+def _cell(res, ref=None):
+    """"reserved GiB, efficiency, tokens/s (± % against `ref`, the default allocator's run)"."""
     if res is None:
         return "–"
     if res.get("status") == "oom":
@@ -75,6 +76,8 @@ def _cell(res):
         return str(res.get("status", "?"))
     tps = res.get("tokens_per_s")
     tps_s = f", {tps / 1000:.1f}k tok/s" if tps else ""
+    if tps and ref is not None and ref is not res and ref.get("tokens_per_s"):
+        tps_s += f" ({100 * (tps / ref['tokens_per_s'] - 1):+.1f}%)"
     return f"{res['peak_reserved'] / GIB:.2f}, {res['efficiency']:.3f}{tps_s}"
 
 
@@ -104,7 +107,7 @@ def markdown(results):
             keys.append(k)
     gpu = next((r["gpu"] for r in results if r.get("gpu")), "unknown GPU")
     lines = [f"GPU: {gpu}. Cells: peak reserved GiB, efficiency (peak active / peak reserved), "
-             "tokens/s over steps 2-5.", "",
+             "tokens/s over steps 2-5 (change against PyTorch default).", "",
              "| model | batch | peak active GiB | " + " | ".join(LABEL[a] for a in allocs) + " |",
              "|---|---|---|" + "---|" * len(allocs)]
     for model, batch in keys:
@@ -113,7 +116,7 @@ def markdown(results):
         actives = sorted({f"{r['peak_active'] / GIB:.2f}" for r in by.values()
                           if r and r.get("status") == "ok" and r.get("peak_active")})
         lines.append(f"| {model} | {batch} | {' / '.join(actives) or '–'} | "
-                     + " | ".join(_cell(by[a]) for a in allocs) + " |")
+                     + " | ".join(_cell(by[a], by.get("default")) for a in allocs) + " |")
     ours = [r for r in main if r.get("allocator") == "ours" and r.get("at_peak_reserved_sample")]
     if ours:
         lines += ["", "Ours, every `stats()` key at the highest-reserved sample of steps 2-5 "

@@ -126,7 +126,7 @@ def test_markdown_table_and_largest_batch():
            result("default", 96, 0, 0, [], status="oom", run="sweep-default-b96"),
            result("default", 80, 70, 50, [1.0], run="sweep-default-b80")]
     md = report.markdown(res)
-    assert "| gpt2 | 16 | 11.04 | 15.03, 0.735, 100.0k tok/s | 13.25, 0.833, 100.0k tok/s |" in md
+    assert "| gpt2 | 16 | 11.04 | 15.03, 0.735, 100.0k tok/s | 13.25, 0.833, 100.0k tok/s (+0.0%) |" in md
     assert "sweep" not in md
     assert report.largest_batch(res) == {"default": (80, 96), "expandable": (16, None)}
     assert "80 (96)" in md and "16 (none failed)" in md
