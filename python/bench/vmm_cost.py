@@ -10,6 +10,7 @@ binding's overhead is included; it is measured too, as `noop_binding`, a
   cuMemCreate         one 2 MiB chunk (device memory, pinned)
   cuMemAddressReserve a range of n chunks (n = 1, 16, 256)
   cuMemMap            one chunk into that range, n calls per repetition
+                      (and their sum per repetition)
   cuMemSetAccess      the whole range of n mapped chunks as ONE call
   cuMemUnmap          one chunk, n calls per repetition (and, once per n,
                       one call over the whole range, reported if it works)
@@ -104,10 +105,14 @@ def one_rep(n, prop, desc, acc, try_range_unmap=False):
     ret, us = timed(cu.cuMemAddressReserve, n * CHUNK, CHUNK, 0, 0)
     base = int(check(ret, "cuMemAddressReserve"))
     acc[f"cuMemAddressReserve[{n}]"].append(us)
+    total = 0.0
     for i, h in enumerate(handles):
         ret, us = timed(cu.cuMemMap, base + i * CHUNK, CHUNK, 0, h, 0)
         check(ret, "cuMemMap")
         acc[f"cuMemMap[1 of {n}]"].append(us)
+        total += us
+    if n > 1:
+        acc[f"cuMemMap[all {n}, sum per rep]"].append(total)
     ret, us = timed(cu.cuMemSetAccess, base, n * CHUNK, [desc], 1)
     check(ret, "cuMemSetAccess")
     acc[f"cuMemSetAccess[{n} chunks, one call]"].append(us)
@@ -124,10 +129,14 @@ def one_rep(n, prop, desc, acc, try_range_unmap=False):
         else:
             acc.setdefault("notes", []).append(f"cuMemUnmap over {n} mappings in one call: error {int(err)}")
     if not unmapped:
+        total = 0.0
         for i in range(n):
             ret, us = timed(cu.cuMemUnmap, base + i * CHUNK, CHUNK)
             check(ret, "cuMemUnmap")
             acc[f"cuMemUnmap[1 of {n}]"].append(us)
+            total += us
+        if n > 1:
+            acc[f"cuMemUnmap[all {n}, sum per rep]"].append(total)
     for h in handles:
         ret, us = timed(cu.cuMemRelease, h)
         check(ret, "cuMemRelease")
