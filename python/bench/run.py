@@ -300,6 +300,8 @@ def main(argv=None):
     p.add_argument("--sweep", default="80,88,96,104,112,120,128,144,160,192,256",
                    help="batches of the OOM sweep, in order (batch 64 is in the main suite)")
     p.add_argument("--sweep-timeout", type=float, default=150)
+    p.add_argument("--precision", choices=["bf16", "autocast"], default="bf16",
+                   help="passed to every train_gpt2.py run")
     p.add_argument("--merge", nargs="+", metavar="DIR",
                    help="only combine the results.jsonl of these folders into --out")
     args = p.parse_args(argv)
@@ -319,7 +321,8 @@ def main(argv=None):
                    extra=["--model", "tiny", "--seq", "64", "--seq-jitter", "16"])
         suite_smoke(r)
     else:
-        r = Runner(args.out, args.budget_s or budgets[args.suite])
+        r = Runner(args.out, args.budget_s or budgets[args.suite],
+                   extra=["--precision", args.precision] if args.precision != "bf16" else [])
         if args.suite == "milestone1":
             suite_milestone1(r)
         else:

@@ -73,6 +73,9 @@ def parse_args(argv=None):
     p.add_argument("--lora", action="store_true", help="LoRA r=16 on attn.c_attn/attn.c_proj")
     p.add_argument("--model", choices=["gpt2", "tiny"], default="gpt2",
                    help="tiny: 2 layers, 64 wide, for CPU smoke tests")
+    p.add_argument("--precision", choices=["bf16", "autocast"], default="bf16",
+                   help="bf16: model cast to bf16 (the default, see above); autocast: fp32 model "
+                        "under torch.autocast(bfloat16)")
     p.add_argument("--device", default="cuda", help="cuda or cpu (smoke test)")
     p.add_argument("--mem-fraction", type=float, default=None,
                    help="torch.cuda.set_per_process_memory_fraction (PyTorch allocators only)")
@@ -165,7 +168,8 @@ def build_model(torch, args):
         cfg = GPT2Config()
     cfg.use_cache = False
     model = GPT2LMHeadModel(cfg)
-    model.to(torch.bfloat16)
+    if args.precision == "bf16":
+        model.to(torch.bfloat16)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora:
         from peft import LoraConfig, get_peft_model
@@ -186,7 +190,8 @@ def run(args):
         "allocator": args.allocator, "model": args.model + ("+lora" if args.lora else ""),
         "batch": args.batch, "steps": args.steps, "measure_from": args.measure_from,
         "seed": args.seed, "device": args.device, "tag": args.tag,
-        "torch": torch.__version__, "dtype": "bf16 model (no autocast)",
+        "torch": torch.__version__,
+        "dtype": "bf16 model (no autocast)" if args.precision == "bf16" else "fp32 model, bf16 autocast",
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "oom": False, "status": "started",
     }
@@ -292,8 +297,10 @@ def run(args):
                 del marker
             L = lengths[step]
             x = torch.randint(0, cfg.vocab_size, (args.batch, L), generator=gen).to(device)
-            out = model(input_ids=x, labels=x)
-            loss = out.loss
+            with torch.autocast(device.type, dtype=torch.bfloat16,
+                                enabled=args.precision == "autocast"):
+                out = model(input_ids=x, labels=x)
+                loss = out.loss
             probe("forward")
             loss.backward()
             probe("backward")
