@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""Runs a benchmark suite, one configuration per process, into --out DIR.
+
+    PYTHONUNBUFFERED=1 python3 python/bench/run.py --suite milestone1 --out "$OUT"
+    PYTHONUNBUFFERED=1 python3 python/bench/run.py --suite full --out "$OUT"
+
+Every run is `train_gpt2.py` (or `vmm_cost.py`, `train_ddp.py`) in its own
+subprocess with a timeout; its output goes to DIR/log.txt, its RESULT line
+to DIR/results.jsonl. A crash, a timeout or an OOM is a result line too.
+DIR stays small (at most 8 files, each far under 16 MiB): per-run scratch
+files live in a temporary folder and only merged files are copied.
+
+Suites (each fits one 10-minute command on an H100; --budget-s stops
+starting runs after that many seconds):
+  milestone1  default + expandable at batch 16/32/64; traces of the default
+              allocator at batch 16 (and 32 if time allows); VMM call costs.
+  main        default, expandable, ours at batch 16/32/64 and GPT-2+LoRA at
+              batch 32; the batch-32 runs also write a memory timeline ->
+              memory_timeline.png; CSV, Markdown table, loss check.
+  sweep       per allocator, batches 80, 88, 96, ... until the first run that
+              is not ok (OOM, crash, timeout): the largest batch that fits.
+  ddp         two-GPU data-parallel loss check, ours vs default (train_ddp.py;
+              needs two GPUs).
+  full        main + sweep + ddp in one command (about 15-20 minutes).
+  smoke       CPU-only check of this runner (tiny model, --device cpu).
+--allocators picks a subset; --merge DIR... combines folders into one report.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import report  # noqa: E402  (pure Python)
+
+PY = sys.executable
+T_START = time.time()
+
+
+def log(msg, logf=None):
+    line = f"[run {time.strftime('%H:%M:%S')} +{time.time() - T_START:5.0f}s] {msg}"
+    print(line, flush=True)
+    if logf is not None:
+        logf.write(line + "\n")
+        logf.flush()
+
+
+class Runner:
+    def __init__(self, out, budget_s, device="cuda", extra=()):
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.scratch = Path(tempfile.mkdtemp(prefix="gm_bench_"))
+        self.logf = open(self.out / "log.txt", "a")
+        self.results_path = self.out / "results.jsonl"
+        self.results = []
+        self.budget_s = budget_s
+        self.device = device
+        self.extra = list(extra)
+        log(f"out={self.out} scratch={self.scratch} python={PY} budget={budget_s}s", self.logf)
+
+    def left(self):
+        return self.budget_s - (time.time() - T_START)
+
+    def subprocess(self, name, cmd, timeout, env_extra=None):
+        """Runs `cmd`; returns (rc, stdout text). Output is appended to log.txt."""
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.update(env_extra or {})
+        log(f"start {name}: {' '.join(cmd)} (timeout {timeout:.0f}s)", self.logf)
+        self.logf.write(f"----- {name} -----\n")
+        self.logf.flush()
+        t0 = time.time()
+        try:
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                               timeout=timeout, text=True, errors="replace", cwd=str(HERE.parents[1]))
+            rc, text = p.returncode, p.stdout
+        except subprocess.TimeoutExpired as e:
+            rc = "timeout"
+            text = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode("utf-8", "replace")
+        self.logf.write(text + "\n")
+        self.logf.flush()
+        log(f"end {name}: rc={rc} in {time.time() - t0:.1f}s", self.logf)
+        return rc, text
+
+    def record(self, res):
+        self.results.append(res)
+        with open(self.results_path, "a") as f:
+            f.write(json.dumps(res, sort_keys=True) + "\n")
+
+    def train(self, name, allocator, batch, timeout=150, lora=False, args=(), keep=()):
+        """One train_gpt2.py run; returns its result dict (status crash/timeout if none)."""
+        if self.left() < 20:
+            res = {"allocator": allocator, "batch": batch, "model": "gpt2" + ("+lora" if lora else ""),
+                   "run": name, "status": "skipped", "why": "time budget of this command spent"}
+            log(f"skip {name}: time budget spent", self.logf)
+            self.record(res)
+            return res
+        timeout = max(20, min(timeout, self.left()))
+        cmd = [PY, str(HERE / "train_gpt2.py"), "--allocator", allocator, "--batch", str(batch),
+               "--tag", name] + (["--lora"] if lora else []) + list(args) + self.extra
+        if self.device != "cuda":
+            cmd += ["--device", self.device]
+        rc, text = self.subprocess(name, cmd, timeout)
+        res = None
+        for line in text.splitlines():
+            if line.startswith("RESULT "):
+                try:
+                    res = json.loads(line[len("RESULT "):])
+                except json.JSONDecodeError:
+                    pass
+        if res is None:
+            res = {"allocator": allocator, "batch": batch, "model": "gpt2" + ("+lora" if lora else ""),
+                   "tag": name, "status": "timeout" if rc == "timeout" else "crash", "rc": str(rc),
+                   "oom": "out of memory" in text.lower(), "tail": text[-1500:]}
+        res["run"] = name
+        self.record(res)
+        log(f"  -> {report.one_line(res)}", self.logf)
+        return res
+
+    def keep(self, src, name):
+        """Copies a scratch file into DIR if it exists and is under 15 MiB."""
+        src = Path(src)
+        if not src.exists():
+            log(f"  (no {src.name} to keep)", self.logf)
+            return None
+        size = src.stat().st_size
+        if size > 15 * 2 ** 20:
+            log(f"  {src.name} is {size / 2**20:.1f} MiB: too large to bring back, not kept", self.logf)
+            return None
+        dst = self.out / name
+        shutil.copyfile(src, dst)
+        log(f"  kept {dst.name} ({size / 2**20:.2f} MiB)", self.logf)
+        return dst
+
+    def trace(self, name, batch, lora=False, timeout=200):
+        bin_path = self.scratch / f"{name}.trace.gz"
+        raw_path = self.scratch / f"{name}.raw.json.gz"
+        res = self.train(name, "default", batch, timeout=timeout, lora=lora,
+                         args=["--trace-out", str(bin_path), "--raw-trace-out", str(raw_path)])
+        self.keep(bin_path, bin_path.name)
+        self.keep(raw_path, raw_path.name)
+        return res
+
+    def vmm(self, timeout=120):
+        path = self.scratch / "vmm_cost.json"
+        rc, text = self.subprocess("vmm_cost", [PY, str(HERE / "vmm_cost.py"), "--json-out", str(path)],
+                                   timeout)
+        self.keep(path, "vmm_cost.json")
+
+    def finish(self, markdown_name="summary.md"):
+        md = report.markdown(self.results)
+        (self.out / markdown_name).write_text(md)
+        log("summary:\n" + md, self.logf)
+        log(f"done in {time.time() - T_START:.0f}s; files: {sorted(p.name for p in self.out.iterdir())}",
+            self.logf)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def suite_milestone1(r):
+    # Files in DIR: log.txt results.jsonl summary.md vmm_cost.json + up to 4 trace files = 8.
+    for batch in (16, 32, 64):
+        for alloc in ("default", "expandable"):
+            r.train(f"{alloc}-b{batch}", alloc, batch, timeout=min(150, max(30, r.left() - 60)))
+    r.trace("trace-default-b16", 16, timeout=min(200, max(30, r.left() - 40)))
+    r.vmm(timeout=min(120, max(20, r.left() - 30)))
+    if r.left() > 110:
+        r.trace("trace-default-b32", 32, timeout=min(150, r.left() - 20))
+    else:
+        log("skipping the batch-32 trace: not enough time left", r.logf)
+
+
+def suite_main(r, allocs):
+    """GPT-2 at batch 16/32/64 and GPT-2+LoRA at batch 32; batch-32 runs keep a timeline."""
+    tl_files = {}
+    for batch in (16, 32, 64):
+        for alloc in allocs:
+            args = []
+            if batch == 32:
+                path = r.scratch / f"timeline-{alloc}.json"
+                args = ["--timeline-out", str(path)]
+            r.train(f"{alloc}-b{batch}", alloc, batch, timeout=180, args=args)
+            if args and Path(args[1]).exists():
+                tl_files[alloc] = Path(args[1])
+    for alloc in allocs:
+        r.train(f"{alloc}-lora-b32", alloc, 32, lora=True, timeout=180)
+    png = r.out / "memory_timeline.png"
+    try:
+        if tl_files:
+            report.plot_timelines(tl_files, png)
+            log(f"  wrote {png.name}", r.logf)
+    except Exception as e:
+        log(f"  timeline plot failed: {e!r}", r.logf)
+
+
+def suite_sweep(r, allocs, sweep_batches, sweep_timeout):
+    """Per allocator: batches in order until the first run that is not ok (OOM, crash, timeout)."""
+    for alloc in allocs:
+        for batch in sweep_batches:
+            if r.left() < sweep_timeout + 30:
+                log(f"sweep {alloc}: stopping before batch {batch}, time budget", r.logf)
+                break
+            res = r.train(f"sweep-{alloc}-b{batch}", alloc, batch, timeout=sweep_timeout)
+            if res.get("status") != "ok":
+                break
+
+
+def count_gpus():
+    """GPUs visible (nvidia-smi, else torch in a child process so this one keeps no CUDA context)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        n = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        if n:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            return min(n, len(visible.split(","))) if visible else n
+    except Exception:
+        pass
+    try:
+        out = subprocess.run([PY, "-c", "import torch; print(torch.cuda.device_count())"],
+                             capture_output=True, text=True, timeout=120).stdout
+        return int(out.strip().splitlines()[-1])
+    except Exception:
+        return 0
+
+
+def suite_ddp(r, allocs):
+    """Two-GPU data-parallel loss check (train_ddp.py), ours against PyTorch's default."""
+    ngpu = count_gpus()
+    if ngpu < 2:
+        log(f"skipping the two-GPU check: {ngpu} GPU(s) visible", r.logf)
+        return
+    ddp_json = r.scratch / "ddp.json"
+    pair = ",".join(a for a in ("default", "ours") if a in allocs) or "default,ours"
+    r.subprocess("ddp", [PY, str(HERE / "train_ddp.py"), "--allocators", pair,
+                         "--json-out", str(ddp_json)], timeout=max(60, min(560, r.left() - 10)))
+    if ddp_json.exists():
+        res = json.loads(ddp_json.read_text())
+        res["run"] = "ddp"
+        r.record(res)
+        log(f"  -> ddp: {res.get('verdict')} {res.get('why', '')}", r.logf)
+    else:
+        r.record({"run": "ddp", "status": "crash", "verdict": "FAIL", "why": "no result file"})
+
+
+def write_full_reports(r, results=None):
+    results = r.results if results is None else results
+    (r.out / "results.csv").write_text(report.csv_text(report.rows(results)))
+    check = report.loss_check(results)
+    ddp = [x for x in results if x.get("run") == "ddp"]
+    text = report.markdown(results) + "\n" + check["text"] + "\n"
+    for d in ddp:
+        text += f"Two-GPU data-parallel loss check: {d.get('verdict')} ({d.get('why', '')})\n"
+    (r.out / "README_table.md").write_text(text)
+    log("report:\n" + text, r.logf)
+
+
+def suite_smoke(r):
+    suite_main(r, ALLOCS)
+    suite_sweep(r, ("default",), [2, 4], 120)
+    write_full_reports(r)
+
+
+def merge(dirs, out):
+    """Combines results.jsonl of several output folders into one report in `out`."""
+    results = []
+    for d in dirs:
+        p = Path(d) / "results.jsonl"
+        if p.exists():
+            results += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        else:
+            log(f"no {p}")
+    r = Runner(out, 60)
+    for res in results:
+        r.record(res)
+    write_full_reports(r)
+    r.finish()
+
+
+ALLOCS = ("default", "expandable", "ours")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--suite", choices=["milestone1", "main", "sweep", "ddp", "full", "smoke"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--allocators", default=",".join(ALLOCS),
+                   help="comma-separated subset of default,expandable,ours")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no run after this many seconds (default: per suite)")
+    p.add_argument("--sweep", default="80,88,96,104,112,120,128,144,160,192,256",
+                   help="batches of the OOM sweep, in order (batch 64 is in the main suite)")
+    p.add_argument("--sweep-timeout", type=float, default=150)
+    p.add_argument("--precision", choices=["bf16", "autocast"], default="bf16",
+                   help="passed to every train_gpt2.py run")
+    p.add_argument("--merge", nargs="+", metavar="DIR",
+                   help="only combine the results.jsonl of these folders into --out")
+    args = p.parse_args(argv)
+    allocs = tuple(a for a in args.allocators.split(",") if a)
+    bad = [a for a in allocs if a not in ALLOCS]
+    if bad:
+        p.error(f"unknown allocators {bad}")
+    if args.merge:
+        merge(args.merge, args.out)
+        return 0
+    if not args.suite:
+        p.error("--suite or --merge is required")
+    sweep = [int(b) for b in args.sweep.split(",") if b]
+    budgets = {"milestone1": 400, "main": 540, "sweep": 540, "ddp": 560, "full": 3000, "smoke": 900}
+    if args.suite == "smoke":
+        r = Runner(args.out, args.budget_s or budgets["smoke"], device="cpu",
+                   extra=["--model", "tiny", "--seq", "64", "--seq-jitter", "16"])
+        suite_smoke(r)
+    else:
+        r = Runner(args.out, args.budget_s or budgets[args.suite],
+                   extra=["--precision", args.precision] if args.precision != "bf16" else [])
+        if args.suite == "milestone1":
+            suite_milestone1(r)
+        else:
+            if args.suite in ("main", "full"):
+                suite_main(r, allocs)
+            if args.suite in ("sweep", "full"):
+                suite_sweep(r, allocs, sweep, args.sweep_timeout)
+            if args.suite in ("ddp", "full"):
+                suite_ddp(r, allocs)
+            write_full_reports(r)
+    r.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
