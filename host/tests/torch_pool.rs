@@ -29,6 +29,18 @@ fn pool(limit_chunks: u64, events: ModelEvents) -> Pool {
     StreamPool::new(lake, events)
 }
 
+/// A pool that has seen two streams, so that the event rule applies from
+/// the first free on.
+fn multi_stream_pool(limit_chunks: u64, events: ModelEvents) -> Pool {
+    let p = pool(limit_chunks, events);
+    for stream in [S1, S2] {
+        p.alloc(1, stream).and_then(|a| p.free(a, stream)).unwrap();
+    }
+    p.events().complete_stream(S1);
+    p.events().complete_stream(S2);
+    p
+}
+
 fn pattern(tag: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (tag.wrapping_mul(131).wrapping_add(i as u64 * 7) % 251) as u8)
@@ -90,7 +102,7 @@ fn split_pieces_never_overlap_and_keep_data_and_all_returns() {
 #[test]
 fn stream_rule_small_and_large() {
     for size in [1000, 3 * G] {
-        let p = pool(16, ModelEvents::new());
+        let p = multi_stream_pool(16, ModelEvents::new());
         let a = p.alloc(size, S1).unwrap();
         p.free(a, S1).unwrap();
         // Same stream: immediate reuse.
@@ -110,6 +122,29 @@ fn stream_rule_small_and_large() {
         p.free(d, StreamId(3)).unwrap();
         p.check().unwrap();
     }
+}
+
+#[test]
+fn one_stream_reuses_at_once_with_no_event_and_a_second_stream_waits_once() {
+    let p = pool(16, ModelEvents::new());
+    let a = p.alloc(3 * G, S1).unwrap();
+    p.free(a, S1).unwrap();
+    // Another size on the same stream gets the same memory at once.
+    let b = p.alloc(2 * G, S1).unwrap();
+    assert_eq!(b, a);
+    p.free(b, S1).unwrap();
+    let st = p.stats();
+    assert_eq!((st.event_calls, st.waiting_bytes), (0, 0), "{st:?}");
+    // A second stream: the pool waits for the device once, then S2 may
+    // have what S1 freed, and frees get events from now on.
+    let reserved = p.stats().reserved_bytes;
+    let c = p.alloc(3 * G, S2).unwrap();
+    assert_eq!(p.stats().reserved_bytes, reserved, "S1's memory served S2");
+    assert_eq!(p.stats().event_calls, 1, "one synchronisation");
+    p.free(c, S2).unwrap();
+    assert_eq!(p.stats().event_calls, 2, "an event at the free");
+    assert!(p.stats().waiting_bytes > 0);
+    p.check().unwrap();
 }
 
 #[test]
@@ -173,7 +208,8 @@ fn out_of_memory_says_asked_reserved_active_largest() {
 fn out_of_memory_waits_for_pending_events_first() {
     // Freed on S1, its event not complete: S2 cannot have it until the pool
     // waits for the device, which it does before declaring out of memory.
-    let p = pool(4, ModelEvents::new());
+    let p = multi_stream_pool(4, ModelEvents::new());
+    p.empty_cache().unwrap();
     let a = p.alloc(3 * G, S1).unwrap();
     p.free(a, S1).unwrap();
     let b = p.alloc(3 * G, S2).unwrap();

@@ -7,6 +7,10 @@
 //!   (exact match, split, stitch, grow). A request for a private pool
 //!   ([`StreamPool::alloc_in`]) is served from that pool's store for the
 //!   asking stream, else from the lake, and its block stays the pool's;
+//! - **one stream**: while every request has come on one stream S, a block
+//!   S frees is free at once, with no event (S's later work is ordered
+//!   after the free); when a second stream appears the pool waits for the
+//!   device once and applies the stream rule from then on;
 //! - **stream rule** ([`Pending`]): `free(addr, S)` of a general block
 //!   records an event on S and on every stream added with
 //!   [`StreamPool::record_stream`]; S alone may take the block back at once
@@ -87,7 +91,21 @@ struct State {
     pending: Pending,
     parked: Vec<Parked>,
     private: PrivatePools,
+    streams: Streams,
     counters: Counters,
+}
+
+/// Which streams have used the pool: while only one has, a block freed on
+/// it is free for the next request at once, with no event (every later
+/// request comes on the same stream and is ordered after the free).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Streams {
+    /// No request yet.
+    None,
+    /// Every request and every `record_stream` so far named this stream.
+    Single(StreamId),
+    /// Several streams: the event rule applies.
+    Several,
 }
 
 /// The allocator of one device: lake, split cache, stream rule and
@@ -111,6 +129,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 pending: Pending::default(),
                 parked: Vec::new(),
                 private: PrivatePools::new(chunk),
+                streams: Streams::None,
                 counters: Counters::default(),
             }),
         }
@@ -147,6 +166,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             return Ok(0);
         }
         let mut s = self.state();
+        self.note_stream(&mut s, stream)?;
         if !s.private.any_window() {
             self.settle(&mut s)?;
         }
@@ -196,6 +216,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 }
                 Ok(())
             }
+            Home::General if live.uses.is_empty() && s.streams == Streams::Single(stream) => {
+                self.go_home(&mut s, live.block, Home::General)
+            }
             _ if s.private.any_window() => {
                 s.parked.push(Parked {
                     live,
@@ -224,10 +247,35 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// submitted before the free has completed (`Tensor.record_stream`).
     pub fn record_stream(&self, addr: u64, stream: StreamId) -> PoolResult<()> {
         let mut s = self.state();
-        let live = s.live.get_mut(&addr).ok_or(PoolError::NotOurs { addr })?;
+        if !s.live.contains_key(&addr) {
+            return Err(PoolError::NotOurs { addr });
+        }
+        self.note_stream(&mut s, stream)?;
+        let live = s.live.get_mut(&addr).expect("checked above");
         if !live.uses.contains(&stream) {
             live.uses.push(stream);
         }
+        Ok(())
+    }
+
+    /// Counts `stream` among the pool's streams. When a second stream
+    /// appears, memory freed without events by the first may still be in
+    /// use by its queued work: the pool waits for the device once, then
+    /// keeps the event rule for good. Inside an allocation window it does
+    /// not wait (a capture may be under way); PyTorch synchronises the
+    /// device before it begins a capture.
+    fn note_stream(&self, s: &mut State, stream: StreamId) -> PoolResult<()> {
+        s.streams = match s.streams {
+            Streams::None => Streams::Single(stream),
+            Streams::Single(only) if only == stream => return Ok(()),
+            Streams::Single(_) => {
+                if !s.private.any_window() {
+                    self.events.synchronize_all()?;
+                }
+                Streams::Several
+            }
+            Streams::Several => return Ok(()),
+        };
         Ok(())
     }
 
