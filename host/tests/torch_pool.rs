@@ -465,3 +465,49 @@ fn registry_keeps_one_pool_per_device() {
     assert!(r.get_or_make(2, |_| Err::<Pool, _>("no device")).is_err());
     assert_eq!(r.devices(), vec![0, 1]);
 }
+
+#[test]
+fn a_graph_pool_returns_to_its_checkpoint() {
+    let p = pool(64, ModelEvents::completing());
+    p.begin_allocate_to_pool(GRAPH).unwrap();
+    let a = p.alloc_in(4096, S1, GRAPH).unwrap();
+    let b = p.alloc_in(3 * G, S1, GRAPH).unwrap();
+    let checkpoint = p.checkpoint_pool(GRAPH);
+    assert_eq!(checkpoint.len(), 2);
+    p.free(a, S1).unwrap();
+    let c = p.alloc_in(10_000, S1, GRAPH).unwrap();
+    let d = p.alloc_in(5 * G, S1, GRAPH).unwrap();
+    p.end_allocate_to_pool(GRAPH).unwrap();
+    // `c` took `a`'s place: the restore frees it first, then gives `a` back.
+    let restored = p.restore_pool(GRAPH, &checkpoint).unwrap();
+    let mut freed = restored.freed.clone();
+    freed.sort_unstable();
+    let mut want = vec![c, d];
+    want.sort_unstable();
+    assert_eq!(freed, want);
+    assert_eq!(restored.allocated, vec![a]);
+    assert_eq!(p.live_in_pool(GRAPH), {
+        let mut v = vec![a, b];
+        v.sort_unstable();
+        v
+    });
+    assert_eq!(p.checkpoint_pool(GRAPH), checkpoint);
+    assert_eq!(p.stats().active_bytes, 4096 + 3 * G);
+    // Restoring to the current state changes nothing.
+    assert_eq!(
+        p.restore_pool(GRAPH, &checkpoint).unwrap(),
+        Default::default()
+    );
+    // A checkpoint whose memory another pool took cannot be restored.
+    for x in [a, b] {
+        p.free(x, S1).unwrap();
+    }
+    p.release_pool(GRAPH).unwrap();
+    p.incref_pool(GRAPH).unwrap();
+    let err = p.restore_pool(GRAPH, &checkpoint).unwrap_err();
+    assert!(
+        err.to_string().contains("cannot restore the checkpoint"),
+        "{err}"
+    );
+    p.check().unwrap();
+}

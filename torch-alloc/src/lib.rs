@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use boundary::{ErrorKind, enter, set_error, take_error};
 use cudarc::driver::CudaContext;
 use host::lake::{ChunkOptions, CudaVmm, Lake, LakeConfig};
-use host::pluggable::{CudaEvents, PoolId, PoolStats, Registry, StreamId, StreamPool};
+use host::pluggable::{CudaEvents, PoolEntry, PoolId, PoolStats, Registry, StreamId, StreamPool};
 
 /// The pool of one device on the real driver, with its total memory and
 /// the fraction of it the user allows.
@@ -367,13 +367,101 @@ pub unsafe extern "C" fn gm_pool_live_allocations(
     let Some(live) = live else {
         return -1;
     };
-    if !out.is_null() {
-        let n = live.len().min(cap);
-        // SAFETY: `out` has `cap` writable slots and `n <= cap`; `live` is
-        // a distinct allocation.
-        unsafe { std::ptr::copy_nonoverlapping(live.as_ptr(), out, n) };
-    }
+    // SAFETY: by the caller's contract.
+    unsafe { copy_out(&live, out, cap) };
     i64::try_from(live.len()).unwrap_or(i64::MAX)
+}
+
+/// Writes the live allocations of private pool `(hi, lo)` of `device` (a
+/// checkpoint) into `out` (at most `cap`) and returns how many there are;
+/// -1 on failure.
+///
+/// # Safety
+/// `out` is null with `cap == 0`, or points to `cap` writable entries.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gm_checkpoint_pool(
+    device_index: i32,
+    hi: u64,
+    lo: u64,
+    out: *mut PoolEntry,
+    cap: usize,
+) -> i64 {
+    let entries = enter(None, Some(IN_CHILD), || {
+        device(device_index).map(|d| d.pool.checkpoint_pool(PoolId(hi, lo)))
+    });
+    let Some(entries) = entries else {
+        return -1;
+    };
+    // SAFETY: by the caller's contract.
+    unsafe { copy_out(&entries, out, cap) };
+    i64::try_from(entries.len()).unwrap_or(i64::MAX)
+}
+
+/// Puts private pool `(hi, lo)` of `device` back to the checkpoint
+/// `entries[..n]`: writes the addresses it freed into `freed` (at most
+/// `freed_cap`, their number into `*n_freed`) and those it allocated again
+/// into `allocated` (at most `alloc_cap`, their number into `*n_allocated`).
+/// 0, or -1 (see `gm_last_error`).
+///
+/// # Safety
+/// `entries` points to `n` entries; `freed` and `allocated` point to
+/// `freed_cap` and `alloc_cap` writable `u64`s (or are null with a zero
+/// capacity); `n_freed` and `n_allocated` are writable.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn gm_restore_pool(
+    device_index: i32,
+    hi: u64,
+    lo: u64,
+    entries: *const PoolEntry,
+    n: usize,
+    freed: *mut u64,
+    freed_cap: usize,
+    n_freed: *mut usize,
+    allocated: *mut u64,
+    alloc_cap: usize,
+    n_allocated: *mut usize,
+) -> i32 {
+    let checkpoint: Vec<PoolEntry> = if n == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: `entries` points to `n` entries, by the caller's contract.
+        unsafe { std::slice::from_raw_parts(entries, n) }.to_vec()
+    };
+    let restored = enter(None, Some(IN_CHILD), || {
+        let d = device(device_index)?;
+        match d.pool.restore_pool(PoolId(hi, lo), &checkpoint) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                set_error(ErrorKind::Other, e.to_string());
+                None
+            }
+        }
+    });
+    let Some(r) = restored else {
+        return -1;
+    };
+    // SAFETY: the output pointers are valid, by the caller's contract.
+    unsafe {
+        copy_out(&r.freed, freed, freed_cap);
+        copy_out(&r.allocated, allocated, alloc_cap);
+        n_freed.write(r.freed.len());
+        n_allocated.write(r.allocated.len());
+    }
+    0
+}
+
+/// Copies at most `cap` of `items` to `out`.
+///
+/// # Safety
+/// `out` is null, or points to `cap` writable items.
+unsafe fn copy_out<T: Copy>(items: &[T], out: *mut T, cap: usize) {
+    if !out.is_null() {
+        let n = items.len().min(cap);
+        // SAFETY: `out` has `cap >= n` writable slots; `items` is a
+        // distinct allocation.
+        unsafe { std::ptr::copy_nonoverlapping(items.as_ptr(), out, n) };
+    }
 }
 
 /// Limits `device`'s pool to `fraction` (0 < fraction <= 1) of the

@@ -39,7 +39,7 @@ pub use block::PoolId;
 pub use cuda_event::CudaEvents;
 pub use error::{EventFailure, PoolError, PoolResult};
 pub use event::{EventId, EventSource, ModelEvents, StreamId};
-pub use pool::StreamPool;
+pub use pool::{PoolEntry, Restored, StreamPool};
 pub use registry::Registry;
 pub use split::{Piece, SplitCache};
 pub use stats::PoolStats;

@@ -37,7 +37,7 @@
 //! call takes it once. Lake and event calls are made while holding it, so
 //! the lock order is always pool, then lake, then driver.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 
 use super::block::{Block, Home, Origin, PoolId};
@@ -48,6 +48,30 @@ use super::private::PrivatePools;
 use super::split::{PIECE_ALIGN, SplitCache};
 use super::stats::PoolStats;
 use crate::lake::{DeviceRange, Lake, LakeError, VmmDriver};
+
+/// A live allocation of a private pool, as a checkpoint keeps it
+/// (`torch.compile`'s CUDA graph trees restore a pool to a checkpoint when
+/// they switch paths).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct PoolEntry {
+    /// Device address.
+    pub addr: u64,
+    /// Bytes requested.
+    pub size: u64,
+    /// The stream it was allocated for.
+    pub stream: u64,
+}
+
+/// What restoring a checkpoint did: allocations freed (live now, not in the
+/// checkpoint) and allocations made again (in the checkpoint, freed since).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Addresses freed.
+    pub freed: Vec<u64>,
+    /// Addresses allocated again, each at its checkpointed address.
+    pub allocated: Vec<u64>,
+}
 
 /// A live allocation.
 #[derive(Clone, Debug)]
@@ -185,13 +209,26 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 uses: Vec::new(),
             },
         );
+        self.count(&mut s, size);
+        Ok(block.addr)
+    }
+
+    /// Counts an allocation of `size` bytes.
+    fn count(&self, s: &mut State, size: u64) {
         let c = &mut s.counters;
         c.active += size;
         c.peak_active = c.peak_active.max(c.active);
         c.allocated += SplitCache::rounded(size);
         c.peak_allocated = c.peak_allocated.max(c.allocated);
         c.allocs += 1;
-        Ok(block.addr)
+    }
+
+    /// Counts the free of `live`.
+    fn uncount(&self, s: &mut State, live: &Live) {
+        let c = &mut s.counters;
+        c.active -= live.size;
+        c.allocated -= SplitCache::rounded(live.size);
+        c.frees += 1;
     }
 
     /// Frees `addr` (from an `alloc`) last used on `stream`; nothing for
@@ -204,10 +241,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         let Some(live) = s.live.remove(&addr) else {
             return Err(PoolError::NotOurs { addr });
         };
-        let c = &mut s.counters;
-        c.active -= live.size;
-        c.allocated -= SplitCache::rounded(live.size);
-        c.frees += 1;
+        self.uncount(&mut s, &live);
         match live.home {
             Home::Private(id, home_stream) if live.uses.is_empty() => {
                 s.private.give_back(id, home_stream, live.block);
@@ -228,13 +262,14 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             }
             _ => self
                 .wait_for_events(&mut s, live, stream)
-                .map_err(|(e, live)| {
+                .map_err(|failed| {
+                    let (e, live) = *failed;
                     // Without an event nobody can tell when the block is safe
                     // for other streams: it stays allocated, and the caller may
                     // retry the free.
+                    self.count(&mut s, live.size);
                     let c = &mut s.counters;
-                    c.active += live.size;
-                    c.allocated += SplitCache::rounded(live.size);
+                    c.allocs -= 1;
                     c.frees -= 1;
                     s.live.insert(live.block.addr, live);
                     e
@@ -292,6 +327,73 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             .collect();
         out.sort_unstable();
         out
+    }
+
+    /// The live allocations of private pool `pool` (a checkpoint).
+    pub fn checkpoint_pool(&self, pool: PoolId) -> Vec<PoolEntry> {
+        let s = self.state();
+        let mut out: Vec<PoolEntry> = s
+            .live
+            .iter()
+            .filter_map(|(&addr, l)| entry_of(addr, l, pool))
+            .collect();
+        out.sort_unstable_by_key(|e| e.addr);
+        out
+    }
+
+    /// Puts private pool `pool` back to `checkpoint`: frees its live
+    /// allocations that the checkpoint does not hold, and allocates again,
+    /// at the same addresses, those it holds that were freed since. Fails
+    /// if such an allocation's memory was taken by another since (the pool
+    /// was used differently); what was restored before the failure stays.
+    pub fn restore_pool(&self, pool: PoolId, checkpoint: &[PoolEntry]) -> PoolResult<Restored> {
+        let mut s = self.state();
+        let mut out = Restored::default();
+        let keep: HashSet<PoolEntry> = checkpoint.iter().copied().collect();
+        let stale: Vec<u64> = s
+            .live
+            .iter()
+            .filter(|&(&addr, l)| entry_of(addr, l, pool).is_some_and(|e| !keep.contains(&e)))
+            .map(|(&a, _)| a)
+            .collect();
+        for addr in stale {
+            let live = s.live.remove(&addr).expect("listed above");
+            self.uncount(&mut s, &live);
+            if let Home::Private(id, stream) = live.home {
+                s.private.give_back(id, stream, live.block);
+            }
+            out.freed.push(addr);
+        }
+        for e in checkpoint {
+            if s.live.contains_key(&e.addr) {
+                continue;
+            }
+            let stream = StreamId(e.stream);
+            let capacity = self.capacity_for(&s, e.size);
+            let block = s
+                .private
+                .take_at(pool, stream, e.addr, e.size, capacity)
+                .ok_or_else(|| {
+                    PoolError::PrivatePool(format!(
+                        "cannot restore the checkpoint of private pool ({}, {}): the memory \
+                         of {:#x} (+{} bytes) is no longer free in it",
+                        pool.0, pool.1, e.addr, e.size
+                    ))
+                })?;
+            self.count(&mut s, e.size);
+            let home = Home::Private(pool, stream);
+            s.live.insert(
+                e.addr,
+                Live {
+                    size: e.size,
+                    block,
+                    home,
+                    uses: Vec::new(),
+                },
+            );
+            out.allocated.push(e.addr);
+        }
+        Ok(out)
     }
 
     /// Whether `addr` starts a live allocation of this pool.
@@ -589,7 +691,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         s: &mut State,
         live: Live,
         freed_on: StreamId,
-    ) -> Result<(), (PoolError, Live)> {
+    ) -> Result<(), Box<(PoolError, Live)>> {
         let mut streams = vec![freed_on];
         streams.extend(live.uses.iter().copied().filter(|&u| u != freed_on));
         let mut events: Vec<(StreamId, EventId)> = Vec::with_capacity(streams.len());
@@ -600,7 +702,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                     for (_, done) in events {
                         self.events.destroy(done);
                     }
-                    return Err((e.into(), live));
+                    return Err(Box::new((e.into(), live)));
                 }
             }
         }
@@ -612,7 +714,8 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// whose event fails stays parked (the next flush tries again).
     fn flush_parked(&self, s: &mut State) -> PoolResult<()> {
         while let Some(Parked { live, freed_on }) = s.parked.pop() {
-            if let Err((e, live)) = self.wait_for_events(s, live, freed_on) {
+            if let Err(failed) = self.wait_for_events(s, live, freed_on) {
+                let (e, live) = *failed;
                 s.parked.push(Parked { live, freed_on });
                 return Err(e);
             }
@@ -655,6 +758,19 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             self.lake.free(range).map_err(PoolError::Lake)?;
         }
         Ok(())
+    }
+}
+
+/// `live` at `addr` as a checkpoint entry, if it belongs to private pool
+/// `pool`.
+fn entry_of(addr: u64, live: &Live, pool: PoolId) -> Option<PoolEntry> {
+    match live.home {
+        Home::Private(id, stream) if id == pool => Some(PoolEntry {
+            addr,
+            size: live.size,
+            stream: stream.0,
+        }),
+        _ => None,
     }
 }
 

@@ -167,6 +167,38 @@ impl PrivatePools {
         Some(block)
     }
 
+    /// The free block of pool `id`'s store for `stream` that starts at
+    /// `addr` and holds `size` bytes (`capacity` for a large one), marked
+    /// allocated: a checkpoint's allocation given back.
+    pub fn take_at(
+        &mut self,
+        id: PoolId,
+        stream: StreamId,
+        addr: u64,
+        size: u64,
+        capacity: u64,
+    ) -> Option<Block> {
+        let chunk_bytes = self.chunk_bytes;
+        let pool = self.pools.get_mut(&id)?;
+        let store = pool.stores.get_mut(&stream)?;
+        let block = if size < chunk_bytes {
+            let piece = store.split.take_at(addr, size)?;
+            Block {
+                addr,
+                capacity: piece.len,
+                origin: Origin::Small,
+            }
+        } else {
+            let i = store
+                .large
+                .iter()
+                .position(|b| b.addr == addr && b.capacity >= capacity)?;
+            store.large.swap_remove(i)
+        };
+        pool.live += 1;
+        Some(block)
+    }
+
     /// Adds a chunk taken from the lake to pool `id`'s split cache for
     /// `stream`, wholly free.
     pub fn add_chunk(&mut self, id: PoolId, stream: StreamId, chunk: DeviceRange) {

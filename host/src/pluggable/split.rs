@@ -99,6 +99,33 @@ impl SplitCache {
         Some(Piece { addr, len: want })
     }
 
+    /// The piece of `size` bytes starting exactly at `addr`, if that range
+    /// lies in one free piece (which is cut around it). Used to give a
+    /// CUDA graph pool back the allocations a checkpoint recorded.
+    pub fn take_at(&mut self, addr: u64, size: u64) -> Option<Piece> {
+        let want = Self::rounded(size);
+        let chunk = self.chunk_of_mut(addr)?;
+        let (&start, &(len, free)) = chunk.pieces.range(..=addr).next_back()?;
+        if !free || addr + want > start + len {
+            return None;
+        }
+        chunk.pieces.remove(&start);
+        let mut freed = Vec::new();
+        if addr > start {
+            chunk.pieces.insert(start, (addr - start, true));
+            freed.push((addr - start, start));
+        }
+        chunk.pieces.insert(addr, (want, false));
+        let end = start + len;
+        if addr + want < end {
+            chunk.pieces.insert(addr + want, (end - addr - want, true));
+            freed.push((end - addr - want, addr + want));
+        }
+        self.free.remove(&(len, start));
+        self.free.extend(freed);
+        Some(Piece { addr, len: want })
+    }
+
     /// Adds a chunk taken from the lake (`range.len` is one chunk), wholly
     /// free.
     pub fn add_chunk(&mut self, range: DeviceRange) {

@@ -50,6 +50,11 @@ struct GmStats {
       alloc_retries, ooms, event_calls, split_chunks, private_pools;
 };
 
+// Mirror of `#[repr(C)] PoolEntry` in host/src/pluggable/pool.rs.
+struct GmPoolEntry {
+  uint64_t addr, size, stream;
+};
+
 // The C ABI, resolved once from the shared library.
 struct Lib {
   void* (*malloc_in)(uint64_t, int, void*, uint64_t, uint64_t);
@@ -61,6 +66,9 @@ struct Lib {
   int (*release_pool)(int, uint64_t, uint64_t);
   int (*pool_use_count)(int, uint64_t, uint64_t);
   int64_t (*pool_live)(int, uint64_t, uint64_t, uint64_t*, size_t);
+  int64_t (*checkpoint)(int, uint64_t, uint64_t, GmPoolEntry*, size_t);
+  int (*restore)(int, uint64_t, uint64_t, const GmPoolEntry*, size_t, uint64_t*, size_t,
+                 size_t*, uint64_t*, size_t, size_t*);
   int (*set_fraction)(int, double);
   double (*get_fraction)(int);
   int (*last_error)(char*, size_t);
@@ -94,6 +102,8 @@ Lib load(const std::string& path) {
   resolve(handle, "gm_release_pool", lib.release_pool);
   resolve(handle, "gm_pool_use_count", lib.pool_use_count);
   resolve(handle, "gm_pool_live_allocations", lib.pool_live);
+  resolve(handle, "gm_checkpoint_pool", lib.checkpoint);
+  resolve(handle, "gm_restore_pool", lib.restore);
   resolve(handle, "gm_set_memory_fraction", lib.set_fraction);
   resolve(handle, "gm_get_memory_fraction", lib.get_fraction);
   resolve(handle, "gm_last_error", lib.last_error);
@@ -171,6 +181,13 @@ struct Shared {
       TORCH_WARN("gpumalloc: free failed: ", msg);
     }
   }
+};
+
+// A private pool's live allocations, as getCheckpointState records them.
+struct PoolCheckpoint : c10::cuda::CUDACachingAllocator::AllocatorState {
+  c10::DeviceIndex device;
+  c10::cuda::MempoolId_t pool;
+  std::vector<GmPoolEntry> entries;
 };
 
 using Base = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
@@ -263,6 +280,64 @@ class Allocator : public Base {
       }
     }
     return true;
+  }
+
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState>
+  getCheckpointState(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
+    auto state = std::make_shared<PoolCheckpoint>();
+    state->device = device;
+    state->pool = pool;
+    int64_t n = lib().checkpoint(device, pool.first, pool.second, nullptr, 0);
+    if (n < 0) {
+      raise_last(lib(), "getCheckpointState");
+    }
+    state->entries.resize(static_cast<size_t>(n));
+    n = lib().checkpoint(device, pool.first, pool.second, state->entries.data(),
+                         state->entries.size());
+    TORCH_CHECK(static_cast<size_t>(n) == state->entries.size(),
+                "gpumalloc: the pool changed while a checkpoint was taken");
+    return state;
+  }
+
+  c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex device,
+      std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> pps) override {
+    auto state = std::dynamic_pointer_cast<PoolCheckpoint>(pps);
+    TORCH_CHECK(state != nullptr && state->device == device,
+                "gpumalloc: setCheckpointPoolState got a checkpoint it did not make");
+    auto pool = state->pool;
+    int64_t live = lib().pool_live(device, pool.first, pool.second, nullptr, 0);
+    if (live < 0) {
+      raise_last(lib(), "setCheckpointPoolState");
+    }
+    std::vector<uint64_t> freed(static_cast<size_t>(live));
+    std::vector<uint64_t> allocated(state->entries.size());
+    size_t n_freed = 0, n_allocated = 0;
+    if (lib().restore(device, pool.first, pool.second, state->entries.data(),
+                      state->entries.size(), freed.data(), freed.size(), &n_freed,
+                      allocated.data(), allocated.size(), &n_allocated) != 0) {
+      raise_last(lib(), "setCheckpointPoolState");
+    }
+    c10::cuda::CUDACachingAllocator::CheckpointDelta delta;
+    std::unordered_map<uint64_t, const GmPoolEntry*> by_addr;
+    for (auto& e : state->entries) {
+      by_addr[e.addr] = &e;
+    }
+    std::lock_guard<std::mutex> lock(allocator_mutex_);
+    for (size_t i = 0; i < n_freed; ++i) {
+      void* p = reinterpret_cast<void*>(freed[i]);
+      allocation_metadata_.erase(p);
+      delta.ptrs_freed.push_back(p);
+    }
+    for (size_t i = 0; i < n_allocated; ++i) {
+      const GmPoolEntry* e = by_addr.at(allocated[i]);
+      void* p = reinterpret_cast<void*>(e->addr);
+      allocation_metadata_[p] = torch::cuda::CUDAPluggableAllocator::_AllocationMetadata(
+          e->size, device, reinterpret_cast<cudaStream_t>(e->stream));
+      delta.dataptrs_allocd.emplace_back(
+          p, p, raw_deleter(), c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return delta;
   }
 
   void emptyCache(c10::cuda::MempoolId_t /*pool*/) override {
