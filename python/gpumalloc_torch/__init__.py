@@ -55,10 +55,14 @@ class GmStats(ctypes.Structure):
 
 
 def default_path():
-    """The library: $GPUMALLOC_TORCH_LIB, else the repository's target/release."""
+    """The library: $GPUMALLOC_TORCH_LIB, else the copy `pip install` put in the
+    package, else the repository's target/release."""
     env = os.environ.get("GPUMALLOC_TORCH_LIB")
     if env:
         return env
+    packaged = _HERE / _LIB_NAME
+    if packaged.exists():
+        return str(packaged)
     return str(_HERE.parents[1] / "target" / "release" / _LIB_NAME)
 
 

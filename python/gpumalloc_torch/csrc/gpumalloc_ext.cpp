@@ -35,6 +35,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -144,6 +145,10 @@ struct Shared {
   // Per device, the allocation and free counts at the last
   // resetAccumulatedStats.
   std::unordered_map<int, std::pair<uint64_t, uint64_t>> accumulated_base;
+  // Allocations made again by setCheckpointPoolState, freed by
+  // `restored_delete` (the base class cannot record them): address ->
+  // (size, device, stream).
+  std::unordered_map<void*, std::tuple<size_t, int, cudaStream_t>> restored;
 
   // The private pool a request on (device, stream) goes to; {0, 0} for the
   // general pool.
@@ -189,6 +194,25 @@ struct PoolCheckpoint : c10::cuda::CUDACachingAllocator::AllocatorState {
   c10::cuda::MempoolId_t pool;
   std::vector<GmPoolEntry> entries;
 };
+
+// The state the deleter of restored allocations reaches (a plain function
+// pointer, as DataPtr wants).
+std::shared_ptr<Shared> g_shared;
+
+void restored_delete(void* ptr) {
+  std::tuple<size_t, int, cudaStream_t> where;
+  {
+    std::lock_guard<std::mutex> lock(g_shared->mutex);
+    auto it = g_shared->restored.find(ptr);
+    if (it == g_shared->restored.end()) {
+      return;
+    }
+    where = it->second;
+    g_shared->restored.erase(it);
+  }
+  auto [size, device, stream] = where;
+  g_shared->release(ptr, size, device, stream);
+}
 
 using Base = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
@@ -323,19 +347,27 @@ class Allocator : public Base {
     for (auto& e : state->entries) {
       by_addr[e.addr] = &e;
     }
-    std::lock_guard<std::mutex> lock(allocator_mutex_);
+    {
+      // The pool freed these: the base class forgets them (their storages'
+      // deleters are removed by PyTorch).
+      std::lock_guard<std::mutex> lock(allocator_mutex_);
+      for (size_t i = 0; i < n_freed; ++i) {
+        void* p = reinterpret_cast<void*>(freed[i]);
+        allocation_metadata_.erase(p);
+        delta.ptrs_freed.push_back(p);
+      }
+    }
+    std::lock_guard<std::mutex> lock(shared_->mutex);
     for (size_t i = 0; i < n_freed; ++i) {
-      void* p = reinterpret_cast<void*>(freed[i]);
-      allocation_metadata_.erase(p);
-      delta.ptrs_freed.push_back(p);
+      shared_->restored.erase(reinterpret_cast<void*>(freed[i]));
     }
     for (size_t i = 0; i < n_allocated; ++i) {
       const GmPoolEntry* e = by_addr.at(allocated[i]);
       void* p = reinterpret_cast<void*>(e->addr);
-      allocation_metadata_[p] = torch::cuda::CUDAPluggableAllocator::_AllocationMetadata(
-          e->size, device, reinterpret_cast<cudaStream_t>(e->stream));
+      shared_->restored[p] = {static_cast<size_t>(e->size), device,
+                              reinterpret_cast<cudaStream_t>(e->stream)};
       delta.dataptrs_allocd.emplace_back(
-          p, p, raw_deleter(), c10::Device(c10::DeviceType::CUDA, device));
+          p, p, &restored_delete, c10::Device(c10::DeviceType::CUDA, device));
     }
     return delta;
   }
@@ -447,6 +479,7 @@ void install(const std::string& path) {
   }
   auto shared = std::make_shared<Shared>();
   shared->lib = load(path);
+  g_shared = shared;
   auto allocator = std::make_shared<Allocator>(shared);
   allocator->init(0);
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
