@@ -26,6 +26,7 @@ pub mod error;
 pub mod model;
 pub mod pool;
 pub mod stats;
+pub mod synthetic;
 pub mod trace;
 
 pub use config::LakeConfig;
@@ -37,5 +38,5 @@ pub use driver::{
 pub use error::{LakeError, LakeResult};
 pub use model::{ModelCensus, ModelVmm};
 pub use pool::{DeviceRange, Lake};
-pub use stats::{LakeStats, Outcomes};
+pub use stats::{LakeBreakdown, LakeStats, Outcomes};
 pub use trace::{Event, EventKind, Site, Trace, TraceError};

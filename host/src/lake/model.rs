@@ -12,7 +12,10 @@
 //! Chunks are backed by host memory, so bytes written through one mapping
 //! read back through every other mapping of the same chunk
 //! ([`ModelVmm::write`], [`ModelVmm::read`]). Faults can be injected: the
-//! n-th next call of a kind fails ([`ModelVmm::fail_nth`]).
+//! n-th next call of a kind fails ([`ModelVmm::fail_nth`]). A model made
+//! with [`ModelVmm::without_data`] keeps no bytes (for replaying traces of
+//! tens of GiB): it checks every call the same way but refuses reads and
+//! writes.
 //!
 //! Concurrency: all state sits behind one mutex, taken for the length of a
 //! call; the call meter is atomics.
@@ -66,6 +69,8 @@ struct State {
 /// The CPU model of the VMM driver.
 pub struct ModelVmm {
     granularity: u64,
+    /// Whether chunks are backed by host memory.
+    with_data: bool,
     options: ChunkOptions,
     state: Mutex<State>,
     meter: CallMeter,
@@ -101,6 +106,7 @@ impl ModelVmm {
         );
         ModelVmm {
             granularity,
+            with_data: true,
             options,
             state: Mutex::new(State {
                 next_address: ADDRESS_BASE,
@@ -114,6 +120,16 @@ impl ModelVmm {
     /// A model with the H100's granularity and default options.
     pub fn h100() -> ModelVmm {
         ModelVmm::new(H100_GRANULARITY, ChunkOptions::default())
+    }
+
+    /// A model like [`ModelVmm::new`] whose chunks hold no bytes: every
+    /// call is checked as usual, [`ModelVmm::read`] and
+    /// [`ModelVmm::write`] are refused. For replaying large traces.
+    pub fn without_data(granularity: u64, options: ChunkOptions) -> ModelVmm {
+        ModelVmm {
+            with_data: false,
+            ..ModelVmm::new(granularity, options)
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -143,6 +159,7 @@ impl ModelVmm {
     /// Writes `bytes` at device address `addr`, through whatever chunks are
     /// mapped there. Every granule touched must be mapped with access.
     pub fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), String> {
+        self.has_data()?;
         let mut s = self.state();
         let mut done = 0;
         while done < bytes.len() {
@@ -161,6 +178,7 @@ impl ModelVmm {
     /// Reads `len` bytes at device address `addr`. Every granule touched
     /// must be mapped with access.
     pub fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+        self.has_data()?;
         let s = self.state();
         let mut out = Vec::with_capacity(len);
         while out.len() < len {
@@ -168,6 +186,14 @@ impl ModelVmm {
             out.extend_from_slice(&s.chunks[&chunk].bytes[offset..offset + n]);
         }
         Ok(out)
+    }
+
+    fn has_data(&self) -> Result<(), String> {
+        if self.with_data {
+            Ok(())
+        } else {
+            Err("this model keeps no bytes (made with ModelVmm::without_data)".into())
+        }
     }
 
     /// The chunk behind `addr`, the offset in it, and how many of `want`
@@ -270,7 +296,11 @@ impl VmmDriver for ModelVmm {
             let handle = ChunkHandle(s.next_handle);
             s.next_handle += 1;
             let chunk = Chunk {
-                bytes: vec![0; self.granularity as usize],
+                bytes: if self.with_data {
+                    vec![0; self.granularity as usize]
+                } else {
+                    Vec::new()
+                },
                 mappings: 0,
                 rdma_capable: self.options.rdma_capable,
             };

@@ -32,7 +32,7 @@ use super::block::{Blocks, PId, SId};
 use super::config::LakeConfig;
 use super::driver::VmmDriver;
 use super::error::{LakeError, LakeResult};
-use super::stats::{LakeStats, Outcomes};
+use super::stats::{LakeBreakdown, LakeStats, Outcomes};
 use super::trace::{EventKind, Site, Trace, TraceRecorder};
 
 /// A contiguous device range handed out by [`Lake::alloc`].
@@ -505,7 +505,32 @@ impl<D: VmmDriver> Lake<D> {
             outcomes: s.outcomes,
             frees: s.frees,
             driver: self.driver.counters(),
+            breakdown: Self::breakdown(&s, g),
         }
+    }
+
+    /// Where the reserved bytes are now.
+    fn breakdown(s: &State, g: u64) -> LakeBreakdown {
+        let mapped: u64 = s
+            .live
+            .values()
+            .map(|l| match l.backing {
+                Backing::Primitive(p) => s.blocks.pblock(p).chunks.len(),
+                Backing::Stitched(id) => s.blocks.sblock(id).chunks.len(),
+            } as u64)
+            .sum::<u64>()
+            * g;
+        let free: u64 = s.blocks.free_pblocks().map(|(n, _)| n as u64).sum::<u64>() * g;
+        LakeBreakdown {
+            active_bytes: s.active_bytes,
+            rounding_bytes: mapped - s.active_bytes,
+            free_bytes: free,
+        }
+    }
+
+    /// Physical bytes held now (cheaper than [`Lake::stats`]).
+    pub fn reserved_bytes(&self) -> u64 {
+        self.state().blocks.chunk_count() as u64 * self.granularity
     }
 
     /// Checks every invariant of the tables and of live allocations (no

@@ -59,6 +59,26 @@ impl Outcomes {
     }
 }
 
+/// Where a lake's physical bytes are, at one moment. The parts sum to the
+/// reserved bytes ([`LakeBreakdown::total`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LakeBreakdown {
+    /// Bytes of live allocations, as requested.
+    pub active_bytes: u64,
+    /// Bytes between each live allocation's size and its whole chunks.
+    pub rounding_bytes: u64,
+    /// Bytes of free chunks (usable by the next request without new
+    /// physical memory).
+    pub free_bytes: u64,
+}
+
+impl LakeBreakdown {
+    /// The sum of the parts: the reserved bytes.
+    pub fn total(&self) -> u64 {
+        self.active_bytes + self.rounding_bytes + self.free_bytes
+    }
+}
+
 /// A snapshot of a lake.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LakeStats {
@@ -82,6 +102,8 @@ pub struct LakeStats {
     pub frees: u64,
     /// Driver calls made and time spent in them.
     pub driver: DriverCounters,
+    /// Where the reserved bytes are now.
+    pub breakdown: LakeBreakdown,
 }
 
 impl LakeStats {

@@ -26,6 +26,7 @@ pub mod error;
 pub mod event;
 pub mod pool;
 pub mod registry;
+pub mod replay;
 pub mod split;
 pub mod stats;
 
@@ -35,4 +36,4 @@ pub use event::{EventId, EventSource, ModelEvents, StreamId};
 pub use pool::StreamPool;
 pub use registry::Registry;
 pub use split::{Piece, SplitCache};
-pub use stats::PoolStats;
+pub use stats::{PoolBreakdown, PoolStats};

@@ -42,7 +42,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::error::{PoolError, PoolResult};
 use super::event::{EventId, EventSource, StreamId};
 use super::split::SplitCache;
-use super::stats::PoolStats;
+use super::stats::{PoolBreakdown, PoolStats};
 use crate::lake::{DeviceRange, Lake, LakeError, VmmDriver};
 
 /// Where a block came from, and so where it goes back.
@@ -248,6 +248,21 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             .map(|(b, _)| b.capacity)
             .chain(s.parked.iter().map(|(_, b)| b.capacity))
             .sum();
+        let (mut small_rounding, mut large_rounding) = (0, 0);
+        for (size, b) in s.live.values() {
+            match b.origin {
+                Origin::Small => small_rounding += b.capacity - size,
+                Origin::Large(_) => large_rounding += b.capacity - size,
+            }
+        }
+        let breakdown = PoolBreakdown {
+            active_bytes: s.active,
+            small_rounding_bytes: small_rounding,
+            large_rounding_bytes: large_rounding,
+            split_free_bytes: s.split.free_bytes(),
+            waiting_bytes: waiting,
+            lake_free_bytes: lake.breakdown.free_bytes,
+        };
         PoolStats {
             active_bytes: s.active,
             reserved_bytes: lake.reserved_bytes,
@@ -258,6 +273,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             live_allocations: s.live.len() as u64,
             driver_calls: lake.driver.total().calls,
             event_calls: self.events.calls(),
+            breakdown,
         }
     }
 
