@@ -1,0 +1,732 @@
+//! The lake's tables and the driver work that changes them: chunks, the
+//! views that map them, and the index of free runs. No policy here (that is
+//! `pool.rs`): this file keeps the tables consistent and undoes half-done
+//! driver work.
+//!
+//! - A **chunk** is one granule of physical memory (`cuMemCreate`), used by
+//!   at most one live allocation, else free.
+//! - A **view** is a virtual reservation with chunks mapped in its slots.
+//!   A chunk has exactly one **home** slot, in a home view: home views are
+//!   large reservations (the lake's limit) filled from the low end as the
+//!   lake grows, like PyTorch's expandable segments, so chunks made one
+//!   after another are contiguous at home and free neighbours form long
+//!   runs by themselves. A **stitched** view (GMLake's sBlock) maps chunks
+//!   from anywhere back to back; it costs no physical memory.
+//! - A **window** is `len` consecutive slots of one view whose chunks are
+//!   all free: any window can serve an allocation of `len` chunks with no
+//!   driver call, whether it is a whole view, a prefix of a stitched view
+//!   made for a larger request, or a stretch of home slots. An allocation
+//!   touches only its own bytes, so the other chunks of the view stay free
+//!   and serve other allocations through their other mappings.
+//! - The **run index** lists every maximal run of free chunks of every view
+//!   by length; best fit is its first entry of at least `n`.
+//!
+//! Concurrency: none of its own; the tables live inside the lake's state
+//! mutex and every method runs under that lock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::driver::{ChunkHandle, VmmDriver, VmmResult};
+
+/// Index of a chunk.
+pub type ChunkId = u64;
+/// Index of a view.
+pub type ViewId = u64;
+
+/// One physical chunk.
+#[derive(Debug)]
+pub struct Chunk {
+    /// The driver's handle.
+    pub handle: ChunkHandle,
+    /// Its home view and slot.
+    pub home: (ViewId, usize),
+    /// Whether a live allocation uses it.
+    pub used: bool,
+    /// Stitched views mapping it, with its slot in each.
+    pub stitched: Vec<(ViewId, usize)>,
+}
+
+/// A virtual reservation with chunks mapped in its slots.
+#[derive(Debug)]
+pub struct View {
+    /// Start of the reservation.
+    pub base: u64,
+    /// The chunk mapped at each slot (home views have empty slots).
+    pub slots: Vec<Option<ChunkId>>,
+    /// Stitched (else home).
+    pub stitched: bool,
+    /// Live allocations served by a window of this view.
+    pub users: usize,
+    /// Lake clock when an allocation last left it (for the LRU sweep).
+    pub last_used: u64,
+    /// Home views: slots at and above this were never filled.
+    pub filled_to: usize,
+    /// Maximal runs of slots holding free chunks: start -> length.
+    runs: BTreeMap<usize, usize>,
+}
+
+/// `len` consecutive slots of a view, from `start`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// The view.
+    pub view: ViewId,
+    /// First slot.
+    pub start: usize,
+    /// Slots.
+    pub len: usize,
+}
+
+/// Where new chunks go at home.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// `count` slots at the never-filled end of a home view.
+    Tail(ViewId, usize),
+    /// `count` emptied slots (lowest first), wherever they are.
+    Holes(usize),
+    /// A new home view of `capacity` slots, `count` filled from its start.
+    NewView {
+        /// Slots of the new view.
+        capacity: usize,
+        /// Chunks to make.
+        count: usize,
+    },
+}
+
+/// Driver resources that could not be returned when asked (a release or
+/// address free failed after the mapping was gone). Kept and retried on the
+/// next [`Tables::retry_orphans`], so nothing is lost.
+#[derive(Debug, Default)]
+struct Orphans {
+    chunks: Vec<ChunkHandle>,
+    reservations: Vec<(u64, u64)>,
+}
+
+/// All chunks and views of a lake.
+#[derive(Debug, Default)]
+pub struct Tables {
+    granularity: u64,
+    chunks: HashMap<ChunkId, Chunk>,
+    views: BTreeMap<ViewId, View>,
+    /// Every free run of every view, as (length, view, start).
+    runs: BTreeSet<(usize, ViewId, usize)>,
+    /// Home slots emptied by a release, as (view, slot).
+    holes: BTreeSet<(ViewId, usize)>,
+    free_chunks: usize,
+    orphans: Orphans,
+    next_id: u64,
+}
+
+/// Unmaps the granules at `addrs` (all mapped by us), best effort: used only
+/// to undo work after an earlier failure, whose error is the one reported.
+fn undo_maps(driver: &dyn VmmDriver, addrs: impl Iterator<Item = u64>) -> usize {
+    addrs.filter(|&a| driver.unmap(a).is_err()).count()
+}
+
+/// Groups sorted slots into runs of consecutive ones: (start, length).
+fn consecutive(slots: &[usize]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &s in slots {
+        match out.last_mut() {
+            Some((start, len)) if *start + *len == s => *len += 1,
+            _ => out.push((s, 1)),
+        }
+    }
+    out
+}
+
+impl Tables {
+    /// Empty tables for chunks of `granularity` bytes.
+    pub fn new(granularity: u64) -> Tables {
+        Tables {
+            granularity,
+            next_id: 1,
+            ..Tables::default()
+        }
+    }
+
+    fn id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Live chunks, the ones an orphaned release still holds included.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len() + self.orphans.chunks.len()
+    }
+
+    /// Free chunks.
+    pub fn free_chunks(&self) -> usize {
+        self.free_chunks
+    }
+
+    /// A view.
+    pub fn view(&self, id: ViewId) -> &View {
+        &self.views[&id]
+    }
+
+    /// All views.
+    pub fn views(&self) -> impl Iterator<Item = (ViewId, &View)> {
+        self.views.iter().map(|(&id, v)| (id, v))
+    }
+
+    /// A chunk.
+    pub fn chunk(&self, id: ChunkId) -> &Chunk {
+        &self.chunks[&id]
+    }
+
+    /// The device address of a window's first byte.
+    pub fn addr_of(&self, w: Window) -> u64 {
+        self.views[&w.view].base + self.granularity * w.start as u64
+    }
+
+    /// The chunks of a window, in order.
+    pub fn chunks_in(&self, w: Window) -> impl Iterator<Item = ChunkId> + '_ {
+        self.views[&w.view].slots[w.start..w.start + w.len]
+            .iter()
+            .map(|c| c.expect("a window's slots hold chunks"))
+    }
+
+    /// The home address of a chunk.
+    pub fn home_addr(&self, c: ChunkId) -> u64 {
+        let (v, slot) = self.chunks[&c].home;
+        self.views[&v].base + self.granularity * slot as u64
+    }
+
+    /// The best-fit window of `n` chunks: the start of the shortest free
+    /// run of at least `n` (lowest view and slot among equals).
+    pub fn best_window(&self, n: usize) -> Option<Window> {
+        self.runs
+            .range((n, 0, 0)..)
+            .next()
+            .map(|&(_, view, start)| Window {
+                view,
+                start,
+                len: n,
+            })
+    }
+
+    /// The longest free run of any view, in chunks (0 when none).
+    pub fn longest_run(&self) -> usize {
+        self.runs.iter().next_back().map_or(0, |&(len, _, _)| len)
+    }
+
+    /// Free runs of home views as (length, view, start), longest first.
+    pub fn home_runs_longest_first(&self) -> Vec<(usize, ViewId, usize)> {
+        self.runs
+            .iter()
+            .rev()
+            .filter(|(_, v, _)| !self.views[v].stitched)
+            .copied()
+            .collect()
+    }
+
+    /// Home views with never-filled slots, as (view, free run ending at
+    /// the filled end, never-filled slots).
+    pub fn home_tails(&self) -> Vec<(ViewId, usize, usize)> {
+        self.views
+            .iter()
+            .filter(|(_, v)| !v.stitched && v.filled_to < v.slots.len())
+            .map(|(&id, v)| {
+                let tail_run = v
+                    .runs
+                    .range(..v.filled_to)
+                    .next_back()
+                    .filter(|&(&s, &l)| s + l == v.filled_to)
+                    .map_or(0, |(_, &l)| l);
+                (id, tail_run, v.slots.len() - v.filled_to)
+            })
+            .collect()
+    }
+
+    /// Emptied home slots available for new chunks.
+    pub fn hole_count(&self) -> usize {
+        self.holes.len()
+    }
+
+    /// Marks a window's chunks used by one more allocation.
+    pub fn take(&mut self, w: Window) {
+        let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
+        for c in chunks {
+            self.set_used(c, true);
+        }
+        self.views.get_mut(&w.view).expect("live view").users += 1;
+    }
+
+    /// Marks a window's chunks free again; the view remembers `clock`.
+    pub fn give(&mut self, w: Window, clock: u64) {
+        let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
+        for c in chunks {
+            self.set_used(c, false);
+        }
+        let v = self.views.get_mut(&w.view).expect("live view");
+        v.users -= 1;
+        v.last_used = clock;
+    }
+
+    fn set_used(&mut self, c: ChunkId, used: bool) {
+        let chunk = self.chunks.get_mut(&c).expect("live chunk");
+        debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
+        chunk.used = used;
+        let places: Vec<(ViewId, usize)> = std::iter::once(chunk.home)
+            .chain(chunk.stitched.iter().copied())
+            .collect();
+        for (v, slot) in places {
+            if used {
+                self.run_cut(v, slot);
+            } else {
+                self.run_join(v, slot);
+            }
+        }
+        if used {
+            self.free_chunks -= 1;
+        } else {
+            self.free_chunks += 1;
+        }
+    }
+
+    fn run_insert(&mut self, v: ViewId, start: usize, len: usize) {
+        if len > 0 {
+            self.views
+                .get_mut(&v)
+                .expect("live view")
+                .runs
+                .insert(start, len);
+            self.runs.insert((len, v, start));
+        }
+    }
+
+    fn run_remove(&mut self, v: ViewId, start: usize) -> usize {
+        let len = self
+            .views
+            .get_mut(&v)
+            .expect("live view")
+            .runs
+            .remove(&start)
+            .expect("a run starts there");
+        self.runs.remove(&(len, v, start));
+        len
+    }
+
+    /// Slot `slot` of view `v` stops being free: its run is cut in two.
+    fn run_cut(&mut self, v: ViewId, slot: usize) {
+        let (start, len) = self.views[&v]
+            .runs
+            .range(..=slot)
+            .next_back()
+            .map(|(&s, &l)| (s, l))
+            .filter(|&(s, l)| s + l > slot)
+            .expect("a free slot lies in a run");
+        self.run_remove(v, start);
+        self.run_insert(v, start, slot - start);
+        self.run_insert(v, slot + 1, start + len - slot - 1);
+    }
+
+    /// Slot `slot` of view `v` becomes free: it joins its neighbours' runs.
+    fn run_join(&mut self, v: ViewId, slot: usize) {
+        let view = &self.views[&v];
+        let left = view
+            .runs
+            .range(..slot)
+            .next_back()
+            .map(|(&s, &l)| (s, l))
+            .filter(|&(s, l)| s + l == slot);
+        let right = view.runs.get(&(slot + 1)).copied();
+        let mut start = slot;
+        let mut len = 1;
+        if let Some((s, l)) = left {
+            self.run_remove(v, s);
+            start = s;
+            len += l;
+        }
+        if let Some(l) = right {
+            self.run_remove(v, slot + 1);
+            len += l;
+        }
+        self.run_insert(v, start, len);
+    }
+
+    /// Makes new free chunks at home where `placement` says: create and
+    /// map each, then grant access per stretch of consecutive slots (one
+    /// call when they are contiguous). On failure everything made so far
+    /// is undone (a new view's reservation freed) and the error returned.
+    pub fn grow(
+        &mut self,
+        driver: &dyn VmmDriver,
+        placement: Placement,
+    ) -> VmmResult<Vec<ChunkId>> {
+        let g = self.granularity;
+        let (view, slots, new_view) = match placement {
+            Placement::Tail(v, count) => {
+                let from = self.views[&v].filled_to;
+                (v, (from..from + count).collect::<Vec<_>>(), None)
+            }
+            Placement::Holes(count) => {
+                let picked: Vec<(ViewId, usize)> = self.holes.iter().take(count).copied().collect();
+                // Holes may lie in several views: grow each in turn.
+                let mut by_view: BTreeMap<ViewId, Vec<usize>> = BTreeMap::new();
+                for (v, s) in picked {
+                    by_view.entry(v).or_default().push(s);
+                }
+                let mut made: Vec<ChunkId> = Vec::new();
+                for (v, slots) in by_view {
+                    match self.fill(driver, v, &slots) {
+                        Ok(ids) => made.extend(ids),
+                        Err(e) => {
+                            for c in made {
+                                let _ = self.release_chunk(driver, c);
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                return Ok(made);
+            }
+            Placement::NewView { capacity, count } => {
+                let base = driver.reserve(g * capacity as u64)?;
+                let id = self.id();
+                self.views.insert(
+                    id,
+                    View {
+                        base,
+                        slots: vec![None; capacity],
+                        stitched: false,
+                        users: 0,
+                        last_used: 0,
+                        filled_to: 0,
+                        runs: BTreeMap::new(),
+                    },
+                );
+                (id, (0..count).collect(), Some((base, capacity)))
+            }
+        };
+        let result = self.fill(driver, view, &slots);
+        if result.is_err()
+            && let Some((base, capacity)) = new_view
+        {
+            self.views.remove(&view);
+            if driver.free_address(base, g * capacity as u64).is_err() {
+                self.orphans.reservations.push((base, g * capacity as u64));
+            }
+        }
+        result
+    }
+
+    /// Creates and maps chunks at the empty `slots` (ascending) of home
+    /// view `v` and grants access; all or nothing. Returns the new chunks.
+    fn fill(
+        &mut self,
+        driver: &dyn VmmDriver,
+        v: ViewId,
+        slots: &[usize],
+    ) -> VmmResult<Vec<ChunkId>> {
+        let g = self.granularity;
+        let base = self.views[&v].base;
+        let mut made: Vec<ChunkHandle> = Vec::with_capacity(slots.len());
+        let mut mapped = 0usize;
+        let result = (|| {
+            for (i, &s) in slots.iter().enumerate() {
+                made.push(driver.create()?);
+                driver.map(base + g * s as u64, made[i])?;
+                mapped += 1;
+            }
+            for (start, len) in consecutive(slots) {
+                driver.set_access(base + g * start as u64, g * len as u64)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            undo_maps(driver, slots[..mapped].iter().map(|&s| base + g * s as u64));
+            for h in made {
+                if driver.release(h).is_err() {
+                    self.orphans.chunks.push(h);
+                }
+            }
+            return Err(e);
+        }
+        let mut ids = Vec::with_capacity(slots.len());
+        for (&s, handle) in slots.iter().zip(made) {
+            let cid = self.id();
+            ids.push(cid);
+            self.chunks.insert(
+                cid,
+                Chunk {
+                    handle,
+                    home: (v, s),
+                    used: true,
+                    stitched: Vec::new(),
+                },
+            );
+            self.holes.remove(&(v, s));
+            let view = self.views.get_mut(&v).expect("live view");
+            view.slots[s] = Some(cid);
+            view.filled_to = view.filled_to.max(s + 1);
+            // Born used, then freed: joins its neighbours' runs.
+            self.set_used(cid, false);
+        }
+        Ok(ids)
+    }
+
+    /// Maps `chunks` (all free) back to back in a new stitched view and
+    /// grants access. A failure halfway unmaps what was mapped and frees
+    /// the reservation.
+    pub fn stitch(
+        &mut self,
+        driver: &dyn VmmDriver,
+        chunks: &[ChunkId],
+        clock: u64,
+    ) -> VmmResult<ViewId> {
+        let g = self.granularity;
+        let size = g * chunks.len() as u64;
+        let base = driver.reserve(size)?;
+        let mut mapped = 0usize;
+        let result = (|| {
+            for (i, c) in chunks.iter().enumerate() {
+                driver.map(base + g * i as u64, self.chunks[c].handle)?;
+                mapped += 1;
+            }
+            driver.set_access(base, size)
+        })();
+        if let Err(e) = result {
+            undo_maps(driver, (0..mapped).map(|i| base + g * i as u64));
+            if driver.free_address(base, size).is_err() {
+                self.orphans.reservations.push((base, size));
+            }
+            return Err(e);
+        }
+        let id = self.id();
+        self.views.insert(
+            id,
+            View {
+                base,
+                slots: chunks.iter().map(|&c| Some(c)).collect(),
+                stitched: true,
+                users: 0,
+                last_used: clock,
+                filled_to: chunks.len(),
+                runs: BTreeMap::new(),
+            },
+        );
+        for (i, &c) in chunks.iter().enumerate() {
+            self.chunks
+                .get_mut(&c)
+                .expect("live chunk")
+                .stitched
+                .push((id, i));
+        }
+        self.rebuild_runs(id);
+        Ok(id)
+    }
+
+    /// Recomputes the runs of view `v` from its chunks' use flags.
+    fn rebuild_runs(&mut self, v: ViewId) {
+        let starts: Vec<usize> = self.views[&v].runs.keys().copied().collect();
+        for s in starts {
+            self.run_remove(v, s);
+        }
+        let free: Vec<usize> = self.views[&v]
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_some_and(|c| !self.chunks[&c].used))
+            .map(|(i, _)| i)
+            .collect();
+        for (start, len) in consecutive(&free) {
+            self.run_insert(v, start, len);
+        }
+    }
+
+    /// Unmaps a stitched view no allocation uses and frees its
+    /// reservation. If an unmap fails, the granules already unmapped are
+    /// mapped again and the view stays. Returns its address range.
+    pub fn drop_stitched(&mut self, driver: &dyn VmmDriver, id: ViewId) -> VmmResult<(u64, u64)> {
+        let g = self.granularity;
+        let (base, chunks): (u64, Vec<ChunkId>) = {
+            let v = &self.views[&id];
+            assert!(v.stitched && v.users == 0, "drop of a home or used view");
+            (v.base, v.slots.iter().map(|c| c.expect("full")).collect())
+        };
+        for i in 0..chunks.len() {
+            if let Err(e) = driver.unmap(base + g * i as u64) {
+                for (j, c) in chunks.iter().enumerate().take(i) {
+                    let _ = driver.map(base + g * j as u64, self.chunks[c].handle);
+                }
+                if i > 0 {
+                    let _ = driver.set_access(base, g * i as u64);
+                }
+                return Err(e);
+            }
+        }
+        let size = g * chunks.len() as u64;
+        if driver.free_address(base, size).is_err() {
+            self.orphans.reservations.push((base, size));
+        }
+        let starts: Vec<usize> = self.views[&id].runs.keys().copied().collect();
+        for s in starts {
+            self.run_remove(id, s);
+        }
+        for c in chunks {
+            self.chunks
+                .get_mut(&c)
+                .expect("live chunk")
+                .stitched
+                .retain(|&(v, _)| v != id);
+        }
+        self.views.remove(&id);
+        Ok((base, size))
+    }
+
+    /// Unmaps a free chunk mapped only at home and releases it; its slot
+    /// becomes a hole. A home view left with no chunk is freed. Returns the
+    /// freed view's range, if any.
+    pub fn release_chunk(
+        &mut self,
+        driver: &dyn VmmDriver,
+        c: ChunkId,
+    ) -> VmmResult<Option<(u64, u64)>> {
+        let g = self.granularity;
+        let (v, slot) = {
+            let chunk = &self.chunks[&c];
+            assert!(
+                !chunk.used && chunk.stitched.is_empty(),
+                "release of a used or stitched chunk"
+            );
+            chunk.home
+        };
+        let base = self.views[&v].base;
+        driver.unmap(base + g * slot as u64)?;
+        let chunk = self.chunks.remove(&c).expect("live chunk");
+        if driver.release(chunk.handle).is_err() {
+            self.orphans.chunks.push(chunk.handle);
+        }
+        self.run_cut(v, slot);
+        self.free_chunks -= 1;
+        let view = self.views.get_mut(&v).expect("live view");
+        view.slots[slot] = None;
+        self.holes.insert((v, slot));
+        if view.slots.iter().all(Option::is_none) {
+            let size = g * view.slots.len() as u64;
+            self.views.remove(&v);
+            let gone: Vec<(ViewId, usize)> =
+                self.holes.range((v, 0)..(v + 1, 0)).copied().collect();
+            for h in gone {
+                self.holes.remove(&h);
+            }
+            if driver.free_address(base, size).is_err() {
+                self.orphans.reservations.push((base, size));
+            }
+            return Ok(Some((base, size)));
+        }
+        Ok(None)
+    }
+
+    /// Free chunks mapped nowhere but at home.
+    pub fn releasable(&self) -> Vec<ChunkId> {
+        let mut out: Vec<ChunkId> = self
+            .chunks
+            .iter()
+            .filter(|(_, c)| !c.used && c.stitched.is_empty())
+            .map(|(&id, _)| id)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Tries again to return orphaned chunks and reservations.
+    pub fn retry_orphans(&mut self, driver: &dyn VmmDriver) {
+        self.orphans.chunks.retain(|&h| driver.release(h).is_err());
+        self.orphans
+            .reservations
+            .retain(|&(a, s)| driver.free_address(a, s).is_err());
+    }
+
+    /// Gives everything back to the driver, used chunks included (the
+    /// lake is going away); errors are ignored, the driver keeps what it
+    /// refused.
+    pub fn teardown(&mut self, driver: &dyn VmmDriver) {
+        let ids: Vec<ViewId> = self.views.keys().copied().collect();
+        for id in ids {
+            if let Some(v) = self.views.get_mut(&id)
+                && v.stitched
+            {
+                v.users = 0;
+                let _ = self.drop_stitched(driver, id);
+            }
+        }
+        let ids: Vec<ChunkId> = self.chunks.keys().copied().collect();
+        for c in ids {
+            if self.chunks[&c].used {
+                self.set_used(c, false);
+            }
+            if self.chunks[&c].stitched.is_empty() {
+                let _ = self.release_chunk(driver, c);
+            }
+        }
+        self.retry_orphans(driver);
+    }
+
+    /// Checks the tables' invariants; the first broken one, in words.
+    pub fn check(&self) -> Result<(), String> {
+        for (&cid, c) in &self.chunks {
+            let (v, s) = c.home;
+            let view = self
+                .views
+                .get(&v)
+                .ok_or(format!("chunk {cid}: dead home view"))?;
+            if view.stitched || view.slots.get(s) != Some(&Some(cid)) {
+                return Err(format!("chunk {cid} is not at its home slot"));
+            }
+            for &(v, s) in &c.stitched {
+                let view = self
+                    .views
+                    .get(&v)
+                    .ok_or(format!("chunk {cid}: dead view {v}"))?;
+                if !view.stitched || view.slots.get(s) != Some(&Some(cid)) {
+                    return Err(format!("chunk {cid} is not at slot {s} of view {v}"));
+                }
+            }
+        }
+        let mut all_runs = BTreeSet::new();
+        for (&vid, v) in &self.views {
+            let mut free = Vec::new();
+            for (i, slot) in v.slots.iter().enumerate() {
+                let Some(c) = slot else {
+                    if v.stitched {
+                        return Err(format!("stitched view {vid} has an empty slot {i}"));
+                    }
+                    if i < v.filled_to && !self.holes.contains(&(vid, i)) {
+                        return Err(format!("view {vid}: empty slot {i} is not a hole"));
+                    }
+                    continue;
+                };
+                let chunk = self
+                    .chunks
+                    .get(c)
+                    .ok_or(format!("view {vid} maps dead chunk {c}"))?;
+                let place = (vid, i);
+                if chunk.home != place && !chunk.stitched.contains(&place) {
+                    return Err(format!("view {vid} slot {i}: chunk {c} does not know it"));
+                }
+                if !v.stitched && i >= v.filled_to {
+                    return Err(format!("view {vid}: slot {i} filled above filled_to"));
+                }
+                if !chunk.used {
+                    free.push(i);
+                }
+            }
+            let want: BTreeMap<usize, usize> = consecutive(&free).into_iter().collect();
+            if want != v.runs {
+                return Err(format!("view {vid}: run index differs from its free slots"));
+            }
+            all_runs.extend(v.runs.iter().map(|(&s, &l)| (l, vid, s)));
+        }
+        if all_runs != self.runs {
+            return Err("the global run index differs from the views' runs".into());
+        }
+        let free = self.chunks.values().filter(|c| !c.used).count();
+        if free != self.free_chunks {
+            return Err(format!("{free} free chunks counted {}", self.free_chunks));
+        }
+        Ok(())
+    }
+}
