@@ -18,7 +18,8 @@
 //!   on the CPU ([`ModelVmm`]).
 //!
 //! Files: `driver` (the boundary), `cuda` and `model` (its two sides),
-//! `tables` (chunks, views, free runs, driver work with rollback), `pool`
+//! `tables` (chunks, views, free runs, driver work with rollback), `fence`
+//! (the stream rule kept on free memory), `pool`
 //! (the policy and the thread-safe [`Lake`]), `config`, `stats`, `error`,
 //! `trace`, `synthetic` (a GPT-2-like trace generator).
 
@@ -26,6 +27,7 @@ pub mod config;
 pub mod cuda;
 pub mod driver;
 pub mod error;
+pub mod fence;
 pub mod model;
 pub mod pool;
 pub mod stats;
@@ -40,6 +42,7 @@ pub use driver::{
     VmmDriver,
 };
 pub use error::{LakeError, LakeResult};
+pub use fence::{Fence, Progress, Requester};
 pub use model::{ModelCensus, ModelVmm};
 pub use pool::{DeviceRange, Lake};
 pub use stats::{LakeBreakdown, LakeStats, Outcomes};

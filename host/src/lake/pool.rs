@@ -37,6 +37,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::config::LakeConfig;
 use super::driver::VmmDriver;
 use super::error::{LakeError, LakeResult};
+use super::fence::{Fence, Progress, Requester};
 use super::stats::{LakeBreakdown, LakeStats, Outcomes};
 use super::tables::{ChunkId, Placement, Tables, ViewId, Window};
 use super::trace::{EventKind, Site, Trace, TraceRecorder};
@@ -144,21 +145,37 @@ impl<D: VmmDriver> Lake<D> {
     }
 
     /// [`Lake::alloc`], recording `site` (stream and phase) in the trace.
+    /// Takes only unfenced chunks (see [`Lake::alloc_for`]).
     pub fn alloc_at(&self, size: u64, site: Site) -> LakeResult<DeviceRange> {
+        self.alloc_for(size, site, &Requester::unfenced())
+    }
+
+    /// [`Lake::alloc_at`] for `req`: free chunks whose fences do not admit
+    /// it are left alone (they count as waiting, not as free).
+    pub fn alloc_for(&self, size: u64, site: Site, req: &Requester<'_>) -> LakeResult<DeviceRange> {
         if size == 0 {
             return Err(LakeError::ZeroSize);
         }
         let mut s = self.state();
         let n = self.chunks_for(size);
         s.clock += 1;
-        let window = self.best_fit(&mut s, n)?;
+        let window = self.best_fit(&mut s, n, req)?;
         Ok(self.hand_out(&mut s, window, size, site))
     }
 
     /// Allocates `size` bytes from chunks the lake already holds, with no
     /// driver call: a window of a view (outcome 1). `None` when none fits;
-    /// used while a CUDA graph is being captured.
+    /// used while a CUDA graph is being captured. Unfenced chunks only.
     pub fn alloc_cached(&self, size: u64) -> LakeResult<Option<DeviceRange>> {
+        self.alloc_cached_for(size, &Requester::unfenced())
+    }
+
+    /// [`Lake::alloc_cached`] for `req`.
+    pub fn alloc_cached_for(
+        &self,
+        size: u64,
+        req: &Requester<'_>,
+    ) -> LakeResult<Option<DeviceRange>> {
         if size == 0 {
             return Err(LakeError::ZeroSize);
         }
@@ -166,7 +183,7 @@ impl<D: VmmDriver> Lake<D> {
         let n = self.chunks_for(size);
         s.clock += 1;
         Ok(self
-            .reuse(&mut s, n)
+            .reuse(&mut s, n, req)
             .map(|w| self.hand_out(&mut s, w, size, Site::default())))
     }
 
@@ -187,22 +204,23 @@ impl<D: VmmDriver> Lake<D> {
 
     /// Chooses, prepares and takes the window for `n` chunks (outcomes
     /// 1–3). A failure leaves the tables as they were.
-    fn best_fit(&self, s: &mut State, n: usize) -> LakeResult<Window> {
-        if let Some(w) = self.reuse(s, n) {
+    fn best_fit(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Window> {
+        if let Some(w) = self.reuse(s, n, req) {
             return Ok(w);
         }
-        if n <= self.config.max_stitch_chunks && s.tables.free_chunks() >= n {
-            let w = self.stitch(s, n)?;
+        let free = s.tables.admitted_free(req);
+        if n <= self.config.max_stitch_chunks && free >= n {
+            let w = self.stitch(s, n, req)?;
             s.outcomes.stitch += 1;
             self.sweep(s);
             return Ok(w);
         }
-        self.grow(s, n)
+        self.grow(s, n, free, req)
     }
 
     /// Outcome 1: the best-fit window, taken; no driver call.
-    fn reuse(&self, s: &mut State, n: usize) -> Option<Window> {
-        let w = s.tables.best_window(n)?;
+    fn reuse(&self, s: &mut State, n: usize, req: &Requester<'_>) -> Option<Window> {
+        let w = s.tables.best_window(n, req)?;
         s.tables.take(w);
         if s.tables.view(w.view).stitched {
             s.outcomes.reuse_stitched += 1;
@@ -214,8 +232,8 @@ impl<D: VmmDriver> Lake<D> {
 
     /// Outcome 2: stitches `n` free chunks (there are enough) into a new
     /// view and takes all of it.
-    fn stitch(&self, s: &mut State, n: usize) -> LakeResult<Window> {
-        let mut runs = s.tables.home_runs_longest_first();
+    fn stitch(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Window> {
+        let mut runs = s.tables.home_runs_longest_first(req);
         let mut chosen: Vec<ChunkId> = Vec::with_capacity(n);
         let mut need = n;
         while need > 0 {
@@ -244,12 +262,19 @@ impl<D: VmmDriver> Lake<D> {
         Ok(w)
     }
 
-    /// Outcome 3: makes the chunks `n` lacks, then reuses or stitches.
-    fn grow(&self, s: &mut State, n: usize) -> LakeResult<Window> {
+    /// Outcome 3: makes the chunks `n` lacks beyond the `free` ones `req`
+    /// may reuse, then reuses or stitches.
+    fn grow(
+        &self,
+        s: &mut State,
+        n: usize,
+        free: usize,
+        req: &Requester<'_>,
+    ) -> LakeResult<Window> {
         let tails = s.tables.home_tails();
         let stitchable = n <= self.config.max_stitch_chunks;
         let (placement, fresh) = if stitchable {
-            let fresh = n - s.tables.free_chunks();
+            let fresh = n - free;
             let longest_tail = tails
                 .iter()
                 .filter(|&&(_, _, room)| room >= fresh)
@@ -283,12 +308,12 @@ impl<D: VmmDriver> Lake<D> {
             return Err(self.out_of_memory(s, n));
         }
         let new = s.tables.grow(&self.driver, placement)?;
-        if let Some(w) = s.tables.best_window(n) {
+        if let Some(w) = s.tables.best_window(n, req) {
             s.tables.take(w);
             s.outcomes.grow += 1;
             return Ok(w);
         }
-        match self.stitch(s, n) {
+        match self.stitch(s, n, req) {
             Ok(w) => {
                 s.outcomes.grow_stitch += 1;
                 self.sweep(s);
@@ -348,6 +373,12 @@ impl<D: VmmDriver> Lake<D> {
 
     /// [`Lake::free`], recording `site` in the trace.
     pub fn free_at(&self, range: DeviceRange, site: Site) -> LakeResult<()> {
+        self.free_fenced(range, site, &Fence::none())
+    }
+
+    /// [`Lake::free_at`]: the chunks become free behind `fence` (only
+    /// requesters it admits may take them; see `fence.rs`).
+    pub fn free_fenced(&self, range: DeviceRange, site: Site, fence: &Fence) -> LakeResult<()> {
         let mut s = self.state();
         let Some(live) = s.live.get(&range.addr).copied() else {
             return Err(if s.freed.contains(&range.addr) {
@@ -369,7 +400,7 @@ impl<D: VmmDriver> Lake<D> {
         }
         s.clock += 1;
         let clock = s.clock;
-        s.tables.give(live.window, clock);
+        s.tables.give(live.window, clock, fence);
         s.live.remove(&range.addr);
         s.freed.insert(range.addr);
         s.active_bytes -= live.len;
@@ -383,10 +414,16 @@ impl<D: VmmDriver> Lake<D> {
         Ok(())
     }
 
-    /// Drops every unused stitched view and returns every free chunk
-    /// mapped nowhere else to the driver. Returns the physical bytes
+    /// Drops every unused stitched view and returns every unfenced free
+    /// chunk mapped nowhere else to the driver. Returns the physical bytes
     /// released.
     pub fn trim(&self) -> LakeResult<u64> {
+        self.trim_settled(&Progress::new())
+    }
+
+    /// [`Lake::trim`], releasing also fenced chunks whose streams' work
+    /// `progress` says is complete (never memory a stream may still use).
+    pub fn trim_settled(&self, progress: &Progress) -> LakeResult<u64> {
         let mut s = self.state();
         let before = s.tables.chunk_count();
         let idle: Vec<ViewId> = s
@@ -399,7 +436,7 @@ impl<D: VmmDriver> Lake<D> {
             let range = s.tables.drop_stitched(&self.driver, id)?;
             forget(&mut s, range);
         }
-        for c in s.tables.releasable() {
+        for c in s.tables.releasable(progress) {
             if let Some(range) = s.tables.release_chunk(&self.driver, c)? {
                 forget(&mut s, range);
             }
@@ -436,9 +473,17 @@ impl<D: VmmDriver> Lake<D> {
         self.state().tables.chunk_count() as u64 * self.granularity
     }
 
-    /// A snapshot of the lake's counters.
+    /// A snapshot of the lake's counters; fenced free chunks count as
+    /// waiting (see [`Lake::stats_with`]).
     pub fn stats(&self) -> LakeStats {
+        self.stats_with(&Progress::new())
+    }
+
+    /// A snapshot of the lake's counters; free chunks whose fences
+    /// `progress` does not settle count as waiting.
+    pub fn stats_with(&self, progress: &Progress) -> LakeStats {
         let s = self.state();
+        let pending = s.tables.pending_free(progress) as u64;
         let g = self.granularity;
         let mapped: u64 = s.live.values().map(|l| l.window.len as u64).sum::<u64>() * g;
         let stitched = s.tables.views().filter(|(_, v)| v.stitched).count() as u64;
@@ -457,7 +502,8 @@ impl<D: VmmDriver> Lake<D> {
             breakdown: LakeBreakdown {
                 active_bytes: s.active_bytes,
                 rounding_bytes: mapped - s.active_bytes,
-                free_bytes: g * s.tables.free_chunks() as u64,
+                free_bytes: g * (s.tables.free_chunks() as u64 - pending),
+                waiting_bytes: g * pending,
             },
         }
     }

@@ -58,15 +58,17 @@ pub struct LakeBreakdown {
     pub active_bytes: u64,
     /// Bytes between each live allocation's size and its whole chunks.
     pub rounding_bytes: u64,
-    /// Bytes of free chunks (usable by the next request without new
-    /// physical memory).
+    /// Bytes of free chunks any stream may reuse.
     pub free_bytes: u64,
+    /// Bytes of free chunks some stream may not reuse yet (their fences
+    /// wait on events; see `fence.rs`).
+    pub waiting_bytes: u64,
 }
 
 impl LakeBreakdown {
     /// The sum of the parts: the reserved bytes.
     pub fn total(&self) -> u64 {
-        self.active_bytes + self.rounding_bytes + self.free_bytes
+        self.active_bytes + self.rounding_bytes + self.free_bytes + self.waiting_bytes
     }
 }
 

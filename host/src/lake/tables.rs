@@ -19,7 +19,8 @@
 //!   touches only its own bytes, so the other chunks of the view stay free
 //!   and serve other allocations through their other mappings.
 //! - The **run index** lists every maximal run of free chunks of every view
-//!   by length; best fit is its first entry of at least `n`.
+//!   by length; best fit is its first entry of at least `n` whose chunks the
+//!   requester may reuse (their fences admit it: always so on one stream).
 //!
 //! Concurrency: none of its own; the tables live inside the lake's state
 //! mutex and every method runs under that lock.
@@ -27,6 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::driver::{ChunkHandle, VmmDriver, VmmResult};
+use super::fence::{Fence, Progress, Requester};
 
 /// Index of a chunk.
 pub type ChunkId = u64;
@@ -42,6 +44,8 @@ pub struct Chunk {
     pub home: (ViewId, usize),
     /// Whether a live allocation uses it.
     pub used: bool,
+    /// While free: who may reuse it (see `fence.rs`).
+    pub fence: Fence,
     /// Stitched views mapping it, with its slot in each.
     pub stitched: Vec<(ViewId, usize)>,
 }
@@ -135,6 +139,9 @@ fn consecutive(slots: &[usize]) -> Vec<(usize, usize)> {
 }
 
 impl Tables {
+    /// Most runs [`Tables::best_window`] looks at.
+    pub const SCAN_RUNS: usize = 64;
+
     /// Empty tables for chunks of `granularity` bytes.
     pub fn new(granularity: u64) -> Tables {
         Tables {
@@ -193,17 +200,63 @@ impl Tables {
         self.views[&v].base + self.granularity * slot as u64
     }
 
-    /// The best-fit window of `n` chunks: the start of the shortest free
-    /// run of at least `n` (lowest view and slot among equals).
-    pub fn best_window(&self, n: usize) -> Option<Window> {
+    /// The best-fit window of `n` chunks for `req`: in the shortest free
+    /// run of at least `n` (lowest view and slot among equals), the first
+    /// `n` consecutive chunks whose fences admit `req`. Runs are looked at
+    /// in best-fit order, at most [`Tables::SCAN_RUNS`] of them (fenced
+    /// chunks are rare outside multi-stream programs).
+    pub fn best_window(&self, n: usize, req: &Requester<'_>) -> Option<Window> {
         self.runs
             .range((n, 0, 0)..)
-            .next()
-            .map(|&(_, view, start)| Window {
-                view,
-                start,
-                len: n,
+            .take(Self::SCAN_RUNS)
+            .find_map(|&(len, view, start)| {
+                self.admitted_segments(view, start, len, req)
+                    .into_iter()
+                    .find(|&(_, l)| l >= n)
+                    .map(|(start, _)| Window {
+                        view,
+                        start,
+                        len: n,
+                    })
             })
+    }
+
+    /// The stretches of a free run whose chunks admit `req`, as (start,
+    /// length).
+    fn admitted_segments(
+        &self,
+        view: ViewId,
+        start: usize,
+        len: usize,
+        req: &Requester<'_>,
+    ) -> Vec<(usize, usize)> {
+        let slots = &self.views[&view].slots[start..start + len];
+        let ok: Vec<usize> = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                let c = c.expect("runs hold chunks");
+                self.chunks[&c].fence.admits(req)
+            })
+            .map(|(i, _)| start + i)
+            .collect();
+        consecutive(&ok)
+    }
+
+    /// Free chunks `req` may reuse.
+    pub fn admitted_free(&self, req: &Requester<'_>) -> usize {
+        self.chunks
+            .values()
+            .filter(|c| !c.used && c.fence.admits(req))
+            .count()
+    }
+
+    /// Free chunks some stream may not reuse yet (pending fences).
+    pub fn pending_free(&self, progress: &Progress) -> usize {
+        self.chunks
+            .values()
+            .filter(|c| !c.used && c.fence.pending(progress))
+            .count()
     }
 
     /// The longest free run of any view, in chunks (0 when none).
@@ -211,14 +264,21 @@ impl Tables {
         self.runs.iter().next_back().map_or(0, |&(len, _, _)| len)
     }
 
-    /// Free runs of home views as (length, view, start), longest first.
-    pub fn home_runs_longest_first(&self) -> Vec<(usize, ViewId, usize)> {
-        self.runs
+    /// Stretches of free home chunks `req` may reuse, as (length, view,
+    /// start), longest first.
+    pub fn home_runs_longest_first(&self, req: &Requester<'_>) -> Vec<(usize, ViewId, usize)> {
+        let mut out: Vec<(usize, ViewId, usize)> = self
+            .runs
             .iter()
-            .rev()
             .filter(|(_, v, _)| !self.views[v].stitched)
-            .copied()
-            .collect()
+            .flat_map(|&(len, view, start)| {
+                self.admitted_segments(view, start, len, req)
+                    .into_iter()
+                    .map(move |(s, l)| (l, view, s))
+            })
+            .collect();
+        out.sort_unstable_by(|a, b| b.cmp(a));
+        out
     }
 
     /// Home views with never-filled slots, as (view, free run ending at
@@ -249,15 +309,18 @@ impl Tables {
         let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
         for c in chunks {
             self.set_used(c, true);
+            self.chunks.get_mut(&c).expect("live chunk").fence = Fence::none();
         }
         self.views.get_mut(&w.view).expect("live view").users += 1;
     }
 
-    /// Marks a window's chunks free again; the view remembers `clock`.
-    pub fn give(&mut self, w: Window, clock: u64) {
+    /// Marks a window's chunks free again behind `fence`; the view
+    /// remembers `clock`.
+    pub fn give(&mut self, w: Window, clock: u64, fence: &Fence) {
         let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
         for c in chunks {
             self.set_used(c, false);
+            self.chunks.get_mut(&c).expect("live chunk").fence = fence.clone();
         }
         let v = self.views.get_mut(&w.view).expect("live view");
         v.users -= 1;
@@ -454,6 +517,7 @@ impl Tables {
                     handle,
                     home: (v, s),
                     used: true,
+                    fence: Fence::none(),
                     stitched: Vec::new(),
                 },
             );
@@ -620,12 +684,13 @@ impl Tables {
         Ok(None)
     }
 
-    /// Free chunks mapped nowhere but at home.
-    pub fn releasable(&self) -> Vec<ChunkId> {
+    /// Free chunks mapped nowhere but at home whose every stream's work is
+    /// complete.
+    pub fn releasable(&self, progress: &Progress) -> Vec<ChunkId> {
         let mut out: Vec<ChunkId> = self
             .chunks
             .iter()
-            .filter(|(_, c)| !c.used && c.stitched.is_empty())
+            .filter(|(_, c)| !c.used && c.stitched.is_empty() && !c.fence.pending(progress))
             .map(|(&id, _)| id)
             .collect();
         out.sort_unstable();
@@ -658,6 +723,7 @@ impl Tables {
             if self.chunks[&c].used {
                 self.set_used(c, false);
             }
+            self.chunks.get_mut(&c).expect("live chunk").fence = Fence::none();
             if self.chunks[&c].stitched.is_empty() {
                 let _ = self.release_chunk(driver, c);
             }
@@ -712,6 +778,8 @@ impl Tables {
                 }
                 if !chunk.used {
                     free.push(i);
+                } else if !chunk.fence.is_none() {
+                    return Err(format!("used chunk {c} keeps a fence"));
                 }
             }
             let want: BTreeMap<usize, usize> = consecutive(&free).into_iter().collect();

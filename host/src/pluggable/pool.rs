@@ -5,17 +5,21 @@
 //! - **routing**: requests under one lake chunk go to the [`SplitCache`]
 //!   (pieces of chunks taken from the lake); larger ones to the lake
 //!   (exact match, split, stitch, grow);
-//! - **stream rule**: `free(addr, S)` records an event on S and parks the
-//!   block on S's waiting list. S may take it back at once (its later work
-//!   is ordered after the free); when the event is seen complete the block
-//!   returns to the split cache or the lake and any stream may get it.
-//!   Waiting blocks are reused by S only for requests of the same piece
-//!   length (small) or the same chunk count (large). Events of one stream
-//!   complete in order, so each `alloc` polls every stream's oldest events
-//!   until one is not complete;
+//! - **stream rule**: `free(addr, S)` records an event on S, numbers the
+//!   free (per-stream sequence) and gives the block back to the split cache
+//!   or the lake at once behind a fence `(S, number)` (`lake/fence.rs`): S
+//!   may reuse it at once for any request (its later work is ordered after
+//!   the free), another stream once the event is seen complete. Events of
+//!   one stream complete in order, so each `alloc` polls every stream's
+//!   oldest events until one is not complete; at most
+//!   [`MAX_EVENTS_PER_STREAM`] events per stream are kept (beyond, the
+//!   oldest is dropped: its frees then wait for a later event, which is
+//!   safe);
 //! - **zero size**: `alloc(0)` answers the null address `0` and counts
 //!   nothing; `free(0)` does nothing (what `cudaMalloc`/`cudaFree` and
 //!   PyTorch's own allocator do);
+//! - **split chunks**: a split-cache chunk whose pieces are all free goes
+//!   back to the lake at once (one spare kept), where it serves any size;
 //! - **out of memory**: when the lake refuses, wholly free split-cache
 //!   chunks go back to the lake and the request is tried once more; then
 //!   [`PoolError::OutOfMemory`] says what was asked, what is reserved and
@@ -23,8 +27,8 @@
 //! - **capture**: while capturing (the pool-wide flag, or a per-call flag
 //!   for a stream the caller knows is being captured) no driver call is
 //!   made, VMM or event: requests are served from the asking stream's
-//!   waiting blocks, the split cache's free pieces or the lake's free
-//!   blocks ([`Lake::alloc_cached`]), else refused with
+//!   the split cache's free pieces or the lake's free chunks
+//!   ([`Lake::alloc_cached_for`]), else refused with
 //!   [`PoolError::CaptureNeedsWarmPool`]; frees are parked, not reusable,
 //!   until capture ends, when their events are recorded. Blocks a captured
 //!   graph uses must stay allocated while the graph may replay (PyTorch's
@@ -43,7 +47,10 @@ use super::error::{PoolError, PoolResult};
 use super::event::{EventId, EventSource, StreamId};
 use super::split::SplitCache;
 use super::stats::{PoolBreakdown, PoolStats};
-use crate::lake::{DeviceRange, Lake, LakeError, VmmDriver};
+use crate::lake::{DeviceRange, Fence, Lake, LakeError, Progress, Requester, Site, VmmDriver};
+
+/// Most events kept per stream (see the stream rule).
+pub const MAX_EVENTS_PER_STREAM: usize = 64;
 
 /// Where a block came from, and so where it goes back.
 #[derive(Clone, Copy, Debug)]
@@ -68,9 +75,13 @@ struct State {
     split: SplitCache,
     /// Address -> (bytes requested, block).
     live: HashMap<u64, (u64, Block)>,
-    /// Per stream, blocks freed on it with the event recorded at the free,
-    /// oldest first.
-    waiting: HashMap<StreamId, VecDeque<(Block, EventId)>>,
+    /// Per stream, the events recorded at its frees with the frees'
+    /// numbers, oldest first.
+    events: HashMap<StreamId, VecDeque<(u64, EventId)>>,
+    /// Per stream, the number of its last free.
+    frees: HashMap<StreamId, u64>,
+    /// Per stream, the last free number whose event was seen complete.
+    progress: Progress,
     /// Blocks freed during capture, with their stream; no event yet.
     parked: Vec<(StreamId, Block)>,
     active: u64,
@@ -98,7 +109,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             state: Mutex::new(State {
                 split,
                 live: HashMap::new(),
-                waiting: HashMap::new(),
+                events: HashMap::new(),
+                frees: HashMap::new(),
+                progress: Progress::new(),
                 parked: Vec::new(),
                 active: 0,
                 peak_active: 0,
@@ -160,13 +173,11 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         if !capturing {
             self.flush_parked(&mut s)?;
         }
-        let block = match self.take_waiting(&mut s, size, stream) {
-            Some(b) => b,
-            None if capturing => self.alloc_cached(&mut s, size, stream)?,
-            None => {
-                self.poll(&mut s)?;
-                self.alloc_fresh(&mut s, size)?
-            }
+        let block = if capturing {
+            self.alloc_cached(&mut s, size, stream)?
+        } else {
+            self.poll(&mut s)?;
+            self.alloc_fresh(&mut s, size, stream)?
         };
         s.live.insert(block.addr, (size, block));
         s.active += size;
@@ -195,12 +206,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             s.parked.push((stream, block));
             return Ok(());
         }
-        match self.events.record(stream) {
-            Ok(event) => {
-                s.waiting
-                    .entry(stream)
-                    .or_default()
-                    .push_back((block, event));
+        match self.fence_free(&mut s, stream) {
+            Ok(fence) => {
+                self.release(&mut s, block, &fence)?;
                 self.flush_parked(&mut s)
             }
             Err(e) => {
@@ -214,9 +222,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         }
     }
 
-    /// Releases cached memory: waiting blocks whose events completed go
-    /// back, wholly free split-cache chunks go back to the lake, and the
-    /// lake returns every free chunk to the driver. Returns the physical
+    /// Releases cached memory: events are polled, wholly free split-cache
+    /// chunks go back to the lake, and the lake returns every free chunk
+    /// no stream may still be using to the driver. Returns the physical
     /// bytes released. In capture mode it does nothing.
     pub fn empty_cache(&self) -> PoolResult<u64> {
         if self.is_capturing() {
@@ -226,7 +234,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         self.flush_parked(&mut s)?;
         self.poll(&mut s)?;
         self.release_empty_chunks(&mut s)?;
-        self.lake.trim().map_err(PoolError::Lake)
+        self.lake.trim_settled(&s.progress).map_err(PoolError::Lake)
     }
 
     /// Sets the peaks to the current values.
@@ -240,14 +248,11 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// A snapshot of the pool's counters.
     pub fn stats(&self) -> PoolStats {
         let s = self.state();
-        let lake = self.lake.stats();
-        let waiting: u64 = s
-            .waiting
-            .values()
-            .flatten()
-            .map(|(b, _)| b.capacity)
-            .chain(s.parked.iter().map(|(_, b)| b.capacity))
-            .sum();
+        let lake = self.lake.stats_with(&s.progress);
+        let split_waiting = s.split.pending_bytes(&s.progress);
+        let waiting: u64 = s.parked.iter().map(|(_, b)| b.capacity).sum::<u64>()
+            + split_waiting
+            + lake.breakdown.waiting_bytes;
         let (mut small_rounding, mut large_rounding) = (0, 0);
         for (size, b) in s.live.values() {
             match b.origin {
@@ -259,7 +264,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             active_bytes: s.active,
             small_rounding_bytes: small_rounding,
             large_rounding_bytes: large_rounding,
-            split_free_bytes: s.split.free_bytes(),
+            split_free_bytes: s.split.free_bytes() - split_waiting,
             waiting_bytes: waiting,
             lake_free_bytes: lake.breakdown.free_bytes,
         };
@@ -284,78 +289,95 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         self.lake.check()
     }
 
-    /// The capacity a request of `size` bytes needs from a block.
-    fn capacity_for(&self, s: &State, size: u64) -> u64 {
-        if s.split.is_small(size) {
-            SplitCache::rounded(size)
-        } else {
-            size.div_ceil(self.lake.granularity()) * self.lake.granularity()
+    /// Numbers a free on `stream`, records its event and returns the
+    /// fence the freed block goes behind.
+    fn fence_free(&self, s: &mut State, stream: StreamId) -> PoolResult<Fence> {
+        let event = self.events.record(stream)?;
+        let seq = s.frees.entry(stream).or_default();
+        *seq += 1;
+        let seq = *seq;
+        s.events.entry(stream).or_default().push_back((seq, event));
+        if s.events[&stream].len() > MAX_EVENTS_PER_STREAM {
+            self.poll_stream(s, stream)?;
+            if let Some(list) = s.events.get_mut(&stream)
+                && list.len() > MAX_EVENTS_PER_STREAM
+                && let Some((_, oldest)) = list.pop_front()
+            {
+                // Its frees wait for a later event of the stream instead.
+                self.events.destroy(oldest);
+            }
         }
+        Ok(Fence::single(stream.0, seq))
     }
 
-    /// A block `stream` itself freed, of the capacity `size` needs.
-    fn take_waiting(&self, s: &mut State, size: u64, stream: StreamId) -> Option<Block> {
-        let want = self.capacity_for(s, size);
-        let small = s.split.is_small(size);
-        let list = s.waiting.get_mut(&stream)?;
-        let i = list
-            .iter()
-            .position(|(b, _)| b.capacity == want && matches!(b.origin, Origin::Small) == small)?;
-        let (block, event) = list.remove(i).expect("position is in the list");
-        // The stream's own later work is ordered after the free: the event
-        // is not needed.
-        self.events.destroy(event);
-        Some(block)
-    }
-
-    /// Returns blocks whose events completed to the split cache or lake.
+    /// Polls every stream's oldest events, recording what completed.
     fn poll(&self, s: &mut State) -> PoolResult<()> {
-        let streams: Vec<StreamId> = s.waiting.keys().copied().collect();
+        let streams: Vec<StreamId> = s.events.keys().copied().collect();
         for stream in streams {
-            while let Some(&(block, event)) = s.waiting.get(&stream).and_then(|l| l.front()) {
-                if !self.events.is_complete(event)? {
-                    break;
-                }
-                s.waiting.get_mut(&stream).map(VecDeque::pop_front);
-                self.events.destroy(event);
-                self.release(s, block)?;
-            }
-            if s.waiting.get(&stream).is_some_and(VecDeque::is_empty) {
-                s.waiting.remove(&stream);
-            }
+            self.poll_stream(s, stream)?;
         }
         Ok(())
     }
 
-    /// Gives a block back to where it came from.
-    fn release(&self, s: &mut State, block: Block) -> PoolResult<()> {
+    /// Pops the completed oldest events of `stream` into the progress;
+    /// free split pieces kept apart by then settled fences merge.
+    fn poll_stream(&self, s: &mut State, stream: StreamId) -> PoolResult<()> {
+        let mut advanced = false;
+        while let Some(&(seq, event)) = s.events.get(&stream).and_then(|l| l.front()) {
+            if !self.events.is_complete(event)? {
+                break;
+            }
+            s.events.get_mut(&stream).map(VecDeque::pop_front);
+            self.events.destroy(event);
+            s.progress.advance(stream.0, seq);
+            advanced = true;
+        }
+        if advanced {
+            s.split.settle(&s.progress);
+        }
+        if s.events.get(&stream).is_some_and(VecDeque::is_empty) {
+            s.events.remove(&stream);
+        }
+        Ok(())
+    }
+
+    /// Gives a block back to where it came from, behind `fence`; a split
+    /// chunk left wholly free goes on to the lake.
+    fn release(&self, s: &mut State, block: Block, fence: &Fence) -> PoolResult<()> {
         match block.origin {
             Origin::Small => {
-                let freed = s.split.give_back(block.addr);
+                let freed = s.split.give_back(block.addr, fence, &s.progress);
                 debug_assert!(freed.is_some(), "piece {:#x} was in use", block.addr);
+                for (range, fence) in s.split.take_empty_chunks(SplitCache::SPARE_EMPTY) {
+                    self.lake
+                        .free_fenced(range, Site::default(), &fence)
+                        .map_err(PoolError::Lake)?;
+                }
                 Ok(())
             }
-            Origin::Large(range) => self.lake.free(range).map_err(PoolError::Lake),
+            Origin::Large(range) => self
+                .lake
+                .free_fenced(range, Site::default(), fence)
+                .map_err(PoolError::Lake),
         }
     }
 
-    /// Records events for blocks freed during capture.
+    /// Records events for blocks freed during capture and gives them back.
     fn flush_parked(&self, s: &mut State) -> PoolResult<()> {
         while let Some(&(stream, block)) = s.parked.last() {
-            let event = self.events.record(stream)?;
+            let fence = self.fence_free(s, stream)?;
             s.parked.pop();
-            s.waiting
-                .entry(stream)
-                .or_default()
-                .push_back((block, event));
+            self.release(s, block, &fence)?;
         }
         Ok(())
     }
 
-    /// Gives wholly free split-cache chunks back to the lake.
+    /// Gives every wholly free split-cache chunk back to the lake.
     fn release_empty_chunks(&self, s: &mut State) -> PoolResult<()> {
-        for range in s.split.take_empty_chunks() {
-            self.lake.free(range).map_err(PoolError::Lake)?;
+        for (range, fence) in s.split.take_empty_chunks(0) {
+            self.lake
+                .free_fenced(range, Site::default(), &fence)
+                .map_err(PoolError::Lake)?;
         }
         Ok(())
     }
@@ -366,8 +388,12 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             asked: size,
             stream: stream.0,
         };
+        let req = Requester {
+            stream: stream.0,
+            progress: &s.progress,
+        };
         if s.split.is_small(size) {
-            let piece = s.split.take(size).ok_or(refused)?;
+            let piece = s.split.take(size, &req).ok_or(refused)?;
             return Ok(Block {
                 addr: piece.addr,
                 capacity: piece.len,
@@ -376,7 +402,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         }
         let range = self
             .lake
-            .alloc_cached(size)
+            .alloc_cached_for(size, &req)
             .map_err(PoolError::Lake)?
             .ok_or(refused)?;
         Ok(self.large_block(range))
@@ -391,11 +417,11 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     }
 
     /// Serves a request from the split cache or the lake, growing them.
-    fn alloc_fresh(&self, s: &mut State, size: u64) -> PoolResult<Block> {
-        let out = match self.try_fresh(s, size) {
+    fn alloc_fresh(&self, s: &mut State, size: u64, stream: StreamId) -> PoolResult<Block> {
+        let out = match self.try_fresh(s, size, stream) {
             Err(LakeError::OutOfMemory { .. }) => {
                 self.release_empty_chunks(s)?;
-                self.try_fresh(s, size)
+                self.try_fresh(s, size, stream)
             }
             other => other,
         };
@@ -414,23 +440,35 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 active: s.active,
                 limit,
                 largest_free: largest_free.max(s.split.largest_free()),
-                waiting: s.waiting.values().flatten().map(|(b, _)| b.capacity).sum(),
+                waiting: self.lake.stats_with(&s.progress).breakdown.waiting_bytes
+                    + s.split.pending_bytes(&s.progress),
             }),
             Err(e) => Err(PoolError::Lake(e)),
         }
     }
 
-    fn try_fresh(&self, s: &mut State, size: u64) -> Result<Block, LakeError> {
+    fn try_fresh(&self, s: &mut State, size: u64, stream: StreamId) -> Result<Block, LakeError> {
+        let req = Requester {
+            stream: stream.0,
+            progress: &s.progress,
+        };
+        let site = Site {
+            stream: stream.0 as u32,
+            phase: 0,
+        };
         if !s.split.is_small(size) {
-            return self.lake.alloc(size).map(|r| self.large_block(r));
+            return self
+                .lake
+                .alloc_for(size, site, &req)
+                .map(|r| self.large_block(r));
         }
-        let piece = match s.split.take(size) {
+        let piece = match s.split.take(size, &req) {
             Some(p) => p,
             None => {
-                let chunk = self.lake.alloc(s.split.chunk_bytes())?;
+                let chunk = self.lake.alloc_for(s.split.chunk_bytes(), site, &req)?;
                 s.split.add_chunk(chunk);
                 s.split
-                    .take(size)
+                    .take(size, &req)
                     .expect("a fresh chunk holds any small piece")
             }
         };
@@ -447,7 +485,7 @@ impl<D: VmmDriver, E: EventSource> Drop for StreamPool<D, E> {
         // The lake gives all memory back when it drops; the events go back
         // to their source here.
         let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        for (_, event) in s.waiting.drain().flat_map(|(_, l)| l) {
+        for (_, event) in s.events.drain().flat_map(|(_, l)| l) {
             self.events.destroy(event);
         }
     }
