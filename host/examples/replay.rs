@@ -9,8 +9,12 @@
 //!   --cost name=µs,...            driver call costs (create, map, set_access, …)
 //!   --warmup N                    steps left out of per-step averages (2)
 //!   --limit-gib G                 the lake's limit (80)
+//!   --max-stitch N                the lake's max_stitch_chunks (unlimited)
+//!   --max-cached N                the lake's max_cached_stitched (256)
 //!   --synthetic BATCH[:STEPS]     replay a synthetic GPT-2 trace instead
-//!   --save PATH.gz                write the synthetic trace
+//!   --save PATH.gz                write the (first) trace
+//!   --loop STEPS                  also replay each trace lengthened to
+//!                                 STEPS steps drawn from its later ones
 //! ```
 
 use std::path::PathBuf;
@@ -34,6 +38,7 @@ fn run() -> Result<(), String> {
     let mut config = ReplayConfig::default();
     let mut traces: Vec<(String, host::lake::Trace)> = Vec::new();
     let mut save: Option<PathBuf> = None;
+    let mut loop_steps: Option<u32> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |what: &str| args.next().ok_or(format!("{a} needs {what}"));
@@ -47,6 +52,12 @@ fn run() -> Result<(), String> {
                 let g: f64 = value("GiB")?.parse().map_err(|e| format!("{e}"))?;
                 config.limit_bytes = (g * (1u64 << 30) as f64) as u64;
             }
+            "--max-stitch" => {
+                config.max_stitch_chunks = value("chunks")?.parse().map_err(|e| format!("{e}"))?
+            }
+            "--max-cached" => {
+                config.max_cached_stitched = value("views")?.parse().map_err(|e| format!("{e}"))?
+            }
             "--synthetic" => {
                 let spec = value("BATCH[:STEPS]")?;
                 let (b, s) = spec.split_once(':').unwrap_or((&spec, "6"));
@@ -58,6 +69,7 @@ fn run() -> Result<(), String> {
                 traces.push((format!("synthetic GPT-2 batch {b}"), gpt2_trace(shape)));
             }
             "--save" => save = Some(PathBuf::from(value("a path")?)),
+            "--loop" => loop_steps = Some(value("steps")?.parse().map_err(|e| format!("{e}"))?),
             "-h" | "--help" => {
                 println!(
                     "{}",
@@ -77,6 +89,17 @@ fn run() -> Result<(), String> {
     }
     if traces.is_empty() {
         return Err("no trace given (a path, or --synthetic BATCH); --help says more".into());
+    }
+    if let Some(steps) = loop_steps {
+        let longer: Vec<(String, host::lake::Trace)> = traces
+            .iter()
+            .map(|(name, t)| {
+                replay::looped(t, steps, 11)
+                    .map(|l| (format!("{name} looped to {steps} steps"), l))
+                    .map_err(|e| format!("{name}: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        traces.extend(longer);
     }
     if let Some(path) = save {
         replay::save_gz(&traces[0].1, &path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -258,6 +258,7 @@ impl VmmDriver for ModelVmm {
     }
 
     fn reserve(&self, size: u64) -> VmmResult<u64> {
+        self.meter.covers(VmmCall::Reserve, size / self.granularity);
         self.call(VmmCall::Reserve, |s| {
             if size == 0 || !self.aligned(size) {
                 return refuse(
@@ -273,6 +274,8 @@ impl VmmDriver for ModelVmm {
     }
 
     fn free_address(&self, addr: u64, size: u64) -> VmmResult<()> {
+        self.meter
+            .covers(VmmCall::FreeAddress, size / self.granularity);
         self.call(VmmCall::FreeAddress, |s| {
             if s.reservations.get(&addr) != Some(&size) {
                 return refuse(
@@ -375,6 +378,8 @@ impl VmmDriver for ModelVmm {
     }
 
     fn set_access(&self, addr: u64, size: u64) -> VmmResult<()> {
+        self.meter
+            .covers(VmmCall::SetAccess, size / self.granularity);
         self.call(VmmCall::SetAccess, |s| {
             if size == 0 || !self.aligned(addr) || !self.aligned(size) {
                 return refuse(

@@ -6,7 +6,8 @@
 //! 1. **reuse**: the best-fit window, the shortest run of at least `n` free
 //!    chunks in any view (home or stitched), taken from its start: no
 //!    driver call. A stitched view made for a larger request serves smaller
-//!    ones by its prefix while its other chunks serve others at home;
+//!    ones by its prefix (up to a quarter smaller: [`super::tables::TIGHT`])
+//!    while its other chunks serve others at home;
 //! 2. **stitch**: when the free chunks number at least `n` but no run is
 //!    long enough: home runs longest first, the last one the shortest that
 //!    completes the request (its prefix), mapped back to back in a new

@@ -82,60 +82,87 @@ impl FromStr for EventTiming {
     }
 }
 
-/// Estimated cost of each driver call kind, in microseconds, indexed by
-/// [`VmmCall::index`].
+/// Estimated cost of driver calls: per call kind a fixed part per call and
+/// a part per granule covered (indexed by [`VmmCall::index`]), and the cost
+/// of one event call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CostModel {
     /// Microseconds per call of each kind.
-    pub micros: [f64; VmmCall::ALL.len()],
+    pub per_call: [f64; VmmCall::ALL.len()],
+    /// Microseconds per granule covered, for each kind.
+    pub per_granule: [f64; VmmCall::ALL.len()],
+    /// Microseconds per event record or query.
+    pub per_event: f64,
 }
 
 impl Default for CostModel {
-    /// The figures seen on an H100 (DESIGN.md): `cuMemCreate` ~60 µs per
-    /// chunk, `cuMemMap` ~6 µs, `cuMemSetAccess` ~300 µs; the rest guessed
-    /// small.
+    /// Medians measured on an H100 80GB HBM3 (driver 580, CUDA 13,
+    /// `/work/traces/vmm_cost.json`): `cuMemSetAccess` ~37 µs per 2 MiB
+    /// granule (35 µs for 1, 565 µs for 16, 9.9 ms for 256), `cuMemUnmap`
+    /// ~24 µs per granule, `cuMemCreate` 16 µs, `cuMemRelease` 19 µs,
+    /// `cuMemMap` 2.5 µs, reserve and free of an address range ~2 µs plus
+    /// ~0.15 µs per granule, event record or query 1.25 µs.
     fn default() -> CostModel {
-        let mut micros = [0.0; VmmCall::ALL.len()];
-        for (call, us) in [
-            (VmmCall::Reserve, 10.0),
-            (VmmCall::FreeAddress, 10.0),
-            (VmmCall::Create, 60.0),
-            (VmmCall::Release, 30.0),
-            (VmmCall::Map, 6.0),
-            (VmmCall::Unmap, 6.0),
-            (VmmCall::SetAccess, 300.0),
+        let mut per_call = [0.0; VmmCall::ALL.len()];
+        let mut per_granule = [0.0; VmmCall::ALL.len()];
+        for (call, fixed, granule) in [
+            (VmmCall::Reserve, 2.0, 0.15),
+            (VmmCall::FreeAddress, 2.0, 0.15),
+            (VmmCall::Create, 16.0, 0.0),
+            (VmmCall::Release, 19.0, 0.0),
+            (VmmCall::Map, 2.5, 0.0),
+            (VmmCall::Unmap, 24.0, 0.0),
+            (VmmCall::SetAccess, 0.0, 37.0),
         ] {
-            micros[call.index()] = us;
+            per_call[call.index()] = fixed;
+            per_granule[call.index()] = granule;
         }
-        CostModel { micros }
+        CostModel {
+            per_call,
+            per_granule,
+            per_event: 1.25,
+        }
     }
 }
 
 impl CostModel {
-    /// The default model with overrides `name=µs,...`, names as in
-    /// `reserve, free_address, create, release, map, unmap, set_access`.
+    /// The default model with overrides `name=µs` or `name=µs+µs_per_granule`,
+    /// names as in `reserve, free_address, create, release, map, unmap,
+    /// set_access, event`, separated by commas.
     pub fn parse(spec: &str) -> Result<CostModel, String> {
         let mut m = CostModel::default();
         for part in spec.split(',').filter(|p| !p.is_empty()) {
             let (name, value) = part
                 .split_once('=')
                 .ok_or_else(|| format!("cost {part:?}: expected name=microseconds"))?;
+            let (fixed, granule) = value.split_once('+').unwrap_or((value, "0"));
+            let num = |v: &str| v.parse::<f64>().map_err(|e| format!("cost {part:?}: {e}"));
+            if name == "event" {
+                m.per_event = num(fixed)?;
+                continue;
+            }
             let call = VmmCall::ALL
                 .into_iter()
                 .find(|c| short_name(*c) == name)
                 .ok_or_else(|| format!("cost {part:?}: unknown call {name:?}"))?;
-            m.micros[call.index()] = value.parse().map_err(|e| format!("cost {part:?}: {e}"))?;
+            m.per_call[call.index()] = num(fixed)?;
+            m.per_granule[call.index()] = num(granule)?;
         }
         Ok(m)
     }
 
-    /// Estimated microseconds of `calls`.
-    pub fn micros_of(&self, calls: &[u64; VmmCall::ALL.len()]) -> f64 {
-        calls
-            .iter()
-            .zip(self.micros)
-            .map(|(&n, us)| n as f64 * us)
-            .sum()
+    /// Estimated microseconds of calls and granules per kind, and events.
+    pub fn micros_of(
+        &self,
+        calls: &[u64; VmmCall::ALL.len()],
+        granules: &[u64; VmmCall::ALL.len()],
+        events: u64,
+    ) -> f64 {
+        let mut us = events as f64 * self.per_event;
+        for i in 0..VmmCall::ALL.len() {
+            us += calls[i] as f64 * self.per_call[i] + granules[i] as f64 * self.per_granule[i];
+        }
+        us
     }
 }
 
@@ -163,6 +190,10 @@ pub struct ReplayConfig {
     pub warmup_steps: usize,
     /// The lake's limit on physical bytes.
     pub limit_bytes: u64,
+    /// The lake's [`LakeConfig::max_stitch_chunks`].
+    pub max_stitch_chunks: usize,
+    /// The lake's [`LakeConfig::max_cached_stitched`].
+    pub max_cached_stitched: usize,
 }
 
 impl Default for ReplayConfig {
@@ -172,6 +203,8 @@ impl Default for ReplayConfig {
             cost: CostModel::default(),
             warmup_steps: 2,
             limit_bytes: 80 << 30,
+            max_stitch_chunks: LakeConfig::DEFAULT_MAX_STITCH_CHUNKS,
+            max_cached_stitched: LakeConfig::DEFAULT_MAX_CACHED_STITCHED,
         }
     }
 }
@@ -265,6 +298,10 @@ pub struct StepReport {
     pub ops: u64,
     /// Driver calls made in it, per kind ([`VmmCall::index`]).
     pub calls: [u64; VmmCall::ALL.len()],
+    /// Granules those calls covered, per kind.
+    pub granules: [u64; VmmCall::ALL.len()],
+    /// Event records and queries made in it.
+    pub events: u64,
     /// Estimated time of those calls, in microseconds.
     pub micros: f64,
     /// Highest active bytes during the step.
@@ -325,6 +362,18 @@ impl ReplayReport {
         out.map(|v| v / steady.len().max(1) as f64)
     }
 
+    /// Mean granules covered per steady step, per kind.
+    pub fn steady_granules_per_step(&self) -> [f64; VmmCall::ALL.len()] {
+        let steady = self.steady_steps();
+        let mut out = [0.0; VmmCall::ALL.len()];
+        for st in steady {
+            for (o, &c) in out.iter_mut().zip(&st.granules) {
+                *o += c as f64;
+            }
+        }
+        out.map(|v| v / steady.len().max(1) as f64)
+    }
+
     /// Mean estimated driver time per steady step, in microseconds.
     pub fn steady_micros_per_step(&self) -> f64 {
         let steady = self.steady_steps();
@@ -363,20 +412,31 @@ impl ReplayReport {
             );
         }
         let calls = self.steady_calls_per_step();
+        let granules = self.steady_granules_per_step();
         let listed: Vec<String> = VmmCall::ALL
             .into_iter()
             .filter(|c| calls[c.index()] > 0.0)
-            .map(|c| format!("{} {:.1}", short_name(c), calls[c.index()]))
+            .map(|c| {
+                let (n, g) = (calls[c.index()], granules[c.index()]);
+                if (g - n).abs() > 0.5 {
+                    format!("{} {n:.1} ({g:.0} chunks)", short_name(c))
+                } else {
+                    format!("{} {n:.1}", short_name(c))
+                }
+            })
             .collect();
         let _ = writeln!(
             out,
-            "  driver calls per step after {} warm-up steps: {} (est. {:.0} µs/step)",
+            "  driver calls per step after {} warm-up steps: {}; {:.0} event calls \
+             (est. {:.0} µs/step)",
             self.warmup_steps.min(self.steps.len()),
             if listed.is_empty() {
                 "none".to_string()
             } else {
                 listed.join(", ")
             },
+            self.steady_steps().iter().map(|s| s.events).sum::<u64>() as f64
+                / self.steady_steps().len().max(1) as f64,
             self.steady_micros_per_step()
         );
         let per_step: Vec<String> = self
@@ -467,16 +527,79 @@ pub fn save_gz(trace: &Trace, path: &Path) -> Result<(), TraceError> {
     Ok(())
 }
 
+/// A longer trace made of `trace`'s steps: its first step (set-up and
+/// the first training step, phase of its first record) as recorded, then
+/// `steps` steps drawn at random (seeded) from its later steps, numbered
+/// on. Each later step must free everything it allocates (true of a
+/// training loop once warm), else the answer says which does not.
+pub fn looped(trace: &Trace, steps: u32, seed: u64) -> Result<Trace, String> {
+    let mut phases: Vec<u32> = Vec::new();
+    let mut by_phase: HashMap<u32, Vec<crate::lake::Event>> = HashMap::new();
+    for e in &trace.events {
+        if phases.last() != Some(&e.site.phase) {
+            if by_phase.contains_key(&e.site.phase) {
+                return Err(format!("phase {} comes back after another", e.site.phase));
+            }
+            phases.push(e.site.phase);
+        }
+        by_phase.entry(e.site.phase).or_default().push(*e);
+    }
+    let (first, later) = phases
+        .split_first()
+        .ok_or_else(|| "an empty trace".to_string())?;
+    if later.is_empty() {
+        return Err("a trace of one step has nothing to repeat".into());
+    }
+    for p in later {
+        let mut live: HashMap<u64, u64> = HashMap::new();
+        for e in &by_phase[p] {
+            match e.kind {
+                EventKind::Alloc => *live.entry(e.addr).or_default() += 1,
+                EventKind::Free => {
+                    if let Some(n) = live.get_mut(&e.addr) {
+                        *n -= 1;
+                        if *n == 0 {
+                            live.remove(&e.addr);
+                        }
+                    }
+                }
+            }
+        }
+        if !live.is_empty() {
+            return Err(format!(
+                "step {p} keeps {} allocations past its end: it cannot be repeated",
+                live.len()
+            ));
+        }
+    }
+    let mut out = Trace {
+        granularity: trace.granularity,
+        events: by_phase[first].clone(),
+    };
+    let mut rng = gpu_kernel::workload::SplitMix64(seed);
+    for i in 0..steps {
+        let p = later[rng.below(later.len() as u64) as usize];
+        out.events.extend(by_phase[&p].iter().map(|e| {
+            let mut e = *e;
+            e.site.phase = first + 1 + i;
+            e
+        }));
+    }
+    Ok(out)
+}
+
 /// The pool a replay runs on.
 pub type ReplayPool = StreamPool<ModelVmm, ReplayEvents>;
 
 /// A pool on the data-less model at `granularity`, with `config`.
 pub fn replay_pool(granularity: u64, config: &ReplayConfig) -> ReplayPool {
     let vmm = ModelVmm::without_data(granularity, ChunkOptions::default());
-    StreamPool::new(
-        Lake::new(vmm, LakeConfig::with_limit(config.limit_bytes)),
-        ReplayEvents::new(config.timing),
-    )
+    let lake = LakeConfig {
+        max_stitch_chunks: config.max_stitch_chunks,
+        max_cached_stitched: config.max_cached_stitched,
+        ..LakeConfig::with_limit(config.limit_bytes)
+    };
+    StreamPool::new(Lake::new(vmm, lake), ReplayEvents::new(config.timing))
 }
 
 /// Replays `trace` through a fresh pool. Every 4096 operations and at the
@@ -536,6 +659,8 @@ pub fn replay_on(
                 phase: e.site.phase,
                 ops: 0,
                 calls: [0; VmmCall::ALL.len()],
+                granules: [0; VmmCall::ALL.len()],
+                events: pool.events().calls(),
                 micros: 0.0,
                 peak_active: active,
                 reserved: 0,
@@ -603,8 +728,13 @@ fn close_step(
 ) -> StepReport {
     for call in VmmCall::ALL {
         step.calls[call.index()] = now.of(call).calls - start.of(call).calls;
+        step.granules[call.index()] = now.of(call).granules - start.of(call).granules;
     }
-    step.micros = config.cost.micros_of(&step.calls);
+    // Opened with the event count at the start.
+    step.events = pool.events().calls() - step.events;
+    step.micros = config
+        .cost
+        .micros_of(&step.calls, &step.granules, step.events);
     step.reserved = pool.lake().reserved_bytes();
     step
 }
