@@ -324,3 +324,67 @@ fn gpt2_trace_replays_with_efficiency_over_0_9() {
         assert_eq!(report.at_peak.total(), report.peak_reserved);
     }
 }
+
+/// A 12-chunk stitched view, free again, with one of its chunks then
+/// taken by a 1-chunk allocation (a home run of 3 is the best fit for it).
+fn view_with_one_chunk_taken(l: &Lake<ModelVmm>) -> (host::lake::DeviceRange, u64) {
+    let parts: Vec<_> = (0..8)
+        .map(|i| l.alloc(if i % 2 == 0 { 3 * G } else { G }).unwrap())
+        .collect();
+    for r in parts.iter().step_by(2) {
+        l.free(*r).unwrap();
+    }
+    let big = l.alloc(12 * G).unwrap();
+    assert!(l.is_stitched(big));
+    l.free(big).unwrap();
+    let one = l.alloc(G).unwrap();
+    assert!(!l.is_stitched(one));
+    (big, one.addr)
+}
+
+#[test]
+fn a_view_missing_a_few_chunks_is_patched_not_stitched_again() {
+    let l = lake(64);
+    let (big, _) = view_with_one_chunk_taken(&l);
+    let before = l.stats().driver;
+    // 11 free chunks, 12 asked: one is made, and the view gets it in place
+    // of the taken one (one unmap, one map, access for one chunk).
+    let again = l.alloc(12 * G).unwrap();
+    assert_eq!(again.addr, big.addr);
+    let after = l.stats().driver;
+    let delta = |c: VmmCall| after.of(c).calls - before.of(c).calls;
+    assert_eq!(
+        (
+            delta(VmmCall::Create),
+            delta(VmmCall::Unmap),
+            delta(VmmCall::Map)
+        ),
+        (1, 1, 2)
+    );
+    assert_eq!(
+        after.of(VmmCall::SetAccess).granules - before.of(VmmCall::SetAccess).granules,
+        2,
+        "access for the new chunk at home and the patched slot only"
+    );
+    assert_eq!(l.stats().outcomes.patch, 0, "counted as growth");
+    l.check().unwrap();
+}
+
+#[test]
+fn a_failed_patch_puts_the_view_back() {
+    let l = lake(64);
+    let (big, _) = view_with_one_chunk_taken(&l);
+    let census = l.driver().census();
+    let reserved = l.stats().reserved_bytes;
+    // The 1st map is the new chunk at home, the 2nd the patch's.
+    l.driver().fail_nth(VmmCall::Map, 2);
+    let e = l.alloc(12 * G).unwrap_err();
+    assert!(e.to_string().contains("cuMemMap failed"), "{e}");
+    assert_eq!(l.driver().census(), census, "a mapping leaked");
+    assert_eq!(l.stats().reserved_bytes, reserved, "the new chunk leaked");
+    l.check().unwrap();
+    // And the view still works.
+    let again = l.alloc(12 * G).unwrap();
+    assert_eq!(again.addr, big.addr);
+    l.check().unwrap();
+}

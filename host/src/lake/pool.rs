@@ -8,14 +8,20 @@
 //!    driver call. A stitched view made for a larger request serves smaller
 //!    ones by its prefix (up to a quarter smaller: [`super::tables::TIGHT`])
 //!    while its other chunks serve others at home;
-//! 2. **stitch**: when the free chunks number at least `n` but no run is
+//! 2. **patch**: when a cached stitched view of at least `n` (and at most a
+//!    quarter more) chunks has its first `n` chunks all free but for at
+//!    most `n / 4`, those are replaced by other free chunks in place (unmap,
+//!    map, grant access to just them): the same tensor at the next step
+//!    finds its view again even if a few chunks were taken meanwhile, at
+//!    the cost of a few chunks instead of a whole new stitch;
+//! 3. **stitch**: when the free chunks number at least `n` but no run is
 //!    long enough: home runs longest first, the last one the shortest that
 //!    completes the request (its prefix), mapped back to back in a new
 //!    stitched view: no new physical memory;
-//! 3. **grow**: only the shortfall, `n` minus the free chunks, is made, at
+//! 4. **grow**: only the shortfall, `n` minus the free chunks, is made, at
 //!    the end of the home view whose free tail run is longest (so that run
 //!    grows; often no stitch is then needed), else in emptied home slots,
-//!    else in a new home view; then 1 or 2.
+//!    else in a new home view; then 1, 2 or 3.
 //!
 //! So reserved memory grows only when the free chunks cannot cover a
 //! request. Requests over [`LakeConfig::max_stitch_chunks`] (unlimited by
@@ -211,6 +217,10 @@ impl<D: VmmDriver> Lake<D> {
         }
         let free = s.tables.admitted_free(req);
         if n <= self.config.max_stitch_chunks && free >= n {
+            if let Some(w) = self.patch(s, n, req)? {
+                s.outcomes.patch += 1;
+                return Ok(w);
+            }
             let w = self.stitch(s, n, req)?;
             s.outcomes.stitch += 1;
             self.sweep(s);
@@ -231,7 +241,40 @@ impl<D: VmmDriver> Lake<D> {
         Some(w)
     }
 
-    /// Outcome 2: stitches `n` free chunks (there are enough) into a new
+    /// Outcome 2: the cached stitched view needing the fewest replaced
+    /// chunks (at most `n / 4`) to serve `n`, patched and taken; `None`
+    /// when there is none (or not enough free chunks to patch with).
+    fn patch(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Option<Window>> {
+        let best = s
+            .tables
+            .views()
+            .filter(|(_, v)| {
+                v.stitched
+                    && v.users == 0
+                    && v.slots.len() >= n
+                    && v.slots.len() <= n + n / super::tables::TIGHT + 1
+            })
+            .map(|(id, _)| (s.tables.bad_prefix_slots(id, n, req), id))
+            .min_by_key(|(bad, _)| bad.len());
+        let Some((bad, view)) = best.filter(|(bad, _)| bad.len() <= n / 4) else {
+            return Ok(None);
+        };
+        let with = s.tables.replacements(view, bad.len(), req);
+        if with.len() < bad.len() {
+            return Ok(None);
+        }
+        s.tables.patch(&self.driver, view, &bad, &with)?;
+        let w = Window {
+            view,
+            start: 0,
+            len: n,
+        };
+        s.tables.take(w);
+        s.tables.touch(view, s.clock);
+        Ok(Some(w))
+    }
+
+    /// Outcome 3: stitches `n` free chunks (there are enough) into a new
     /// view and takes all of it.
     fn stitch(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Window> {
         let mut runs = s.tables.home_runs_longest_first(req);
@@ -263,7 +306,7 @@ impl<D: VmmDriver> Lake<D> {
         Ok(w)
     }
 
-    /// Outcome 3: makes the chunks `n` lacks beyond the `free` ones `req`
+    /// Outcome 4: makes the chunks `n` lacks beyond the `free` ones `req`
     /// may reuse, then reuses or stitches.
     fn grow(
         &self,
@@ -314,7 +357,12 @@ impl<D: VmmDriver> Lake<D> {
             s.outcomes.grow += 1;
             return Ok(w);
         }
-        match self.stitch(s, n, req) {
+        let patched = match self.patch(s, n, req) {
+            Ok(Some(w)) => Ok(w),
+            Ok(None) => self.stitch(s, n, req),
+            Err(e) => Err(e),
+        };
+        match patched {
             Ok(w) => {
                 s.outcomes.grow_stitch += 1;
                 self.sweep(s);

@@ -11,6 +11,8 @@ pub struct Outcomes {
     pub reuse_home: u64,
     /// A window of a cached stitched view: no driver call.
     pub reuse_stitched: u64,
+    /// A cached stitched view with a few chunks replaced in place.
+    pub patch: u64,
     /// Free chunks stitched into a new view: no new physical memory.
     pub stitch: u64,
     /// New chunks at home that completed a window there.
@@ -22,7 +24,12 @@ pub struct Outcomes {
 impl Outcomes {
     /// All allocations counted.
     pub fn total(&self) -> u64 {
-        self.reuse_home + self.reuse_stitched + self.stitch + self.grow + self.grow_stitch
+        self.reuse_home
+            + self.reuse_stitched
+            + self.patch
+            + self.stitch
+            + self.grow
+            + self.grow_stitch
     }
 
     /// Allocations served with no driver call.
@@ -43,6 +50,7 @@ impl Outcomes {
         Outcomes {
             reuse_home: self.reuse_home - earlier.reuse_home,
             reuse_stitched: self.reuse_stitched - earlier.reuse_stitched,
+            patch: self.patch - earlier.patch,
             stitch: self.stitch - earlier.stitch,
             grow: self.grow - earlier.grow,
             grow_stitch: self.grow_stitch - earlier.grow_stitch,

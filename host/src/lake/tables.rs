@@ -329,6 +329,11 @@ impl Tables {
         self.views.get_mut(&w.view).expect("live view").users += 1;
     }
 
+    /// Marks view `v` as used at `clock` (for the LRU sweep).
+    pub fn touch(&mut self, v: ViewId, clock: u64) {
+        self.views.get_mut(&v).expect("live view").last_used = clock;
+    }
+
     /// Marks a window's chunks free again behind `fence`; the view
     /// remembers `clock`.
     pub fn give(&mut self, w: Window, clock: u64, fence: &Fence) {
@@ -613,6 +618,114 @@ impl Tables {
         for (start, len) in consecutive(&free) {
             self.run_insert(v, start, len);
         }
+    }
+
+    /// The slots of `[0, n)` of stitched view `v` whose chunks `req` cannot
+    /// take now (used, or fenced against it).
+    pub fn bad_prefix_slots(&self, v: ViewId, n: usize, req: &Requester<'_>) -> Vec<usize> {
+        self.views[&v].slots[..n]
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                let c = &self.chunks[&c.expect("stitched views are full")];
+                c.used || !c.fence.admits(req)
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Up to `k` free chunks `req` may take that view `v` does not map,
+    /// from home runs, longest runs first.
+    pub fn replacements(&self, v: ViewId, k: usize, req: &Requester<'_>) -> Vec<ChunkId> {
+        let mine: std::collections::HashSet<ChunkId> =
+            self.views[&v].slots.iter().flatten().copied().collect();
+        let mut out = Vec::with_capacity(k);
+        for (len, view, start) in self.home_runs_longest_first(req) {
+            for c in self.chunks_in(Window { view, start, len }) {
+                if out.len() == k {
+                    return out;
+                }
+                if !mine.contains(&c) {
+                    out.push(c);
+                }
+            }
+        }
+        out
+    }
+
+    /// Patches stitched view `v` (no allocation uses it): the chunk at each
+    /// of `slots` (ascending) is unmapped there and replaced by the free
+    /// chunk at the same position of `with`, then access is granted per
+    /// stretch of consecutive slots. Far cheaper than a new stitch when few
+    /// slots change (`cuMemSetAccess` costs per granule). On failure every
+    /// slot is put back as it was.
+    pub fn patch(
+        &mut self,
+        driver: &dyn VmmDriver,
+        v: ViewId,
+        slots: &[usize],
+        with: &[ChunkId],
+    ) -> VmmResult<()> {
+        assert_eq!(slots.len(), with.len(), "one replacement per slot");
+        let g = self.granularity;
+        let base = self.views[&v].base;
+        assert!(
+            self.views[&v].stitched && self.views[&v].users == 0,
+            "patch of a home or used view"
+        );
+        let old: Vec<ChunkId> = slots
+            .iter()
+            .map(|&i| self.views[&v].slots[i].expect("full"))
+            .collect();
+        let mut done = 0usize;
+        let mut half = false;
+        let result = (|| {
+            for (k, &i) in slots.iter().enumerate() {
+                driver.unmap(base + g * i as u64)?;
+                half = true;
+                driver.map(base + g * i as u64, self.chunks[&with[k]].handle)?;
+                half = false;
+                done += 1;
+            }
+            for (start, len) in consecutive(slots) {
+                driver.set_access(base + g * start as u64, g * len as u64)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            // Put back what changed: slots [0, done) hold new chunks, slot
+            // `done` is unmapped if the failure came between unmap and map.
+            for k in 0..done {
+                let a = base + g * slots[k] as u64;
+                let _ = driver.unmap(a);
+                let _ = driver.map(a, self.chunks[&old[k]].handle);
+            }
+            if half {
+                let _ = driver.map(
+                    base + g * slots[done] as u64,
+                    self.chunks[&old[done]].handle,
+                );
+            }
+            for (start, len) in consecutive(&slots[..done + usize::from(half)]) {
+                let _ = driver.set_access(base + g * start as u64, g * len as u64);
+            }
+            return Err(e);
+        }
+        for (k, &i) in slots.iter().enumerate() {
+            self.chunks
+                .get_mut(&old[k])
+                .expect("live chunk")
+                .stitched
+                .retain(|&p| p != (v, i));
+            self.chunks
+                .get_mut(&with[k])
+                .expect("live chunk")
+                .stitched
+                .push((v, i));
+            self.views.get_mut(&v).expect("live view").slots[i] = Some(with[k]);
+        }
+        self.rebuild_runs(v);
+        Ok(())
     }
 
     /// Unmaps a stitched view no allocation uses and frees its
