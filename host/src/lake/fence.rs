@@ -21,13 +21,16 @@
 //! keep them behind their locks.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Streams that used freed memory, each with the number of the free on it;
-/// empty: anyone may reuse it.
+/// empty: anyone may reuse it. Cloning is cheap (shared entries): a freed
+/// range gives its fence to each of its chunks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Fence {
-    /// (stream, free number), sorted by stream, one entry per stream.
-    entries: Vec<(u64, u64)>,
+    /// (stream, free number), sorted by stream, one entry per stream;
+    /// `None` when empty.
+    entries: Option<Arc<[(u64, u64)]>>,
 }
 
 impl Fence {
@@ -39,29 +42,43 @@ impl Fence {
     /// Freed on `stream` as its free number `seq`.
     pub fn single(stream: u64, seq: u64) -> Fence {
         Fence {
-            entries: vec![(stream, seq)],
+            entries: Some(Arc::new([(stream, seq)])),
         }
+    }
+
+    fn entries(&self) -> &[(u64, u64)] {
+        self.entries.as_deref().unwrap_or(&[])
+    }
+
+    /// The streams it names.
+    pub fn streams(&self) -> impl Iterator<Item = u64> + '_ {
+        self.entries().iter().map(|&(s, _)| s)
     }
 
     /// Whether nobody is kept out.
     pub fn is_none(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.is_none()
     }
 
     /// Adds `other`'s entries, keeping the highest number per stream (the
     /// memory now holds what both fences guarded).
     pub fn join(&mut self, other: &Fence) {
-        for &(stream, seq) in &other.entries {
-            match self.entries.binary_search_by_key(&stream, |&(s, _)| s) {
-                Ok(i) => self.entries[i].1 = self.entries[i].1.max(seq),
-                Err(i) => self.entries.insert(i, (stream, seq)),
+        if other.is_none() || self == other {
+            return;
+        }
+        let mut entries = self.entries().to_vec();
+        for &(stream, seq) in other.entries() {
+            match entries.binary_search_by_key(&stream, |&(s, _)| s) {
+                Ok(i) => entries[i].1 = entries[i].1.max(seq),
+                Err(i) => entries.insert(i, (stream, seq)),
             }
         }
+        self.entries = Some(entries.into());
     }
 
     /// Whether `req` may reuse the memory now.
     pub fn admits(&self, req: &Requester<'_>) -> bool {
-        self.entries
+        self.entries()
             .iter()
             .all(|&(s, q)| s == req.stream || req.progress.done(s) >= q)
     }
@@ -69,11 +86,11 @@ impl Fence {
     /// Whether `self` and `other` guard the same streams (joining them
     /// delays nobody new).
     pub fn same_streams(&self, other: &Fence) -> bool {
-        self.entries.len() == other.entries.len()
+        self.entries().len() == other.entries().len()
             && self
-                .entries
+                .entries()
                 .iter()
-                .zip(&other.entries)
+                .zip(other.entries())
                 .all(|(a, b)| a.0 == b.0)
     }
 
@@ -97,7 +114,7 @@ impl Fence {
     /// Whether some stream's work on the memory may still be pending (not
     /// every stream may reuse it yet).
     pub fn pending(&self, progress: &Progress) -> bool {
-        self.entries.iter().any(|&(s, q)| progress.done(s) < q)
+        self.entries().iter().any(|&(s, q)| progress.done(s) < q)
     }
 }
 

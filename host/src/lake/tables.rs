@@ -28,6 +28,7 @@
 //! mutex and every method runs under that lock.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::driver::{ChunkHandle, VmmDriver, VmmResult};
 use super::fence::{Fence, Progress, Requester};
@@ -40,6 +41,31 @@ use super::fence::{Fence, Progress, Requester};
 /// stitch anew at every step (seen on the GPT-2 traces: 1500 chunks, about
 /// 60 ms of `cuMemSetAccess`, per step).
 pub const TIGHT: usize = 3;
+
+/// A hasher for the tables' own ids (dense, made here, not adversarial):
+/// one multiply instead of SipHash, which showed at the top of the replay's
+/// profile (every chunk of a window is looked up on take and give).
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A hash map keyed by ids, with [`IdHasher`].
+pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// Index of a chunk.
 pub type ChunkId = u64;
@@ -120,13 +146,16 @@ struct Orphans {
 #[derive(Debug, Default)]
 pub struct Tables {
     granularity: u64,
-    chunks: HashMap<ChunkId, Chunk>,
+    chunks: IdMap<ChunkId, Chunk>,
     views: BTreeMap<ViewId, View>,
     /// Every free run of every view, as (length, view, start).
     runs: BTreeSet<(usize, ViewId, usize)>,
     /// Home slots emptied by a release, as (view, slot).
     holes: BTreeSet<(ViewId, usize)>,
     free_chunks: usize,
+    /// Per stream, free chunks whose fence names it (to skip fence checks
+    /// when no fence can keep the requester out: one stream).
+    fenced: IdMap<u64, usize>,
     orphans: Orphans,
     next_id: u64,
 }
@@ -135,6 +164,19 @@ pub struct Tables {
 /// to undo work after an earlier failure, whose error is the one reported.
 fn undo_maps(driver: &dyn VmmDriver, addrs: impl Iterator<Item = u64>) -> usize {
     addrs.filter(|&a| driver.unmap(a).is_err()).count()
+}
+
+/// Groups sorted (view, slot) places into stretches of consecutive slots of
+/// one view: (view, first slot, end slot).
+fn stretches(places: &[(ViewId, usize)]) -> Vec<(ViewId, usize, usize)> {
+    let mut out: Vec<(ViewId, usize, usize)> = Vec::new();
+    for &(v, s) in places {
+        match out.last_mut() {
+            Some((lv, _, end)) if *lv == v && *end == s => *end += 1,
+            _ => out.push((v, s, s + 1)),
+        }
+    }
+    out
 }
 
 /// Groups sorted slots into runs of consecutive ones: (start, length).
@@ -236,6 +278,27 @@ impl Tables {
             })
     }
 
+    /// Whether every free chunk's fence admits `req` for sure: none names
+    /// another stream (always so in a one-stream program). O(streams).
+    fn all_admit(&self, req: &Requester<'_>) -> bool {
+        self.fenced
+            .iter()
+            .all(|(&stream, &n)| n == 0 || stream == req.stream)
+    }
+
+    /// Sets the fence of chunk `c`, keeping the per-stream counts (which
+    /// count free chunks only: a used chunk's fence is none).
+    fn set_fence(&mut self, c: ChunkId, fence: Fence) {
+        let chunk = self.chunks.get_mut(&c).expect("live chunk");
+        for s in chunk.fence.streams() {
+            *self.fenced.get_mut(&s).expect("counted") -= 1;
+        }
+        for s in fence.streams() {
+            *self.fenced.entry(s).or_default() += 1;
+        }
+        chunk.fence = fence;
+    }
+
     /// The stretches of a free run whose chunks admit `req`, as (start,
     /// length).
     fn admitted_segments(
@@ -245,6 +308,9 @@ impl Tables {
         len: usize,
         req: &Requester<'_>,
     ) -> Vec<(usize, usize)> {
+        if self.all_admit(req) {
+            return vec![(start, len)];
+        }
         let slots = &self.views[&view].slots[start..start + len];
         let ok: Vec<usize> = slots
             .iter()
@@ -260,6 +326,9 @@ impl Tables {
 
     /// Free chunks `req` may reuse.
     pub fn admitted_free(&self, req: &Requester<'_>) -> usize {
+        if self.all_admit(req) {
+            return self.free_chunks;
+        }
         self.chunks
             .values()
             .filter(|c| !c.used && c.fence.admits(req))
@@ -322,10 +391,7 @@ impl Tables {
     /// Marks a window's chunks used by one more allocation.
     pub fn take(&mut self, w: Window) {
         let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
-        for c in chunks {
-            self.set_used(c, true);
-            self.chunks.get_mut(&c).expect("live chunk").fence = Fence::none();
-        }
+        self.set_used_many(&chunks, true);
         self.views.get_mut(&w.view).expect("live view").users += 1;
     }
 
@@ -338,8 +404,12 @@ impl Tables {
     /// remembers `clock`.
     pub fn give(&mut self, w: Window, clock: u64, fence: &Fence) {
         let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
+        self.set_used_many(&chunks, false);
+        // Used chunks carry no fence: only the new one is counted.
+        for s in fence.streams() {
+            *self.fenced.entry(s).or_default() += chunks.len();
+        }
         for c in chunks {
-            self.set_used(c, false);
             self.chunks.get_mut(&c).expect("live chunk").fence = fence.clone();
         }
         let v = self.views.get_mut(&w.view).expect("live view");
@@ -348,23 +418,41 @@ impl Tables {
     }
 
     fn set_used(&mut self, c: ChunkId, used: bool) {
-        let chunk = self.chunks.get_mut(&c).expect("live chunk");
-        debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
-        chunk.used = used;
-        let places: Vec<(ViewId, usize)> = std::iter::once(chunk.home)
-            .chain(chunk.stitched.iter().copied())
-            .collect();
-        for (v, slot) in places {
+        self.set_used_many(&[c], used);
+    }
+
+    /// Marks chunks `cs` (distinct, all of the other state) used or free,
+    /// updating the runs of every view that maps them by stretches of
+    /// consecutive slots: a window of `n` chunks costs a few run updates
+    /// per view, not `n`. Chunks made used lose their fence (the caller
+    /// sets the fence of chunks made free).
+    fn set_used_many(&mut self, cs: &[ChunkId], used: bool) {
+        let mut places: Vec<(ViewId, usize)> = Vec::with_capacity(cs.len() * 2);
+        for &c in cs {
+            let chunk = self.chunks.get_mut(&c).expect("live chunk");
+            debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
+            chunk.used = used;
+            places.push(chunk.home);
+            places.extend(chunk.stitched.iter().copied());
+            if used && !chunk.fence.is_none() {
+                for s in chunk.fence.streams() {
+                    *self.fenced.get_mut(&s).expect("counted") -= 1;
+                }
+                chunk.fence = Fence::none();
+            }
+        }
+        places.sort_unstable();
+        for (v, start, end) in stretches(&places) {
             if used {
-                self.run_cut(v, slot);
+                self.run_cut(v, start, end);
             } else {
-                self.run_join(v, slot);
+                self.run_join(v, start, end);
             }
         }
         if used {
-            self.free_chunks -= 1;
+            self.free_chunks -= cs.len();
         } else {
-            self.free_chunks += 1;
+            self.free_chunks += cs.len();
         }
     }
 
@@ -391,39 +479,41 @@ impl Tables {
         len
     }
 
-    /// Slot `slot` of view `v` stops being free: its run is cut in two.
-    fn run_cut(&mut self, v: ViewId, slot: usize) {
+    /// Slots `[a, b)` of view `v` stop being free: they lie in one run
+    /// (they were all free and are consecutive), which is cut around them.
+    fn run_cut(&mut self, v: ViewId, a: usize, b: usize) {
         let (start, len) = self.views[&v]
             .runs
-            .range(..=slot)
+            .range(..=a)
             .next_back()
             .map(|(&s, &l)| (s, l))
-            .filter(|&(s, l)| s + l > slot)
-            .expect("a free slot lies in a run");
+            .filter(|&(s, l)| s + l >= b)
+            .expect("free consecutive slots lie in one run");
         self.run_remove(v, start);
-        self.run_insert(v, start, slot - start);
-        self.run_insert(v, slot + 1, start + len - slot - 1);
+        self.run_insert(v, start, a - start);
+        self.run_insert(v, b, start + len - b);
     }
 
-    /// Slot `slot` of view `v` becomes free: it joins its neighbours' runs.
-    fn run_join(&mut self, v: ViewId, slot: usize) {
+    /// Slots `[a, b)` of view `v` become free: they join their neighbours'
+    /// runs.
+    fn run_join(&mut self, v: ViewId, a: usize, b: usize) {
         let view = &self.views[&v];
         let left = view
             .runs
-            .range(..slot)
+            .range(..a)
             .next_back()
             .map(|(&s, &l)| (s, l))
-            .filter(|&(s, l)| s + l == slot);
-        let right = view.runs.get(&(slot + 1)).copied();
-        let mut start = slot;
-        let mut len = 1;
+            .filter(|&(s, l)| s + l == a);
+        let right = view.runs.get(&b).copied();
+        let mut start = a;
+        let mut len = b - a;
         if let Some((s, l)) = left {
             self.run_remove(v, s);
             start = s;
             len += l;
         }
         if let Some(l) = right {
-            self.run_remove(v, slot + 1);
+            self.run_remove(v, b);
             len += l;
         }
         self.run_insert(v, start, len);
@@ -787,11 +877,12 @@ impl Tables {
         };
         let base = self.views[&v].base;
         driver.unmap(base + g * slot as u64)?;
+        self.set_fence(c, Fence::none());
         let chunk = self.chunks.remove(&c).expect("live chunk");
         if driver.release(chunk.handle).is_err() {
             self.orphans.chunks.push(chunk.handle);
         }
-        self.run_cut(v, slot);
+        self.run_cut(v, slot, slot + 1);
         self.free_chunks -= 1;
         let view = self.views.get_mut(&v).expect("live view");
         view.slots[slot] = None;
@@ -851,7 +942,7 @@ impl Tables {
             if self.chunks[&c].used {
                 self.set_used(c, false);
             }
-            self.chunks.get_mut(&c).expect("live chunk").fence = Fence::none();
+            self.set_fence(c, Fence::none());
             if self.chunks[&c].stitched.is_empty() {
                 let _ = self.release_chunk(driver, c);
             }
@@ -918,6 +1009,17 @@ impl Tables {
         }
         if all_runs != self.runs {
             return Err("the global run index differs from the views' runs".into());
+        }
+        let mut fenced: HashMap<u64, usize> = HashMap::new();
+        for c in self.chunks.values() {
+            for s in c.fence.streams() {
+                *fenced.entry(s).or_default() += 1;
+            }
+        }
+        for (s, &n) in &self.fenced {
+            if fenced.get(s).copied().unwrap_or(0) != n {
+                return Err(format!("stream {s}: {n} fenced chunks counted"));
+            }
         }
         let free = self.chunks.values().filter(|c| !c.used).count();
         if free != self.free_chunks {

@@ -217,7 +217,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 // retry the free.
                 s.live.insert(addr, (size, block));
                 s.active += size;
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -239,7 +239,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
 
     /// Sets the peaks to the current values.
     pub fn reset_peaks(&self) {
-        let reserved = self.lake.stats().reserved_bytes;
+        let reserved = self.lake.reserved_bytes();
         let mut s = self.state();
         s.peak_active = s.active;
         s.peak_reserved = reserved;
@@ -425,7 +425,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             }
             other => other,
         };
-        let reserved = self.lake.stats().reserved_bytes;
+        let reserved = self.lake.reserved_bytes();
         s.peak_reserved = s.peak_reserved.max(reserved);
         match out {
             Ok(b) => Ok(b),
