@@ -536,6 +536,12 @@ impl<D: VmmDriver> Lake<D> {
         let g = self.granularity;
         let mapped: u64 = s.live.values().map(|l| l.window.len as u64).sum::<u64>() * g;
         let stitched = s.tables.views().filter(|(_, v)| v.stitched).count() as u64;
+        let stitched_chunks: u64 = s
+            .tables
+            .views()
+            .filter(|(_, v)| v.stitched)
+            .map(|(_, v)| v.slots.len() as u64)
+            .sum();
         LakeStats {
             active_bytes: s.active_bytes,
             reserved_bytes: g * s.tables.chunk_count() as u64,
@@ -544,6 +550,7 @@ impl<D: VmmDriver> Lake<D> {
             live_allocations: s.live.len() as u64,
             home_views: s.tables.views().count() as u64 - stitched,
             stitched_views: stitched,
+            stitched_chunks,
             largest_free_bytes: g * s.tables.longest_run() as u64,
             outcomes: s.outcomes,
             frees: s.frees,

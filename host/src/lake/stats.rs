@@ -97,6 +97,9 @@ pub struct LakeStats {
     pub home_views: u64,
     /// Stitched views (in use and cached).
     pub stitched_views: u64,
+    /// Chunk mappings of the stitched views (their address space, in
+    /// chunks; unmapping costs per chunk).
+    pub stitched_chunks: u64,
     /// Longest run of free chunks in any view, in bytes.
     pub largest_free_bytes: u64,
     /// How allocations were served.

@@ -337,6 +337,10 @@ pub struct ReplayReport {
     pub steps: Vec<StepReport>,
     /// Steps left out of the steady-state averages.
     pub warmup_steps: usize,
+    /// Stitched views cached at the end, and the chunks they map.
+    pub stitched_views: (u64, u64),
+    /// How the lake served allocations over the whole replay.
+    pub outcomes: crate::lake::Outcomes,
 }
 
 impl ReplayReport {
@@ -442,6 +446,21 @@ impl ReplayReport {
             self.steady_steps().iter().map(|s| s.events).sum::<u64>() as f64
                 / self.steady_steps().len().max(1) as f64,
             self.steady_micros_per_step()
+        );
+        let o = &self.outcomes;
+        let _ = writeln!(
+            out,
+            "  lake outcomes: {} window at home, {} window of a stitched view, {} patched, \
+             {} stitched, {} grown, {} grown and stitched; {} stitched views cached, \
+             mapping {} chunks",
+            o.reuse_home,
+            o.reuse_stitched,
+            o.patch,
+            o.stitch,
+            o.grow,
+            o.grow_stitch,
+            self.stitched_views.0,
+            self.stitched_views.1
         );
         let steady = self.steady_steps();
         let (nanos, ops) = steady
@@ -654,6 +673,8 @@ pub fn replay_on(
         at_peak: PoolBreakdown::default(),
         steps: Vec::new(),
         warmup_steps: config.warmup_steps,
+        stitched_views: (0, 0),
+        outcomes: crate::lake::Outcomes::default(),
     };
     // Trace address -> (our address, size).
     let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
@@ -736,6 +757,9 @@ pub fn replay_on(
             .push(close_step(done, &step_start, &now, pool, config));
     }
     pool.check().map_err(ReplayError::Check)?;
+    let lake = pool.lake().stats();
+    report.stitched_views = (lake.stitched_views, lake.stitched_chunks);
+    report.outcomes = lake.outcomes;
     Ok(report)
 }
 
