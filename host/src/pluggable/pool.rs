@@ -26,9 +26,10 @@
 //!   active, the largest free extent and what waits on events;
 //! - **capture**: while capturing (the pool-wide flag, or a per-call flag
 //!   for a stream the caller knows is being captured) no driver call is
-//!   made, VMM or event: requests are served from the asking stream's
-//!   the split cache's free pieces or the lake's free chunks
-//!   ([`Lake::alloc_cached_for`]), else refused with
+//!   made, VMM or event: requests are served from the split cache's free
+//!   pieces or the lake's free chunks that the asking stream may reuse (its
+//!   own frees, others' whose events were seen complete before the capture;
+//!   [`Lake::alloc_cached_for`]), else refused with
 //!   [`PoolError::CaptureNeedsWarmPool`]; frees are parked, not reusable,
 //!   until capture ends, when their events are recorded. Blocks a captured
 //!   graph uses must stay allocated while the graph may replay (PyTorch's
