@@ -6,7 +6,9 @@
 //! cargo run -p host --release --example replay -- [OPTIONS] TRACE[.gz]...
 //!   --events at-once|step|ops:N   event completion (repeatable; default:
 //!                                 at-once, step and ops:2000)
-//!   --cost name=µs,...            driver call costs (create, map, set_access, …)
+//!   --cost name=µs[+µs/chunk],... call costs over the H100 defaults; names:
+//!                                 reserve, free_address, create, release,
+//!                                 map, unmap, set_access, event
 //!   --warmup N                    steps left out of per-step averages (2)
 //!   --limit-gib G                 the lake's limit (80)
 //!   --max-stitch N                the lake's max_stitch_chunks (unlimited)
@@ -71,14 +73,13 @@ fn run() -> Result<(), String> {
             "--save" => save = Some(PathBuf::from(value("a path")?)),
             "--loop" => loop_steps = Some(value("steps")?.parse().map_err(|e| format!("{e}"))?),
             "-h" | "--help" => {
-                println!(
-                    "{}",
-                    include_str!("replay.rs")
-                        .lines()
-                        .take(15)
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                );
+                let usage: Vec<&str> = include_str!("replay.rs")
+                    .lines()
+                    .map_while(|l| l.strip_prefix("//!"))
+                    .map(|l| l.strip_prefix(' ').unwrap_or(l))
+                    .filter(|l| !l.starts_with("```"))
+                    .collect();
+                println!("{}", usage.join("\n"));
                 return Ok(());
             }
             path => {
