@@ -625,3 +625,28 @@ fn dropping_the_lake_returns_everything() {
         "live and cached blocks all went back"
     );
 }
+
+#[test]
+fn trimmed_home_slots_are_filled_again() {
+    // A home view spans the limit: 6 slots.
+    let lake = new_lake(6);
+    let a = lake.alloc(2 * G).unwrap();
+    let b = lake.alloc(2 * G).unwrap();
+    let c = lake.alloc(2 * G).unwrap();
+    lake.free(b).unwrap();
+    assert_eq!(lake.trim().unwrap(), 2 * G, "b's chunks go back");
+    assert_eq!(lake.stats().reserved_bytes, 4 * G);
+    lake.check().unwrap();
+    // No slot is left at the end of the view: new chunks fill b's holes
+    // and serve the request there, with no stitch.
+    let d = lake.alloc(2 * G).unwrap();
+    assert_eq!(d.addr, b.addr);
+    assert!(!lake.is_stitched(d));
+    assert_eq!(lake.stats().home_views, 1);
+    lake.check().unwrap();
+    for r in [a, c, d] {
+        lake.free(r).unwrap();
+    }
+    lake.trim().unwrap();
+    assert_eq!(lake.driver().census(), empty(), "the view went back too");
+}
