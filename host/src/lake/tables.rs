@@ -166,19 +166,6 @@ fn undo_maps(driver: &dyn VmmDriver, addrs: impl Iterator<Item = u64>) -> usize 
     addrs.filter(|&a| driver.unmap(a).is_err()).count()
 }
 
-/// Groups sorted (view, slot) places into stretches of consecutive slots of
-/// one view: (view, first slot, end slot).
-fn stretches(places: &[(ViewId, usize)]) -> Vec<(ViewId, usize, usize)> {
-    let mut out: Vec<(ViewId, usize, usize)> = Vec::new();
-    for &(v, s) in places {
-        match out.last_mut() {
-            Some((lv, _, end)) if *lv == v && *end == s => *end += 1,
-            _ => out.push((v, s, s + 1)),
-        }
-    }
-    out
-}
-
 /// Groups sorted slots into runs of consecutive ones: (start, length).
 fn consecutive(slots: &[usize]) -> Vec<(usize, usize)> {
     let mut out: Vec<(usize, usize)> = Vec::new();
@@ -427,13 +414,21 @@ impl Tables {
     /// per view, not `n`. Chunks made used lose their fence (the caller
     /// sets the fence of chunks made free).
     fn set_used_many(&mut self, cs: &[ChunkId], used: bool) {
-        let mut places: Vec<(ViewId, usize)> = Vec::with_capacity(cs.len() * 2);
+        // Slots per view, in the order met: mostly ascending already (a
+        // window's chunks are consecutive somewhere), so sorting is rare.
+        let mut by_view: Vec<(ViewId, Vec<usize>)> = Vec::new();
+        let mut add = |(v, slot): (ViewId, usize)| match by_view.iter_mut().find(|(w, _)| *w == v) {
+            Some((_, slots)) => slots.push(slot),
+            None => by_view.push((v, vec![slot])),
+        };
         for &c in cs {
             let chunk = self.chunks.get_mut(&c).expect("live chunk");
             debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
             chunk.used = used;
-            places.push(chunk.home);
-            places.extend(chunk.stitched.iter().copied());
+            add(chunk.home);
+            for &p in &chunk.stitched {
+                add(p);
+            }
             if used && !chunk.fence.is_none() {
                 for s in chunk.fence.streams() {
                     *self.fenced.get_mut(&s).expect("counted") -= 1;
@@ -441,12 +436,16 @@ impl Tables {
                 chunk.fence = Fence::none();
             }
         }
-        places.sort_unstable();
-        for (v, start, end) in stretches(&places) {
-            if used {
-                self.run_cut(v, start, end);
-            } else {
-                self.run_join(v, start, end);
+        for (v, mut slots) in by_view {
+            if !slots.is_sorted() {
+                slots.sort_unstable();
+            }
+            for (start, len) in consecutive(&slots) {
+                if used {
+                    self.run_cut(v, start, start + len);
+                } else {
+                    self.run_join(v, start, start + len);
+                }
             }
         }
         if used {
