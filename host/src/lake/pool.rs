@@ -23,8 +23,11 @@
 //!    grows; often no stitch is then needed), else in emptied home slots,
 //!    else in a new home view; then 1, 2 or 3.
 //!
-//! So reserved memory grows only when the free chunks cannot cover a
-//! request. Requests over [`LakeConfig::max_stitch_chunks`] (unlimited by
+//! "Free chunks" means those the requester may take: a chunk freed behind
+//! a fence ([`Lake::free_fenced`], `fence.rs`) is skipped by every outcome
+//! for a stream its fence does not admit (it counts as waiting), and growth
+//! makes what the admitted free chunks lack. So reserved memory grows only
+//! when the free chunks cannot cover a request. Requests over [`LakeConfig::max_stitch_chunks`] (unlimited by
 //! default) are never stitched: they take a window or grow a home run to
 //! their size. `free` only marks chunks free (no driver call); stitched
 //! views stay mapped for reuse and, beyond
