@@ -18,7 +18,8 @@
 //!   on the CPU ([`ModelVmm`]).
 //!
 //! Files: `driver` (the boundary), `cuda` and `model` (its two sides),
-//! `tables` (chunks, views, free runs, driver work with rollback), `fence`
+//! `tables` (chunks, views, free runs) and `tables/mapping` (the driver
+//! work that changes them, with rollback), `fence`
 //! (the stream rule kept on free memory), `pool`
 //! (the policy and the thread-safe [`Lake`]), `config`, `stats`, `error`,
 //! `trace`, `synthetic` (a GPT-2-like trace generator).
