@@ -182,77 +182,111 @@ fn stitched_range_reads_what_primitive_ranges_wrote() {
 }
 
 #[test]
-fn four_outcomes_and_cached_stitch_reuse() {
+fn five_outcomes_and_window_reuse() {
     let lake = new_lake(64);
-    let r = lake.alloc(6 * G).unwrap(); // fresh
-    lake.free(r).unwrap();
-    let s = lake.alloc(2 * G).unwrap(); // split 6 -> 2 + 4
-    let t = lake.alloc(4 * G).unwrap(); // exact (the rest)
-    lake.free(s).unwrap();
-    lake.free(t).unwrap();
-    let u = lake.alloc(6 * G).unwrap(); // stitch 4 + 2
+    // Slots 0-1, 2, 3-4, 5 of one home view, each made as it is asked for.
+    let a = lake.alloc(2 * G).unwrap();
+    let b = lake.alloc(G).unwrap();
+    let c = lake.alloc(2 * G).unwrap();
+    let _d = lake.alloc(G).unwrap();
+    assert_eq!(lake.stats().home_views, 1, "one home view grows");
+    lake.free(a).unwrap();
+    lake.free(c).unwrap();
+    // 4 free chunks in two runs of 2: stitched, no new memory.
+    let u = lake.alloc(4 * G).unwrap();
     assert!(lake.is_stitched(u));
+    assert_eq!(lake.stats().reserved_bytes, 6 * G);
     lake.free(u).unwrap();
-    let v = lake.alloc(6 * G).unwrap(); // exact: the cached sBlock
+    // The cached view serves the same size again...
+    let v = lake.alloc(4 * G).unwrap();
     assert_eq!(v.addr, u.addr);
     lake.free(v).unwrap();
-    let w = lake.alloc(9 * G).unwrap(); // 6 free + 3 new, stitched
+    // ...and a smaller one by its prefix.
+    let w = lake.alloc(3 * G).unwrap();
+    assert_eq!(w.addr, u.addr);
+    // Its last chunk still serves others at home (the run of 2 it sits in
+    // is cut to 1, the other run of 2 stays).
+    let x = lake.alloc(G).unwrap();
+    assert!(!lake.is_stitched(x));
+    lake.free(x).unwrap();
+    lake.free(w).unwrap();
+    // 6 chunks: 4 free, 2 made at the tail, all stitched.
+    let y = lake.alloc(6 * G).unwrap();
+    assert!(lake.is_stitched(y));
+    assert_eq!(lake.stats().reserved_bytes, 8 * G);
+    lake.free(y).unwrap();
+    lake.free(b).unwrap();
     let o = lake.stats().outcomes;
     assert_eq!(
         (
-            o.fresh,
-            o.split,
-            o.exact_primitive,
+            o.grow,
+            o.reuse_home,
+            o.reuse_stitched,
             o.stitch,
-            o.exact_stitched,
             o.grow_stitch
         ),
-        (1, 1, 1, 1, 1, 1)
+        (4, 1, 2, 1, 1)
     );
-    assert_eq!(lake.stats().reserved_bytes, 9 * G);
-    lake.free(w).unwrap();
     lake.check().unwrap();
 }
 
 #[test]
-fn split_limit_and_stitch_cap_are_respected() {
-    let mut config = LakeConfig::with_limit(64 * G);
-    config.min_split_bytes = 4 * G;
-    config.max_stitch_chunks = 4;
-    let lake = Lake::new(ModelVmm::new(G, ChunkOptions::default()), config);
-    let small = lake.alloc(3 * G).unwrap();
-    lake.free(small).unwrap();
-    // A 3-chunk block is under the limit: not split for 1 chunk.
-    let one = lake.alloc(G).unwrap();
-    assert_eq!(lake.stats().outcomes.split, 0);
-    assert_eq!(lake.stats().reserved_bytes, 4 * G);
-    lake.free(one).unwrap();
-    // 5 chunks is over the stitch cap: a new primitive block, no stitch.
-    let five = lake.alloc(5 * G).unwrap();
-    assert!(!lake.is_stitched(five));
-    assert_eq!(
-        lake.stats().outcomes.stitch + lake.stats().outcomes.grow_stitch,
-        0
-    );
+fn growth_extends_the_free_tail_run_instead_of_stitching() {
+    let lake = new_lake(64);
+    let a = lake.alloc(2 * G).unwrap();
+    let b = lake.alloc(3 * G).unwrap();
+    lake.free(b).unwrap();
+    // 3 free at the tail + 2 new right after them: one home run of 5.
+    let big = lake.alloc(5 * G).unwrap();
+    assert!(!lake.is_stitched(big));
+    assert_eq!(big.addr, b.addr);
+    assert_eq!(lake.stats().reserved_bytes, 7 * G);
+    assert_eq!(lake.stats().outcomes.grow, 3);
+    lake.free(big).unwrap();
+    lake.free(a).unwrap();
+    lake.check().unwrap();
 }
 
 #[test]
-fn lru_sweep_drops_stitched_blocks_over_the_limit() {
+fn stitch_cap_grows_a_home_run_instead() {
+    let mut config = LakeConfig::with_limit(64 * G);
+    config.max_stitch_chunks = 4;
+    let lake = Lake::new(ModelVmm::new(G, ChunkOptions::default()), config);
+    let a = lake.alloc(2 * G).unwrap();
+    let _b = lake.alloc(G).unwrap();
+    let c = lake.alloc(2 * G).unwrap();
+    let _d = lake.alloc(G).unwrap();
+    lake.free(a).unwrap();
+    lake.free(c).unwrap();
+    // 5 chunks is over the cap: 5 new ones at home, no stitch.
+    let five = lake.alloc(5 * G).unwrap();
+    assert!(!lake.is_stitched(five));
+    assert_eq!(lake.stats().reserved_bytes, 11 * G);
+    // 4 is within it: the two free runs are stitched.
+    let four = lake.alloc(4 * G).unwrap();
+    assert!(lake.is_stitched(four));
+    let o = lake.stats().outcomes;
+    assert_eq!((o.stitch, o.grow_stitch), (1, 0));
+    lake.check().unwrap();
+}
+
+#[test]
+fn lru_sweep_drops_stitched_views_over_the_limit() {
     let mut config = LakeConfig::with_limit(64 * G);
     config.max_cached_stitched = 1;
     let lake = Lake::new(ModelVmm::new(G, ChunkOptions::default()), config);
-    let parts: Vec<DeviceRange> = (0..6).map(|_| lake.alloc(G).unwrap()).collect();
-    for r in &parts {
+    let parts: Vec<DeviceRange> = (0..8).map(|_| lake.alloc(G).unwrap()).collect();
+    for r in parts.iter().step_by(2) {
         lake.free(*r).unwrap();
     }
     let a = lake.alloc(2 * G).unwrap();
-    let b = lake.alloc(3 * G).unwrap();
+    let b = lake.alloc(2 * G).unwrap();
     assert!(lake.is_stitched(a) && lake.is_stitched(b));
     lake.free(a).unwrap();
     lake.free(b).unwrap();
-    assert_eq!(lake.stats().stitched_blocks, 1, "one cached sBlock kept");
-    // The most recently used (b, 3 chunks) is the one kept.
-    let again = lake.alloc(3 * G).unwrap();
+    assert_eq!(lake.stats().stitched_views, 1, "one cached view kept");
+    // The most recently used (b) is the one kept.
+    let again = lake.alloc(2 * G).unwrap();
     assert_eq!(again.addr, b.addr);
     lake.check().unwrap();
 }
@@ -296,8 +330,9 @@ fn failed_map_halfway_through_a_stitch_is_rolled_back() {
 fn failed_map_while_growing_releases_the_new_chunks() {
     let lake = new_lake(64);
     let a = lake.alloc(G).unwrap();
+    let _b = lake.alloc(G).unwrap();
     let census = lake.driver().census();
-    // A fresh 3-chunk block maps 3 granules; fail the 2nd.
+    // 3 new chunks map 3 granules; fail the 2nd.
     lake.driver().fail_nth(VmmCall::Map, 2);
     let e = lake.alloc(3 * G).unwrap_err();
     assert!(
@@ -309,14 +344,15 @@ fn failed_map_while_growing_releases_the_new_chunks() {
         census,
         "new chunks or their reservation leaked"
     );
-    // Grow-and-stitch: free 1 chunk + 2 new; fail the stitch's last map.
+    // Grow-and-stitch: free 1 chunk + 2 new (not next to it); fail the
+    // stitch's last map.
     lake.free(a).unwrap();
     let census = lake.driver().census();
     lake.driver().fail_nth(VmmCall::Map, 2 + 3);
     assert!(lake.alloc(3 * G).is_err());
     assert_eq!(lake.driver().census(), census);
     lake.check().unwrap();
-    assert_eq!(lake.stats().live_allocations, 0);
+    assert_eq!(lake.stats().live_allocations, 1);
 }
 
 #[test]
@@ -373,7 +409,7 @@ fn errors_name_their_cause() {
 }
 
 #[test]
-fn out_of_memory_releases_unhelpful_blocks_first() {
+fn a_request_over_the_stitch_cap_takes_a_home_run() {
     let mut config = LakeConfig::with_limit(8 * G);
     config.max_stitch_chunks = 2;
     let lake = Lake::new(ModelVmm::new(G, ChunkOptions::default()), config);
@@ -381,11 +417,11 @@ fn out_of_memory_releases_unhelpful_blocks_first() {
     for r in &a {
         lake.free(*r).unwrap();
     }
-    // 6 chunks cannot be stitched (cap 2) and no block is that large: the
-    // free blocks are released and 6 new chunks made within the limit.
+    // 6 chunks cannot be stitched (cap 2), but the 8 freed chunks are one
+    // run at home: no new memory.
     let big = lake.alloc(6 * G).unwrap();
     assert!(!lake.is_stitched(big));
-    assert!(lake.stats().reserved_bytes <= 8 * G);
+    assert_eq!(lake.stats().reserved_bytes, 8 * G);
     lake.check().unwrap();
 }
 
@@ -470,7 +506,7 @@ fn periodic_trace_converges_to_exact_matches() {
     println!(
         "hit rate after {WARM_UP} warm-up periods: {:.1}% ({} of {}); fragmentation {:.1}%; reserved {} chunks; driver calls {}",
         converged.hit_rate() * 100.0,
-        converged.exact(),
+        converged.reused(),
         converged.total(),
         st.fragmentation() * 100.0,
         st.peak_reserved_bytes / G,
@@ -577,6 +613,7 @@ fn dropping_the_lake_returns_everything() {
     let lake = Lake::new(model.clone(), LakeConfig::with_limit(32 * G));
     let _live = lake.alloc(3 * G).unwrap();
     let r = lake.alloc(2 * G).unwrap();
+    let _after = lake.alloc(G).unwrap();
     lake.free(r).unwrap();
     let s = lake.alloc(5 * G).unwrap();
     assert!(lake.is_stitched(s));
@@ -587,4 +624,29 @@ fn dropping_the_lake_returns_everything() {
         empty(),
         "live and cached blocks all went back"
     );
+}
+
+#[test]
+fn trimmed_home_slots_are_filled_again() {
+    // A home view spans the limit: 6 slots.
+    let lake = new_lake(6);
+    let a = lake.alloc(2 * G).unwrap();
+    let b = lake.alloc(2 * G).unwrap();
+    let c = lake.alloc(2 * G).unwrap();
+    lake.free(b).unwrap();
+    assert_eq!(lake.trim().unwrap(), 2 * G, "b's chunks go back");
+    assert_eq!(lake.stats().reserved_bytes, 4 * G);
+    lake.check().unwrap();
+    // No slot is left at the end of the view: new chunks fill b's holes
+    // and serve the request there, with no stitch.
+    let d = lake.alloc(2 * G).unwrap();
+    assert_eq!(d.addr, b.addr);
+    assert!(!lake.is_stitched(d));
+    assert_eq!(lake.stats().home_views, 1);
+    lake.check().unwrap();
+    for r in [a, c, d] {
+        lake.free(r).unwrap();
+    }
+    lake.trim().unwrap();
+    assert_eq!(lake.driver().census(), empty(), "the view went back too");
 }

@@ -51,6 +51,9 @@ class GmStats(ctypes.Structure):
         ("event_calls", ctypes.c_uint64),
         ("split_chunks", ctypes.c_uint64),
         ("private_pools", ctypes.c_uint64),
+        ("small_rounding", ctypes.c_uint64),
+        ("large_rounding", ctypes.c_uint64),
+        ("lake_free", ctypes.c_uint64),
     ]
 
 
@@ -143,6 +146,8 @@ def stats(device=0):
     bytes freed but waiting for other streams' events; split_free: free bytes
     in the small-request cache; private_free: free bytes held by CUDA graphs;
     driver_calls / event_calls: CUDA calls made; alloc_retries / ooms.
+    Where reserved bytes are: active + small_rounding + large_rounding +
+    (split_free - waiting in it) + private_free + waiting + lake_free.
     """
     lib = _lib_or_default()
     out = GmStats()

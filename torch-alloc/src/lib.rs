@@ -93,6 +93,12 @@ pub struct GmStats {
     pub split_chunks: u64,
     /// Private pools that exist.
     pub private_pools: u64,
+    /// Reserved bytes lost to rounding small requests up to 512 bytes.
+    pub small_rounding: u64,
+    /// Reserved bytes lost to rounding large requests up to whole chunks.
+    pub large_rounding: u64,
+    /// Free lake chunks every stream may use.
+    pub lake_free: u64,
 }
 
 impl From<PoolStats> for GmStats {
@@ -119,6 +125,9 @@ impl From<PoolStats> for GmStats {
             event_calls: s.event_calls,
             split_chunks: s.split_chunks,
             private_pools: s.private_pools,
+            small_rounding: s.breakdown.small_rounding_bytes,
+            large_rounding: s.breakdown.large_rounding_bytes,
+            lake_free: s.breakdown.lake_free_bytes,
         }
     }
 }

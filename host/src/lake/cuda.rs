@@ -130,6 +130,7 @@ impl VmmDriver for CudaVmm {
     }
 
     fn reserve(&self, size: u64) -> VmmResult<u64> {
+        self.meter.covers(VmmCall::Reserve, size / self.granularity);
         let mut addr: sys::CUdeviceptr = 0;
         self.call(VmmCall::Reserve, || {
             // SAFETY: writes one pointer; no fixed address is requested (0),
@@ -143,6 +144,8 @@ impl VmmDriver for CudaVmm {
     }
 
     fn free_address(&self, addr: u64, size: u64) -> VmmResult<()> {
+        self.meter
+            .covers(VmmCall::FreeAddress, size / self.granularity);
         self.call(VmmCall::FreeAddress, || {
             // SAFETY: the caller passes a whole reservation with nothing
             // mapped (trait precondition); the driver checks it too.
@@ -190,6 +193,8 @@ impl VmmDriver for CudaVmm {
     }
 
     fn set_access(&self, addr: u64, size: u64) -> VmmResult<()> {
+        self.meter
+            .covers(VmmCall::SetAccess, size / self.granularity);
         let grant = |id: i32| sys::CUmemAccessDesc {
             location: sys::CUmemLocation {
                 type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,

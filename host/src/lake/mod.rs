@@ -7,25 +7,33 @@
 //!
 //! Glossary:
 //! - **chunk**: one granule of physical memory (`cuMemCreate`), mapped at its
-//!   *home* address for as long as it lives;
-//! - **pBlock** (primitive block): chunks at consecutive home addresses;
-//! - **sBlock** (stitched block): a second virtual range mapping the chunks
-//!   of several pBlocks back to back: no copy, no new physical memory;
+//!   *home* slot for as long as it lives;
+//! - **home view**: a large reservation whose slots receive new chunks in
+//!   order (PyTorch's expandable segments), so neighbours form runs;
+//! - **stitched view** (GMLake's sBlock): a second virtual range mapping
+//!   chunks from anywhere back to back: no copy, no new physical memory;
+//! - **window**: consecutive slots of a view whose chunks are all free,
+//!   what an allocation takes (no driver call);
 //! - **driver**: the [`VmmDriver`] boundary, real ([`CudaVmm`]) or modelled
 //!   on the CPU ([`ModelVmm`]).
 //!
 //! Files: `driver` (the boundary), `cuda` and `model` (its two sides),
-//! `block` (tables and driver work with rollback), `pool` (the policy and
-//! the thread-safe [`Lake`]), `config`, `stats`, `error`, `trace`.
+//! `tables` (chunks, views, free runs) and `tables/mapping` (the driver
+//! work that changes them, with rollback), `fence`
+//! (the stream rule kept on free memory), `pool`
+//! (the policy and the thread-safe [`Lake`]), `config`, `stats`, `error`,
+//! `trace`, `synthetic` (a GPT-2-like trace generator).
 
-pub mod block;
 pub mod config;
 pub mod cuda;
 pub mod driver;
 pub mod error;
+pub mod fence;
 pub mod model;
 pub mod pool;
 pub mod stats;
+pub mod synthetic;
+pub mod tables;
 pub mod trace;
 
 pub use config::LakeConfig;
@@ -35,7 +43,8 @@ pub use driver::{
     VmmDriver,
 };
 pub use error::{LakeError, LakeResult};
+pub use fence::{Fence, Progress, Requester};
 pub use model::{ModelCensus, ModelVmm};
 pub use pool::{DeviceRange, Lake};
-pub use stats::{LakeStats, Outcomes};
+pub use stats::{LakeBreakdown, LakeStats, Outcomes};
 pub use trace::{Event, EventKind, Site, Trace, TraceError};

@@ -12,7 +12,10 @@
 //! Chunks are backed by host memory, so bytes written through one mapping
 //! read back through every other mapping of the same chunk
 //! ([`ModelVmm::write`], [`ModelVmm::read`]). Faults can be injected: the
-//! n-th next call of a kind fails ([`ModelVmm::fail_nth`]).
+//! n-th next call of a kind fails ([`ModelVmm::fail_nth`]). A model made
+//! with [`ModelVmm::without_data`] keeps no bytes (for replaying traces of
+//! tens of GiB): it checks every call the same way but refuses reads and
+//! writes.
 //!
 //! Concurrency: all state sits behind one mutex, taken for the length of a
 //! call; the call meter is atomics.
@@ -68,6 +71,8 @@ struct State {
 /// The CPU model of the VMM driver.
 pub struct ModelVmm {
     granularity: u64,
+    /// Whether chunks are backed by host memory.
+    with_data: bool,
     options: ChunkOptions,
     state: Mutex<State>,
     meter: CallMeter,
@@ -103,6 +108,7 @@ impl ModelVmm {
         );
         ModelVmm {
             granularity,
+            with_data: true,
             options,
             state: Mutex::new(State {
                 next_address: ADDRESS_BASE,
@@ -116,6 +122,16 @@ impl ModelVmm {
     /// A model with the H100's granularity and default options.
     pub fn h100() -> ModelVmm {
         ModelVmm::new(H100_GRANULARITY, ChunkOptions::default())
+    }
+
+    /// A model like [`ModelVmm::new`] whose chunks hold no bytes: every
+    /// call is checked as usual, [`ModelVmm::read`] and
+    /// [`ModelVmm::write`] are refused. For replaying large traces.
+    pub fn without_data(granularity: u64, options: ChunkOptions) -> ModelVmm {
+        ModelVmm {
+            with_data: false,
+            ..ModelVmm::new(granularity, options)
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -154,6 +170,7 @@ impl ModelVmm {
     /// Writes `bytes` at device address `addr`, through whatever chunks are
     /// mapped there. Every granule touched must be mapped with access.
     pub fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), String> {
+        self.has_data()?;
         let mut s = self.state();
         let mut done = 0;
         while done < bytes.len() {
@@ -172,6 +189,7 @@ impl ModelVmm {
     /// Reads `len` bytes at device address `addr`. Every granule touched
     /// must be mapped with access.
     pub fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+        self.has_data()?;
         let s = self.state();
         let mut out = Vec::with_capacity(len);
         while out.len() < len {
@@ -179,6 +197,14 @@ impl ModelVmm {
             out.extend_from_slice(&s.chunks[&chunk].bytes[offset..offset + n]);
         }
         Ok(out)
+    }
+
+    fn has_data(&self) -> Result<(), String> {
+        if self.with_data {
+            Ok(())
+        } else {
+            Err("this model keeps no bytes (made with ModelVmm::without_data)".into())
+        }
     }
 
     /// The chunk behind `addr`, the offset in it, and how many of `want`
@@ -243,6 +269,7 @@ impl VmmDriver for ModelVmm {
     }
 
     fn reserve(&self, size: u64) -> VmmResult<u64> {
+        self.meter.covers(VmmCall::Reserve, size / self.granularity);
         self.call(VmmCall::Reserve, |s| {
             if size == 0 || !self.aligned(size) {
                 return refuse(
@@ -258,6 +285,8 @@ impl VmmDriver for ModelVmm {
     }
 
     fn free_address(&self, addr: u64, size: u64) -> VmmResult<()> {
+        self.meter
+            .covers(VmmCall::FreeAddress, size / self.granularity);
         self.call(VmmCall::FreeAddress, |s| {
             if s.reservations.get(&addr) != Some(&size) {
                 return refuse(
@@ -289,7 +318,11 @@ impl VmmDriver for ModelVmm {
             let handle = ChunkHandle(s.next_handle);
             s.next_handle += 1;
             let chunk = Chunk {
-                bytes: vec![0; self.granularity as usize],
+                bytes: if self.with_data {
+                    vec![0; self.granularity as usize]
+                } else {
+                    Vec::new()
+                },
                 mappings: 0,
                 rdma_capable: self.options.rdma_capable,
             };
@@ -364,6 +397,8 @@ impl VmmDriver for ModelVmm {
     }
 
     fn set_access(&self, addr: u64, size: u64) -> VmmResult<()> {
+        self.meter
+            .covers(VmmCall::SetAccess, size / self.granularity);
         self.call(VmmCall::SetAccess, |s| {
             if size == 0 || !self.aligned(addr) || !self.aligned(size) {
                 return refuse(

@@ -1,39 +1,56 @@
 //! `Lake`: the pool of physical chunks and its best-fit policy (GMLake,
-//! Guo et al., ASPLOS 2024), over the block tables of `block.rs`.
+//! Guo et al., ASPLOS 2024), over the tables of `tables.rs` (chunks, home
+//! and stitched views, the run index).
 //!
 //! An allocation of `n` chunks is served by the first of:
-//! 1. **exact**: a free pBlock of exactly `n` chunks, else a cached sBlock of
-//!    exactly `n` chunks whose pBlocks are all free;
-//! 2. **split**: the smallest free pBlock larger than `n` (and at least
-//!    [`LakeConfig::min_split_bytes`]), cut after `n` chunks;
-//! 3. **stitch**: free pBlocks (each at least the split limit) that together
-//!    hold `n` chunks, largest first, the last one chosen as the smallest
-//!    that completes the request and split if larger; a new sBlock maps them;
-//! 4. **grow and stitch**: new chunks for the shortfall stitched with every
-//!    free pBlock that may take part; with nothing free, a new pBlock.
+//! 1. **reuse**: the best-fit window, the shortest run of at least `n` free
+//!    chunks in any view (home or stitched), taken from its start: no
+//!    driver call. A stitched view made for a larger request serves smaller
+//!    ones by its prefix (up to a quarter smaller: [`super::tables::TIGHT`])
+//!    while its other chunks serve others at home;
+//! 2. **patch**: when a cached stitched view of at least `n` (and at most a
+//!    quarter more) chunks has its first `n` chunks all free but for at
+//!    most `n / 4`, those are replaced by other free chunks in place (unmap,
+//!    map, grant access to just them): the same tensor at the next step
+//!    finds its view again even if a few chunks were taken meanwhile, at
+//!    the cost of a few chunks instead of a whole new stitch;
+//! 3. **stitch**: when the free chunks number at least `n` but no run is
+//!    long enough: home runs longest first, the last one the shortest that
+//!    completes the request (its prefix), mapped back to back in a new
+//!    stitched view: no new physical memory;
+//! 4. **grow**: only the shortfall, `n` minus the free chunks, is made, at
+//!    the end of the home view whose free tail run is longest (so that run
+//!    grows; often no stitch is then needed), else in emptied home slots,
+//!    else in a new home view; then 1, 2 or 3.
 //!
-//! Stitching is used only up to [`LakeConfig::max_stitch_chunks`]. `free`
-//! only marks blocks inactive; sBlocks stay cached (mapped) for reuse, so a
-//! periodic workload converges to exact matches; beyond
-//! [`LakeConfig::max_cached_stitched`] inactive sBlocks, the least recently
-//! used are unmapped. When new chunks would pass
-//! [`LakeConfig::limit_bytes`], free pBlocks that cannot help are released
-//! first, then the request fails with [`LakeError::OutOfMemory`].
+//! "Free chunks" means those the requester may take: a chunk freed behind
+//! a fence ([`Lake::free_fenced`], `fence.rs`) is skipped by every outcome
+//! for a stream its fence does not admit (it counts as waiting), and growth
+//! makes what the admitted free chunks lack. So reserved memory grows only
+//! when the free chunks cannot cover a request. Requests over [`LakeConfig::max_stitch_chunks`] (unlimited by
+//! default) are never stitched: they take a window or grow a home run to
+//! their size. `free` only marks chunks free (no driver call); stitched
+//! views stay mapped for reuse and, beyond
+//! [`LakeConfig::max_cached_stitched`] unused ones, the least recently used
+//! are unmapped. Physical memory goes back to the driver only on
+//! [`Lake::trim`]. When new chunks would pass [`LakeConfig::limit_bytes`],
+//! the request fails with [`LakeError::OutOfMemory`].
 //!
-//! Concurrency: one mutex guards all state (block tables, live allocations,
+//! Concurrency: one mutex guards all state (tables, live allocations,
 //! statistics, the trace being recorded); every public call takes it once,
 //! and driver calls are made while holding it, so the driver's own lock (if
 //! any) always comes second. No call re-enters the lake.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use super::block::{Blocks, PId, SId};
 use super::config::LakeConfig;
 use super::driver::VmmDriver;
 use super::error::{LakeError, LakeResult};
-use super::stats::{LakeStats, Outcomes};
+use super::fence::{Fence, Progress, Requester};
+use super::stats::{LakeBreakdown, LakeStats, Outcomes};
+use super::tables::{ChunkId, Placement, Tables, ViewId, Window};
 use super::trace::{EventKind, Site, Trace, TraceRecorder};
 
 /// A contiguous device range handed out by [`Lake::alloc`].
@@ -45,27 +62,20 @@ pub struct DeviceRange {
     pub len: u64,
 }
 
-/// What backs a live allocation.
-#[derive(Clone, Copy, Debug)]
-enum Backing {
-    Primitive(PId),
-    Stitched(SId),
-}
-
-/// A live allocation.
+/// A live allocation: its window and the bytes asked for.
 #[derive(Clone, Copy, Debug)]
 struct Live {
-    backing: Backing,
+    window: Window,
     len: u64,
 }
 
 /// Everything behind the lake's mutex.
 struct State {
-    blocks: Blocks,
+    tables: Tables,
     live: HashMap<u64, Live>,
     /// Addresses handed out and freed since (to tell a double free from a
-    /// foreign range); forgotten when their block goes back to the driver.
-    freed: HashSet<u64>,
+    /// foreign range); forgotten when their view goes back to the driver.
+    freed: BTreeSet<u64>,
     active_bytes: u64,
     peak_active: u64,
     peak_reserved: u64,
@@ -87,6 +97,9 @@ pub struct Lake<D: VmmDriver> {
     state: Mutex<State>,
 }
 
+/// Most slots of one home view: 1 TiB of 2 MiB chunks (address space only).
+const MAX_HOME_SLOTS: usize = 1 << 19;
+
 impl<D: VmmDriver> Lake<D> {
     /// A lake over `driver` with `config`.
     pub fn new(driver: D, config: LakeConfig) -> Lake<D> {
@@ -97,9 +110,9 @@ impl<D: VmmDriver> Lake<D> {
             config,
             granularity,
             state: Mutex::new(State {
-                blocks: Blocks::new(granularity),
+                tables: Tables::new(granularity),
                 live: HashMap::new(),
-                freed: HashSet::new(),
+                freed: BTreeSet::new(),
                 active_bytes: 0,
                 peak_active: 0,
                 peak_reserved: 0,
@@ -153,8 +166,9 @@ impl<D: VmmDriver> Lake<D> {
         self.limit_bytes.store(bytes, Ordering::Relaxed);
     }
 
-    fn min_split_chunks(&self) -> usize {
-        self.chunks_for(self.config.min_split_bytes).max(1)
+    /// Slots of a new home view: the limit (address space is cheap).
+    fn home_slots(&self, at_least: usize) -> usize {
+        self.limit_chunks().clamp(1, MAX_HOME_SLOTS).max(at_least)
     }
 
     /// Allocates `size` bytes as one contiguous device range.
@@ -163,29 +177,37 @@ impl<D: VmmDriver> Lake<D> {
     }
 
     /// [`Lake::alloc`], recording `site` (stream and phase) in the trace.
+    /// Takes only unfenced chunks (see [`Lake::alloc_for`]).
     pub fn alloc_at(&self, size: u64, site: Site) -> LakeResult<DeviceRange> {
+        self.alloc_for(size, site, &Requester::unfenced())
+    }
+
+    /// [`Lake::alloc_at`] for `req`: free chunks whose fences do not admit
+    /// it are left alone (they count as waiting, not as free).
+    pub fn alloc_for(&self, size: u64, site: Site, req: &Requester<'_>) -> LakeResult<DeviceRange> {
         if size == 0 {
             return Err(LakeError::ZeroSize);
         }
         let mut s = self.state();
         let n = self.chunks_for(size);
         s.clock += 1;
-        let backing = match self.best_fit(&mut s, n) {
-            Ok(b) => b,
-            Err(LakeError::OutOfMemory { .. }) => {
-                // Release what cannot help this request, then try once more.
-                self.release_unhelpful(&mut s, n)?;
-                self.best_fit(&mut s, n)?
-            }
-            Err(e) => return Err(e),
-        };
-        Ok(self.hand_out(&mut s, backing, size, site))
+        let window = self.best_fit(&mut s, n, req)?;
+        Ok(self.hand_out(&mut s, window, size, site))
     }
 
-    /// Allocates `size` bytes from blocks the lake already holds, with no
-    /// driver call: an exact match or a split (outcomes 1 and 2). `None`
-    /// when neither fits; used while a CUDA graph is being captured.
+    /// Allocates `size` bytes from chunks the lake already holds, with no
+    /// driver call: a window of a view (outcome 1). `None` when none fits;
+    /// used while a CUDA graph is being captured. Unfenced chunks only.
     pub fn alloc_cached(&self, size: u64) -> LakeResult<Option<DeviceRange>> {
+        self.alloc_cached_for(size, &Requester::unfenced())
+    }
+
+    /// [`Lake::alloc_cached`] for `req`.
+    pub fn alloc_cached_for(
+        &self,
+        size: u64,
+        req: &Requester<'_>,
+    ) -> LakeResult<Option<DeviceRange>> {
         if size == 0 {
             return Err(LakeError::ZeroSize);
         }
@@ -193,21 +215,18 @@ impl<D: VmmDriver> Lake<D> {
         let n = self.chunks_for(size);
         s.clock += 1;
         Ok(self
-            .cached_fit(&mut s, n)
-            .map(|backing| self.hand_out(&mut s, backing, size, Site::default())))
+            .reuse(&mut s, n, req)
+            .map(|w| self.hand_out(&mut s, w, size, Site::default())))
     }
 
-    /// Records a chosen block as a live allocation of `size` bytes.
-    fn hand_out(&self, s: &mut State, backing: Backing, size: u64, site: Site) -> DeviceRange {
-        let addr = match backing {
-            Backing::Primitive(p) => s.blocks.pblock(p).addr,
-            Backing::Stitched(id) => s.blocks.sblock(id).addr,
-        };
-        s.live.insert(addr, Live { backing, len: size });
+    /// Records a taken window as a live allocation of `size` bytes.
+    fn hand_out(&self, s: &mut State, window: Window, size: u64, site: Site) -> DeviceRange {
+        let addr = s.tables.addr_of(window);
+        s.live.insert(addr, Live { window, len: size });
         s.freed.remove(&addr);
         s.active_bytes += size;
         s.peak_active = s.peak_active.max(s.active_bytes);
-        let reserved = s.blocks.chunk_count() as u64 * self.granularity;
+        let reserved = s.tables.chunk_count() as u64 * self.granularity;
         s.peak_reserved = s.peak_reserved.max(reserved);
         if let Some(t) = s.trace.as_mut() {
             t.record(EventKind::Alloc, size, addr, site);
@@ -215,217 +234,225 @@ impl<D: VmmDriver> Lake<D> {
         DeviceRange { addr, len: size }
     }
 
-    /// Chooses and prepares the block for `n` chunks (outcomes 1–4) and
-    /// marks it in use. Errors leave the tables as they were, except that a
-    /// split done before a failed stitch stays (both pieces free).
-    fn best_fit(&self, s: &mut State, n: usize) -> LakeResult<Backing> {
-        if let Some(b) = self.cached_fit(s, n) {
-            return Ok(b);
+    /// Chooses, prepares and takes the window for `n` chunks (outcomes
+    /// 1–3). A failure leaves the tables as they were.
+    fn best_fit(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Window> {
+        if let Some(w) = self.reuse(s, n, req) {
+            return Ok(w);
         }
-        self.stitch_or_grow(s, n)
-    }
-
-    /// Outcomes 1 (exact) and 2 (split): table work only, no driver call.
-    fn cached_fit(&self, s: &mut State, n: usize) -> Option<Backing> {
-        let min = self.min_split_chunks();
-        let clock = s.clock;
-        // 1. Exact: a pBlock, else an available sBlock (most recent first).
-        if let Some((_, p)) = s
-            .blocks
-            .smallest_free_at_least(n, 1)
-            .filter(|&(len, _)| len == n)
-        {
-            s.blocks.set_in_use(p, true);
-            s.outcomes.exact_primitive += 1;
-            return Some(Backing::Primitive(p));
-        }
-        let cached = s
-            .blocks
-            .sblocks_of(n)
-            .filter(|&id| s.blocks.sblock_available(id))
-            .max_by_key(|&id| s.blocks.sblock(id).last_used);
-        if let Some(id) = cached {
-            s.blocks.set_sblock_active(id, true, clock);
-            s.outcomes.exact_stitched += 1;
-            return Some(Backing::Stitched(id));
-        }
-        // 2. Split the smallest larger pBlock.
-        if let Some((_, p)) = s.blocks.smallest_free_at_least(n + 1, min) {
-            s.blocks.split(p, n);
-            s.blocks.set_in_use(p, true);
-            s.outcomes.split += 1;
-            return Some(Backing::Primitive(p));
-        }
-        None
-    }
-
-    /// Outcomes 3 (stitch) and 4 (grow and stitch): driver calls.
-    fn stitch_or_grow(&self, s: &mut State, n: usize) -> LakeResult<Backing> {
-        let min = self.min_split_chunks();
-        let clock = s.clock;
-        let reserved = s.blocks.chunk_count();
-        let stitchable = n <= self.config.max_stitch_chunks;
-        // Free pBlocks that may take part in a stitch, largest first. None
-        // is larger than `n`: step 2 would have split it.
-        let mut parts: Vec<(usize, PId)> = if stitchable {
-            s.blocks
-                .free_pblocks()
-                .rev()
-                .filter(|&(len, _)| len >= min)
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let sum: usize = parts.iter().map(|&(len, _)| len).sum();
-        if stitchable && sum >= n {
-            // 3. Stitch: largest first until the rest fits in one block;
-            // that block is the smallest that does, split if larger.
-            let mut chosen = Vec::new();
-            let mut need = n;
-            while need > 0 {
-                let last = parts.iter().rposition(|&(len, _)| len >= need);
-                let (len, p) = match last {
-                    Some(i) => parts.remove(i),
-                    None => parts.remove(0),
-                };
-                if len > need {
-                    s.blocks.split(p, need);
-                }
-                chosen.push(p);
-                need -= len.min(need);
+        let free = s.tables.admitted_free(req);
+        if n <= self.config.max_stitch_chunks && free >= n {
+            if let Some(w) = self.patch(s, n, req)? {
+                s.outcomes.patch += 1;
+                return Ok(w);
             }
-            let id = s.blocks.stitch(&self.driver, &chosen, clock)?;
-            s.blocks.set_sblock_active(id, true, clock);
+            let w = self.stitch(s, n, req)?;
             s.outcomes.stitch += 1;
             self.sweep(s);
-            return Ok(Backing::Stitched(id));
+            return Ok(w);
         }
-        // 4. New chunks for the shortfall, stitched with what is free.
-        let fresh = n - sum;
-        if reserved + fresh > self.limit_chunks() {
+        self.grow(s, n, free, req)
+    }
+
+    /// Outcome 1: the best-fit window, taken; no driver call.
+    fn reuse(&self, s: &mut State, n: usize, req: &Requester<'_>) -> Option<Window> {
+        let w = s.tables.best_window(n, req)?;
+        s.tables.take(w);
+        if s.tables.view(w.view).stitched {
+            s.outcomes.reuse_stitched += 1;
+        } else {
+            s.outcomes.reuse_home += 1;
+        }
+        Some(w)
+    }
+
+    /// Outcome 2: the cached stitched view needing the fewest replaced
+    /// chunks (at most `n / 4`) to serve `n`, patched and taken; `None`
+    /// when there is none (or not enough free chunks to patch with).
+    fn patch(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Option<Window>> {
+        let best = s
+            .tables
+            .views()
+            .filter(|(_, v)| {
+                v.stitched
+                    && v.users == 0
+                    && v.slots.len() >= n
+                    && v.slots.len() <= n + n / super::tables::TIGHT + 1
+            })
+            .map(|(id, _)| (s.tables.bad_prefix_slots(id, n, req), id))
+            .min_by_key(|(bad, _)| bad.len());
+        let Some((bad, view)) = best.filter(|(bad, _)| bad.len() <= n / 4) else {
+            return Ok(None);
+        };
+        let with = s.tables.replacements(view, bad.len(), req);
+        if with.len() < bad.len() {
+            return Ok(None);
+        }
+        s.tables.patch(&self.driver, view, &bad, &with)?;
+        let w = Window {
+            view,
+            start: 0,
+            len: n,
+        };
+        s.tables.take(w);
+        s.tables.touch(view, s.clock);
+        Ok(Some(w))
+    }
+
+    /// Outcome 3: stitches `n` free chunks (there are enough) into a new
+    /// view and takes all of it.
+    fn stitch(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Window> {
+        let mut runs = s.tables.home_runs_longest_first(req);
+        let mut chosen: Vec<ChunkId> = Vec::with_capacity(n);
+        let mut need = n;
+        while need > 0 {
+            // The shortest run that completes the request, else the longest.
+            let i = runs
+                .iter()
+                .rposition(|&(len, _, _)| len >= need)
+                .unwrap_or(0);
+            let (len, view, start) = runs.remove(i);
+            let take = len.min(need);
+            chosen.extend(s.tables.chunks_in(Window {
+                view,
+                start,
+                len: take,
+            }));
+            need -= take;
+        }
+        let clock = s.clock;
+        let view = s.tables.stitch(&self.driver, &chosen, clock)?;
+        let w = Window {
+            view,
+            start: 0,
+            len: n,
+        };
+        s.tables.take(w);
+        Ok(w)
+    }
+
+    /// Outcome 4: makes the chunks `n` lacks beyond the `free` ones `req`
+    /// may reuse, then reuses or stitches.
+    fn grow(
+        &self,
+        s: &mut State,
+        n: usize,
+        free: usize,
+        req: &Requester<'_>,
+    ) -> LakeResult<Window> {
+        let tails = s.tables.home_tails();
+        let stitchable = n <= self.config.max_stitch_chunks;
+        let (placement, fresh) = if stitchable {
+            let fresh = n - free;
+            let longest_tail = tails
+                .iter()
+                .filter(|&&(_, _, room)| room >= fresh)
+                .max_by_key(|&&(_, run, _)| run);
+            let placement = match longest_tail {
+                Some(&(v, _, _)) => Placement::Tail(v, fresh),
+                None if s.tables.hole_count() >= fresh => Placement::Holes(fresh),
+                None => Placement::NewView {
+                    capacity: self.home_slots(fresh),
+                    count: fresh,
+                },
+            };
+            (placement, fresh)
+        } else {
+            // Never stitched: extend the home tail run that needs the
+            // fewest new chunks to reach `n`.
+            tails
+                .iter()
+                .filter(|&&(_, run, room)| room >= n - run)
+                .min_by_key(|&&(_, run, _)| n - run)
+                .map(|&(v, run, _)| (Placement::Tail(v, n - run), n - run))
+                .unwrap_or((
+                    Placement::NewView {
+                        capacity: self.home_slots(n),
+                        count: n,
+                    },
+                    n,
+                ))
+        };
+        if s.tables.chunk_count() + fresh > self.limit_chunks() {
             return Err(self.out_of_memory(s, n));
         }
-        let new = s.blocks.create_pblock(&self.driver, fresh)?;
-        if sum == 0 {
-            s.blocks.set_in_use(new, true);
-            s.outcomes.fresh += 1;
-            return Ok(Backing::Primitive(new));
+        let new = s.tables.grow(&self.driver, placement)?;
+        if let Some(w) = s.tables.best_window(n, req) {
+            s.tables.take(w);
+            s.outcomes.grow += 1;
+            return Ok(w);
         }
-        let mut chosen: Vec<PId> = parts.iter().map(|&(_, p)| p).collect();
-        chosen.push(new);
-        match s.blocks.stitch(&self.driver, &chosen, clock) {
-            Ok(id) => {
-                s.blocks.set_sblock_active(id, true, clock);
+        let patched = match self.patch(s, n, req) {
+            Ok(Some(w)) => Ok(w),
+            Ok(None) => self.stitch(s, n, req),
+            Err(e) => Err(e),
+        };
+        match patched {
+            Ok(w) => {
                 s.outcomes.grow_stitch += 1;
                 self.sweep(s);
-                Ok(Backing::Stitched(id))
+                Ok(w)
             }
             Err(e) => {
                 // Give the new chunks back: the request failed.
-                if let Err(undo) = s.blocks.release_pblock(&self.driver, new) {
-                    debug_assert!(false, "undoing a new pBlock failed: {undo}");
+                for c in new {
+                    if let Err(undo) = s.tables.release_chunk(&self.driver, c) {
+                        debug_assert!(false, "undoing new chunks failed: {undo}");
+                    }
                 }
-                Err(e.into())
+                Err(e)
             }
         }
     }
 
     fn out_of_memory(&self, s: &State, n: usize) -> LakeError {
         let g = self.granularity;
-        let largest = s
-            .blocks
-            .free_pblocks()
-            .next_back()
-            .map_or(0, |(len, _)| len);
-        let active: usize = s
-            .blocks
-            .pblocks()
-            .filter(|(_, p)| p.in_use)
-            .map(|(_, p)| p.chunks.len())
-            .sum();
+        let used = s.tables.chunk_count() - s.tables.free_chunks();
         LakeError::OutOfMemory {
             asked: g * n as u64,
-            reserved: g * s.blocks.chunk_count() as u64,
-            active: g * active as u64,
+            reserved: g * s.tables.chunk_count() as u64,
+            active: g * used as u64,
             limit: g * self.limit_chunks() as u64,
-            largest_free: g * largest as u64,
+            largest_free: g * s.tables.longest_run() as u64,
         }
     }
 
-    /// Releases the free pBlocks that could not serve `n` chunks (below the
-    /// split limit, or all of them when `n` is too large to stitch) and the
-    /// inactive sBlocks over them.
-    fn release_unhelpful(&self, s: &mut State, n: usize) -> LakeResult<()> {
-        let min = self.min_split_chunks();
-        let everything = n > self.config.max_stitch_chunks;
-        let victims: Vec<PId> = s
-            .blocks
-            .free_pblocks()
-            .filter(|&(len, _)| everything || len < min)
-            .map(|(_, p)| p)
-            .collect();
-        self.release_pblocks(s, &victims)
-    }
-
-    /// Drops the sBlocks over `victims` (all free) and releases them.
-    fn release_pblocks(&self, s: &mut State, victims: &[PId]) -> LakeResult<()> {
-        let victim_set: HashSet<PId> = victims.iter().copied().collect();
-        let over: Vec<SId> = s
-            .blocks
-            .sblocks()
-            .filter(|(_, sb)| {
-                s.blocks
-                    .pblocks_under(&sb.chunks)
-                    .iter()
-                    .any(|p| victim_set.contains(p))
-            })
-            .map(|(id, _)| id)
-            .collect();
-        for id in over {
-            let addr = s.blocks.sblock(id).addr;
-            s.blocks.drop_sblock(&self.driver, id)?;
-            s.freed.remove(&addr);
-        }
-        for &p in victims {
-            let addr = s.blocks.pblock(p).addr;
-            s.blocks.release_pblock(&self.driver, p)?;
-            s.freed.remove(&addr);
-        }
-        s.blocks.retry_orphans(&self.driver);
-        Ok(())
-    }
-
-    /// Unmaps the least recently used inactive sBlocks beyond the cache
-    /// limit. A failed unmap leaves the sBlock cached (tried again on the
-    /// next sweep).
+    /// Unmaps the least recently used unused stitched views beyond the
+    /// cache limit. A failed unmap leaves the view cached (tried again on
+    /// the next sweep).
     fn sweep(&self, s: &mut State) {
-        let mut inactive: Vec<(u64, SId)> = s
-            .blocks
-            .sblocks()
-            .filter(|(_, sb)| !sb.active)
-            .map(|(id, sb)| (sb.last_used, id))
+        let mut idle: Vec<(u64, ViewId)> = s
+            .tables
+            .views()
+            .filter(|(_, v)| v.stitched && v.users == 0)
+            .map(|(id, v)| (v.last_used, id))
             .collect();
-        if inactive.len() <= self.config.max_cached_stitched {
+        if idle.len() <= self.config.max_cached_stitched {
             return;
         }
-        inactive.sort_unstable();
-        let excess = inactive.len() - self.config.max_cached_stitched;
-        for &(_, id) in &inactive[..excess] {
-            let addr = s.blocks.sblock(id).addr;
-            if s.blocks.drop_sblock(&self.driver, id).is_ok() {
-                s.freed.remove(&addr);
+        idle.sort_unstable();
+        let excess = idle.len() - self.config.max_cached_stitched;
+        for &(_, id) in &idle[..excess] {
+            if let Ok(range) = s.tables.drop_stitched(&self.driver, id) {
+                forget(s, range);
             }
         }
     }
 
-    /// Frees a range from [`Lake::alloc`]: its blocks become inactive (no
-    /// driver call; an sBlock stays cached).
+    /// Frees a range from [`Lake::alloc`]: its chunks become free (no
+    /// driver call; a stitched view stays cached).
     pub fn free(&self, range: DeviceRange) -> LakeResult<()> {
         self.free_at(range, Site::default())
     }
 
     /// [`Lake::free`], recording `site` in the trace.
     pub fn free_at(&self, range: DeviceRange, site: Site) -> LakeResult<()> {
+        self.free_fenced(range, site, &Fence::none())
+    }
+
+    /// [`Lake::free_at`]: the chunks become free behind `fence` (only
+    /// requesters it admits may take them; see `fence.rs`).
+    pub fn free_fenced(&self, range: DeviceRange, site: Site, fence: &Fence) -> LakeResult<()> {
         let mut s = self.state();
         let Some(live) = s.live.get(&range.addr).copied() else {
             return Err(if s.freed.contains(&range.addr) {
@@ -447,10 +474,7 @@ impl<D: VmmDriver> Lake<D> {
         }
         s.clock += 1;
         let clock = s.clock;
-        match live.backing {
-            Backing::Primitive(p) => s.blocks.set_in_use(p, false),
-            Backing::Stitched(id) => s.blocks.set_sblock_active(id, false, clock),
-        }
+        s.tables.give(live.window, clock, fence);
         s.live.remove(&range.addr);
         s.freed.insert(range.addr);
         s.active_bytes -= live.len;
@@ -458,35 +482,45 @@ impl<D: VmmDriver> Lake<D> {
         if let Some(t) = s.trace.as_mut() {
             t.record(EventKind::Free, live.len, range.addr, site);
         }
-        if matches!(live.backing, Backing::Stitched(_)) {
+        if s.tables.view(live.window.view).stitched {
             self.sweep(&mut s);
         }
         Ok(())
     }
 
-    /// Returns every free chunk to the driver and drops every inactive
-    /// sBlock. Returns the physical bytes released.
+    /// Drops every unused stitched view and returns every unfenced free
+    /// chunk mapped nowhere else to the driver. Returns the physical bytes
+    /// released.
     pub fn trim(&self) -> LakeResult<u64> {
+        self.trim_settled(&Progress::new())
+    }
+
+    /// [`Lake::trim`], releasing also fenced chunks whose streams' work
+    /// `progress` says is complete (never memory a stream may still use).
+    pub fn trim_settled(&self, progress: &Progress) -> LakeResult<u64> {
         let mut s = self.state();
-        let before = s.blocks.chunk_count();
-        let inactive: Vec<SId> = s
-            .blocks
-            .sblocks()
-            .filter(|(_, sb)| !sb.active)
+        let before = s.tables.chunk_count();
+        let idle: Vec<ViewId> = s
+            .tables
+            .views()
+            .filter(|(_, v)| v.stitched && v.users == 0)
             .map(|(id, _)| id)
             .collect();
-        for id in inactive {
-            let addr = s.blocks.sblock(id).addr;
-            s.blocks.drop_sblock(&self.driver, id)?;
-            s.freed.remove(&addr);
+        for id in idle {
+            let range = s.tables.drop_stitched(&self.driver, id)?;
+            forget(&mut s, range);
         }
-        let victims: Vec<PId> = s.blocks.free_pblocks().map(|(_, p)| p).collect();
-        self.release_pblocks(&mut s, &victims)?;
-        Ok((before - s.blocks.chunk_count()) as u64 * self.granularity)
+        for c in s.tables.releasable(progress) {
+            if let Some(range) = s.tables.release_chunk(&self.driver, c)? {
+                forget(&mut s, range);
+            }
+        }
+        s.tables.retry_orphans(&self.driver);
+        Ok((before - s.tables.chunk_count()) as u64 * self.granularity)
     }
 
     /// The device address of each chunk behind `range`, at its home
-    /// (primitive) mapping, in the range's order.
+    /// mapping, in the range's order.
     pub fn chunk_homes(&self, range: DeviceRange) -> LakeResult<Vec<u64>> {
         let s = self.state();
         let live = s.live.get(&range.addr).ok_or(LakeError::NotOurs {
@@ -494,85 +528,102 @@ impl<D: VmmDriver> Lake<D> {
             len: range.len,
             why: "no live allocation starts there",
         })?;
-        let chunks = match live.backing {
-            Backing::Primitive(p) => s.blocks.pblock(p).chunks.clone(),
-            Backing::Stitched(id) => s.blocks.sblock(id).chunks.clone(),
-        };
-        Ok(chunks.iter().map(|c| s.blocks.chunk(*c).home).collect())
+        Ok(s.tables
+            .chunks_in(live.window)
+            .map(|c| s.tables.home_addr(c))
+            .collect())
     }
 
-    /// Whether `range` is served by a stitched block.
+    /// Whether `range` is served by a stitched view.
     pub fn is_stitched(&self, range: DeviceRange) -> bool {
-        matches!(
-            self.state().live.get(&range.addr),
-            Some(Live {
-                backing: Backing::Stitched(_),
-                ..
-            })
-        )
-    }
-
-    /// The largest free primitive block, in bytes (0 when none).
-    pub fn largest_free_bytes(&self) -> u64 {
         let s = self.state();
-        let chunks = s
-            .blocks
-            .free_pblocks()
-            .next_back()
-            .map_or(0, |(len, _)| len);
-        chunks as u64 * self.granularity
+        s.live
+            .get(&range.addr)
+            .is_some_and(|l| s.tables.view(l.window.view).stitched)
     }
 
-    /// A snapshot of the lake's counters.
+    /// Physical bytes held now (cheaper than [`Lake::stats`]).
+    pub fn reserved_bytes(&self) -> u64 {
+        self.state().tables.chunk_count() as u64 * self.granularity
+    }
+
+    /// A snapshot of the lake's counters; fenced free chunks count as
+    /// waiting (see [`Lake::stats_with`]).
     pub fn stats(&self) -> LakeStats {
+        self.stats_with(&Progress::new())
+    }
+
+    /// A snapshot of the lake's counters; free chunks whose fences
+    /// `progress` does not settle count as waiting.
+    pub fn stats_with(&self, progress: &Progress) -> LakeStats {
         let s = self.state();
+        let pending = s.tables.pending_free(progress) as u64;
         let g = self.granularity;
+        let mapped: u64 = s.live.values().map(|l| l.window.len as u64).sum::<u64>() * g;
+        let stitched = s.tables.views().filter(|(_, v)| v.stitched).count() as u64;
+        let stitched_chunks: u64 = s
+            .tables
+            .views()
+            .filter(|(_, v)| v.stitched)
+            .map(|(_, v)| v.slots.len() as u64)
+            .sum();
         LakeStats {
             active_bytes: s.active_bytes,
-            reserved_bytes: g * s.blocks.chunk_count() as u64,
+            reserved_bytes: g * s.tables.chunk_count() as u64,
             peak_active_bytes: s.peak_active,
             peak_reserved_bytes: s.peak_reserved,
             live_allocations: s.live.len() as u64,
-            primitive_blocks: s.blocks.pblocks().count() as u64,
-            stitched_blocks: s.blocks.sblocks().count() as u64,
+            home_views: s.tables.views().count() as u64 - stitched,
+            stitched_views: stitched,
+            stitched_chunks,
+            largest_free_bytes: g * s.tables.longest_run() as u64,
             outcomes: s.outcomes,
             frees: s.frees,
             driver: self.driver.counters(),
+            breakdown: LakeBreakdown {
+                active_bytes: s.active_bytes,
+                rounding_bytes: mapped - s.active_bytes,
+                free_bytes: g * (s.tables.free_chunks() as u64 - pending),
+                waiting_bytes: g * pending,
+            },
         }
     }
 
-    /// Checks every invariant of the tables and of live allocations (no
-    /// pBlock under two live allocations); the first broken one, in words.
+    /// Checks every invariant of the tables and of live allocations (every
+    /// chunk of a live window used, none under two, no used chunk outside
+    /// them, each view's user count); the first broken one, in words.
     pub fn check(&self) -> Result<(), String> {
         let s = self.state();
-        s.blocks.check()?;
-        let mut owner: HashMap<PId, u64> = HashMap::new();
+        s.tables.check()?;
+        let mut owner: HashMap<ChunkId, u64> = HashMap::new();
+        let mut users: HashMap<ViewId, usize> = HashMap::new();
         for (&addr, live) in &s.live {
-            let pblocks = match live.backing {
-                Backing::Primitive(p) => vec![p],
-                Backing::Stitched(id) => s
-                    .blocks
-                    .pblocks_under(&s.blocks.sblock(id).chunks)
-                    .into_iter()
-                    .collect(),
-            };
-            for p in pblocks {
-                if !s.blocks.pblock(p).in_use {
-                    return Err(format!("allocation {addr:#x} sits on free pBlock {p}"));
+            if s.tables.addr_of(live.window) != addr {
+                return Err(format!("allocation {addr:#x} is not at its window"));
+            }
+            *users.entry(live.window.view).or_default() += 1;
+            for c in s.tables.chunks_in(live.window) {
+                if !s.tables.chunk(c).used {
+                    return Err(format!("allocation {addr:#x} sits on free chunk {c}"));
                 }
-                if let Some(other) = owner.insert(p, addr) {
+                if let Some(other) = owner.insert(c, addr) {
                     return Err(format!(
-                        "pBlock {p} backs allocations {other:#x} and {addr:#x}"
+                        "chunk {c} backs allocations {other:#x} and {addr:#x}"
                     ));
                 }
             }
         }
-        let used = s.blocks.pblocks().filter(|(_, p)| p.in_use).count();
+        let used = s.tables.chunk_count() - s.tables.free_chunks();
         if used != owner.len() {
             return Err(format!(
-                "{used} pBlocks in use but {} under live allocations",
+                "{used} chunks used but {} under live allocations",
                 owner.len()
             ));
+        }
+        for (id, v) in s.tables.views() {
+            if v.users != users.get(&id).copied().unwrap_or(0) {
+                return Err(format!("view {id} counts {} users", v.users));
+            }
         }
         Ok(())
     }
@@ -588,27 +639,21 @@ impl<D: VmmDriver> Lake<D> {
     }
 }
 
+/// Forgets freed addresses inside a range given back to the driver.
+fn forget(s: &mut State, (base, size): (u64, u64)) {
+    let gone: Vec<u64> = s.freed.range(base..base + size).copied().collect();
+    for a in gone {
+        s.freed.remove(&a);
+    }
+}
+
 impl<D: VmmDriver> Drop for Lake<D> {
     fn drop(&mut self) {
         // Everything goes back to the driver, live allocations included:
         // their users must be done with them once the lake is gone. Errors
         // cannot be reported from here; the driver keeps what it refused.
         let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        let live: Vec<Live> = s.live.drain().map(|(_, l)| l).collect();
-        for l in live {
-            match l.backing {
-                Backing::Primitive(p) => s.blocks.set_in_use(p, false),
-                Backing::Stitched(id) => s.blocks.set_sblock_active(id, false, s.clock),
-            }
-        }
-        let sblocks: Vec<SId> = s.blocks.sblocks().map(|(id, _)| id).collect();
-        for id in sblocks {
-            let _ = s.blocks.drop_sblock(&self.driver, id);
-        }
-        let pblocks: Vec<PId> = s.blocks.pblocks().map(|(id, _)| id).collect();
-        for p in pblocks {
-            let _ = s.blocks.release_pblock(&self.driver, p);
-        }
-        s.blocks.retry_orphans(&self.driver);
+        s.live.clear();
+        s.tables.teardown(&self.driver);
     }
 }

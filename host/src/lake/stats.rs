@@ -4,58 +4,79 @@
 
 use super::driver::DriverCounters;
 
-/// How allocations were served: the four outcomes of best fit, with exact
-/// matches split by block kind.
+/// How allocations were served (see `pool.rs` for the rules).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Outcomes {
-    /// A free primitive block of exactly the size.
-    pub exact_primitive: u64,
-    /// A cached stitched block of exactly the size.
-    pub exact_stitched: u64,
-    /// A larger primitive block, split.
-    pub split: u64,
-    /// Several free primitive blocks, stitched (the last one split).
+    /// A window of free chunks at home: no driver call.
+    pub reuse_home: u64,
+    /// A window of a cached stitched view: no driver call.
+    pub reuse_stitched: u64,
+    /// A cached stitched view with a few chunks replaced in place.
+    pub patch: u64,
+    /// Free chunks stitched into a new view: no new physical memory.
     pub stitch: u64,
-    /// New chunks stitched with every free block that could take part.
+    /// New chunks at home that completed a window there.
+    pub grow: u64,
+    /// New chunks for the shortfall, stitched with the free ones.
     pub grow_stitch: u64,
-    /// New chunks alone (nothing free could help).
-    pub fresh: u64,
 }
 
 impl Outcomes {
     /// All allocations counted.
     pub fn total(&self) -> u64 {
-        self.exact_primitive
-            + self.exact_stitched
-            + self.split
+        self.reuse_home
+            + self.reuse_stitched
+            + self.patch
             + self.stitch
+            + self.grow
             + self.grow_stitch
-            + self.fresh
     }
 
-    /// Exact matches of either kind.
-    pub fn exact(&self) -> u64 {
-        self.exact_primitive + self.exact_stitched
+    /// Allocations served with no driver call.
+    pub fn reused(&self) -> u64 {
+        self.reuse_home + self.reuse_stitched
     }
 
-    /// Share of allocations that were exact matches (0 when none).
+    /// Share of allocations served with no driver call (0 when none).
     pub fn hit_rate(&self) -> f64 {
         match self.total() {
             0 => 0.0,
-            n => self.exact() as f64 / n as f64,
+            n => self.reused() as f64 / n as f64,
         }
     }
 
     /// The counts accumulated since `earlier`.
     pub fn since(&self, earlier: &Outcomes) -> Outcomes {
         Outcomes {
-            exact_primitive: self.exact_primitive - earlier.exact_primitive,
-            exact_stitched: self.exact_stitched - earlier.exact_stitched,
-            split: self.split - earlier.split,
+            reuse_home: self.reuse_home - earlier.reuse_home,
+            reuse_stitched: self.reuse_stitched - earlier.reuse_stitched,
+            patch: self.patch - earlier.patch,
             stitch: self.stitch - earlier.stitch,
+            grow: self.grow - earlier.grow,
             grow_stitch: self.grow_stitch - earlier.grow_stitch,
-            fresh: self.fresh - earlier.fresh,
         }
+    }
+}
+
+/// Where a lake's physical bytes are, at one moment. The parts sum to the
+/// reserved bytes ([`LakeBreakdown::total`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LakeBreakdown {
+    /// Bytes of live allocations, as requested.
+    pub active_bytes: u64,
+    /// Bytes between each live allocation's size and its whole chunks.
+    pub rounding_bytes: u64,
+    /// Bytes of free chunks any stream may reuse.
+    pub free_bytes: u64,
+    /// Bytes of free chunks some stream may not reuse yet (their fences
+    /// wait on events; see `fence.rs`).
+    pub waiting_bytes: u64,
+}
+
+impl LakeBreakdown {
+    /// The sum of the parts: the reserved bytes.
+    pub fn total(&self) -> u64 {
+        self.active_bytes + self.rounding_bytes + self.free_bytes + self.waiting_bytes
     }
 }
 
@@ -72,16 +93,23 @@ pub struct LakeStats {
     pub peak_reserved_bytes: u64,
     /// Live allocations.
     pub live_allocations: u64,
-    /// Primitive blocks.
-    pub primitive_blocks: u64,
-    /// Stitched blocks (active and cached).
-    pub stitched_blocks: u64,
+    /// Home views (reservations where chunks are made).
+    pub home_views: u64,
+    /// Stitched views (in use and cached).
+    pub stitched_views: u64,
+    /// Chunk mappings of the stitched views (their address space, in
+    /// chunks; unmapping costs per chunk).
+    pub stitched_chunks: u64,
+    /// Longest run of free chunks in any view, in bytes.
+    pub largest_free_bytes: u64,
     /// How allocations were served.
     pub outcomes: Outcomes,
     /// Frees done.
     pub frees: u64,
     /// Driver calls made and time spent in them.
     pub driver: DriverCounters,
+    /// Where the reserved bytes are now.
+    pub breakdown: LakeBreakdown,
 }
 
 impl LakeStats {

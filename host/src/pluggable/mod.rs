@@ -20,7 +20,7 @@
 //!
 //! Files: `block` (blocks, their origins and homes), `event` (the boundary
 //! and its model), `cuda_event` (its CUDA side), `split` (the small-request
-//! cache), `pending` (blocks waiting for events), `private` (graph pools
+//! cache, whose free pieces carry fences), `private` (graph pools
 //! and windows), `pool` (the thread-safe [`StreamPool`] over all of them),
 //! `stats`, `error`, `registry` (one pool per device).
 
@@ -28,10 +28,10 @@ pub mod block;
 pub mod cuda_event;
 pub mod error;
 pub mod event;
-pub mod pending;
 pub mod pool;
 pub mod private;
 pub mod registry;
+pub mod replay;
 pub mod split;
 pub mod stats;
 
@@ -39,7 +39,7 @@ pub use block::PoolId;
 pub use cuda_event::CudaEvents;
 pub use error::{EventFailure, PoolError, PoolResult};
 pub use event::{EventId, EventSource, ModelEvents, StreamId};
-pub use pool::{PoolEntry, Restored, StreamPool};
+pub use pool::{MAX_EVENTS_PER_STREAM, PoolEntry, Restored, StreamPool};
 pub use registry::Registry;
 pub use split::{Piece, SplitCache};
-pub use stats::PoolStats;
+pub use stats::{PoolBreakdown, PoolStats};

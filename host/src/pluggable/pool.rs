@@ -7,16 +7,22 @@
 //!   (exact match, split, stitch, grow). A request for a private pool
 //!   ([`StreamPool::alloc_in`]) is served from that pool's store for the
 //!   asking stream, else from the lake, and its block stays the pool's;
-//! - **one stream**: while every request has come on one stream S, a block
-//!   S frees is free at once, with no event (S's later work is ordered
-//!   after the free); when a second stream appears the pool waits for the
-//!   device once and applies the stream rule from then on;
-//! - **stream rule** ([`Pending`]): `free(addr, S)` of a general block
-//!   records an event on S and on every stream added with
-//!   [`StreamPool::record_stream`]; S alone may take the block back at once
-//!   (when it is the only user); it returns to the split cache or the lake
-//!   for every stream once all its events have completed. A private block
-//!   with no extra stream returns to its store at once;
+//! - **stream rule** (fences, `lake/fence.rs`): `free(addr, S)` records an
+//!   event on S and on every stream added with
+//!   [`StreamPool::record_stream`], numbers the free on each (per-stream
+//!   sequence) and gives the block back to the split cache or the lake at
+//!   once behind a fence of those numbers: S may reuse it at once for any
+//!   request if S is its only user (its later work is ordered after the
+//!   free), any other stream once the events are seen complete. Events of
+//!   one stream complete in order, so each `alloc` polls every stream's
+//!   oldest events until one is not complete; at most
+//!   [`MAX_EVENTS_PER_STREAM`] events per stream are kept (beyond, the
+//!   oldest is dropped: its frees then wait for a later event, which is
+//!   safe). A private block returns to its store (its pool and stream) the
+//!   same way, fenced only by the streams added with `record_stream`;
+//! - **split chunks**: a general split-cache chunk whose pieces are all
+//!   free goes back to the lake at once (one spare kept), where it serves
+//!   any size;
 //! - **no event work while a window is open** ([`PrivatePools`]): while
 //!   any allocation window is open (a graph may be being captured), frees
 //!   that would need events are *parked* and nothing is polled; when the
@@ -37,17 +43,19 @@
 //! call takes it once. Lake and event calls are made while holding it, so
 //! the lock order is always pool, then lake, then driver.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 use super::block::{Block, Home, Origin, PoolId};
 use super::error::{PoolError, PoolResult};
 use super::event::{EventId, EventSource, StreamId};
-use super::pending::Pending;
 use super::private::PrivatePools;
-use super::split::{PIECE_ALIGN, SplitCache};
-use super::stats::PoolStats;
-use crate::lake::{DeviceRange, Lake, LakeError, VmmDriver};
+use super::split::SplitCache;
+use super::stats::{PoolBreakdown, PoolStats};
+use crate::lake::{DeviceRange, Fence, Lake, LakeError, Progress, Requester, Site, VmmDriver};
+
+/// Most events kept per stream (see the stream rule).
+pub const MAX_EVENTS_PER_STREAM: usize = 64;
 
 /// A live allocation of a private pool, as a checkpoint keeps it
 /// (`torch.compile`'s CUDA graph trees restore a pool to a checkpoint when
@@ -112,24 +120,16 @@ struct Counters {
 struct State {
     split: SplitCache,
     live: HashMap<u64, Live>,
-    pending: Pending,
+    /// Per stream, the events recorded at its frees with the frees'
+    /// numbers, oldest first.
+    events: HashMap<StreamId, VecDeque<(u64, EventId)>>,
+    /// Per stream, the number of its last free.
+    frees: HashMap<StreamId, u64>,
+    /// Per stream, the last free number whose event was seen complete.
+    progress: Progress,
     parked: Vec<Parked>,
     private: PrivatePools,
-    streams: Streams,
     counters: Counters,
-}
-
-/// Which streams have used the pool: while only one has, a block freed on
-/// it is free for the next request at once, with no event (every later
-/// request comes on the same stream and is ordered after the free).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Streams {
-    /// No request yet.
-    None,
-    /// Every request and every `record_stream` so far named this stream.
-    Single(StreamId),
-    /// Several streams: the event rule applies.
-    Several,
 }
 
 /// The allocator of one device: lake, split cache, stream rule and
@@ -150,10 +150,11 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             state: Mutex::new(State {
                 split: SplitCache::new(chunk),
                 live: HashMap::new(),
-                pending: Pending::default(),
+                events: HashMap::new(),
+                frees: HashMap::new(),
+                progress: Progress::new(),
                 parked: Vec::new(),
                 private: PrivatePools::new(chunk),
-                streams: Streams::None,
                 counters: Counters::default(),
             }),
         }
@@ -190,7 +191,6 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             return Ok(0);
         }
         let mut s = self.state();
-        self.note_stream(&mut s, stream)?;
         if !s.private.any_window() {
             self.settle(&mut s)?;
         }
@@ -243,15 +243,10 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         };
         self.uncount(&mut s, &live);
         match live.home {
-            Home::Private(id, home_stream) if live.uses.is_empty() => {
-                s.private.give_back(id, home_stream, live.block);
-                if !s.private.any_window() && !s.private.is_held(id) {
-                    self.drain_released(&mut s)?;
-                }
-                Ok(())
-            }
-            Home::General if live.uses.is_empty() && s.streams == Streams::Single(stream) => {
-                self.go_home(&mut s, live.block, Home::General)
+            Home::Private(..) if live.uses.is_empty() => {
+                // Its own stream's later work is ordered after the free,
+                // and only that stream reuses the store: no event needed.
+                self.go_home(&mut s, live.block, live.home, &Fence::none())
             }
             _ if s.private.any_window() => {
                 s.parked.push(Parked {
@@ -282,35 +277,10 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// submitted before the free has completed (`Tensor.record_stream`).
     pub fn record_stream(&self, addr: u64, stream: StreamId) -> PoolResult<()> {
         let mut s = self.state();
-        if !s.live.contains_key(&addr) {
-            return Err(PoolError::NotOurs { addr });
-        }
-        self.note_stream(&mut s, stream)?;
-        let live = s.live.get_mut(&addr).expect("checked above");
+        let live = s.live.get_mut(&addr).ok_or(PoolError::NotOurs { addr })?;
         if !live.uses.contains(&stream) {
             live.uses.push(stream);
         }
-        Ok(())
-    }
-
-    /// Counts `stream` among the pool's streams. When a second stream
-    /// appears, memory freed without events by the first may still be in
-    /// use by its queued work: the pool waits for the device once, then
-    /// keeps the event rule for good. Inside an allocation window it does
-    /// not wait (a capture may be under way); PyTorch synchronises the
-    /// device before it begins a capture.
-    fn note_stream(&self, s: &mut State, stream: StreamId) -> PoolResult<()> {
-        s.streams = match s.streams {
-            Streams::None => Streams::Single(stream),
-            Streams::Single(only) if only == stream => return Ok(()),
-            Streams::Single(_) => {
-                if !s.private.any_window() {
-                    self.events.synchronize_all()?;
-                }
-                Streams::Several
-            }
-            Streams::Several => return Ok(()),
-        };
         Ok(())
     }
 
@@ -360,7 +330,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             let live = s.live.remove(&addr).expect("listed above");
             self.uncount(&mut s, &live);
             if let Home::Private(id, stream) = live.home {
-                s.private.give_back(id, stream, live.block);
+                let st = &mut *s;
+                st.private
+                    .give_back(id, stream, live.block, &Fence::none(), &st.progress);
             }
             out.freed.push(addr);
         }
@@ -468,7 +440,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     pub fn empty_cache(&self) -> PoolResult<u64> {
         let mut s = self.state();
         self.reclaim(&mut s)?;
-        self.lake.trim().map_err(PoolError::Lake)
+        self.lake.trim_settled(&s.progress).map_err(PoolError::Lake)
     }
 
     /// Limits the physical memory the pool may hold (PyTorch's
@@ -479,7 +451,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
 
     /// Sets the peaks to the current values.
     pub fn reset_peaks(&self) {
-        let reserved = self.lake.stats().reserved_bytes;
+        let reserved = self.lake.reserved_bytes();
         let mut s = self.state();
         let c = &mut s.counters;
         c.peak_active = c.active;
@@ -487,12 +459,32 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         c.peak_reserved = reserved;
     }
 
-    /// A snapshot of the pool's counters.
+    /// A snapshot of the pool's counters, with where the reserved bytes
+    /// are.
     pub fn stats(&self) -> PoolStats {
         let s = self.state();
-        let lake = self.lake.stats();
+        let lake = self.lake.stats_with(&s.progress);
         let c = s.counters;
+        let split_waiting = s.split.pending_bytes(&s.progress);
         let parked: u64 = s.parked.iter().map(|p| p.live.block.capacity).sum();
+        let waiting = parked + split_waiting + lake.breakdown.waiting_bytes;
+        let (mut small_rounding, mut large_rounding) = (0, 0);
+        for l in s.live.values() {
+            match l.block.origin {
+                Origin::Small => small_rounding += l.block.capacity - l.size,
+                Origin::Large(_) => large_rounding += l.block.capacity - l.size,
+            }
+        }
+        let private_free = s.private.free_bytes();
+        let breakdown = PoolBreakdown {
+            active_bytes: c.active,
+            small_rounding_bytes: small_rounding,
+            large_rounding_bytes: large_rounding,
+            split_free_bytes: s.split.free_bytes() - split_waiting,
+            private_free_bytes: private_free,
+            waiting_bytes: waiting,
+            lake_free_bytes: lake.breakdown.free_bytes,
+        };
         PoolStats {
             active_bytes: c.active,
             allocated_bytes: c.allocated,
@@ -500,12 +492,12 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             peak_active_bytes: c.peak_active,
             peak_allocated_bytes: c.peak_allocated,
             peak_reserved_bytes: c.peak_reserved.max(lake.reserved_bytes),
-            waiting_bytes: s.pending.bytes() + parked,
+            waiting_bytes: waiting,
             split_chunks: (s.split.chunk_count() + s.private.split_chunks()) as u64,
             split_free_bytes: s.split.free_bytes(),
-            private_free_bytes: s.private.free_bytes(),
+            private_free_bytes: private_free,
             private_pools: s.private.count() as u64,
-            largest_free_bytes: self.largest_free(&s),
+            largest_free_bytes: lake.largest_free_bytes.max(s.split.largest_free()),
             limit_bytes: self.lake.limit_bytes(),
             live_allocations: s.live.len() as u64,
             allocs: c.allocs,
@@ -514,6 +506,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             ooms: c.ooms,
             driver_calls: lake.driver.total().calls,
             event_calls: self.events.calls(),
+            breakdown,
         }
     }
 
@@ -525,10 +518,6 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         s.private.check()?;
         drop(s);
         self.lake.check()
-    }
-
-    fn largest_free(&self, s: &State) -> u64 {
-        self.lake.largest_free_bytes().max(s.split.largest_free())
     }
 
     /// The capacity a request of `size` bytes needs from a block.
@@ -548,37 +537,36 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         }
     }
 
-    /// Serves a general request: the stream's own waiting block, else the
-    /// split cache or the lake (growing them), with the out-of-memory
-    /// retry.
+    /// Serves a general request from the split cache or the lake (growing
+    /// them), with the out-of-memory retry.
     fn alloc_general(&self, s: &mut State, size: u64, stream: StreamId) -> PoolResult<Block> {
-        let capacity = self.capacity_for(s, size);
-        let small = s.split.is_small(size);
-        if let Some(b) = s.pending.take_own(stream, capacity, small, &self.events) {
-            return Ok(b);
+        if !s.split.is_small(size) {
+            let range = self.lake_alloc(s, size, size, stream)?;
+            return Ok(self.large_block(range));
         }
-        if small {
-            if let Some(piece) = s.split.take(size) {
-                return Ok(Block {
-                    addr: piece.addr,
-                    capacity: piece.len,
-                    origin: Origin::Small,
-                });
+        let req = Requester {
+            stream: stream.0,
+            progress: &s.progress,
+        };
+        let piece = match s.split.take(size, &req) {
+            Some(p) => p,
+            None => {
+                let chunk = self.lake_alloc(s, self.lake.granularity(), size, stream)?;
+                s.split.add_chunk(chunk);
+                let req = Requester {
+                    stream: stream.0,
+                    progress: &s.progress,
+                };
+                s.split
+                    .take(size, &req)
+                    .expect("a fresh chunk holds any small piece")
             }
-            let chunk = self.lake_alloc(s, self.lake.granularity(), size)?;
-            s.split.add_chunk(chunk);
-            let piece = s
-                .split
-                .take(size)
-                .expect("a fresh chunk holds any small piece");
-            return Ok(Block {
-                addr: piece.addr,
-                capacity: piece.len,
-                origin: Origin::Small,
-            });
-        }
-        let range = self.lake_alloc(s, size, size)?;
-        Ok(self.large_block(range))
+        };
+        Ok(Block {
+            addr: piece.addr,
+            capacity: piece.len,
+            origin: Origin::Small,
+        })
     }
 
     /// Serves a request of private pool `pool` on `stream`.
@@ -596,41 +584,59 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             )));
         }
         let capacity = self.capacity_for(s, size);
-        if let Some(b) = s.private.take(pool, stream, size, capacity) {
+        if let Some(b) = s.private.take(pool, stream, size, capacity, &s.progress) {
             return Ok(b);
         }
         if s.split.is_small(size) {
-            let chunk = self.lake_alloc(s, self.lake.granularity(), size)?;
+            let chunk = self.lake_alloc(s, self.lake.granularity(), size, stream)?;
             s.private.add_chunk(pool, stream, chunk);
             return Ok(s
                 .private
-                .take(pool, stream, size, capacity)
+                .take(pool, stream, size, capacity, &s.progress)
                 .expect("a fresh chunk holds any small piece"));
         }
-        let range = self.lake_alloc(s, size, size)?;
+        let range = self.lake_alloc(s, size, size, stream)?;
         s.private.count_live(pool);
         Ok(self.large_block(range))
     }
 
-    /// `bytes` from the lake for a request of `asked` bytes; on a lack of
-    /// memory, reclaims everything cached and tries once more.
-    fn lake_alloc(&self, s: &mut State, bytes: u64, asked: u64) -> PoolResult<DeviceRange> {
-        let mut out = self.lake.alloc(bytes);
+    /// `bytes` from the lake for `stream`'s request of `asked` bytes; on a
+    /// lack of memory, reclaims everything cached and tries again.
+    fn lake_alloc(
+        &self,
+        s: &mut State,
+        bytes: u64,
+        asked: u64,
+        stream: StreamId,
+    ) -> PoolResult<DeviceRange> {
+        let site = Site {
+            stream: stream.0 as u32,
+            phase: 0,
+        };
+        let try_once = |s: &State| {
+            let req = Requester {
+                stream: stream.0,
+                progress: &s.progress,
+            };
+            self.lake.alloc_for(bytes, site, &req)
+        };
+        let mut out = try_once(s);
         if matches!(&out, Err(e) if e.is_out_of_memory()) {
-            // First what nobody uses any more (waiting blocks, empty split
+            // First what nobody uses any more (waiting memory, empty split
             // chunks, released graphs): the lake stitches it.
             s.counters.retries += 1;
             self.reclaim(s)?;
-            out = self.lake.alloc(bytes);
+            out = try_once(s);
             if matches!(&out, Err(e) if e.is_out_of_memory()) {
-                // Then everything the lake holds free, so that the driver
-                // can make new chunks in its place (blocks the lake may not
-                // stitch, or a device that other processes fill).
-                self.lake.trim().map_err(PoolError::Lake)?;
-                out = self.lake.alloc(bytes);
+                // Then every free chunk, so that the driver can make new
+                // ones in their place (a device that other processes fill).
+                self.lake
+                    .trim_settled(&s.progress)
+                    .map_err(PoolError::Lake)?;
+                out = try_once(s);
             }
         }
-        let reserved = self.lake.stats().reserved_bytes;
+        let reserved = self.lake.reserved_bytes();
         s.counters.peak_reserved = s.counters.peak_reserved.max(reserved);
         match out {
             Ok(range) => Ok(range),
@@ -643,71 +649,93 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     }
 
     fn out_of_memory(&self, s: &State, asked: u64, cause: &LakeError) -> PoolError {
+        let lake = self.lake.stats_with(&s.progress);
         let parked: u64 = s.parked.iter().map(|p| p.live.block.capacity).sum();
         PoolError::OutOfMemory {
             asked,
-            reserved: self.lake.stats().reserved_bytes,
+            reserved: lake.reserved_bytes,
             active: s.counters.active,
             limit: self.lake.limit_bytes(),
-            largest_free: self.largest_free(s),
-            waiting: s.pending.bytes() + parked,
+            largest_free: lake.largest_free_bytes.max(s.split.largest_free()),
+            waiting: lake.breakdown.waiting_bytes + s.split.pending_bytes(&s.progress) + parked,
             cause: cause.to_string(),
         }
     }
 
-    /// Frees the memory nobody uses any more: with no window open, waits
-    /// for the device and takes back every waiting and parked block; then
-    /// returns wholly free split chunks and released graphs' memory to the
-    /// lake.
+    /// Frees the memory nobody uses any more: with no window open, records
+    /// the parked frees, waits for the device and takes every event as
+    /// complete, and gives released graphs' memory back; then returns
+    /// wholly free split chunks to the lake.
     fn reclaim(&self, s: &mut State) -> PoolResult<()> {
         if !s.private.any_window() {
             self.flush_parked(s)?;
-            if !s.pending.is_empty() {
+            if !s.events.is_empty() {
                 self.events.synchronize_all()?;
             }
             self.poll(s)?;
             self.drain_released(s)?;
         }
-        for range in s.split.take_empty_chunks() {
-            self.lake.free(range).map_err(PoolError::Lake)?;
-        }
-        Ok(())
+        self.release_empty_chunks(s, 0)
     }
 
     /// The work done whenever no window is open: parked blocks get their
-    /// events, completed blocks return, released graphs give memory back.
+    /// events, completed events settle fences, released graphs give memory
+    /// back.
     fn settle(&self, s: &mut State) -> PoolResult<()> {
         self.flush_parked(s)?;
         self.poll(s)?;
         self.drain_released(s)
     }
 
-    /// Records the events of a freed block (on the freeing stream and every
-    /// stream that used it) and puts it on the waiting list. If an event
-    /// cannot be recorded, the events recorded so far are given back and
-    /// the block is handed back with the error.
+    /// Numbers a free on `stream`, records its event and returns the fence
+    /// it puts the freed memory behind.
+    fn fence_free(&self, s: &mut State, stream: StreamId) -> PoolResult<Fence> {
+        let event = self.events.record(stream)?;
+        let seq = s.frees.entry(stream).or_default();
+        *seq += 1;
+        let seq = *seq;
+        let list = s.events.entry(stream).or_default();
+        list.push_back((seq, event));
+        if list.len() > MAX_EVENTS_PER_STREAM {
+            self.poll_stream(s, stream)?;
+            if let Some(list) = s.events.get_mut(&stream)
+                && list.len() > MAX_EVENTS_PER_STREAM
+                && let Some((_, oldest)) = list.pop_front()
+            {
+                // Its frees wait for a later event of the stream instead.
+                self.events.destroy(oldest);
+            }
+        }
+        Ok(Fence::single(stream.0, seq))
+    }
+
+    /// Fences the free of `live` on `freed_on` (and on every stream that
+    /// used it) and gives its memory back. If an event cannot be recorded
+    /// the block is handed back with the error (events recorded so far
+    /// only delay their streams' later reuse, which is safe).
     fn wait_for_events(
         &self,
         s: &mut State,
         live: Live,
         freed_on: StreamId,
     ) -> Result<(), Box<(PoolError, Live)>> {
+        let mut fence = Fence::none();
+        let home_stream = match live.home {
+            // A private store is its stream's own: only the other users
+            // need events.
+            Home::Private(_, stream) => Some(stream),
+            Home::General => None,
+        };
         let mut streams = vec![freed_on];
         streams.extend(live.uses.iter().copied().filter(|&u| u != freed_on));
-        let mut events: Vec<(StreamId, EventId)> = Vec::with_capacity(streams.len());
-        for &stream in &streams {
-            match self.events.record(stream) {
-                Ok(e) => events.push((stream, e)),
-                Err(e) => {
-                    for (_, done) in events {
-                        self.events.destroy(done);
-                    }
-                    return Err(Box::new((e.into(), live)));
-                }
+        for stream in streams.into_iter().filter(|&u| Some(u) != home_stream) {
+            match self.fence_free(s, stream) {
+                Ok(f) => fence.join(&f),
+                Err(e) => return Err(Box::new((e, live))),
             }
         }
-        s.pending.insert(live.block, live.home, freed_on, events);
-        Ok(())
+        self.go_home(s, live.block, live.home, &fence)
+            .map_err(|e| Box::new((e, live)))
     }
 
     /// Records the events of blocks freed while a window was open. A block
@@ -723,28 +751,69 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         Ok(())
     }
 
-    /// Returns blocks whose events completed to where they belong.
+    /// Polls every stream's oldest events, recording what completed.
     fn poll(&self, s: &mut State) -> PoolResult<()> {
-        for (block, home) in s.pending.poll(&self.events)? {
-            self.go_home(s, block, home)?;
+        let streams: Vec<StreamId> = s.events.keys().copied().collect();
+        for stream in streams {
+            self.poll_stream(s, stream)?;
         }
         Ok(())
     }
 
-    /// Gives a block nobody uses back to its home.
-    fn go_home(&self, s: &mut State, block: Block, home: Home) -> PoolResult<()> {
+    /// Pops the completed oldest events of `stream` into the progress;
+    /// free split pieces kept apart by now settled fences merge.
+    fn poll_stream(&self, s: &mut State, stream: StreamId) -> PoolResult<()> {
+        let mut advanced = false;
+        while let Some(&(seq, event)) = s.events.get(&stream).and_then(|l| l.front()) {
+            if !self.events.is_complete(event)? {
+                break;
+            }
+            s.events.get_mut(&stream).map(VecDeque::pop_front);
+            self.events.destroy(event);
+            s.progress.advance(stream.0, seq);
+            advanced = true;
+        }
+        if advanced {
+            s.split.settle(&s.progress);
+            s.private.settle(&s.progress);
+        }
+        if s.events.get(&stream).is_some_and(VecDeque::is_empty) {
+            s.events.remove(&stream);
+        }
+        Ok(())
+    }
+
+    /// Gives a block back to its home behind `fence`; a general split
+    /// chunk left wholly free goes on to the lake.
+    fn go_home(&self, s: &mut State, block: Block, home: Home, fence: &Fence) -> PoolResult<()> {
         match (home, block.origin) {
             (Home::Private(id, stream), _) => {
-                s.private.give_back(id, stream, block);
+                s.private.give_back(id, stream, block, fence, &s.progress);
+                if !s.private.any_window() && !s.private.is_held(id) {
+                    self.drain_released(s)?;
+                }
                 Ok(())
             }
             (Home::General, Origin::Small) => {
-                let freed = s.split.give_back(block.addr);
+                let freed = s.split.give_back(block.addr, fence, &s.progress);
                 debug_assert!(freed.is_some(), "piece {:#x} was in use", block.addr);
-                Ok(())
+                self.release_empty_chunks(s, SplitCache::SPARE_EMPTY)
             }
-            (Home::General, Origin::Large(range)) => self.lake.free(range).map_err(PoolError::Lake),
+            (Home::General, Origin::Large(range)) => self
+                .lake
+                .free_fenced(range, Site::default(), fence)
+                .map_err(PoolError::Lake),
         }
+    }
+
+    /// Gives wholly free general split chunks beyond `keep` to the lake.
+    fn release_empty_chunks(&self, s: &mut State, keep: usize) -> PoolResult<()> {
+        for (range, fence) in s.split.take_empty_chunks(keep) {
+            self.lake
+                .free_fenced(range, Site::default(), &fence)
+                .map_err(PoolError::Lake)?;
+        }
+        Ok(())
     }
 
     /// Returns the free memory of private pools without users to the lake,
@@ -755,7 +824,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             self.events.synchronize_all()?;
         }
         for range in s.private.drain_freeable() {
-            self.lake.free(range).map_err(PoolError::Lake)?;
+            self.lake
+                .free_fenced(range, Site::default(), &Fence::none())
+                .map_err(PoolError::Lake)?;
         }
         Ok(())
     }
@@ -779,8 +850,8 @@ impl<D: VmmDriver, E: EventSource> Drop for StreamPool<D, E> {
         // The lake gives all memory back when it drops; the events go back
         // to their source here.
         let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        s.pending.clear(&self.events);
+        for (_, event) in s.events.drain().flat_map(|(_, l)| l) {
+            self.events.destroy(event);
+        }
     }
 }
-
-const _: () = assert!(PIECE_ALIGN.is_power_of_two());

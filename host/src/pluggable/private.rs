@@ -24,15 +24,16 @@ use std::collections::HashMap;
 use super::block::{Block, Origin, PoolId};
 use super::event::StreamId;
 use super::split::SplitCache;
-use crate::lake::DeviceRange;
+use crate::lake::{DeviceRange, Fence, Progress, Requester};
 
 /// Free memory of one private pool on one stream.
 #[derive(Debug)]
 struct Store {
     /// Chunks carved into pieces for small requests.
     split: SplitCache,
-    /// Free large blocks.
-    large: Vec<Block>,
+    /// Free large blocks, each behind the fence of the streams other than
+    /// the store's own that used it.
+    large: Vec<(Block, Fence)>,
 }
 
 /// One private pool.
@@ -141,12 +142,17 @@ impl PrivatePools {
         stream: StreamId,
         size: u64,
         capacity: u64,
+        progress: &Progress,
     ) -> Option<Block> {
         let chunk_bytes = self.chunk_bytes;
         let pool = self.pools.get_mut(&id)?;
         let store = pool.stores.get_mut(&stream)?;
+        let req = Requester {
+            stream: stream.0,
+            progress,
+        };
         let block = if size < chunk_bytes {
-            let piece = store.split.take(size)?;
+            let piece = store.split.take(size, &req)?;
             Block {
                 addr: piece.addr,
                 capacity: piece.len,
@@ -157,11 +163,13 @@ impl PrivatePools {
                 .large
                 .iter()
                 .enumerate()
-                .filter(|(_, b)| {
-                    b.capacity >= capacity && b.capacity <= capacity * MAX_LARGE_WASTE_FACTOR
+                .filter(|(_, (b, fence))| {
+                    b.capacity >= capacity
+                        && b.capacity <= capacity * MAX_LARGE_WASTE_FACTOR
+                        && fence.admits(&req)
                 })
-                .min_by_key(|(_, b)| b.capacity)?;
-            store.large.swap_remove(i)
+                .min_by_key(|(_, (b, _))| b.capacity)?;
+            store.large.swap_remove(i).0
         };
         pool.live += 1;
         Some(block)
@@ -192,8 +200,8 @@ impl PrivatePools {
             let i = store
                 .large
                 .iter()
-                .position(|b| b.addr == addr && b.capacity >= capacity)?;
-            store.large.swap_remove(i)
+                .position(|(b, _)| b.addr == addr && b.capacity >= capacity)?;
+            store.large.swap_remove(i).0
         };
         pool.live += 1;
         Some(block)
@@ -224,16 +232,24 @@ impl PrivatePools {
         self.pool_mut(id).live += 1;
     }
 
-    /// Returns a block freed from pool `id` to its store for `stream`.
-    pub fn give_back(&mut self, id: PoolId, stream: StreamId, block: Block) {
+    /// Returns a block freed from pool `id` to its store for `stream`,
+    /// behind `fence` (the other streams that used it).
+    pub fn give_back(
+        &mut self,
+        id: PoolId,
+        stream: StreamId,
+        block: Block,
+        fence: &Fence,
+        progress: &Progress,
+    ) {
         let chunk_bytes = self.chunk_bytes;
         let store = self.store_mut(id, stream, chunk_bytes);
         match block.origin {
             Origin::Small => {
-                let piece = store.split.give_back(block.addr);
+                let piece = store.split.give_back(block.addr, fence, progress);
                 debug_assert!(piece.is_some(), "piece {:#x} was in use", block.addr);
             }
-            Origin::Large(_) => store.large.push(block),
+            Origin::Large(_) => store.large.push((block, fence.clone())),
         }
         let pool = self.pools.get_mut(&id).expect("the store's pool exists");
         pool.live -= 1;
@@ -253,11 +269,13 @@ impl PrivatePools {
         let mut out = Vec::new();
         for pool in self.pools.values_mut().filter(|p| p.use_count == 0) {
             for store in pool.stores.values_mut() {
-                out.extend(store.large.drain(..).filter_map(|b| match b.origin {
+                out.extend(store.large.drain(..).filter_map(|(b, _)| match b.origin {
                     Origin::Large(range) => Some(range),
                     Origin::Small => None,
                 }));
-                out.extend(store.split.take_empty_chunks());
+                // Fences no longer matter: the caller waits for the device.
+                let chunks = store.split.take_empty_chunks(0);
+                out.extend(chunks.into_iter().map(|(range, _)| range));
             }
             pool.stores.retain(|_, s| s.split.chunk_count() > 0);
         }
@@ -269,8 +287,17 @@ impl PrivatePools {
     /// Free bytes held by private pools (pieces and large blocks).
     pub fn free_bytes(&self) -> u64 {
         self.stores()
-            .map(|s| s.split.free_bytes() + s.large.iter().map(|b| b.capacity).sum::<u64>())
+            .map(|s| s.split.free_bytes() + s.large.iter().map(|(b, _)| b.capacity).sum::<u64>())
             .sum()
+    }
+
+    /// Merges free pieces kept apart by fences that `progress` now settles.
+    pub fn settle(&mut self, progress: &Progress) {
+        for pool in self.pools.values_mut() {
+            for store in pool.stores.values_mut() {
+                store.split.settle(progress);
+            }
+        }
     }
 
     /// Chunks held by private pools' split caches.

@@ -6,13 +6,17 @@
 //!   a multiple of [`PIECE_ALIGN`] (512 bytes), so every piece starts
 //!   512-byte aligned (chunks are granule-aligned), enough for any CUDA
 //!   vector type and for cuBLAS/cuDNN workspaces;
-//! - **fit**: the smallest free piece that holds the rounded size, the
-//!   lowest address among equals; the rest of it stays a free piece;
+//! - **fit**: the smallest free piece that holds the rounded size and whose
+//!   fence admits the requester (see `lake/fence.rs`: on one stream, any),
+//!   the lowest address among equals; the rest of it stays a free piece
+//!   behind the same fence;
 //! - **coalescing**: a piece that becomes free merges at once with the free
-//!   pieces right before and after it *in the same chunk*; never across
-//!   chunks, whose addresses are unrelated lake allocations. A chunk whose
-//!   pieces have all merged back into one is wholly free and may be given
-//!   back to the lake ([`SplitCache::take_empty_chunks`]).
+//!   pieces right before and after it *in the same chunk* (their fences
+//!   join); never across chunks, whose addresses are unrelated lake
+//!   allocations. A chunk whose pieces have all merged back into one is
+//!   wholly free: the pool gives all but [`SplitCache::SPARE_EMPTY`] such
+//!   chunks back to the lake at once ([`SplitCache::take_empty_chunks`]),
+//!   where they serve requests of any size.
 //!
 //! The cache is plain tables and makes no driver call itself: the pool
 //! takes chunks from the lake and hands them in ([`SplitCache::add_chunk`]).
@@ -21,7 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::lake::DeviceRange;
+use crate::lake::{DeviceRange, Fence, Progress, Requester};
 
 /// Granularity of pieces: sizes are rounded up to it, pieces start on it.
 pub const PIECE_ALIGN: u64 = 512;
@@ -39,8 +43,9 @@ pub struct Piece {
 #[derive(Debug)]
 struct Chunk {
     range: DeviceRange,
-    /// Piece start -> (length, free). The pieces tile the chunk.
-    pieces: BTreeMap<u64, (u64, bool)>,
+    /// Piece start -> (length, `Some(fence)` when free, `None` in use). The
+    /// pieces tile the chunk.
+    pieces: BTreeMap<u64, (u64, Option<Fence>)>,
 }
 
 /// Chunks carved into pieces for small requests.
@@ -51,6 +56,13 @@ pub struct SplitCache {
     chunks: BTreeMap<u64, Chunk>,
     /// Free pieces of every chunk, by (length, address).
     free: BTreeSet<(u64, u64)>,
+    /// Bytes in free pieces.
+    free_bytes: u64,
+    /// Wholly free chunks, by base address.
+    empty: BTreeSet<u64>,
+    /// Chunks that may hold free neighbours left apart (fences not
+    /// mergeable at the time).
+    unsettled: BTreeSet<u64>,
 }
 
 impl SplitCache {
@@ -65,8 +77,19 @@ impl SplitCache {
             chunk_bytes,
             chunks: BTreeMap::new(),
             free: BTreeSet::new(),
+            free_bytes: 0,
+            empty: BTreeSet::new(),
+            unsettled: BTreeSet::new(),
         }
     }
+
+    /// Wholly free chunks kept when the others go back to the lake (so a
+    /// small tensor made and dropped in a loop does not move a chunk to
+    /// and fro).
+    pub const SPARE_EMPTY: usize = 1;
+
+    /// Free pieces [`SplitCache::take`] looks at, best fit first.
+    const SCAN_PIECES: usize = 64;
 
     /// Bytes in one chunk.
     pub fn chunk_bytes(&self) -> u64 {
@@ -83,57 +106,96 @@ impl SplitCache {
         size.max(1).div_ceil(PIECE_ALIGN) * PIECE_ALIGN
     }
 
-    /// A piece for `size` bytes from the free pieces, if one fits.
-    pub fn take(&mut self, size: u64) -> Option<Piece> {
+    /// A piece for `size` bytes for `req` from the free pieces, if one
+    /// fits.
+    pub fn take(&mut self, size: u64, req: &Requester<'_>) -> Option<Piece> {
         let want = Self::rounded(size);
-        let &(len, addr) = self.free.range((want, 0)..).next()?;
+        let (len, addr) = self
+            .free
+            .range((want, 0)..)
+            .take(Self::SCAN_PIECES)
+            .copied()
+            .find(|&(_, addr)| {
+                let chunk = self.chunk_of(addr).expect("a free piece lies in a chunk");
+                chunk.pieces[&addr]
+                    .1
+                    .as_ref()
+                    .is_some_and(|f| f.admits(req))
+            })?;
         self.free.remove(&(len, addr));
+        self.free_bytes -= want;
         let chunk = self
             .chunk_of_mut(addr)
             .expect("a free piece lies in a chunk");
-        chunk.pieces.insert(addr, (want, false));
+        let base = chunk.range.addr;
+        let fence = chunk
+            .pieces
+            .insert(addr, (want, None))
+            .and_then(|(_, f)| f)
+            .expect("the piece was free");
         if len > want {
-            chunk.pieces.insert(addr + want, (len - want, true));
+            chunk.pieces.insert(addr + want, (len - want, Some(fence)));
             self.free.insert((len - want, addr + want));
         }
+        self.empty.remove(&base);
         Some(Piece { addr, len: want })
     }
 
     /// The piece of `size` bytes starting exactly at `addr`, if that range
-    /// lies in one free piece (which is cut around it). Used to give a
-    /// CUDA graph pool back the allocations a checkpoint recorded.
+    /// lies in one free piece (which is cut around it; the rest keeps its
+    /// fence). Used to give a CUDA graph pool back the allocations a
+    /// checkpoint recorded, on the stream that made them.
     pub fn take_at(&mut self, addr: u64, size: u64) -> Option<Piece> {
         let want = Self::rounded(size);
         let chunk = self.chunk_of_mut(addr)?;
-        let (&start, &(len, free)) = chunk.pieces.range(..=addr).next_back()?;
-        if !free || addr + want > start + len {
+        let base = chunk.range.addr;
+        let (&start, (len, fence)) = chunk.pieces.range(..=addr).next_back()?;
+        let (len, fence) = (*len, fence.clone()?);
+        if addr + want > start + len {
             return None;
         }
         chunk.pieces.remove(&start);
-        let mut freed = Vec::new();
+        let mut rest = Vec::new();
         if addr > start {
-            chunk.pieces.insert(start, (addr - start, true));
-            freed.push((addr - start, start));
+            chunk
+                .pieces
+                .insert(start, (addr - start, Some(fence.clone())));
+            rest.push((addr - start, start));
         }
-        chunk.pieces.insert(addr, (want, false));
+        chunk.pieces.insert(addr, (want, None));
         let end = start + len;
         if addr + want < end {
-            chunk.pieces.insert(addr + want, (end - addr - want, true));
-            freed.push((end - addr - want, addr + want));
+            chunk
+                .pieces
+                .insert(addr + want, (end - addr - want, Some(fence)));
+            rest.push((end - addr - want, addr + want));
         }
         self.free.remove(&(len, start));
-        self.free.extend(freed);
+        self.free.extend(rest);
+        self.free_bytes -= want;
+        self.empty.remove(&base);
         Some(Piece { addr, len: want })
     }
 
     /// Adds a chunk taken from the lake (`range.len` is one chunk), wholly
-    /// free.
+    /// free and unfenced.
     pub fn add_chunk(&mut self, range: DeviceRange) {
         debug_assert_eq!(range.len, self.chunk_bytes, "a chunk is one granule");
         let mut pieces = BTreeMap::new();
-        pieces.insert(range.addr, (self.chunk_bytes, true));
+        pieces.insert(range.addr, (self.chunk_bytes, Some(Fence::none())));
         self.chunks.insert(range.addr, Chunk { range, pieces });
         self.free.insert((self.chunk_bytes, range.addr));
+        self.free_bytes += self.chunk_bytes;
+        self.empty.insert(range.addr);
+    }
+
+    fn chunk_of(&self, addr: u64) -> Option<&Chunk> {
+        let bytes = self.chunk_bytes;
+        self.chunks
+            .range(..=addr)
+            .next_back()
+            .map(|(_, c)| c)
+            .filter(|c| addr < c.range.addr + bytes)
     }
 
     fn chunk_of_mut(&mut self, addr: u64) -> Option<&mut Chunk> {
@@ -149,54 +211,114 @@ impl SplitCache {
     pub fn piece_at(&self, addr: u64) -> Option<Piece> {
         let (_, chunk) = self.chunks.range(..=addr).next_back()?;
         match chunk.pieces.get(&addr) {
-            Some(&(len, false)) => Some(Piece { addr, len }),
+            Some(&(len, None)) => Some(Piece { addr, len }),
             _ => None,
         }
     }
 
-    /// Frees the piece in use at `addr` and merges it with free
-    /// neighbours in its chunk. `None` if no piece in use starts there.
-    pub fn give_back(&mut self, addr: u64) -> Option<Piece> {
+    /// Frees the piece in use at `addr` behind `fence` and merges it with
+    /// the free neighbours in its chunk whose fences are
+    /// [`Fence::mergeable`] with it once `progress` settles them (fences
+    /// join). Neighbours that are not stay apart until
+    /// [`SplitCache::settle`]. `None` if no piece in use starts there.
+    pub fn give_back(&mut self, addr: u64, fence: &Fence, progress: &Progress) -> Option<Piece> {
         let piece = self.piece_at(addr)?;
-        let mut start = addr;
-        let mut len = piece.len;
         let chunk = self.chunk_of_mut(addr).expect("a piece lies in a chunk");
-        chunk.pieces.remove(&addr);
-        let mut merged = Vec::new();
-        if let Some((&prev, &(plen, true))) = chunk.pieces.range(..addr).next_back() {
-            chunk.pieces.remove(&prev);
-            merged.push((plen, prev));
-            start = prev;
-            len += plen;
+        let base = chunk.range.addr;
+        chunk
+            .pieces
+            .insert(addr, (piece.len, Some(fence.settled(progress))));
+        self.free.insert((piece.len, addr));
+        self.free_bytes += piece.len;
+        let after = self.merge_at(base, addr, progress);
+        if let Some((&prev, _)) = self.chunks[&base].pieces.range(..after).next_back() {
+            self.merge_at(base, prev, progress);
         }
-        if let Some(&(nlen, true)) = chunk.pieces.get(&(addr + piece.len)) {
-            chunk.pieces.remove(&(addr + piece.len));
-            merged.push((nlen, addr + piece.len));
-            len += nlen;
-        }
-        chunk.pieces.insert(start, (len, true));
-        for m in merged {
-            self.free.remove(&m);
-        }
-        self.free.insert((len, start));
         Some(piece)
     }
 
-    /// Removes every wholly free chunk and returns their lake ranges (to be
-    /// freed to the lake by the caller).
-    pub fn take_empty_chunks(&mut self) -> Vec<DeviceRange> {
+    /// Merges the free piece at `addr` of chunk `base` with the free piece
+    /// right after it when their settled fences are mergeable; returns the
+    /// start of the piece that now holds `addr`'s bytes. Keeps the free
+    /// index, the wholly-free set and the unsettled set.
+    fn merge_at(&mut self, base: u64, addr: u64, progress: &Progress) -> u64 {
+        let chunk_bytes = self.chunk_bytes;
+        let chunk = self.chunks.get_mut(&base).expect("live chunk");
+        let Some((len, Some(f))) = chunk.pieces.get(&addr).cloned() else {
+            return addr;
+        };
+        let next = addr + len;
+        let mut merged = None;
+        if let Some((nlen, Some(nf))) = chunk.pieces.get(&next).cloned() {
+            let (f, nf) = (f.settled(progress), nf.settled(progress));
+            if f.mergeable(&nf) {
+                let mut joined = f;
+                joined.join(&nf);
+                chunk.pieces.remove(&next);
+                chunk.pieces.insert(addr, (len + nlen, Some(joined)));
+                merged = Some(nlen);
+            } else {
+                self.unsettled.insert(base);
+            }
+        }
+        if let Some(nlen) = merged {
+            self.free.remove(&(len, addr));
+            self.free.remove(&(nlen, next));
+            self.free.insert((len + nlen, addr));
+            if len + nlen == chunk_bytes {
+                self.empty.insert(base);
+            }
+        } else if len == chunk_bytes {
+            self.empty.insert(base);
+        }
+        addr
+    }
+
+    /// Merges the free neighbours left apart by [`SplitCache::give_back`]
+    /// whose fences `progress` now settles (call it when events complete).
+    pub fn settle(&mut self, progress: &Progress) {
+        let bases: Vec<u64> = std::mem::take(&mut self.unsettled).into_iter().collect();
+        for base in bases {
+            let Some(chunk) = self.chunks.get_mut(&base) else {
+                continue;
+            };
+            for (_, f) in chunk.pieces.values_mut() {
+                if let Some(f) = f {
+                    *f = f.settled(progress);
+                }
+            }
+            loop {
+                let starts: Vec<u64> = self.chunks[&base].pieces.keys().copied().collect();
+                let mut changed = false;
+                for addr in starts {
+                    let Some(&(before, _)) = self.chunks[&base].pieces.get(&addr) else {
+                        continue;
+                    };
+                    self.merge_at(base, addr, progress);
+                    changed |= self.chunks[&base].pieces[&addr].0 != before;
+                }
+                if !changed {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Removes wholly free chunks beyond the `keep` of lowest address and
+    /// returns their lake ranges with their fences (to be freed to the
+    /// lake by the caller).
+    pub fn take_empty_chunks(&mut self, keep: usize) -> Vec<(DeviceRange, Fence)> {
         let bytes = self.chunk_bytes;
-        let empty: Vec<u64> = self
-            .chunks
-            .iter()
-            .filter(|(_, c)| c.pieces.len() == 1 && c.pieces.values().all(|&(_, f)| f))
-            .map(|(&a, _)| a)
-            .collect();
-        empty
-            .into_iter()
+        let gone: Vec<u64> = self.empty.iter().skip(keep).copied().collect();
+        gone.into_iter()
             .map(|a| {
+                self.empty.remove(&a);
+                self.unsettled.remove(&a);
                 self.free.remove(&(bytes, a));
-                self.chunks.remove(&a).expect("listed chunk").range
+                self.free_bytes -= bytes;
+                let mut chunk = self.chunks.remove(&a).expect("listed chunk");
+                let (_, fence) = chunk.pieces.remove(&a).expect("one free piece");
+                (chunk.range, fence.expect("free"))
             })
             .collect()
     }
@@ -208,7 +330,17 @@ impl SplitCache {
 
     /// Bytes in free pieces.
     pub fn free_bytes(&self) -> u64 {
-        self.free.iter().map(|&(len, _)| len).sum()
+        self.free_bytes
+    }
+
+    /// Bytes in free pieces some stream may not reuse yet.
+    pub fn pending_bytes(&self, progress: &Progress) -> u64 {
+        self.chunks
+            .values()
+            .flat_map(|c| c.pieces.values())
+            .filter(|(_, f)| f.as_ref().is_some_and(|f| f.pending(progress)))
+            .map(|&(len, _)| len)
+            .sum()
     }
 
     /// The largest free piece, in bytes (0 when none).
@@ -217,14 +349,20 @@ impl SplitCache {
     }
 
     /// Checks that the pieces of every chunk tile it without overlap, that
-    /// no two free pieces are adjacent (coalescing) and that the free index
+    /// no two free pieces are adjacent (coalescing) outside chunks marked
+    /// unsettled, and that the free index
     /// lists exactly the free pieces; the first broken rule, in words.
     pub fn check(&self) -> Result<(), String> {
         let mut free_seen = BTreeSet::new();
+        let mut empty_seen = BTreeSet::new();
         for (&base, chunk) in &self.chunks {
+            if chunk.pieces.len() == 1 && chunk.pieces.values().all(|(_, f)| f.is_some()) {
+                empty_seen.insert(base);
+            }
             let mut at = base;
             let mut prev_free = false;
-            for (&addr, &(len, free)) in &chunk.pieces {
+            for (&addr, (len, fence)) in &chunk.pieces {
+                let (len, free) = (*len, fence.is_some());
                 if addr != at {
                     return Err(format!(
                         "chunk {base:#x}: piece {addr:#x} does not start at {at:#x}"
@@ -233,7 +371,7 @@ impl SplitCache {
                 if len == 0 || !len.is_multiple_of(PIECE_ALIGN) {
                     return Err(format!("chunk {base:#x}: piece {addr:#x} has length {len}"));
                 }
-                if free && prev_free {
+                if free && prev_free && !self.unsettled.contains(&base) {
                     return Err(format!(
                         "chunk {base:#x}: free piece {addr:#x} not coalesced"
                     ));
@@ -250,6 +388,12 @@ impl SplitCache {
         }
         if free_seen != self.free {
             return Err("the free index differs from the free pieces".to_string());
+        }
+        if self.free.iter().map(|&(len, _)| len).sum::<u64>() != self.free_bytes {
+            return Err("the free byte count differs from the free pieces".to_string());
+        }
+        if empty_seen != self.empty {
+            return Err("the wholly-free set differs from the chunks".to_string());
         }
         Ok(())
     }

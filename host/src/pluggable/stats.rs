@@ -3,6 +3,54 @@
 //!
 //! Concurrency: a plain snapshot, taken under the pool's lock.
 
+/// Where a pool's reserved bytes are, at one moment. The parts sum to the
+/// reserved bytes ([`PoolBreakdown::total`]); `tests/torch_pool.rs` checks
+/// it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolBreakdown {
+    /// Bytes of live allocations, as requested.
+    pub active_bytes: u64,
+    /// Small requests rounded up to whole 512-byte pieces.
+    pub small_rounding_bytes: u64,
+    /// Large requests rounded up to whole lake chunks (2 MiB).
+    pub large_rounding_bytes: u64,
+    /// Free pieces of chunks the split cache holds.
+    pub split_free_bytes: u64,
+    /// Free memory that CUDA graph (private) pools keep for their replays.
+    pub private_free_bytes: u64,
+    /// Freed blocks not yet reusable by every stream: their event has not
+    /// been seen complete (or they were freed during capture).
+    pub waiting_bytes: u64,
+    /// Free lake chunks.
+    pub lake_free_bytes: u64,
+}
+
+impl PoolBreakdown {
+    /// The sum of the parts: the reserved bytes.
+    pub fn total(&self) -> u64 {
+        self.active_bytes
+            + self.small_rounding_bytes
+            + self.large_rounding_bytes
+            + self.split_free_bytes
+            + self.private_free_bytes
+            + self.waiting_bytes
+            + self.lake_free_bytes
+    }
+
+    /// The parts with their names, in the order of the fields.
+    pub fn parts(&self) -> [(&'static str, u64); 7] {
+        [
+            ("active", self.active_bytes),
+            ("small rounding (512 B)", self.small_rounding_bytes),
+            ("large rounding (chunk)", self.large_rounding_bytes),
+            ("split cache free", self.split_free_bytes),
+            ("graph pools free", self.private_free_bytes),
+            ("waiting on events", self.waiting_bytes),
+            ("lake free chunks", self.lake_free_bytes),
+        ]
+    }
+}
+
 /// A snapshot of a pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PoolStats {
@@ -51,6 +99,8 @@ pub struct PoolStats {
     pub driver_calls: u64,
     /// Event calls made by the event source.
     pub event_calls: u64,
+    /// Where the reserved bytes are now.
+    pub breakdown: PoolBreakdown,
 }
 
 impl PoolStats {

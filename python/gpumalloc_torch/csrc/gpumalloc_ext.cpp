@@ -48,7 +48,8 @@ struct GmStats {
   double fragmentation;
   uint64_t driver_calls, allocated, peak_allocated, waiting, split_free,
       private_free, largest_free, limit, live_allocations, allocs, frees,
-      alloc_retries, ooms, event_calls, split_chunks, private_pools;
+      alloc_retries, ooms, event_calls, split_chunks, private_pools, small_rounding,
+      large_rounding, lake_free;
 };
 
 // Mirror of `#[repr(C)] PoolEntry` in host/src/pluggable/pool.rs.

@@ -1,0 +1,662 @@
+//! The lake's tables and the driver work that changes them: chunks, the
+//! views that map them, and the index of free runs. No policy here (that is
+//! `pool.rs`): this file keeps the tables consistent and undoes half-done
+//! driver work.
+//!
+//! - A **chunk** is one granule of physical memory (`cuMemCreate`), used by
+//!   at most one live allocation, else free.
+//! - A **view** is a virtual reservation with chunks mapped in its slots.
+//!   A chunk has exactly one **home** slot, in a home view: home views are
+//!   large reservations (the lake's limit) filled from the low end as the
+//!   lake grows, like PyTorch's expandable segments, so chunks made one
+//!   after another are contiguous at home and free neighbours form long
+//!   runs by themselves. A **stitched** view (GMLake's sBlock) maps chunks
+//!   from anywhere back to back; it costs no physical memory.
+//! - A **window** is `len` consecutive slots of one view whose chunks are
+//!   all free: any window can serve an allocation of `len` chunks with no
+//!   driver call, whether it is a whole view, a prefix of a stitched view
+//!   made for a larger request, or a stretch of home slots. An allocation
+//!   touches only its own bytes, so the other chunks of the view stay free
+//!   and serve other allocations through their other mappings.
+//! - The **run index** lists every maximal run of free chunks of every view
+//!   by length; best fit is its first entry of at least `n` whose chunks the
+//!   requester may reuse (their fences admit it: always so on one stream)
+//!   and, for a stitched view, whose view is not much larger than `n`
+//!   ([`TIGHT`]).
+//!
+//! The driver work that makes and unmakes chunks and views (growth,
+//! stitching, patching, unmapping, release), all or nothing with rollback,
+//! is in `tables/mapping.rs`.
+//!
+//! Concurrency: none of its own; the tables live inside the lake's state
+//! mutex and every method runs under that lock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::driver::ChunkHandle;
+use super::fence::{Fence, Progress, Requester};
+
+mod mapping;
+
+/// A stitched view of `m` chunks serves a request of `n` only if
+/// `m <= n + n / TIGHT + 1`: a view made for one tensor is reused by the
+/// same tensor at the next step even if that is up to a quarter smaller
+/// (sequence lengths vary so), but not eaten by a much smaller request
+/// that a home window can serve, which would leave the big tensor to
+/// stitch anew at every step (seen on the GPT-2 traces: 1500 chunks, about
+/// 60 ms of `cuMemSetAccess`, per step).
+pub const TIGHT: usize = 3;
+
+/// A hasher for the tables' own ids (dense, made here, not adversarial):
+/// one multiply instead of SipHash, which showed at the top of the replay's
+/// profile (every chunk of a window is looked up on take and give).
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A hash map keyed by ids, with [`IdHasher`].
+pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// Index of a chunk.
+pub type ChunkId = u64;
+/// Index of a view.
+pub type ViewId = u64;
+
+/// One physical chunk.
+#[derive(Debug)]
+pub struct Chunk {
+    /// The driver's handle.
+    pub handle: ChunkHandle,
+    /// Its home view and slot.
+    pub home: (ViewId, usize),
+    /// Whether a live allocation uses it.
+    pub used: bool,
+    /// While free: who may reuse it (see `fence.rs`).
+    pub fence: Fence,
+    /// Stitched views mapping it, with its slot in each.
+    pub stitched: Vec<(ViewId, usize)>,
+}
+
+/// A virtual reservation with chunks mapped in its slots.
+#[derive(Debug)]
+pub struct View {
+    /// Start of the reservation.
+    pub base: u64,
+    /// The chunk mapped at each slot (home views have empty slots).
+    pub slots: Vec<Option<ChunkId>>,
+    /// Stitched (else home).
+    pub stitched: bool,
+    /// Live allocations served by a window of this view.
+    pub users: usize,
+    /// Lake clock when an allocation last left it (for the LRU sweep).
+    pub last_used: u64,
+    /// Home views: slots at and above this were never filled.
+    pub filled_to: usize,
+    /// Maximal runs of slots holding free chunks: start -> length.
+    runs: BTreeMap<usize, usize>,
+}
+
+/// `len` consecutive slots of a view, from `start`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// The view.
+    pub view: ViewId,
+    /// First slot.
+    pub start: usize,
+    /// Slots.
+    pub len: usize,
+}
+
+/// Where new chunks go at home.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// `count` slots at the never-filled end of a home view.
+    Tail(ViewId, usize),
+    /// `count` emptied slots (lowest first), wherever they are.
+    Holes(usize),
+    /// A new home view of `capacity` slots, `count` filled from its start.
+    NewView {
+        /// Slots of the new view.
+        capacity: usize,
+        /// Chunks to make.
+        count: usize,
+    },
+}
+
+/// Driver resources that could not be returned when asked (a release or
+/// address free failed after the mapping was gone). Kept and retried on the
+/// next [`Tables::retry_orphans`], so nothing is lost.
+#[derive(Debug, Default)]
+struct Orphans {
+    chunks: Vec<ChunkHandle>,
+    reservations: Vec<(u64, u64)>,
+}
+
+/// All chunks and views of a lake.
+#[derive(Debug, Default)]
+pub struct Tables {
+    granularity: u64,
+    chunks: IdMap<ChunkId, Chunk>,
+    views: BTreeMap<ViewId, View>,
+    /// Every free run of every view, as (length, view, start).
+    runs: BTreeSet<(usize, ViewId, usize)>,
+    /// Home slots emptied by a release, as (view, slot).
+    holes: BTreeSet<(ViewId, usize)>,
+    free_chunks: usize,
+    /// Per stream, free chunks whose fence names it (to skip fence checks
+    /// when no fence can keep the requester out: one stream).
+    fenced: IdMap<u64, usize>,
+    orphans: Orphans,
+    next_id: u64,
+}
+
+/// Groups sorted slots into runs of consecutive ones: (start, length).
+fn consecutive(slots: &[usize]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &s in slots {
+        match out.last_mut() {
+            Some((start, len)) if *start + *len == s => *len += 1,
+            _ => out.push((s, 1)),
+        }
+    }
+    out
+}
+
+impl Tables {
+    /// Most runs [`Tables::best_window`] looks at.
+    pub const SCAN_RUNS: usize = 64;
+
+    /// Empty tables for chunks of `granularity` bytes.
+    pub fn new(granularity: u64) -> Tables {
+        Tables {
+            granularity,
+            next_id: 1,
+            ..Tables::default()
+        }
+    }
+
+    fn id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Live chunks, the ones an orphaned release still holds included.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len() + self.orphans.chunks.len()
+    }
+
+    /// Free chunks.
+    pub fn free_chunks(&self) -> usize {
+        self.free_chunks
+    }
+
+    /// A view.
+    pub fn view(&self, id: ViewId) -> &View {
+        &self.views[&id]
+    }
+
+    /// All views.
+    pub fn views(&self) -> impl Iterator<Item = (ViewId, &View)> {
+        self.views.iter().map(|(&id, v)| (id, v))
+    }
+
+    /// A chunk.
+    pub fn chunk(&self, id: ChunkId) -> &Chunk {
+        &self.chunks[&id]
+    }
+
+    /// The device address of a window's first byte.
+    pub fn addr_of(&self, w: Window) -> u64 {
+        self.views[&w.view].base + self.granularity * w.start as u64
+    }
+
+    /// The chunks of a window, in order.
+    pub fn chunks_in(&self, w: Window) -> impl Iterator<Item = ChunkId> + '_ {
+        self.views[&w.view].slots[w.start..w.start + w.len]
+            .iter()
+            .map(|c| c.expect("a window's slots hold chunks"))
+    }
+
+    /// The home address of a chunk.
+    pub fn home_addr(&self, c: ChunkId) -> u64 {
+        let (v, slot) = self.chunks[&c].home;
+        self.views[&v].base + self.granularity * slot as u64
+    }
+
+    /// The best-fit window of `n` chunks for `req`: in the shortest free
+    /// run of at least `n` (lowest view and slot among equals), the first
+    /// `n` consecutive chunks whose fences admit `req`. Runs are looked at
+    /// in best-fit order, at most [`Tables::SCAN_RUNS`] of them (fenced
+    /// chunks are rare outside multi-stream programs).
+    pub fn best_window(&self, n: usize, req: &Requester<'_>) -> Option<Window> {
+        self.runs
+            .range((n, 0, 0)..)
+            .filter(|&&(_, view, _)| {
+                let v = &self.views[&view];
+                !v.stitched || v.slots.len() <= n + n / TIGHT + 1
+            })
+            .take(Self::SCAN_RUNS)
+            .find_map(|&(len, view, start)| {
+                self.admitted_segments(view, start, len, req)
+                    .into_iter()
+                    .find(|&(_, l)| l >= n)
+                    .map(|(start, _)| Window {
+                        view,
+                        start,
+                        len: n,
+                    })
+            })
+    }
+
+    /// Whether every free chunk's fence admits `req` for sure: none names
+    /// another stream (always so in a one-stream program). O(streams).
+    fn all_admit(&self, req: &Requester<'_>) -> bool {
+        self.fenced
+            .iter()
+            .all(|(&stream, &n)| n == 0 || stream == req.stream)
+    }
+
+    /// Sets the fence of chunk `c`, keeping the per-stream counts (which
+    /// count free chunks only: a used chunk's fence is none).
+    fn set_fence(&mut self, c: ChunkId, fence: Fence) {
+        let chunk = self.chunks.get_mut(&c).expect("live chunk");
+        for s in chunk.fence.streams() {
+            *self.fenced.get_mut(&s).expect("counted") -= 1;
+        }
+        for s in fence.streams() {
+            *self.fenced.entry(s).or_default() += 1;
+        }
+        chunk.fence = fence;
+    }
+
+    /// The stretches of a free run whose chunks admit `req`, as (start,
+    /// length).
+    fn admitted_segments(
+        &self,
+        view: ViewId,
+        start: usize,
+        len: usize,
+        req: &Requester<'_>,
+    ) -> Vec<(usize, usize)> {
+        if self.all_admit(req) {
+            return vec![(start, len)];
+        }
+        let slots = &self.views[&view].slots[start..start + len];
+        let ok: Vec<usize> = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                let c = c.expect("runs hold chunks");
+                self.chunks[&c].fence.admits(req)
+            })
+            .map(|(i, _)| start + i)
+            .collect();
+        consecutive(&ok)
+    }
+
+    /// Free chunks `req` may reuse.
+    pub fn admitted_free(&self, req: &Requester<'_>) -> usize {
+        if self.all_admit(req) {
+            return self.free_chunks;
+        }
+        self.chunks
+            .values()
+            .filter(|c| !c.used && c.fence.admits(req))
+            .count()
+    }
+
+    /// Free chunks some stream may not reuse yet (pending fences).
+    pub fn pending_free(&self, progress: &Progress) -> usize {
+        self.chunks
+            .values()
+            .filter(|c| !c.used && c.fence.pending(progress))
+            .count()
+    }
+
+    /// The longest free run of any view, in chunks (0 when none).
+    pub fn longest_run(&self) -> usize {
+        self.runs.iter().next_back().map_or(0, |&(len, _, _)| len)
+    }
+
+    /// Stretches of free home chunks `req` may reuse, as (length, view,
+    /// start), longest first.
+    pub fn home_runs_longest_first(&self, req: &Requester<'_>) -> Vec<(usize, ViewId, usize)> {
+        let mut out: Vec<(usize, ViewId, usize)> = self
+            .runs
+            .iter()
+            .filter(|(_, v, _)| !self.views[v].stitched)
+            .flat_map(|&(len, view, start)| {
+                self.admitted_segments(view, start, len, req)
+                    .into_iter()
+                    .map(move |(s, l)| (l, view, s))
+            })
+            .collect();
+        out.sort_unstable_by(|a, b| b.cmp(a));
+        out
+    }
+
+    /// Home views with never-filled slots, as (view, free run ending at
+    /// the filled end, never-filled slots).
+    pub fn home_tails(&self) -> Vec<(ViewId, usize, usize)> {
+        self.views
+            .iter()
+            .filter(|(_, v)| !v.stitched && v.filled_to < v.slots.len())
+            .map(|(&id, v)| {
+                let tail_run = v
+                    .runs
+                    .range(..v.filled_to)
+                    .next_back()
+                    .filter(|&(&s, &l)| s + l == v.filled_to)
+                    .map_or(0, |(_, &l)| l);
+                (id, tail_run, v.slots.len() - v.filled_to)
+            })
+            .collect()
+    }
+
+    /// Emptied home slots available for new chunks.
+    pub fn hole_count(&self) -> usize {
+        self.holes.len()
+    }
+
+    /// Marks a window's chunks used by one more allocation.
+    pub fn take(&mut self, w: Window) {
+        let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
+        self.set_used_many(&chunks, true);
+        self.views.get_mut(&w.view).expect("live view").users += 1;
+    }
+
+    /// Marks view `v` as used at `clock` (for the LRU sweep).
+    pub fn touch(&mut self, v: ViewId, clock: u64) {
+        self.views.get_mut(&v).expect("live view").last_used = clock;
+    }
+
+    /// Marks a window's chunks free again behind `fence`; the view
+    /// remembers `clock`.
+    pub fn give(&mut self, w: Window, clock: u64, fence: &Fence) {
+        let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
+        self.set_used_many(&chunks, false);
+        // Used chunks carry no fence: only the new one is counted.
+        for s in fence.streams() {
+            *self.fenced.entry(s).or_default() += chunks.len();
+        }
+        for c in chunks {
+            self.chunks.get_mut(&c).expect("live chunk").fence = fence.clone();
+        }
+        let v = self.views.get_mut(&w.view).expect("live view");
+        v.users -= 1;
+        v.last_used = clock;
+    }
+
+    fn set_used(&mut self, c: ChunkId, used: bool) {
+        self.set_used_many(&[c], used);
+    }
+
+    /// Marks chunks `cs` (distinct, all of the other state) used or free,
+    /// updating the runs of every view that maps them by stretches of
+    /// consecutive slots: a window of `n` chunks costs a few run updates
+    /// per view, not `n`. Chunks made used lose their fence (the caller
+    /// sets the fence of chunks made free).
+    fn set_used_many(&mut self, cs: &[ChunkId], used: bool) {
+        // Slots per view, in the order met: mostly ascending already (a
+        // window's chunks are consecutive somewhere), so sorting is rare.
+        let mut by_view: Vec<(ViewId, Vec<usize>)> = Vec::new();
+        let mut add = |(v, slot): (ViewId, usize)| match by_view.iter_mut().find(|(w, _)| *w == v) {
+            Some((_, slots)) => slots.push(slot),
+            None => by_view.push((v, vec![slot])),
+        };
+        for &c in cs {
+            let chunk = self.chunks.get_mut(&c).expect("live chunk");
+            debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
+            chunk.used = used;
+            add(chunk.home);
+            for &p in &chunk.stitched {
+                add(p);
+            }
+            if used && !chunk.fence.is_none() {
+                for s in chunk.fence.streams() {
+                    *self.fenced.get_mut(&s).expect("counted") -= 1;
+                }
+                chunk.fence = Fence::none();
+            }
+        }
+        for (v, mut slots) in by_view {
+            if !slots.is_sorted() {
+                slots.sort_unstable();
+            }
+            for (start, len) in consecutive(&slots) {
+                if used {
+                    self.run_cut(v, start, start + len);
+                } else {
+                    self.run_join(v, start, start + len);
+                }
+            }
+        }
+        if used {
+            self.free_chunks -= cs.len();
+        } else {
+            self.free_chunks += cs.len();
+        }
+    }
+
+    fn run_insert(&mut self, v: ViewId, start: usize, len: usize) {
+        if len > 0 {
+            self.views
+                .get_mut(&v)
+                .expect("live view")
+                .runs
+                .insert(start, len);
+            self.runs.insert((len, v, start));
+        }
+    }
+
+    fn run_remove(&mut self, v: ViewId, start: usize) -> usize {
+        let len = self
+            .views
+            .get_mut(&v)
+            .expect("live view")
+            .runs
+            .remove(&start)
+            .expect("a run starts there");
+        self.runs.remove(&(len, v, start));
+        len
+    }
+
+    /// Slots `[a, b)` of view `v` stop being free: they lie in one run
+    /// (they were all free and are consecutive), which is cut around them.
+    fn run_cut(&mut self, v: ViewId, a: usize, b: usize) {
+        let (start, len) = self.views[&v]
+            .runs
+            .range(..=a)
+            .next_back()
+            .map(|(&s, &l)| (s, l))
+            .filter(|&(s, l)| s + l >= b)
+            .expect("free consecutive slots lie in one run");
+        self.run_remove(v, start);
+        self.run_insert(v, start, a - start);
+        self.run_insert(v, b, start + len - b);
+    }
+
+    /// Slots `[a, b)` of view `v` become free: they join their neighbours'
+    /// runs.
+    fn run_join(&mut self, v: ViewId, a: usize, b: usize) {
+        let view = &self.views[&v];
+        let left = view
+            .runs
+            .range(..a)
+            .next_back()
+            .map(|(&s, &l)| (s, l))
+            .filter(|&(s, l)| s + l == a);
+        let right = view.runs.get(&b).copied();
+        let mut start = a;
+        let mut len = b - a;
+        if let Some((s, l)) = left {
+            self.run_remove(v, s);
+            start = s;
+            len += l;
+        }
+        if let Some(l) = right {
+            self.run_remove(v, b);
+            len += l;
+        }
+        self.run_insert(v, start, len);
+    }
+
+    /// Recomputes the runs of view `v` from its chunks' use flags.
+    fn rebuild_runs(&mut self, v: ViewId) {
+        let starts: Vec<usize> = self.views[&v].runs.keys().copied().collect();
+        for s in starts {
+            self.run_remove(v, s);
+        }
+        let free: Vec<usize> = self.views[&v]
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_some_and(|c| !self.chunks[&c].used))
+            .map(|(i, _)| i)
+            .collect();
+        for (start, len) in consecutive(&free) {
+            self.run_insert(v, start, len);
+        }
+    }
+
+    /// The slots of `[0, n)` of stitched view `v` whose chunks `req` cannot
+    /// take now (used, or fenced against it).
+    pub fn bad_prefix_slots(&self, v: ViewId, n: usize, req: &Requester<'_>) -> Vec<usize> {
+        self.views[&v].slots[..n]
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                let c = &self.chunks[&c.expect("stitched views are full")];
+                c.used || !c.fence.admits(req)
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Up to `k` free chunks `req` may take that view `v` does not map,
+    /// from home runs, longest runs first.
+    pub fn replacements(&self, v: ViewId, k: usize, req: &Requester<'_>) -> Vec<ChunkId> {
+        let mine: std::collections::HashSet<ChunkId> =
+            self.views[&v].slots.iter().flatten().copied().collect();
+        let mut out = Vec::with_capacity(k);
+        for (len, view, start) in self.home_runs_longest_first(req) {
+            for c in self.chunks_in(Window { view, start, len }) {
+                if out.len() == k {
+                    return out;
+                }
+                if !mine.contains(&c) {
+                    out.push(c);
+                }
+            }
+        }
+        out
+    }
+
+    /// Free chunks mapped nowhere but at home whose every stream's work is
+    /// complete.
+    pub fn releasable(&self, progress: &Progress) -> Vec<ChunkId> {
+        let mut out: Vec<ChunkId> = self
+            .chunks
+            .iter()
+            .filter(|(_, c)| !c.used && c.stitched.is_empty() && !c.fence.pending(progress))
+            .map(|(&id, _)| id)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Checks the tables' invariants; the first broken one, in words.
+    pub fn check(&self) -> Result<(), String> {
+        for (&cid, c) in &self.chunks {
+            let (v, s) = c.home;
+            let view = self
+                .views
+                .get(&v)
+                .ok_or(format!("chunk {cid}: dead home view"))?;
+            if view.stitched || view.slots.get(s) != Some(&Some(cid)) {
+                return Err(format!("chunk {cid} is not at its home slot"));
+            }
+            for &(v, s) in &c.stitched {
+                let view = self
+                    .views
+                    .get(&v)
+                    .ok_or(format!("chunk {cid}: dead view {v}"))?;
+                if !view.stitched || view.slots.get(s) != Some(&Some(cid)) {
+                    return Err(format!("chunk {cid} is not at slot {s} of view {v}"));
+                }
+            }
+        }
+        let mut all_runs = BTreeSet::new();
+        for (&vid, v) in &self.views {
+            let mut free = Vec::new();
+            for (i, slot) in v.slots.iter().enumerate() {
+                let Some(c) = slot else {
+                    if v.stitched {
+                        return Err(format!("stitched view {vid} has an empty slot {i}"));
+                    }
+                    if i < v.filled_to && !self.holes.contains(&(vid, i)) {
+                        return Err(format!("view {vid}: empty slot {i} is not a hole"));
+                    }
+                    continue;
+                };
+                let chunk = self
+                    .chunks
+                    .get(c)
+                    .ok_or(format!("view {vid} maps dead chunk {c}"))?;
+                let place = (vid, i);
+                if chunk.home != place && !chunk.stitched.contains(&place) {
+                    return Err(format!("view {vid} slot {i}: chunk {c} does not know it"));
+                }
+                if !v.stitched && i >= v.filled_to {
+                    return Err(format!("view {vid}: slot {i} filled above filled_to"));
+                }
+                if !chunk.used {
+                    free.push(i);
+                } else if !chunk.fence.is_none() {
+                    return Err(format!("used chunk {c} keeps a fence"));
+                }
+            }
+            let want: BTreeMap<usize, usize> = consecutive(&free).into_iter().collect();
+            if want != v.runs {
+                return Err(format!("view {vid}: run index differs from its free slots"));
+            }
+            all_runs.extend(v.runs.iter().map(|(&s, &l)| (l, vid, s)));
+        }
+        if all_runs != self.runs {
+            return Err("the global run index differs from the views' runs".into());
+        }
+        let mut fenced: HashMap<u64, usize> = HashMap::new();
+        for c in self.chunks.values() {
+            for s in c.fence.streams() {
+                *fenced.entry(s).or_default() += 1;
+            }
+        }
+        for (s, &n) in &self.fenced {
+            if fenced.get(s).copied().unwrap_or(0) != n {
+                return Err(format!("stream {s}: {n} fenced chunks counted"));
+            }
+        }
+        let free = self.chunks.values().filter(|c| !c.used).count();
+        if free != self.free_chunks {
+            return Err(format!("{free} free chunks counted {}", self.free_chunks));
+        }
+        Ok(())
+    }
+}

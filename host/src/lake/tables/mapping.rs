@@ -1,0 +1,390 @@
+//! Driver work on the lake's tables: new chunks at home, stitched views,
+//! patches of stitched views, unmapping and release. Each call is all or
+//! nothing: a failed driver call undoes what the call had done (mappings
+//! removed or put back, chunks and reservations given back, or kept as
+//! orphans to retry when the driver refuses even that) and the tables are
+//! as before.
+//!
+//! Concurrency: none of its own; runs under the lake's state mutex like the
+//! rest of the tables.
+
+use std::collections::BTreeMap;
+
+use super::super::driver::{ChunkHandle, VmmDriver, VmmResult};
+use super::super::fence::Fence;
+use super::{Chunk, ChunkId, Placement, Tables, View, ViewId, consecutive};
+
+/// Unmaps the granules at `addrs` (all mapped by us), best effort: used only
+/// to undo work after an earlier failure, whose error is the one reported.
+fn undo_maps(driver: &dyn VmmDriver, addrs: impl Iterator<Item = u64>) -> usize {
+    addrs.filter(|&a| driver.unmap(a).is_err()).count()
+}
+
+impl Tables {
+    /// Makes new free chunks at home where `placement` says: create and
+    /// map each, then grant access per stretch of consecutive slots (one
+    /// call when they are contiguous). On failure everything made so far
+    /// is undone (a new view's reservation freed) and the error returned.
+    pub fn grow(
+        &mut self,
+        driver: &dyn VmmDriver,
+        placement: Placement,
+    ) -> VmmResult<Vec<ChunkId>> {
+        let g = self.granularity;
+        let (view, slots, new_view) = match placement {
+            Placement::Tail(v, count) => {
+                let from = self.views[&v].filled_to;
+                (v, (from..from + count).collect::<Vec<_>>(), None)
+            }
+            Placement::Holes(count) => {
+                let picked: Vec<(ViewId, usize)> = self.holes.iter().take(count).copied().collect();
+                // Holes may lie in several views: grow each in turn.
+                let mut by_view: BTreeMap<ViewId, Vec<usize>> = BTreeMap::new();
+                for (v, s) in picked {
+                    by_view.entry(v).or_default().push(s);
+                }
+                let mut made: Vec<ChunkId> = Vec::new();
+                for (v, slots) in by_view {
+                    match self.fill(driver, v, &slots) {
+                        Ok(ids) => made.extend(ids),
+                        Err(e) => {
+                            for c in made {
+                                let _ = self.release_chunk(driver, c);
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                return Ok(made);
+            }
+            Placement::NewView { capacity, count } => {
+                let base = driver.reserve(g * capacity as u64)?;
+                let id = self.id();
+                self.views.insert(
+                    id,
+                    View {
+                        base,
+                        slots: vec![None; capacity],
+                        stitched: false,
+                        users: 0,
+                        last_used: 0,
+                        filled_to: 0,
+                        runs: BTreeMap::new(),
+                    },
+                );
+                (id, (0..count).collect(), Some((base, capacity)))
+            }
+        };
+        let result = self.fill(driver, view, &slots);
+        if result.is_err()
+            && let Some((base, capacity)) = new_view
+        {
+            self.views.remove(&view);
+            if driver.free_address(base, g * capacity as u64).is_err() {
+                self.orphans.reservations.push((base, g * capacity as u64));
+            }
+        }
+        result
+    }
+
+    /// Creates and maps chunks at the empty `slots` (ascending) of home
+    /// view `v` and grants access; all or nothing. Returns the new chunks.
+    fn fill(
+        &mut self,
+        driver: &dyn VmmDriver,
+        v: ViewId,
+        slots: &[usize],
+    ) -> VmmResult<Vec<ChunkId>> {
+        let g = self.granularity;
+        let base = self.views[&v].base;
+        let mut made: Vec<ChunkHandle> = Vec::with_capacity(slots.len());
+        let mut mapped = 0usize;
+        let result = (|| {
+            for (i, &s) in slots.iter().enumerate() {
+                made.push(driver.create()?);
+                driver.map(base + g * s as u64, made[i])?;
+                mapped += 1;
+            }
+            for (start, len) in consecutive(slots) {
+                driver.set_access(base + g * start as u64, g * len as u64)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            undo_maps(driver, slots[..mapped].iter().map(|&s| base + g * s as u64));
+            for h in made {
+                if driver.release(h).is_err() {
+                    self.orphans.chunks.push(h);
+                }
+            }
+            return Err(e);
+        }
+        let mut ids = Vec::with_capacity(slots.len());
+        for (&s, handle) in slots.iter().zip(made) {
+            let cid = self.id();
+            ids.push(cid);
+            self.chunks.insert(
+                cid,
+                Chunk {
+                    handle,
+                    home: (v, s),
+                    used: true,
+                    fence: Fence::none(),
+                    stitched: Vec::new(),
+                },
+            );
+            self.holes.remove(&(v, s));
+            let view = self.views.get_mut(&v).expect("live view");
+            view.slots[s] = Some(cid);
+            view.filled_to = view.filled_to.max(s + 1);
+            // Born used, then freed: joins its neighbours' runs.
+            self.set_used(cid, false);
+        }
+        Ok(ids)
+    }
+
+    /// Maps `chunks` (all free) back to back in a new stitched view and
+    /// grants access. A failure halfway unmaps what was mapped and frees
+    /// the reservation.
+    pub fn stitch(
+        &mut self,
+        driver: &dyn VmmDriver,
+        chunks: &[ChunkId],
+        clock: u64,
+    ) -> VmmResult<ViewId> {
+        let g = self.granularity;
+        let size = g * chunks.len() as u64;
+        let base = driver.reserve(size)?;
+        let mut mapped = 0usize;
+        let result = (|| {
+            for (i, c) in chunks.iter().enumerate() {
+                driver.map(base + g * i as u64, self.chunks[c].handle)?;
+                mapped += 1;
+            }
+            driver.set_access(base, size)
+        })();
+        if let Err(e) = result {
+            undo_maps(driver, (0..mapped).map(|i| base + g * i as u64));
+            if driver.free_address(base, size).is_err() {
+                self.orphans.reservations.push((base, size));
+            }
+            return Err(e);
+        }
+        let id = self.id();
+        self.views.insert(
+            id,
+            View {
+                base,
+                slots: chunks.iter().map(|&c| Some(c)).collect(),
+                stitched: true,
+                users: 0,
+                last_used: clock,
+                filled_to: chunks.len(),
+                runs: BTreeMap::new(),
+            },
+        );
+        for (i, &c) in chunks.iter().enumerate() {
+            self.chunks
+                .get_mut(&c)
+                .expect("live chunk")
+                .stitched
+                .push((id, i));
+        }
+        self.rebuild_runs(id);
+        Ok(id)
+    }
+
+    /// Patches stitched view `v` (no allocation uses it): the chunk at each
+    /// of `slots` (ascending) is unmapped there and replaced by the free
+    /// chunk at the same position of `with`, then access is granted per
+    /// stretch of consecutive slots. Far cheaper than a new stitch when few
+    /// slots change (`cuMemSetAccess` costs per granule). On failure every
+    /// slot is put back as it was.
+    pub fn patch(
+        &mut self,
+        driver: &dyn VmmDriver,
+        v: ViewId,
+        slots: &[usize],
+        with: &[ChunkId],
+    ) -> VmmResult<()> {
+        assert_eq!(slots.len(), with.len(), "one replacement per slot");
+        let g = self.granularity;
+        let base = self.views[&v].base;
+        assert!(
+            self.views[&v].stitched && self.views[&v].users == 0,
+            "patch of a home or used view"
+        );
+        let old: Vec<ChunkId> = slots
+            .iter()
+            .map(|&i| self.views[&v].slots[i].expect("full"))
+            .collect();
+        let mut done = 0usize;
+        let mut half = false;
+        let result = (|| {
+            for (k, &i) in slots.iter().enumerate() {
+                driver.unmap(base + g * i as u64)?;
+                half = true;
+                driver.map(base + g * i as u64, self.chunks[&with[k]].handle)?;
+                half = false;
+                done += 1;
+            }
+            for (start, len) in consecutive(slots) {
+                driver.set_access(base + g * start as u64, g * len as u64)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            // Put back what changed: slots [0, done) hold new chunks, slot
+            // `done` is unmapped if the failure came between unmap and map.
+            for k in 0..done {
+                let a = base + g * slots[k] as u64;
+                let _ = driver.unmap(a);
+                let _ = driver.map(a, self.chunks[&old[k]].handle);
+            }
+            if half {
+                let _ = driver.map(
+                    base + g * slots[done] as u64,
+                    self.chunks[&old[done]].handle,
+                );
+            }
+            for (start, len) in consecutive(&slots[..done + usize::from(half)]) {
+                let _ = driver.set_access(base + g * start as u64, g * len as u64);
+            }
+            return Err(e);
+        }
+        for (k, &i) in slots.iter().enumerate() {
+            self.chunks
+                .get_mut(&old[k])
+                .expect("live chunk")
+                .stitched
+                .retain(|&p| p != (v, i));
+            self.chunks
+                .get_mut(&with[k])
+                .expect("live chunk")
+                .stitched
+                .push((v, i));
+            self.views.get_mut(&v).expect("live view").slots[i] = Some(with[k]);
+        }
+        self.rebuild_runs(v);
+        Ok(())
+    }
+
+    /// Unmaps a stitched view no allocation uses and frees its
+    /// reservation. If an unmap fails, the granules already unmapped are
+    /// mapped again and the view stays. Returns its address range.
+    pub fn drop_stitched(&mut self, driver: &dyn VmmDriver, id: ViewId) -> VmmResult<(u64, u64)> {
+        let g = self.granularity;
+        let (base, chunks): (u64, Vec<ChunkId>) = {
+            let v = &self.views[&id];
+            assert!(v.stitched && v.users == 0, "drop of a home or used view");
+            (v.base, v.slots.iter().map(|c| c.expect("full")).collect())
+        };
+        for i in 0..chunks.len() {
+            if let Err(e) = driver.unmap(base + g * i as u64) {
+                for (j, c) in chunks.iter().enumerate().take(i) {
+                    let _ = driver.map(base + g * j as u64, self.chunks[c].handle);
+                }
+                if i > 0 {
+                    let _ = driver.set_access(base, g * i as u64);
+                }
+                return Err(e);
+            }
+        }
+        let size = g * chunks.len() as u64;
+        if driver.free_address(base, size).is_err() {
+            self.orphans.reservations.push((base, size));
+        }
+        let starts: Vec<usize> = self.views[&id].runs.keys().copied().collect();
+        for s in starts {
+            self.run_remove(id, s);
+        }
+        for c in chunks {
+            self.chunks
+                .get_mut(&c)
+                .expect("live chunk")
+                .stitched
+                .retain(|&(v, _)| v != id);
+        }
+        self.views.remove(&id);
+        Ok((base, size))
+    }
+
+    /// Unmaps a free chunk mapped only at home and releases it; its slot
+    /// becomes a hole. A home view left with no chunk is freed. Returns the
+    /// freed view's range, if any.
+    pub fn release_chunk(
+        &mut self,
+        driver: &dyn VmmDriver,
+        c: ChunkId,
+    ) -> VmmResult<Option<(u64, u64)>> {
+        let g = self.granularity;
+        let (v, slot) = {
+            let chunk = &self.chunks[&c];
+            assert!(
+                !chunk.used && chunk.stitched.is_empty(),
+                "release of a used or stitched chunk"
+            );
+            chunk.home
+        };
+        let base = self.views[&v].base;
+        driver.unmap(base + g * slot as u64)?;
+        self.set_fence(c, Fence::none());
+        let chunk = self.chunks.remove(&c).expect("live chunk");
+        if driver.release(chunk.handle).is_err() {
+            self.orphans.chunks.push(chunk.handle);
+        }
+        self.run_cut(v, slot, slot + 1);
+        self.free_chunks -= 1;
+        let view = self.views.get_mut(&v).expect("live view");
+        view.slots[slot] = None;
+        self.holes.insert((v, slot));
+        if view.slots.iter().all(Option::is_none) {
+            let size = g * view.slots.len() as u64;
+            self.views.remove(&v);
+            let gone: Vec<(ViewId, usize)> =
+                self.holes.range((v, 0)..(v + 1, 0)).copied().collect();
+            for h in gone {
+                self.holes.remove(&h);
+            }
+            if driver.free_address(base, size).is_err() {
+                self.orphans.reservations.push((base, size));
+            }
+            return Ok(Some((base, size)));
+        }
+        Ok(None)
+    }
+
+    /// Tries again to return orphaned chunks and reservations.
+    pub fn retry_orphans(&mut self, driver: &dyn VmmDriver) {
+        self.orphans.chunks.retain(|&h| driver.release(h).is_err());
+        self.orphans
+            .reservations
+            .retain(|&(a, s)| driver.free_address(a, s).is_err());
+    }
+
+    /// Gives everything back to the driver, used chunks included (the
+    /// lake is going away); errors are ignored, the driver keeps what it
+    /// refused.
+    pub fn teardown(&mut self, driver: &dyn VmmDriver) {
+        let ids: Vec<ViewId> = self.views.keys().copied().collect();
+        for id in ids {
+            if let Some(v) = self.views.get_mut(&id)
+                && v.stitched
+            {
+                v.users = 0;
+                let _ = self.drop_stitched(driver, id);
+            }
+        }
+        let ids: Vec<ChunkId> = self.chunks.keys().copied().collect();
+        for c in ids {
+            if self.chunks[&c].used {
+                self.set_used(c, false);
+            }
+            self.set_fence(c, Fence::none());
+            if self.chunks[&c].stitched.is_empty() {
+                let _ = self.release_chunk(driver, c);
+            }
+        }
+        self.retry_orphans(driver);
+    }
+}
