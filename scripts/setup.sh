@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 toolchain=$(sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)
 rustup component add --toolchain "$toolchain" rust-src llvm-tools llvm-bitcode-linker clippy rustfmt >&2
-python3 -m pip install --quiet --disable-pip-version-check "nvidia-cuda-nvcc>=13,<14" >&2
+python3 -m pip install --quiet --disable-pip-version-check "nvidia-cuda-nvcc>=13,<14" pytest >&2
 python3 - <<'PY'
 import os, nvidia
 for root in nvidia.__path__:

@@ -15,6 +15,8 @@ echo "== clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== tests (CPU; GPU tests skip without a GPU)"
 cargo test --workspace --release
+echo "== Python tests (those needing torch or a GPU say why they skip)"
+python3 -m pytest -q -rs python/tests
 echo "== loom model checks"
 RUSTFLAGS="--cfg loom" cargo test -p gpu-kernel --test loom --release
 

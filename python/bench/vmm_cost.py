@@ -35,8 +35,12 @@ try:
     from cuda.bindings import driver as cu
     BINDING = "cuda.bindings.driver"
 except ImportError:  # older cuda-python
-    from cuda import cuda as cu
-    BINDING = "cuda.cuda"
+    try:
+        from cuda import cuda as cu
+        BINDING = "cuda.cuda"
+    except ImportError:  # no cuda-python: main() says so; tests use a fake
+        cu = None
+        BINDING = None
 
 
 class DriverError(RuntimeError):
@@ -217,6 +221,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--event-reps", type=int, default=1000)
     p.add_argument("--json-out", default=None)
+    if cu is None:
+        sys.exit("vmm_cost: needs cuda-python (pip install cuda-python): no cuda.bindings here")
     args = p.parse_args(argv)
     try:
         out = bench(args.device, args.reps, args.warmup, args.event_reps)
