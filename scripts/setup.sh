@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine needs to build and check gpumalloc: the pinned
 # Rust toolchain with the components the NVPTX build uses (automatic toolchain
-# installation is off on our machines), and ptxas from PyPI. Prints the path
-# of ptxas on its last line.
+# installation is off on our machines), ptxas from PyPI and pytest. Prints
+# the path of ptxas on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 toolchain=$(sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)

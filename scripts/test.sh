@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README.md): installs what it needs on a fresh
 # machine, then runs formatting, lints, every CPU test, the loom model
-# checks, the PTX build and ptxas over the PTX for sm_80 and sm_90. GPU tests
-# print "skipped: no GPU" on machines without one.
+# checks, the PTX build, ptxas over the PTX for sm_80 and sm_90, and the
+# Python tests. GPU tests print "skipped: no GPU" on machines without one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -301,6 +301,48 @@ def case_compile_reduce_overhead():
     print("torch.compile(mode='reduce-overhead') matches eager")
 
 
+def case_two_devices():
+    libcuda = ctypes.CDLL("libcuda.so.1")
+
+    def current():
+        ctx = ctypes.c_void_p()
+        libcuda.cuCtxGetCurrent(ctypes.byref(ctx))
+        return ctx.value
+
+    assert torch.cuda.device_count() >= 2, "needs two GPUs"
+    a = torch.full((1 << 22,), 3.0, device="cuda:0")
+    b = torch.full((1 << 22,), 5.0, device="cuda:1")
+    torch.cuda.set_device(0)
+    ctx0 = current()
+    box = [b]
+
+    def worker():
+        # A thread working on cuda:0 frees a cuda:1 tensor.
+        torch.cuda.set_device(0)
+        x = torch.ones(16, device="cuda:0")
+        before = current()
+        box.pop()
+        seen["after"] = current()
+        seen["before"] = before
+        seen["device"] = torch.cuda.current_device()
+        del x
+
+    seen = {}
+    del b
+    th = threading.Thread(target=worker)
+    th.start()
+    th.join()
+    assert seen["after"] == seen["before"] and seen["device"] == 0, seen
+    assert current() == ctx0 and torch.cuda.current_device() == 0
+    c = a.to("cuda:1") + 1.0
+    assert torch.all(c == 4.0) and c.device.index == 1
+    assert torch.all(c.to("cuda:0") == 4.0)
+    s0, s1 = gpumalloc_torch.stats(0), gpumalloc_torch.stats(1)
+    assert s0["active"] >= a.numel() * 4 and s1["active"] >= c.numel() * 4, (s0, s1)
+    assert torch.cuda.memory_allocated(1) >= c.numel() * 4
+    print("two devices: separate pools, contexts kept, copies correct")
+
+
 CASES = {name[len("case_") :]: f for name, f in globals().items() if name.startswith("case_")}
 
 

@@ -57,6 +57,21 @@ def test_case(case):
     )
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_devices():
+    r = subprocess.run(
+        [sys.executable, str(HERE / "gpu_cases.py"), "two_devices"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    print(r.stdout[-2000:])
+    assert r.returncode == 0 and "PASS two_devices" in r.stdout, (
+        f"two_devices failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    )
+
+
 def _gpt2(allocator, mode):
     pytest.importorskip("transformers", reason="transformers is not installed")
     r = subprocess.run(
