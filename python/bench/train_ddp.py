@@ -61,15 +61,16 @@ def worker(args):
     world = int(os.environ["WORLD_SIZE"])
     out = {"allocator": args.allocator, "rank": rank, "world": world, "status": "started"}
     device = torch.device("cpu") if args.cpu else torch.device("cuda", local)
-    if not args.cpu:
-        torch.cuda.set_device(device)
     gm = None
     if args.allocator == "ours" and not args.cpu:
+        # Before any CUDA call: set_device initialises PyTorch's allocator.
         sys.path.insert(0, str(REPO / "python"))
         import gpumalloc_torch
 
         gm = gpumalloc_torch
         gm.enable()
+    if not args.cpu:
+        torch.cuda.set_device(device)
     try:
         if args.cpu:
             dist.init_process_group("gloo")

@@ -118,7 +118,8 @@ def _extension(verbose=False):
 
 
 def enable(path=None, verbose=False):
-    """Makes gpumalloc PyTorch's CUDA allocator; call before any CUDA allocation.
+    """Makes gpumalloc PyTorch's CUDA allocator; call before any CUDA call
+    (torch.cuda.set_device and the first CUDA tensor initialise PyTorch's own).
 
     Out of memory then raises torch.cuda.OutOfMemoryError; CUDA graphs get
     private pools; torch.cuda.memory_stats(), empty_cache(), record_stream
@@ -126,7 +127,16 @@ def enable(path=None, verbose=False):
     """
     path = path or default_path()
     _load(path)
-    _extension(verbose).install(path)
+    try:
+        _extension(verbose).install(path)
+    except RuntimeError as e:
+        if "already initialized" not in str(e):
+            raise
+        raise RuntimeError(
+            "gpumalloc_torch.enable() must run before CUDA is initialised in this "
+            "process: call it before torch.cuda.set_device, the first CUDA tensor or "
+            "torch.distributed's NCCL set-up"
+        ) from e
 
 
 def is_enabled():

@@ -27,6 +27,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include <atomic>
@@ -231,6 +232,23 @@ class Allocator : public Base {
 
   std::string name() override {
     return "gpumalloc";
+  }
+
+  // Our memory is mapped with access for its own device only (CUDA virtual
+  // memory), so a plain device-to-device copy between two GPUs is refused;
+  // the peer copy works whatever the mappings.
+  cudaError_t memcpyAsync(
+      void* dst,
+      int dst_device,
+      const void* src,
+      int src_device,
+      size_t count,
+      cudaStream_t stream,
+      bool /*p2p_enabled*/) override {
+    if (dst_device == src_device) {
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    }
+    return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
   }
 
   void beginAllocateToPool(
