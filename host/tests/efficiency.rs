@@ -416,3 +416,43 @@ fn a_failed_patch_puts_the_view_back() {
     assert_eq!(again.addr, big.addr);
     l.check().unwrap();
 }
+
+/// The whole six-step GPT-2 batch-16 trace (PyTorch 2.11 default allocator,
+/// H100, `python/bench/run.py --suite milestone1`).
+const GPT2_B16_FULL: &str = "tests/data/gpt2-b16-6steps.trace.gz";
+
+/// Peak reserved of this pool on the H100 for the same workload (GiB):
+/// `python/bench/run.py --suite main`, `docs/results/h100-torch/`.
+const OURS_GPU_B16_RESERVED_GIB: f64 = 11.97;
+
+#[test]
+fn gpt2_full_trace_replay_matches_the_gpu_figure() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(GPT2_B16_FULL);
+    if !path.exists() {
+        println!("skipped: {} is absent", path.display());
+        return;
+    }
+    let trace = replay::load(&path).unwrap();
+    const GIB: f64 = (1u64 << 30) as f64;
+    for timing in [EventTiming::AtOnce, EventTiming::AfterOps(2000)] {
+        let report = replay::replay(
+            &trace,
+            &ReplayConfig {
+                timing,
+                ..ReplayConfig::default()
+            },
+        )
+        .unwrap();
+        let reserved = report.peak_reserved as f64 / GIB;
+        println!("{timing}: replay {reserved:.3} GiB, GPU {OURS_GPU_B16_RESERVED_GIB} GiB");
+        assert!(
+            (reserved / OURS_GPU_B16_RESERVED_GIB - 1.0).abs() < 0.03,
+            "{timing}: replay {reserved:.3} GiB, GPU {OURS_GPU_B16_RESERVED_GIB:.3} GiB"
+        );
+        assert!(
+            report.efficiency() >= 0.95,
+            "{timing}: {:.3}",
+            report.efficiency()
+        );
+    }
+}
