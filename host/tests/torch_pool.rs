@@ -155,6 +155,51 @@ fn a_stream_reuses_its_own_frees_at_once_for_any_size() {
 }
 
 #[test]
+fn a_stream_alone_records_no_event_until_a_second_one_appears() {
+    let p = pool(16, ModelEvents::new());
+    for round in 0..10u64 {
+        let a = p.alloc(3 * G, S1).unwrap();
+        let b = p.alloc(1000 + round, S1).unwrap();
+        p.free(b, S1).unwrap();
+        p.free(a, S1).unwrap();
+    }
+    assert_eq!(p.stats().event_calls, 0, "one stream: no event");
+    let reserved = p.stats().reserved_bytes;
+    // A second stream: one event is recorded behind S1's frees; S2 gets
+    // S1's memory once it completes.
+    let c = p.alloc(3 * G, S2).unwrap();
+    assert_eq!(p.stats().event_calls, 2, "the catch-up event and one query");
+    assert!(
+        p.stats().reserved_bytes > reserved,
+        "not before S1's work is done"
+    );
+    p.free(c, S2).unwrap();
+    p.events().complete_stream(S1);
+    p.events().complete_stream(S2);
+    let reserved = p.stats().reserved_bytes;
+    let d = p.alloc(3 * G, StreamId(3)).unwrap();
+    assert_eq!(
+        p.stats().reserved_bytes,
+        reserved,
+        "S1's memory served stream 3"
+    );
+    p.free(d, StreamId(3)).unwrap();
+    p.check().unwrap();
+}
+
+#[test]
+fn empty_cache_of_a_lone_stream_waits_and_releases_everything() {
+    let p = pool(16, ModelEvents::new());
+    let a = p.alloc(3 * G, S1).unwrap();
+    let b = p.alloc(1000, S1).unwrap();
+    p.free(a, S1).unwrap();
+    p.free(b, S1).unwrap();
+    assert_eq!(p.empty_cache().unwrap(), 4 * G);
+    assert_eq!(p.stats().event_calls, 1, "one synchronisation");
+    assert_eq!(p.lake().driver().census(), Default::default());
+}
+
+#[test]
 fn zero_size_is_null_and_counts_nothing() {
     let p = pool(4, ModelEvents::new());
     assert_eq!(p.alloc(0, S1).unwrap(), 0);

@@ -7,6 +7,10 @@
 //!   (exact match, split, stitch, grow). A request for a private pool
 //!   ([`StreamPool::alloc_in`]) is served from that pool's store for the
 //!   asking stream, else from the lake, and its block stays the pool's;
+//! - **one stream**: while a single stream has used the pool, its frees
+//!   record no event (nobody else may take its memory); when a second
+//!   stream appears, one event is recorded behind them (when no window is
+//!   open) and the stream rule below applies from then on;
 //! - **stream rule** (fences, `lake/fence.rs`): `free(addr, S)` records an
 //!   event on S and on every stream added with
 //!   [`StreamPool::record_stream`], numbers the free on each (per-stream
@@ -129,7 +133,25 @@ struct State {
     progress: Progress,
     parked: Vec<Parked>,
     private: PrivatePools,
+    streams: Streams,
+    /// Frees made without events while one stream was alone, that another
+    /// stream may only have once an event recorded after them completes;
+    /// the event is recorded when no window is open.
+    catch_up: Vec<(StreamId, u64)>,
     counters: Counters,
+}
+
+/// Which streams have used the pool. While one stream is alone, its frees
+/// need no event: nobody else may take its memory, and its own later work
+/// is ordered after the free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Streams {
+    /// No request yet.
+    None,
+    /// Every request, free and `record_stream` so far named this stream.
+    Alone(StreamId),
+    /// Several streams: every free records an event.
+    Several,
 }
 
 /// The allocator of one device: lake, split cache, stream rule and
@@ -155,6 +177,8 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 progress: Progress::new(),
                 parked: Vec::new(),
                 private: PrivatePools::new(chunk),
+                streams: Streams::None,
+                catch_up: Vec::new(),
                 counters: Counters::default(),
             }),
         }
@@ -191,6 +215,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             return Ok(0);
         }
         let mut s = self.state();
+        self.note_stream(&mut s, stream)?;
         if !s.private.any_window() {
             self.settle(&mut s)?;
         }
@@ -238,9 +263,11 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             return Ok(());
         }
         let mut s = self.state();
-        let Some(live) = s.live.remove(&addr) else {
+        if !s.live.contains_key(&addr) {
             return Err(PoolError::NotOurs { addr });
-        };
+        }
+        self.note_stream(&mut s, stream)?;
+        let live = s.live.remove(&addr).expect("checked above");
         self.uncount(&mut s, &live);
         match live.home {
             Home::Private(..) if live.uses.is_empty() => {
@@ -277,7 +304,11 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// submitted before the free has completed (`Tensor.record_stream`).
     pub fn record_stream(&self, addr: u64, stream: StreamId) -> PoolResult<()> {
         let mut s = self.state();
-        let live = s.live.get_mut(&addr).ok_or(PoolError::NotOurs { addr })?;
+        if !s.live.contains_key(&addr) {
+            return Err(PoolError::NotOurs { addr });
+        }
+        self.note_stream(&mut s, stream)?;
+        let live = s.live.get_mut(&addr).expect("checked above");
         if !live.uses.contains(&stream) {
             live.uses.push(stream);
         }
@@ -669,10 +700,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     fn reclaim(&self, s: &mut State) -> PoolResult<()> {
         if !s.private.any_window() {
             self.flush_parked(s)?;
-            if !s.events.is_empty() {
-                self.events.synchronize_all()?;
-            }
-            self.poll(s)?;
+            self.synchronize(s, false)?;
             self.drain_released(s)?;
         }
         self.release_empty_chunks(s, 0)
@@ -682,14 +710,77 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// events, completed events settle fences, released graphs give memory
     /// back.
     fn settle(&self, s: &mut State) -> PoolResult<()> {
+        self.record_catch_up(s)?;
         self.flush_parked(s)?;
         self.poll(s)?;
         self.drain_released(s)
     }
 
-    /// Numbers a free on `stream`, records its event and returns the fence
-    /// it puts the freed memory behind.
+    /// Counts `stream` among the pool's streams. When a second stream
+    /// appears, the first one's frees so far had no event: one is recorded
+    /// now (or, inside a window, when the last window closes) behind them,
+    /// and from then on every free records its own.
+    fn note_stream(&self, s: &mut State, stream: StreamId) -> PoolResult<()> {
+        match s.streams {
+            Streams::None => s.streams = Streams::Alone(stream),
+            Streams::Alone(only) if only != stream => {
+                s.streams = Streams::Several;
+                let done = s.frees.get(&only).copied().unwrap_or(0);
+                if done > s.progress.done(only.0) {
+                    s.catch_up.push((only, done));
+                    if !s.private.any_window() {
+                        self.record_catch_up(s)?;
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Records the events owed for frees made without one (see
+    /// [`StreamPool::note_stream`]).
+    fn record_catch_up(&self, s: &mut State) -> PoolResult<()> {
+        while let Some(&(stream, seq)) = s.catch_up.last() {
+            let event = self.events.record(stream)?;
+            s.catch_up.pop();
+            s.events.entry(stream).or_default().push_back((seq, event));
+        }
+        Ok(())
+    }
+
+    /// Waits for the device (if some free is not known complete, or
+    /// `always`): every free so far is complete, every event is given back,
+    /// fences settle.
+    fn synchronize(&self, s: &mut State, always: bool) -> PoolResult<()> {
+        let unsettled = s
+            .frees
+            .iter()
+            .any(|(stream, &seq)| seq > s.progress.done(stream.0));
+        if !unsettled && !always {
+            return Ok(());
+        }
+        self.events.synchronize_all()?;
+        for (&stream, &seq) in &s.frees {
+            s.progress.advance(stream.0, seq);
+        }
+        for (_, event) in s.events.drain().flat_map(|(_, l)| l) {
+            self.events.destroy(event);
+        }
+        s.catch_up.clear();
+        s.split.settle(&s.progress);
+        s.private.settle(&s.progress);
+        Ok(())
+    }
+
+    /// Numbers a free on `stream` and returns the fence it puts the freed
+    /// memory behind, recording its event unless `stream` is alone.
     fn fence_free(&self, s: &mut State, stream: StreamId) -> PoolResult<Fence> {
+        if s.streams == Streams::Alone(stream) {
+            let seq = s.frees.entry(stream).or_default();
+            *seq += 1;
+            return Ok(Fence::single(stream.0, *seq));
+        }
         let event = self.events.record(stream)?;
         let seq = s.frees.entry(stream).or_default();
         *seq += 1;
@@ -821,7 +912,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// may still be reading it). Only called with no window open.
     fn drain_released(&self, s: &mut State) -> PoolResult<()> {
         if s.private.has_freeable_memory() {
-            self.events.synchronize_all()?;
+            self.synchronize(s, true)?;
         }
         for range in s.private.drain_freeable() {
             self.lake
