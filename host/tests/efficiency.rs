@@ -231,16 +231,7 @@ fn lake_fences_admit_their_stream_and_completed_work() {
 #[test]
 fn a_stitched_view_serves_a_smaller_request_by_its_prefix_but_not_a_much_smaller_one() {
     let l = lake(64);
-    // Four free runs of 3 chunks, each between used chunks.
-    let parts: Vec<_> = (0..8)
-        .map(|i| l.alloc(if i % 2 == 0 { 3 * G } else { G }).unwrap())
-        .collect();
-    for r in parts.iter().step_by(2) {
-        l.free(*r).unwrap();
-    }
-    let big = l.alloc(12 * G).unwrap();
-    assert!(l.is_stitched(big));
-    l.free(big).unwrap();
+    let big = free_stitched_view(&l);
     let maps = l.stats().driver.of(VmmCall::Map).calls;
     // 10 chunks (within a quarter): the view's prefix, no driver call.
     let ten = l.alloc(10 * G).unwrap();
@@ -353,9 +344,9 @@ fn gpt2_trace_replays_with_efficiency_over_0_9() {
     }
 }
 
-/// A 12-chunk stitched view, free again, with one of its chunks then
-/// taken by a 1-chunk allocation (a home run of 3 is the best fit for it).
-fn view_with_one_chunk_taken(l: &Lake<ModelVmm>) -> (host::lake::DeviceRange, u64) {
+/// A 12-chunk stitched view over four free runs of 3 chunks (each between
+/// used chunks), free again.
+fn free_stitched_view(l: &Lake<ModelVmm>) -> host::lake::DeviceRange {
     let parts: Vec<_> = (0..8)
         .map(|i| l.alloc(if i % 2 == 0 { 3 * G } else { G }).unwrap())
         .collect();
@@ -365,6 +356,13 @@ fn view_with_one_chunk_taken(l: &Lake<ModelVmm>) -> (host::lake::DeviceRange, u6
     let big = l.alloc(12 * G).unwrap();
     assert!(l.is_stitched(big));
     l.free(big).unwrap();
+    big
+}
+
+/// A 12-chunk stitched view, free again, with one of its chunks then
+/// taken by a 1-chunk allocation (a home run of 3 is the best fit for it).
+fn view_with_one_chunk_taken(l: &Lake<ModelVmm>) -> (host::lake::DeviceRange, u64) {
+    let big = free_stitched_view(l);
     let one = l.alloc(G).unwrap();
     assert!(!l.is_stitched(one));
     (big, one.addr)
