@@ -29,10 +29,13 @@ use cudarc::driver::CudaContext;
 use host::lake::{ChunkOptions, CudaVmm, Lake, LakeConfig};
 use host::pluggable::{CudaEvents, PoolEntry, PoolId, PoolStats, Registry, StreamId, StreamPool};
 
+/// The pool of one device on the real driver.
+type CudaPool = StreamPool<CudaVmm, CudaEvents>;
+
 /// The pool of one device on the real driver, with its total memory and
 /// the fraction of it the user allows.
 struct Device {
-    pool: StreamPool<CudaVmm, CudaEvents>,
+    pool: CudaPool,
     total_bytes: u64,
     /// The fraction set with `gm_set_memory_fraction` (1.0 at first).
     fraction: Mutex<f64>,
@@ -198,6 +201,19 @@ fn with_device(dev: i32, f: impl FnOnce(&Device) -> Result<(), String>) -> i32 {
     })
 }
 
+/// Runs `call` on private pool `(hi, lo)` of `device`'s pool; 0, or -1
+/// with the thread's last error set.
+fn with_private_pool(
+    device: i32,
+    hi: u64,
+    lo: u64,
+    call: impl FnOnce(&CudaPool, PoolId) -> host::pluggable::PoolResult<()>,
+) -> i32 {
+    with_device(device, |d| {
+        call(&d.pool, PoolId(hi, lo)).map_err(|e| e.to_string())
+    })
+}
+
 /// Allocates `size` bytes on `device` for `stream`, in private pool
 /// `(pool_hi, pool_lo)` (`(0, 0)`: the general pool). Null for `size == 0`
 /// (with no error) and on failure (with the thread's last error set:
@@ -309,42 +325,26 @@ pub extern "C" fn gm_record_stream(ptr: *mut c_void, stream: *mut c_void) -> i32
 /// CUDA graph capture begins). 0, or -1 (see `gm_last_error`).
 #[unsafe(no_mangle)]
 pub extern "C" fn gm_begin_allocate_to_pool(device: i32, hi: u64, lo: u64) -> i32 {
-    with_device(device, |d| {
-        d.pool
-            .begin_allocate_to_pool(PoolId(hi, lo))
-            .map_err(|e| e.to_string())
-    })
+    with_private_pool(device, hi, lo, StreamPool::begin_allocate_to_pool)
 }
 
 /// Closes the window on private pool `(hi, lo)` of `device`.
 #[unsafe(no_mangle)]
 pub extern "C" fn gm_end_allocate_to_pool(device: i32, hi: u64, lo: u64) -> i32 {
-    with_device(device, |d| {
-        d.pool
-            .end_allocate_to_pool(PoolId(hi, lo))
-            .map_err(|e| e.to_string())
-    })
+    with_private_pool(device, hi, lo, StreamPool::end_allocate_to_pool)
 }
 
 /// Adds a user to private pool `(hi, lo)` of `device`.
 #[unsafe(no_mangle)]
 pub extern "C" fn gm_incref_pool(device: i32, hi: u64, lo: u64) -> i32 {
-    with_device(device, |d| {
-        d.pool
-            .incref_pool(PoolId(hi, lo))
-            .map_err(|e| e.to_string())
-    })
+    with_private_pool(device, hi, lo, StreamPool::incref_pool)
 }
 
 /// Removes a user of private pool `(hi, lo)` of `device` (a graph was
 /// deleted); its memory returns to general use when it has none left.
 #[unsafe(no_mangle)]
 pub extern "C" fn gm_release_pool(device: i32, hi: u64, lo: u64) -> i32 {
-    with_device(device, |d| {
-        d.pool
-            .release_pool(PoolId(hi, lo))
-            .map_err(|e| e.to_string())
-    })
+    with_private_pool(device, hi, lo, StreamPool::release_pool)
 }
 
 /// Users of private pool `(hi, lo)` of `device`; -1 on failure.
