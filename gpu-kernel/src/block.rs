@@ -6,17 +6,30 @@
 //!   cleared only by a thread holding a reservation from the segment table,
 //!   and set only by the thread returning the block.
 //! - A slice block's counter counts slices that will never be handed out
-//!   again: freed slices plus those a retired slot left unissued. The thread
-//!   whose add brings it to `SLICES_PER_BLOCK` owns the block and returns it,
-//!   after storing the counter back to zero.
-//! - A slice's double-free bit (checked heaps only) is set by its free and
-//!   cleared when its block returns.
+//!   again: freed slices plus those a retired slot left unissued. It is never
+//!   reset: each lifetime of the block adds exactly `SLICES_PER_BLOCK`, and
+//!   the thread whose add carries it across a multiple of `SLICES_PER_BLOCK`
+//!   owns the block and returns it. A count can therefore never be erased by
+//!   a reset racing a late add, and a stray add (an undetected bad free on an
+//!   unchecked heap) only ends one lifetime early: no block is ever stuck
+//!   with a count that can no longer reach the end.
+//! - Checked heaps keep two bits per slice (see [`CHECK_WORDS_PER_BLOCK`]):
+//!   the *live* bit, set by `malloc` and cleared by `free`, and the *freed*
+//!   bit, set by `free` and cleared when the slice is handed out again. A
+//!   free whose live bit is clear is a bad free: a double free if the freed
+//!   bit is set, else a pointer never handed out.
 
 use crate::arch::{self, Word};
 use crate::class::{SLICES_PER_BLOCK, SizeClass};
 
-/// Words of double-free bits per slice block.
+/// Words of one bit per slice of a block.
 pub const SLICE_BIT_WORDS: u32 = (SLICES_PER_BLOCK / 64) as u32;
+/// Words of misuse-check bits per slice block on checked heaps: the live
+/// bits, then the freed bits. A segment of a block class keeps the freed
+/// bits of its blocks in the freed words of its first slice block.
+pub const CHECK_WORDS_PER_BLOCK: u32 = 2 * SLICE_BIT_WORDS;
+/// Mask of a counter's position within the current lifetime.
+const LIFETIME_MASK: u64 = SLICES_PER_BLOCK - 1;
 
 /// The bitmap of one segment.
 #[derive(Clone, Copy)]
@@ -105,7 +118,21 @@ pub fn count_dead_slices(counter: &Word, slices: u64) -> bool {
     // the slices before it recycles the block (release by each adder,
     // acquire by the one that completes).
     let old = arch::fetch_add_acq_rel(counter, slices);
-    old + slices == SLICES_PER_BLOCK
+    completes(old, slices)
+}
+
+/// Whether adding `slices` (at most a block's worth) to a counter that held
+/// `old` carries it across a multiple of `SLICES_PER_BLOCK`.
+#[inline(always)]
+fn completes(old: u64, slices: u64) -> bool {
+    (old & LIFETIME_MASK) + slices >= SLICES_PER_BLOCK
+}
+
+/// Slices counted dead in the current lifetime of a block whose counter
+/// holds `counter`.
+#[inline(always)]
+pub fn dead_in_lifetime(counter: u64) -> u64 {
+    counter & LIFETIME_MASK
 }
 
 /// Adds `slices` freed slices to a block counter; true if this add
@@ -117,26 +144,81 @@ pub fn count_freed_slices(counter: &Word, slices: u64) -> bool {
     // acquire side, so it alone pays for the fence (an acquire RMW would
     // invalidate the SM's L1 on every free).
     let old = arch::fetch_add_release(counter, slices);
-    let done = old + slices == SLICES_PER_BLOCK;
+    let done = completes(old, slices);
     if done {
         arch::fence_acq_rel();
     }
     done
 }
 
-/// Sets a slice's double-free bit; false if it was already set.
-#[inline(always)]
-pub fn mark_slice_freed(bits: &[Word], slice: u32) -> bool {
-    let bit = 1u64 << (slice & 63);
-    // SAFETY: slice < SLICES_PER_BLOCK, so the word index is in range.
-    let w = unsafe { bits.get_unchecked((slice >> 6) as usize) };
-    arch::fetch_or_acq_rel(w, bit) & bit == 0
+/// What a checked free found for a slice (or a block of a block class).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckedFree {
+    /// It was live; now it is freed.
+    Freed,
+    /// It was already freed and not handed out since.
+    Double,
+    /// It was never handed out (in this block's format).
+    NeverHandedOut,
 }
 
-/// Clears all double-free bits of a block being recycled.
-#[inline]
-pub fn clear_slice_bits(bits: &[Word]) {
-    for w in bits {
-        arch::store_relaxed(w, 0);
+#[inline(always)]
+fn bit_word(bits: &[Word], word: u32) -> &Word {
+    // SAFETY: callers pass words below CHECK_WORDS_PER_BLOCK, the length of
+    // every check-bit region.
+    unsafe { bits.get_unchecked(word as usize) }
+}
+
+/// Checked heaps: marks slice `slice` live as `malloc` hands it out.
+#[inline(always)]
+pub fn mark_slice_live(bits: &[Word], slice: u32) {
+    let bit = 1u64 << (slice & 63);
+    // acq_rel RMWs (the only kind the architecture module offers for bit
+    // operations): nothing is published through these bits, they are read
+    // only by a later free of the same pointer, which the user orders after
+    // this malloc.
+    arch::fetch_or_acq_rel(bit_word(bits, slice >> 6), bit);
+    let freed = bit_word(bits, SLICE_BIT_WORDS + (slice >> 6));
+    if arch::load_relaxed(freed) & bit != 0 {
+        arch::fetch_and_acq_rel(freed, !bit);
     }
+}
+
+/// Checked heaps: a free of slice `slice`. Only a `Freed` answer may count
+/// the slice dead.
+#[inline(always)]
+pub fn check_slice_free(bits: &[Word], slice: u32) -> CheckedFree {
+    let bit = 1u64 << (slice & 63);
+    // The live bit's clear decides: of two frees of one live slice, exactly
+    // one finds the bit set.
+    if arch::fetch_and_acq_rel(bit_word(bits, slice >> 6), !bit) & bit != 0 {
+        arch::fetch_or_acq_rel(bit_word(bits, SLICE_BIT_WORDS + (slice >> 6)), bit);
+        return CheckedFree::Freed;
+    }
+    if arch::load_relaxed(bit_word(bits, SLICE_BIT_WORDS + (slice >> 6))) & bit != 0 {
+        CheckedFree::Double
+    } else {
+        CheckedFree::NeverHandedOut
+    }
+}
+
+/// Checked heaps, block classes: records that block `block` was freed
+/// (`freed` words of the segment's first slice block).
+#[inline(always)]
+pub fn mark_block_freed(bits: &[Word], block: u32, freed: bool) {
+    let bit = 1u64 << (block & 63);
+    let w = bit_word(bits, SLICE_BIT_WORDS + (block >> 6));
+    if freed {
+        arch::fetch_or_acq_rel(w, bit);
+    } else if arch::load_relaxed(w) & bit != 0 {
+        arch::fetch_and_acq_rel(w, !bit);
+    }
+}
+
+/// Checked heaps, block classes: whether block `block` was freed since it
+/// was last handed out.
+#[inline(always)]
+pub fn block_was_freed(bits: &[Word], block: u32) -> bool {
+    let bit = 1u64 << (block & 63);
+    arch::load_relaxed(bit_word(bits, SLICE_BIT_WORDS + (block >> 6))) & bit != 0
 }

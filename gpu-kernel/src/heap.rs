@@ -22,13 +22,13 @@
 use core::ptr;
 
 use crate::arch::{self, Word};
-use crate::block::{self, BlockBitmap, SLICE_BIT_WORDS};
+use crate::block::{self, BlockBitmap, CHECK_WORDS_PER_BLOCK, CheckedFree};
 use crate::class::{
     BITMAP_WORDS_PER_SEGMENT, Request, SEGMENT_SHIFT, SLICE_BLOCKS_PER_SEGMENT, SLICES_PER_BLOCK,
     SizeClass,
 };
 use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
-use crate::segment::{Reservation, Return, SegmentState, SegmentTable};
+use crate::segment::{Previous, Reservation, Return, SegmentState, SegmentTable};
 use crate::slot::SLOTS_PER_CLASS;
 use crate::veb::VebTree;
 
@@ -143,7 +143,7 @@ impl Heap {
 
     #[inline(always)]
     pub(crate) fn slice_bits(&self, global_block: u64) -> &[Word] {
-        let per = SLICE_BIT_WORDS as u64;
+        let per = CHECK_WORDS_PER_BLOCK as u64;
         self.region(self.slice_bits_at + global_block * per, per)
     }
 
@@ -217,12 +217,25 @@ impl Heap {
             if lane == leader {
                 claim = self.claim_blocks(class, team.count_ones()).0;
             }
-            let claim = Claim(arch::shfl_u64(team, claim, leader));
+            let mut claim = Claim(arch::shfl_u64(team, claim, leader));
             if claim.count() == 0 {
-                return None;
+                // Before failing, give back what slice classes hold idle and
+                // try once more (the leader alone: one reclaim per team).
+                let mut again = 0;
+                if lane == leader {
+                    self.reclaim();
+                    again = self.claim_blocks(class, team.count_ones()).0;
+                }
+                claim = Claim(arch::shfl_u64(team, again, leader));
+                if claim.count() == 0 {
+                    return None;
+                }
             }
             if rank < claim.count() {
                 let block = claim.take(self, class, rank);
+                if self.checked() {
+                    block::mark_block_freed(self.block_bits(block.segment), block.block, false);
+                }
                 return Some(self.block_address(class, block));
             }
         }
@@ -311,20 +324,38 @@ impl Heap {
         Claim::formatted(segment, taken)
     }
 
-    /// Returns a slice block whose every slice is dead to its segment.
+    /// Whether this heap keeps misuse-check bits (`CHECK_DOUBLE_FREE`).
+    #[inline(always)]
+    pub(crate) fn checked(&self) -> bool {
+        self.flags & CHECK_DOUBLE_FREE != 0
+    }
+
+    /// Checked heaps: the check bits of a block-class segment's blocks.
+    #[inline(always)]
+    fn block_bits(&self, segment: u32) -> &[Word] {
+        self.slice_bits(BlockId { segment, block: 0 }.global())
+    }
+
+    /// Returns a slice block whose every slice is dead to its segment. The
+    /// counter is not reset (see `block`); check bits need no reset either:
+    /// every live bit was cleared by its free, and freed bits are cleared
+    /// as slices are handed out again.
     #[inline(never)]
     pub(crate) fn release_block(&self, class: SizeClass, b: BlockId) {
         let global = b.global();
-        // Relaxed: published by the bitmap's acq_rel RMW below.
-        arch::store_relaxed(self.counter(global), 0);
-        if self.flags & CHECK_DOUBLE_FREE != 0 {
-            block::clear_slice_bits(self.slice_bits(global));
-        }
-        if !self.bitmap(b.segment).give_back(b.block) {
-            // A slot's accounting went wrong; count it rather than corrupt the tree.
+        // On an unchecked heap an undetected bad free can end a block's
+        // lifetime early, even after its segment changed hands: never give a
+        // block back to a segment that is not formatted for its class.
+        let formatted = matches!(
+            self.table().load(b.segment),
+            SegmentState::Active { class: c, .. } if c == class
+        );
+        if !formatted || !self.bitmap(b.segment).give_back(b.block) {
+            // Only an undetected double free can get here (unchecked heaps):
+            // count it rather than corrupt the bitmap or the segment table.
             self.misuse(
                 Stat::DoubleFrees,
-                b"gpumalloc: block %llu returned twice\n\0",
+                b"gpumalloc: block %llu came back twice (an undetected double free)\n\0",
                 global,
             );
             return;
@@ -338,14 +369,35 @@ impl Heap {
     #[inline]
     fn free_block(&self, class: SizeClass, b: BlockId) {
         if !self.bitmap(b.segment).give_back(b.block) {
-            return self.misuse(
-                Stat::DoubleFrees,
-                b"gpumalloc: double free of a block in segment %llu\n\0",
-                b.segment as u64,
-            );
+            // A free block: freed before, or never handed out. Only checked
+            // heaps remember which; unchecked ones count it as a double free.
+            let never = self.checked()
+                && !block::block_was_freed(self.block_bits(b.segment), b.block);
+            return if never {
+                self.misuse(
+                    Stat::InvalidFrees,
+                    b"gpumalloc: free of a block never handed out in segment %llu\n\0",
+                    b.segment as u64,
+                )
+            } else {
+                self.misuse(
+                    Stat::DoubleFrees,
+                    b"gpumalloc: double free of a block in segment %llu\n\0",
+                    b.segment as u64,
+                )
+            };
+        }
+        if self.checked() {
+            block::mark_block_freed(self.block_bits(b.segment), b.block, true);
         }
         let mask = arch::active_mask();
         let team = arch::match_any(mask, b.segment);
+        // The leader counts the whole team's blocks: the last count may hand
+        // the segment to another class or thread, so every member's writes
+        // to its block must happen before it. Each member's `give_back`
+        // releases only on its bitmap word, which the leader never reads;
+        // `match` orders nothing, `bar.warp.sync` over the team does.
+        arch::warp_sync(team);
         if arch::lane_id() == arch::lowest_lane(team) {
             self.return_blocks(class, b.segment, team.count_ones());
         }
@@ -378,7 +430,9 @@ impl Heap {
         let head = match tree.claim_run_from_top(count) {
             Some(h) => h,
             None => {
-                self.flush_slots();
+                // Idle blocks of slice classes may be all that holds the
+                // segments: give them back, then try once more.
+                self.reclaim();
                 tree.claim_run_from_top(count)?
             }
         };
@@ -462,6 +516,29 @@ impl Heap {
                     p as u64,
                 ),
             },
+            // A segment that came back whole: a pointer that was the start
+            // of an allocation there is a double free (as far as the segment
+            // remembers: only its last use).
+            SegmentState::Free => {
+                let double = match self.table().previous(segment) {
+                    Previous::Active(class) => within & ((1u64 << class.unit_shift()) - 1) == 0,
+                    Previous::RunHead => within == 0,
+                    Previous::Nothing => false,
+                };
+                if double {
+                    self.misuse(
+                        Stat::DoubleFrees,
+                        b"gpumalloc: double free in a free segment (%llx)\n\0",
+                        p as u64,
+                    )
+                } else {
+                    self.misuse(
+                        Stat::InvalidFrees,
+                        b"gpumalloc: free of memory not allocated (%llx)\n\0",
+                        p as u64,
+                    )
+                }
+            }
             _ => self.misuse(
                 Stat::InvalidFrees,
                 b"gpumalloc: free of memory not allocated (%llx)\n\0",
@@ -475,17 +552,33 @@ impl Heap {
     #[inline]
     fn free_slice(&self, class: SizeClass, b: BlockId, slice: u32) {
         let global = b.global();
-        if self.flags & CHECK_DOUBLE_FREE != 0
-            && !block::mark_slice_freed(self.slice_bits(global), slice)
-        {
-            return self.misuse(
-                Stat::DoubleFrees,
-                b"gpumalloc: double free of a slice in block %llu\n\0",
-                global,
-            );
+        if self.checked() {
+            match block::check_slice_free(self.slice_bits(global), slice) {
+                CheckedFree::Freed => {}
+                CheckedFree::Double => {
+                    return self.misuse(
+                        Stat::DoubleFrees,
+                        b"gpumalloc: double free of a slice in block %llu\n\0",
+                        global,
+                    );
+                }
+                CheckedFree::NeverHandedOut => {
+                    return self.misuse(
+                        Stat::InvalidFrees,
+                        b"gpumalloc: free of a slice never handed out in block %llu\n\0",
+                        global,
+                    );
+                }
+            }
         }
         let mask = arch::active_mask();
         let team = arch::match_any64(mask, global);
+        // The leader's release add counts every member's slice, so every
+        // member's last writes to its slice must happen before that add.
+        // A release orders only the leader's own writes (and those it has
+        // synchronised with); `match` orders nothing; `bar.warp.sync` over
+        // the team orders the members' writes before the leader's add.
+        arch::warp_sync(team);
         let lane = arch::lane_id();
         if lane == arch::lowest_lane(team)
             && block::count_freed_slices(self.counter(global), team.count_ones() as u64)

@@ -9,7 +9,7 @@
 //! states, block bitmaps, block counters, trees (the segment
 //! tree, then one per class), and, on checked heaps, double-free bits.
 
-use crate::block::SLICE_BIT_WORDS;
+use crate::block::CHECK_WORDS_PER_BLOCK;
 use crate::class::{
     BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_BLOCKS_PER_SEGMENT, SLICE_CLASSES,
 };
@@ -109,7 +109,7 @@ impl Heap {
         let trees_at = counters_at + segments * SLICE_BLOCKS_PER_SEGMENT as u64;
         let slice_bits_at = trees_at + (1 + CLASSES as u64) * tree.words as u64;
         let slice_bits = if flags & CHECK_DOUBLE_FREE != 0 {
-            segments * SLICE_BLOCKS_PER_SEGMENT as u64 * SLICE_BIT_WORDS as u64
+            segments * SLICE_BLOCKS_PER_SEGMENT as u64 * CHECK_WORDS_PER_BLOCK as u64
         } else {
             0
         };

@@ -245,6 +245,16 @@ pub fn match_any64(mask: u32, value: u64) -> u32 {
     r
 }
 
+/// Waits until every lane of `mask` reaches this call, and orders memory
+/// among them (`bar.warp.sync`): a lane's writes before the call happen
+/// before any lane's accesses after it. `match` and `shfl` order nothing;
+/// this does. Every lane of `mask` must execute it.
+#[inline(always)]
+pub fn warp_sync(mask: u32) {
+    // SAFETY: a warp-synchronous barrier over the caller's mask.
+    unsafe { asm!("bar.warp.sync {m};", m = in(reg32) mask, options(nostack)) }
+}
+
 /// The lanes of `mask` whose predicate is true.
 #[inline(always)]
 pub fn ballot(mask: u32, predicate: bool) -> u32 {
