@@ -7,9 +7,9 @@
 //!   and set only by the thread returning the block.
 //! - A slice block's counter counts slices that will never be handed out
 //!   again: freed slices plus those a retired slot left unissued. It is never
-//!   reset: each lifetime of the block adds exactly `SLICES_PER_BLOCK`, and
-//!   the thread whose add carries it across a multiple of `SLICES_PER_BLOCK`
-//!   owns the block and returns it. A count can therefore never be erased by
+//!   reset: each lifetime of the block adds exactly its slice count `S` (a
+//!   power of two), and the thread whose add carries it across a multiple of
+//!   `S` owns the block and returns it. A count can therefore never be erased by
 //!   a reset racing a late add, and a stray add (an undetected bad free on an
 //!   unchecked heap) only ends one lifetime early: no block is ever stuck
 //!   with a count that can no longer reach the end.
@@ -22,14 +22,20 @@
 use crate::arch::{self, Word};
 use crate::class::{SLICES_PER_BLOCK, SizeClass};
 
+/// Mask of a counter's position within the current lifetime of a block of
+/// `per_block` slices.
+#[inline(always)]
+fn lifetime_mask(per_block: u32) -> u64 {
+    per_block as u64 - 1
+}
+
 /// Words of one bit per slice of a block.
 pub const SLICE_BIT_WORDS: u32 = (SLICES_PER_BLOCK / 64) as u32;
 /// Words of misuse-check bits per slice block on checked heaps: the live
 /// bits, then the freed bits. A segment of a block class keeps the freed
 /// bits of its blocks in the freed words of its first slice block.
 pub const CHECK_WORDS_PER_BLOCK: u32 = 2 * SLICE_BIT_WORDS;
-/// Mask of a counter's position within the current lifetime.
-const LIFETIME_MASK: u64 = SLICES_PER_BLOCK - 1;
+
 
 /// The bitmap of one segment.
 #[derive(Clone, Copy)]
@@ -113,38 +119,38 @@ impl<'a> BlockBitmap<'a> {
 /// Adds `slices` unissued slices of a retired slot to a block counter;
 /// true if this add completed the block.
 #[inline(always)]
-pub fn count_dead_slices(counter: &Word, slices: u64) -> bool {
+pub fn count_dead_slices(counter: &Word, slices: u64, per_block: u32) -> bool {
     // acq_rel: the completing thread must see every earlier free's writes to
     // the slices before it recycles the block (release by each adder,
     // acquire by the one that completes).
     let old = arch::fetch_add_acq_rel(counter, slices);
-    completes(old, slices)
+    completes(old, slices, per_block)
 }
 
 /// Whether adding `slices` (at most a block's worth) to a counter that held
-/// `old` carries it across a multiple of `SLICES_PER_BLOCK`.
+/// `old` carries it across a multiple of `per_block`.
 #[inline(always)]
-fn completes(old: u64, slices: u64) -> bool {
-    (old & LIFETIME_MASK) + slices >= SLICES_PER_BLOCK
+fn completes(old: u64, slices: u64, per_block: u32) -> bool {
+    (old & lifetime_mask(per_block)) + slices >= per_block as u64
 }
 
-/// Slices counted dead in the current lifetime of a block whose counter
-/// holds `counter`.
+/// Slices counted dead in the current lifetime of a block of `per_block`
+/// slices whose counter holds `counter`.
 #[inline(always)]
-pub fn dead_in_lifetime(counter: u64) -> u64 {
-    counter & LIFETIME_MASK
+pub fn dead_in_lifetime(counter: u64, per_block: u32) -> u64 {
+    counter & lifetime_mask(per_block)
 }
 
 /// Adds `slices` freed slices to a block counter; true if this add
 /// completed the block. The hot path of `free`.
 #[inline(always)]
-pub fn count_freed_slices(counter: &Word, slices: u64) -> bool {
+pub fn count_freed_slices(counter: &Word, slices: u64, per_block: u32) -> bool {
     // Release: the freeing threads' writes to their slices are performed
     // before the count can complete. Only the completing thread needs the
     // acquire side, so it alone pays for the fence (an acquire RMW would
     // invalidate the SM's L1 on every free).
     let old = arch::fetch_add_release(counter, slices);
-    let done = completes(old, slices);
+    let done = completes(old, slices, per_block);
     if done {
         arch::fence_acq_rel();
     }

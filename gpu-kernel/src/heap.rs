@@ -24,7 +24,7 @@ use core::ptr;
 use crate::arch::{self, Word};
 use crate::block::{self, BlockBitmap, CHECK_WORDS_PER_BLOCK, CheckedFree};
 use crate::class::{
-    BITMAP_WORDS_PER_SEGMENT, Request, SEGMENT_SHIFT, SLICE_BLOCKS_PER_SEGMENT, SLICES_PER_BLOCK,
+    BITMAP_WORDS_PER_SEGMENT, Request, SEGMENT_SHIFT, SLICE_BLOCKS_PER_SEGMENT,
     SizeClass,
 };
 use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
@@ -316,6 +316,16 @@ impl Heap {
         let blocks = class.blocks_per_segment();
         let taken = want.min(blocks);
         self.bitmap(segment).format(class, taken);
+        if class.is_slice() {
+            // Counters count in lifetimes of the class's slices per block;
+            // the segment's last class may have had fewer per block, which
+            // leaves a count that is no multiple of this class's. Relaxed:
+            // published by `publish_active`'s release, and no add can race
+            // (every block of a free segment is back and no slot holds one).
+            for b in 0..blocks {
+                arch::store_relaxed(self.counter(BlockId { segment, block: b }.global()), 0);
+            }
+        }
         let free = blocks - taken;
         self.table().publish_active(segment, class, free);
         if free > 0 {
@@ -502,7 +512,7 @@ impl Heap {
                     block: (within >> class.block_shift()) as u32,
                 };
                 if class.is_slice() {
-                    let slice = ((within >> class.unit_shift()) & (SLICES_PER_BLOCK - 1)) as u32;
+                    let slice = (within >> class.unit_shift()) as u32 & (class.slices_per_block() - 1);
                     self.free_slice(class, b, slice);
                 } else {
                     self.free_block(class, b);
@@ -581,7 +591,11 @@ impl Heap {
         arch::warp_sync(team);
         let lane = arch::lane_id();
         if lane == arch::lowest_lane(team)
-            && block::count_freed_slices(self.counter(global), team.count_ones() as u64)
+            && block::count_freed_slices(
+                self.counter(global),
+                team.count_ones() as u64,
+                class.slices_per_block(),
+            )
         {
             self.release_block(class, b);
         }

@@ -296,8 +296,10 @@ mod tests {
         let states = [Word::new(0)];
         let t = SegmentTable::new(&states);
         let c16 = SizeClass::new(0).unwrap();
-        let c2k = SizeClass::new(7).unwrap(); // 2 KiB slices: two blocks per segment
-        assert_eq!(c2k.blocks_per_segment(), 2);
+        let c2k = (0..crate::class::SLICE_CLASSES)
+            .filter_map(SizeClass::new)
+            .find(|c| c.blocks_per_segment() == 2)
+            .expect("a slice class with two blocks per segment");
         t.publish_active(0, c2k, 1);
         assert_eq!(t.reserve_blocks(0, c16, 1), Reservation::Stale);
         assert_eq!(

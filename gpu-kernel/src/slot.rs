@@ -19,8 +19,6 @@
 //! (installer or flush) retires it: the slices it never handed out are counted
 //! dead on the block's counter, so every block is accounted for exactly.
 
-use crate::class::SLICES_PER_BLOCK;
-
 /// Slots per slice class.
 pub const SLOTS_PER_CLASS: u32 = 32;
 
@@ -74,14 +72,11 @@ impl SlotWord {
         (self.0 >> GENERATION_SHIFT) as u8
     }
 
-    /// Slices this version can hand out.
+    /// Slices this version can hand out, for a class of `per_block` slices
+    /// per block.
     #[inline(always)]
-    pub fn capacity(self) -> u32 {
-        if self.block().is_some() {
-            SLICES_PER_BLOCK as u32
-        } else {
-            0
-        }
+    pub fn capacity(self, per_block: u32) -> u32 {
+        if self.block().is_some() { per_block } else { 0 }
     }
 
     /// Block and generation: what identifies a version.
@@ -92,8 +87,9 @@ impl SlotWord {
 
     /// Slices of this version's block that were never handed out.
     #[inline(always)]
-    pub fn unissued(self) -> u32 {
-        self.capacity() - self.reserved().min(self.capacity())
+    pub fn unissued(self, per_block: u32) -> u32 {
+        let cap = self.capacity(per_block);
+        cap - self.reserved().min(cap)
     }
 }
 
@@ -107,10 +103,10 @@ mod tests {
         assert_eq!(w.block(), Some(12345));
         assert_eq!(w.reserved(), 4000);
         assert_eq!(w.generation(), 7);
-        assert_eq!(w.unissued(), 96);
+        assert_eq!(w.unissued(4096), 96);
         let e = SlotWord::new(None, 0, 0);
         assert_eq!(e.0, 0);
-        assert_eq!(e.capacity(), 0);
-        assert_eq!(SlotWord(w.0 + 200).unissued(), 0);
+        assert_eq!(e.capacity(4096), 0);
+        assert_eq!(SlotWord(w.0 + 200).unissued(4096), 0);
     }
 }

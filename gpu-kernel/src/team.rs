@@ -20,7 +20,7 @@ use crate::layout::{Heap, NO_SPARES};
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
 
 /// Slot blocks of one class stay within heap / 2^this.
-const SLOT_BUDGET_SHIFT: u32 = 5;
+const SLOT_BUDGET_SHIFT: u32 = 8;
 /// Slot and spare blocks of one class stay within heap / 2^this.
 const SPARE_BUDGET_SHIFT: u32 = 3;
 
@@ -33,6 +33,7 @@ impl Heap {
     #[inline]
     pub(crate) fn malloc_slice(&self, class: SizeClass) -> Option<u64> {
         let slots = self.slots_for(class);
+        let per_block = class.slices_per_block();
         let home = arch::sm_id() & (slots - 1);
         let mut slot = home;
         // After the home slot found the heap exhausted, visit every other
@@ -57,7 +58,7 @@ impl Heap {
                 // value returned here, so it cannot be performed before the
                 // add. An acquire would invalidate this SM's L1 on every call.
                 seen = if stealing {
-                    self.reserve_if_open(word, size)
+                    self.reserve_if_open(word, size, per_block)
                 } else {
                     arch::fetch_add_relaxed(word, size as u64)
                 };
@@ -70,7 +71,7 @@ impl Heap {
                 }
                 continue;
             }
-            let (first, cap) = (seen.reserved(), seen.capacity());
+            let (first, cap) = (seen.reserved(), seen.capacity(per_block));
             let index = first + rank;
             // Whether this team installs is decided for the whole team before
             // any member leaves: the leader installs even when its own slice
@@ -112,7 +113,7 @@ impl Heap {
             // a change that may never come.
             loop {
                 let now = SlotWord(arch::load_relaxed(word));
-                if now.version() != seen.version() || now.reserved() <= now.capacity() {
+                if now.version() != seen.version() || now.reserved() <= now.capacity(per_block) {
                     break;
                 }
                 arch::backoff(round);
@@ -122,10 +123,11 @@ impl Heap {
     }
 
     /// Slots in use for `class` (a power of two, 1 ..= `SLOTS_PER_CLASS`):
-    /// as many as keep one block per slot within 1/32 of the heap, so the
+    /// as many as keep one block per slot within 1/256 of the heap, so the
     /// partly used blocks slots hold (which no other class can use) scale
     /// with the heap. A 16 GiB heap uses all 32 slots for every class; a
-    /// 256 MiB heap one slot for 4 KiB slices and 32 for 16 B.
+    /// 256 MiB heap one slot for 4 KiB slices (2 MiB blocks) and 16 for 16 B
+    /// (64 KiB blocks).
     #[inline(always)]
     pub(crate) fn slots_for(&self, class: SizeClass) -> u32 {
         let budget = self.data_bytes() >> (SLOT_BUDGET_SHIFT + class.block_shift());
@@ -148,9 +150,9 @@ impl Heap {
     /// a thread that found the heap exhausted does not become an installer
     /// again. Returns [`CLOSED`] when the word has no slices left.
     #[inline]
-    fn reserve_if_open(&self, word: &Word, size: u32) -> u64 {
+    fn reserve_if_open(&self, word: &Word, size: u32, per_block: u32) -> u64 {
         let current = SlotWord(arch::load_relaxed(word));
-        if current.reserved() >= current.capacity() {
+        if current.reserved() >= current.capacity(per_block) {
             return CLOSED;
         }
         // Relaxed, as in `malloc_slice`.
@@ -228,22 +230,32 @@ impl Heap {
         } else {
             SPARES_PER_SLOT
         };
-        let claim = self.claim_blocks(class, 1 + spares);
-        if claim.count() == 0 {
-            return None;
-        }
-        let first = claim.take(self, class, 0);
-        for i in 1..claim.count() {
-            let b = claim.take(self, class, i);
-            let parked = (0..SPARES_PER_SLOT).any(|k| {
-                arch::compare_exchange_acq_rel(self.spare(class, slot, k), 0, b.global() + 1)
-                    .is_ok()
-            });
-            if !parked {
-                self.release_block(class, b);
+        // A claim takes blocks of one segment; where a segment holds fewer
+        // blocks than wanted (one for 512 B … 4 KiB slices), claim again.
+        let mut first = None;
+        let mut got = 0;
+        while got < 1 + spares {
+            let claim = self.claim_blocks(class, 1 + spares - got);
+            if claim.count() == 0 {
+                break;
             }
+            for i in 0..claim.count() {
+                let b = claim.take(self, class, i);
+                if first.is_none() {
+                    first = Some(b);
+                    continue;
+                }
+                let parked = (0..SPARES_PER_SLOT).any(|k| {
+                    arch::compare_exchange_acq_rel(self.spare(class, slot, k), 0, b.global() + 1)
+                        .is_ok()
+                });
+                if !parked {
+                    self.release_block(class, b);
+                }
+            }
+            got += claim.count();
         }
-        Some(first)
+        first
     }
 
     /// Accounts for the slices a replaced slot word never handed out.
@@ -252,8 +264,11 @@ impl Heap {
         let Some(global) = displaced.block() else {
             return;
         };
-        let unissued = displaced.unissued();
-        if unissued > 0 && block::count_dead_slices(self.counter(global), unissued as u64) {
+        let per_block = class.slices_per_block();
+        let unissued = displaced.unissued(per_block);
+        if unissued > 0
+            && block::count_dead_slices(self.counter(global), unissued as u64, per_block)
+        {
             self.release_block(class, BlockId::from_global(global));
         }
     }
@@ -284,14 +299,15 @@ impl Heap {
         let Some(global) = seen.block() else {
             return;
         };
-        if seen.reserved() >= seen.capacity() {
+        let per_block = class.slices_per_block();
+        if seen.reserved() >= seen.capacity(per_block) {
             // Exhausted: its installer is replacing it.
             return;
         }
         // Relaxed: a snapshot. The block is in this lifetime (slices remain
         // unissued, so it cannot have completed). If a team reserves after
         // this load the CAS below fails; frees only make the count larger.
-        let dead = block::dead_in_lifetime(arch::load_relaxed(self.counter(global)));
+        let dead = block::dead_in_lifetime(arch::load_relaxed(self.counter(global)), per_block);
         if dead < seen.reserved() as u64 {
             return;
         }

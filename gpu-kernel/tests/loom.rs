@@ -18,7 +18,7 @@
 
 use gpu_kernel::arch::Word;
 use gpu_kernel::block;
-use gpu_kernel::class::{SLICES_PER_BLOCK, SizeClass};
+use gpu_kernel::class::{SLICE_CLASSES, SLICES_PER_BLOCK, SizeClass};
 use gpu_kernel::segment::{Reservation, Return, SegmentState, SegmentTable};
 use gpu_kernel::veb::{TreeShape, VebTree};
 use loom::sync::Arc;
@@ -95,10 +95,11 @@ fn a_withdrawal_and_a_claim_never_share_a_segment() {
 #[test]
 fn exactly_one_thread_completes_a_block() {
     model(|| {
+        let per = SLICES_PER_BLOCK as u32;
         let counter = Arc::new(Word::new(SLICES_PER_BLOCK - 3));
         let c1 = counter.clone();
-        let t = thread::spawn(move || block::count_freed_slices(&c1, 1));
-        let retire = block::count_dead_slices(&counter, 2);
+        let t = thread::spawn(move || block::count_freed_slices(&c1, 1, per));
+        let retire = block::count_dead_slices(&counter, 2, per);
         let free = t.join().unwrap();
         assert!(
             retire ^ free,
@@ -107,11 +108,12 @@ fn exactly_one_thread_completes_a_block() {
     });
 }
 
-/// The 2 KiB slice class: two blocks per segment.
+/// A slice class with two blocks per segment.
 fn two_block_class() -> SizeClass {
-    let c = SizeClass::new(7).unwrap();
-    assert_eq!(c.blocks_per_segment(), 2);
-    c
+    (0..SLICE_CLASSES)
+        .filter_map(SizeClass::new)
+        .find(|c| c.blocks_per_segment() == 2)
+        .expect("a slice class with two blocks per segment")
 }
 
 #[test]

@@ -60,7 +60,7 @@ impl HeapConfig {
         Heap::layout_for_bytes(bytes, self.flags()).map_err(|e| Error::HeapSize {
             bytes,
             why: match e {
-                LayoutError::TooSmall => "smaller than one segment (16 MiB)",
+                LayoutError::TooSmall => "smaller than one segment (2 MiB by default)",
                 LayoutError::TooLarge => "more segments than the heap supports",
             },
         })
