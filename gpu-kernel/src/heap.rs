@@ -223,8 +223,7 @@ impl Heap {
                 // try once more (the leader alone: one reclaim per team).
                 let mut again = 0;
                 if lane == leader {
-                    self.reclaim();
-                    again = self.claim_blocks(class, team.count_ones()).0;
+                    again = self.reclaim_and_claim(class, team.count_ones()).0;
                 }
                 claim = Claim(arch::shfl_u64(team, again, leader));
                 if claim.count() == 0 {
@@ -234,7 +233,7 @@ impl Heap {
             if rank < claim.count() {
                 let block = claim.take(self, class, rank);
                 if self.checked() {
-                    block::mark_block_freed(self.block_bits(block.segment), block.block, false);
+                    self.mark_block_handed_out(block);
                 }
                 return Some(self.block_address(class, block));
             }
@@ -292,6 +291,15 @@ impl Heap {
         }
     }
 
+    /// The last try of a block request: reclaim, then claim again. Out of
+    /// line and cold: it runs only when a request is about to fail.
+    #[inline(never)]
+    #[cold]
+    fn reclaim_and_claim(&self, class: SizeClass, want: u32) -> Claim {
+        self.reclaim();
+        self.claim_blocks(class, want)
+    }
+
     /// Removes `segment` from the class tree, then puts it back if its state
     /// says it can serve the class after all.
     #[inline]
@@ -317,14 +325,7 @@ impl Heap {
         let taken = want.min(blocks);
         self.bitmap(segment).format(class, taken);
         if class.is_slice() {
-            // Counters count in lifetimes of the class's slices per block;
-            // the segment's last class may have had fewer per block, which
-            // leaves a count that is no multiple of this class's. Relaxed:
-            // published by `publish_active`'s release, and no add can race
-            // (every block of a free segment is back and no slot holds one).
-            for b in 0..blocks {
-                arch::store_relaxed(self.counter(BlockId { segment, block: b }.global()), 0);
-            }
+            self.restart_counters(segment, blocks);
         }
         let free = blocks - taken;
         self.table().publish_active(segment, class, free);
@@ -340,10 +341,32 @@ impl Heap {
         self.flags & CHECK_DOUBLE_FREE != 0
     }
 
+    /// Checked heaps: clears a block's freed bit as it is handed out (out
+    /// of line: it would cost the hot path registers).
+    #[inline(never)]
+    #[cold]
+    fn mark_block_handed_out(&self, b: BlockId) {
+        block::mark_block_freed(self.block_bits(b.segment), b.block, false);
+    }
+
     /// Checked heaps: the check bits of a block-class segment's blocks.
     #[inline(always)]
     fn block_bits(&self, segment: u32) -> &[Word] {
         self.slice_bits(BlockId { segment, block: 0 }.global())
+    }
+
+    /// Counters count in lifetimes of a class's slices per block; the
+    /// segment's last class may have had fewer per block, which leaves a
+    /// count that is no multiple of the new class's, so a segment formatted
+    /// for a slice class starts its counters at zero. Relaxed: published by
+    /// `publish_active`'s release, and no add can race (every block of a
+    /// free segment is back and no slot holds one). Out of line: it would
+    /// cost the claim path registers.
+    #[inline(never)]
+    fn restart_counters(&self, segment: u32, blocks: u32) {
+        for b in 0..blocks {
+            arch::store_relaxed(self.counter(BlockId { segment, block: b }.global()), 0);
+        }
     }
 
     /// Returns a slice block whose every slice is dead to its segment. The

@@ -140,10 +140,18 @@ impl Heap {
     #[inline(always)]
     fn hand_out(&self, class: SizeClass, global: u64, slice: u32) -> u64 {
         if self.checked() {
-            block::mark_slice_live(self.slice_bits(global), slice);
+            self.mark_live(global, slice);
         }
         self.block_address(class, BlockId::from_global(global))
             + ((slice as u64) << class.unit_shift())
+    }
+
+    /// Out of line: checked heaps only, and it would cost the hot path
+    /// registers.
+    #[inline(never)]
+    #[cold]
+    fn mark_live(&self, global: u64, slice: u32) {
+        block::mark_slice_live(self.slice_bits(global), slice);
     }
 
     /// In stealing mode, reserve only from a word that still has slices, so
@@ -230,36 +238,31 @@ impl Heap {
         } else {
             SPARES_PER_SLOT
         };
-        // A claim takes blocks of one segment; where a segment holds fewer
-        // blocks than wanted (one for 512 B … 4 KiB slices), claim again.
-        let mut first = None;
-        let mut got = 0;
-        while got < 1 + spares {
-            let claim = self.claim_blocks(class, 1 + spares - got);
-            if claim.count() == 0 {
-                break;
-            }
-            for i in 0..claim.count() {
-                let b = claim.take(self, class, i);
-                if first.is_none() {
-                    first = Some(b);
-                    continue;
-                }
-                let parked = (0..SPARES_PER_SLOT).any(|k| {
-                    arch::compare_exchange_acq_rel(self.spare(class, slot, k), 0, b.global() + 1)
-                        .is_ok()
-                });
-                if !parked {
-                    self.release_block(class, b);
-                }
-            }
-            got += claim.count();
+        let claim = self.claim_blocks(class, 1 + spares);
+        if claim.count() == 0 {
+            return None;
         }
-        first
+        let first = claim.take(self, class, 0);
+        for i in 1..claim.count() {
+            self.park_spare(class, slot, claim.take(self, class, i));
+        }
+        Some(first)
+    }
+
+    /// Parks a claimed block as one of the slot's spares, or returns it if
+    /// the slot has no room.
+    #[inline(never)]
+    fn park_spare(&self, class: SizeClass, slot: u32, b: BlockId) {
+        let parked = (0..SPARES_PER_SLOT).any(|k| {
+            arch::compare_exchange_acq_rel(self.spare(class, slot, k), 0, b.global() + 1).is_ok()
+        });
+        if !parked {
+            self.release_block(class, b);
+        }
     }
 
     /// Accounts for the slices a replaced slot word never handed out.
-    #[inline]
+    #[inline(never)]
     fn retire(&self, class: SizeClass, displaced: SlotWord) {
         let Some(global) = displaced.block() else {
             return;
