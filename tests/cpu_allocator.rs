@@ -18,7 +18,7 @@ fn heap(bytes: u64) -> CpuHeap {
 fn alloc_checked(h: &CpuHeap, size: u64, id: u64) -> *mut u8 {
     let p = h.heap().malloc(size);
     assert!(!p.is_null(), "malloc({size}) returned null");
-    let offset = p as u64 - h.heap().data;
+    let offset = p as u64 - h.heap().data();
     assert!(offset + size <= h.bytes(), "malloc({size}) out of the heap");
     // SAFETY: p is a fresh allocation of at least `size` bytes.
     unsafe { fill(p, size, id) };
