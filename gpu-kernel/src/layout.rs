@@ -48,6 +48,10 @@ pub enum Stat {
 /// Words reserved for statistics.
 pub const STAT_WORDS: u64 = 8;
 
+/// The last statistics word is no statistic: the number of reclaims in
+/// flight (see `Heap::reclaim`).
+pub(crate) const RECLAIMS_WORD: u64 = STAT_WORDS - 1;
+
 /// The device heap handle: addresses and word offsets, nothing else.
 #[repr(C)]
 #[derive(Debug, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use crate::arch::{self, Word};
 use crate::block;
 use crate::class::SizeClass;
 use crate::heap::BlockId;
-use crate::layout::{Heap, NO_SPARES};
+use crate::layout::{Heap, NO_SPARES, RECLAIMS_WORD};
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
 
 /// Slot blocks of one class stay within heap / 2^this.
@@ -281,8 +281,17 @@ impl Heap {
     /// blocks stay (emptying them would strand their unissued slices until
     /// their live ones are freed). Safe while other threads allocate; runs
     /// only when a request is about to fail.
+    ///
+    /// Returns only when no reclaim is in flight: a thread that ran dry
+    /// while another reclaim had taken a block off a slot but not yet given
+    /// it back would otherwise fail a request the heap can serve.
     #[inline(never)]
     pub fn reclaim(&self) {
+        let in_flight = &self.region(self.stats_at + RECLAIMS_WORD, 1)[0];
+        // Relaxed: every block this reclaim takes is taken by an acq_rel RMW
+        // (slot CAS, spare swap) that comes after this add in program order,
+        // so whoever sees a block gone also sees this add.
+        arch::fetch_add_relaxed(in_flight, 1);
         for class in (0..crate::class::SLICE_CLASSES).filter_map(SizeClass::new) {
             for s in 0..SLOTS_PER_CLASS {
                 while let Some(b) = self.pop_spare(class, s) {
@@ -290,6 +299,15 @@ impl Heap {
                 }
                 self.retire_if_idle(class, s);
             }
+        }
+        // Release: what this reclaim gave back (segments in the segment
+        // tree) happens before a waiter's acquire load that sees the count
+        // it leaves.
+        arch::fetch_add_release(in_flight, u64::MAX);
+        let mut round = 0;
+        while arch::load_acquire(in_flight) != 0 {
+            arch::backoff(round);
+            round += 1;
         }
     }
 

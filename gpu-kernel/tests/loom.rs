@@ -13,12 +13,19 @@
 //! - Segment return: a reservation racing the return of a segment's last
 //!   block ends in one of the two consistent orders; two returns of the last
 //!   blocks retire the segment exactly once.
+//! - The slot protocol through the real `malloc`/`free` on a one-segment
+//!   heap: two installs racing for one slot, an install racing a flush, an
+//!   allocation racing a reclaim. Each ends with every slice back and the
+//!   segment free. (Host threads are one-lane warps: team formation over
+//!   several lanes is not modelled here.)
 
 #![cfg(loom)]
 
+use gpu_kernel::Heap;
 use gpu_kernel::arch::Word;
 use gpu_kernel::block;
-use gpu_kernel::class::{SLICE_CLASSES, SLICES_PER_BLOCK, SizeClass};
+use gpu_kernel::class::{Request, SEGMENT_BYTES, SLICE_CLASSES, SLICES_PER_BLOCK, SizeClass};
+use gpu_kernel::layout::NO_SPARES;
 use gpu_kernel::segment::{Reservation, Return, SegmentState, SegmentTable};
 use gpu_kernel::veb::{TreeShape, VebTree};
 use loom::sync::Arc;
@@ -27,6 +34,15 @@ use loom::thread;
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(3);
+    b.check(f);
+}
+
+/// For models that run the real allocator: its scans of every slot make
+/// long executions, so more branches.
+fn model_long(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.max_branches = 100_000;
     b.check(f);
 }
 
@@ -161,5 +177,93 @@ fn the_last_two_returns_retire_once() {
             .count();
         assert_eq!(retired, 1, "{mine:?} {theirs:?}");
         assert_eq!(SegmentTable::new(&states).load(0), SegmentState::Free);
+    });
+}
+
+/// A one-segment heap whose metadata is loom atomics.
+struct Tiny {
+    heap: Heap,
+    _metadata: Vec<Word>,
+    _data: Vec<u64>,
+}
+
+impl Tiny {
+    fn new() -> Arc<Tiny> {
+        let layout = Heap::layout(1, NO_SPARES).unwrap();
+        let mut image = vec![0u64; layout.metadata_words() as usize];
+        layout.write_initial_metadata(&mut image);
+        let metadata: Vec<Word> = image.into_iter().map(Word::new).collect();
+        let data: Vec<u64> = Vec::with_capacity((SEGMENT_BYTES / 8) as usize + 512);
+        let base = (data.as_ptr() as u64).next_multiple_of(4096);
+        // SAFETY: `data` reserves a segment past the 4 KiB alignment and
+        // `metadata` holds the initial image; both live in `Tiny` beside the
+        // handle, which is only lent out as `&Heap`. The allocator never
+        // touches the data bytes, and the model never writes them.
+        let heap = unsafe { layout.bind(base, metadata.as_ptr() as u64) };
+        Arc::new(Tiny {
+            heap,
+            _metadata: metadata,
+            _data: data,
+        })
+    }
+
+    /// Every slot empty, every block back, the segment free.
+    fn assert_whole(&self) {
+        self.heap.flush_slots();
+        assert_eq!(self.heap.withdraw_free_segment(), Some(0), "segment not free");
+        assert!(self.heap.add_segment(0));
+    }
+}
+
+fn class_4k() -> SizeClass {
+    match Request::for_size(4096) {
+        Request::Class(c) => c,
+        r => panic!("{r:?}"),
+    }
+}
+
+#[test]
+fn two_installs_race_for_one_slot() {
+    model_long(|| {
+        let tiny = Tiny::new();
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.malloc(4096) as u64);
+        let mine = tiny.heap.malloc(4096) as u64;
+        let theirs = t.join().unwrap();
+        assert!(mine != 0 && theirs != 0 && mine != theirs, "{mine:x} {theirs:x}");
+        tiny.heap.free(mine as *mut u8);
+        tiny.heap.free(theirs as *mut u8);
+        tiny.assert_whole();
+    });
+}
+
+#[test]
+fn an_install_races_a_flush() {
+    model_long(|| {
+        let tiny = Tiny::new();
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.flush_slot(class_4k(), 0));
+        let p = tiny.heap.malloc(4096);
+        assert!(!p.is_null());
+        tiny.heap.free(p);
+        t.join().unwrap();
+        tiny.assert_whole();
+    });
+}
+
+#[test]
+fn an_allocation_races_a_reclaim() {
+    model_long(|| {
+        let tiny = Tiny::new();
+        let first = tiny.heap.malloc(4096);
+        assert!(!first.is_null());
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.reclaim());
+        tiny.heap.free(first);
+        let p = tiny.heap.malloc(4096);
+        assert!(!p.is_null());
+        t.join().unwrap();
+        tiny.heap.free(p);
+        tiny.assert_whole();
     });
 }
