@@ -9,13 +9,17 @@
 //! waiting thread sees that the word was replaced even by an identical one.
 //!
 //! # Protocol
-//! A team adds its size `n` to `reserved` (one acq_rel add) and so owns the
-//! indices `[r, r + n)` of this version. Indices below the capacity (4096 with
-//! a block, 0 without) are slices. The team whose range holds the index equal
+//! A team adds its size `n` to `reserved` (one relaxed add, see `team`) and
+//! so owns the indices `[r, r + n)` of this version. Indices below the
+//! capacity (the class's slices per block with a block, 0 without) are
+//! slices. The team whose range holds the index equal
 //! to the capacity is the *installer*: exactly one per version. It claims a
 //! new block, replaces the word by CAS (new version, `reserved` = the slices
 //! its own members take) and retires the word it displaced. Teams past the
-//! capacity wait for the replacement and try again. Whoever replaces a word
+//! capacity wait for the replacement (while the word still shows their
+//! version with `reserved` past the capacity: a word with their version bits
+//! and fewer reserved is a later version whose generation wrapped) and try
+//! again. Whoever replaces a word
 //! (installer or flush) retires it: the slices it never handed out are counted
 //! dead on the block's counter, so every block is accounted for exactly.
 
