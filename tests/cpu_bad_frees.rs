@@ -179,7 +179,11 @@ fn check(config: HeapConfig, checked: bool) {
         }
         h.flush();
         let s = h.stats();
-        let want = if checked { kind.checked } else { kind.unchecked };
+        let want = if checked {
+            kind.checked
+        } else {
+            kind.unchecked
+        };
         assert_eq!(
             (s.invalid_frees, s.double_frees),
             want,
@@ -196,7 +200,11 @@ fn check(config: HeapConfig, checked: bool) {
         h.flush();
         let after = h.stats();
         assert_eq!(after.live_bytes, 0, "{}: {after:?}", kind.name);
-        assert_eq!(after.free_segments, after.segments, "{}: {after:?}", kind.name);
+        assert_eq!(
+            after.free_segments, after.segments,
+            "{}: {after:?}",
+            kind.name
+        );
         assert_eq!(
             (after.invalid_frees, after.double_frees),
             want,

@@ -197,7 +197,10 @@ fn large_runs_next_to_small_slices() {
         runs.len(),
         small.len()
     );
-    assert_eq!(run_nulls, 0, "a run failed while free segments could hold it");
+    assert_eq!(
+        run_nulls, 0,
+        "a run failed while free segments could hold it"
+    );
     assert_eq!(small_nulls, 0);
     for p in small.into_iter().chain(runs).filter(|&p| p != 0) {
         h.heap().free(p as *mut u8);
@@ -221,7 +224,10 @@ fn mixed_class_exhaustion() {
         assert_disjoint(&got);
         let handed: u64 = got.iter().map(|g| rounded(g.1)).sum();
         let share = handed as f64 / whole as f64;
-        println!("mixed-class exhaustion, 1 GiB heap, {what}: {:.1}%", 100.0 * share);
+        println!(
+            "mixed-class exhaustion, 1 GiB heap, {what}: {:.1}%",
+            100.0 * share
+        );
         // Runs of k segments can leave fewer than k segments over.
         let floor = 1.0 - rounded(size) as f64 / whole as f64 - 0.005;
         assert!(share >= floor.min(0.97), "{what}: {:.1}%", 100.0 * share);

@@ -290,19 +290,79 @@ fn bad_frees_checked_and_unchecked() {
     // (name, sizes to allocate, frees as (allocation index, byte offset)
     // with index usize::MAX for an address relative to the heap's data,
     // checked (invalid, double), unchecked (invalid, double)).
-    type Case = (&'static str, &'static [u64], &'static [(usize, u64)], (u64, u64), (u64, u64));
+    type Case = (
+        &'static str,
+        &'static [u64],
+        &'static [(usize, u64)],
+        (u64, u64),
+        (u64, u64),
+    );
     const SEG: u64 = SEGMENT_BYTES;
     let cases: &[Case] = &[
         ("inside a slice", &[64], &[(0, 8)], (1, 0), (1, 0)),
-        ("slice never handed out", &[64], &[(0, 6400)], (1, 0), (0, 0)),
-        ("slice freed twice", &[64, 64], &[(0, 0), (0, 0)], (0, 1), (0, 0)),
-        ("block freed twice", &[8192, 8192], &[(0, 0), (0, 0)], (0, 1), (0, 1)),
-        ("block never handed out", &[8192], &[(0, 8192 * 5)], (1, 0), (0, 1)),
-        ("block twice, segment back", &[1 << 20], &[(0, 0), (0, 0)], (0, 1), (0, 1)),
-        ("run freed twice", &[3 * SEG], &[(0, 0), (0, 0)], (0, 1), (0, 1)),
-        ("inside a run", &[3 * SEG], &[(0, 4096), (0, SEG)], (2, 0), (2, 0)),
-        ("segment never used", &[], &[(usize::MAX, 512 * MIB)], (1, 0), (1, 0)),
-        ("outside the heap", &[], &[(usize::MAX, 4 * GIB)], (1, 0), (1, 0)),
+        (
+            "slice never handed out",
+            &[64],
+            &[(0, 6400)],
+            (1, 0),
+            (0, 0),
+        ),
+        (
+            "slice freed twice",
+            &[64, 64],
+            &[(0, 0), (0, 0)],
+            (0, 1),
+            (0, 0),
+        ),
+        (
+            "block freed twice",
+            &[8192, 8192],
+            &[(0, 0), (0, 0)],
+            (0, 1),
+            (0, 1),
+        ),
+        (
+            "block never handed out",
+            &[8192],
+            &[(0, 8192 * 5)],
+            (1, 0),
+            (0, 1),
+        ),
+        (
+            "block twice, segment back",
+            &[1 << 20],
+            &[(0, 0), (0, 0)],
+            (0, 1),
+            (0, 1),
+        ),
+        (
+            "run freed twice",
+            &[3 * SEG],
+            &[(0, 0), (0, 0)],
+            (0, 1),
+            (0, 1),
+        ),
+        (
+            "inside a run",
+            &[3 * SEG],
+            &[(0, 4096), (0, SEG)],
+            (2, 0),
+            (2, 0),
+        ),
+        (
+            "segment never used",
+            &[],
+            &[(usize::MAX, 512 * MIB)],
+            (1, 0),
+            (1, 0),
+        ),
+        (
+            "outside the heap",
+            &[],
+            &[(usize::MAX, 4 * GIB)],
+            (1, 0),
+            (1, 0),
+        ),
     ];
     for checked in [true, false] {
         let config = if checked {
@@ -318,7 +378,11 @@ fn bad_frees_checked_and_unchecked() {
             // the first free).
             let mut freed = vec![false; live.len()];
             for &(i, offset) in frees {
-                let p = if i == usize::MAX { data + offset } else { live[i] + offset };
+                let p = if i == usize::MAX {
+                    data + offset
+                } else {
+                    live[i] + offset
+                };
                 free_all(&gpu, &mut ours, &[p]);
                 if i != usize::MAX && offset == 0 {
                     freed[i] = true;
@@ -333,9 +397,17 @@ fn bad_frees_checked_and_unchecked() {
             free_all(&gpu, &mut ours, &rest);
             ours.heap().flush().unwrap();
             let s = ours.heap().stats().unwrap();
-            let want = if checked { want_checked } else { want_unchecked };
+            let want = if checked {
+                want_checked
+            } else {
+                want_unchecked
+            };
             let label = if checked { "checked" } else { "unchecked" };
-            assert_eq!((s.invalid_frees, s.double_frees), want, "{name} ({label}): {s:?}");
+            assert_eq!(
+                (s.invalid_frees, s.double_frees),
+                want,
+                "{name} ({label}): {s:?}"
+            );
             assert_whole(&ours, name);
             // A normal round, then the whole heap in one piece.
             let n = threads(1 << 16);
@@ -350,7 +422,11 @@ fn bad_frees_checked_and_unchecked() {
             free_all(&gpu, &mut ours, &[whole]);
             assert_whole(&ours, name);
             let after = ours.heap().stats().unwrap();
-            assert_eq!((after.invalid_frees, after.double_frees), want, "{name} ({label})");
+            assert_eq!(
+                (after.invalid_frees, after.double_frees),
+                want,
+                "{name} ({label})"
+            );
             println!("issue12: bad free \"{name}\" ({label}): counted {want:?}, heap whole after");
         }
     }

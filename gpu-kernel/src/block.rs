@@ -36,7 +36,6 @@ pub const SLICE_BIT_WORDS: u32 = (SLICES_PER_BLOCK / 64) as u32;
 /// bits of its blocks in the freed words of its first slice block.
 pub const CHECK_WORDS_PER_BLOCK: u32 = 2 * SLICE_BIT_WORDS;
 
-
 /// The bitmap of one segment.
 #[derive(Clone, Copy)]
 pub struct BlockBitmap<'a> {

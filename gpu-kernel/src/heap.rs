@@ -24,8 +24,7 @@ use core::ptr;
 use crate::arch::{self, Word};
 use crate::block::{self, BlockBitmap, CHECK_WORDS_PER_BLOCK, CheckedFree};
 use crate::class::{
-    BITMAP_WORDS_PER_SEGMENT, Request, SEGMENT_SHIFT, SLICE_BLOCKS_PER_SEGMENT,
-    SizeClass,
+    BITMAP_WORDS_PER_SEGMENT, Request, SEGMENT_SHIFT, SLICE_BLOCKS_PER_SEGMENT, SizeClass,
 };
 use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
 use crate::segment::{Previous, Reservation, Return, SegmentState, SegmentTable};
@@ -404,8 +403,8 @@ impl Heap {
         if !self.bitmap(b.segment).give_back(b.block) {
             // A free block: freed before, or never handed out. Only checked
             // heaps remember which; unchecked ones count it as a double free.
-            let never = self.checked()
-                && !block::block_was_freed(self.block_bits(b.segment), b.block);
+            let never =
+                self.checked() && !block::block_was_freed(self.block_bits(b.segment), b.block);
             return if never {
                 self.misuse(
                     Stat::InvalidFrees,
@@ -535,7 +534,8 @@ impl Heap {
                     block: (within >> class.block_shift()) as u32,
                 };
                 if class.is_slice() {
-                    let slice = (within >> class.unit_shift()) as u32 & (class.slices_per_block() - 1);
+                    let slice =
+                        (within >> class.unit_shift()) as u32 & (class.slices_per_block() - 1);
                     self.free_slice(class, b, slice);
                 } else {
                     self.free_block(class, b);

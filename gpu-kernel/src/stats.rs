@@ -6,10 +6,8 @@
 //! block outside any slot has issued all its slices, and one in a slot has
 //! issued `min(reserved, slices per block)`.
 
-use crate::class::{
-    BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_CLASSES, SizeClass,
-};
 use crate::block::dead_in_lifetime;
+use crate::class::{BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_CLASSES, SizeClass};
 use crate::layout::{Heap, Stat};
 use crate::segment::SegmentState;
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
@@ -70,10 +68,8 @@ impl HeapStats {
                         let live = if class.is_slice() {
                             let g = heap.counter_index(segment as u32, block);
                             let per = class.slices_per_block();
-                            (per as u64).saturating_sub(dead_in_lifetime(
-                                at(heap.counters_at + g),
-                                per,
-                            ))
+                            (per as u64)
+                                .saturating_sub(dead_in_lifetime(at(heap.counters_at + g), per))
                         } else {
                             1
                         };

@@ -210,7 +210,11 @@ impl Tiny {
     /// Every slot empty, every block back, the segment free.
     fn assert_whole(&self) {
         self.heap.flush_slots();
-        assert_eq!(self.heap.withdraw_free_segment(), Some(0), "segment not free");
+        assert_eq!(
+            self.heap.withdraw_free_segment(),
+            Some(0),
+            "segment not free"
+        );
         assert!(self.heap.add_segment(0));
     }
 }
@@ -230,7 +234,10 @@ fn two_installs_race_for_one_slot() {
         let t = thread::spawn(move || t1.heap.malloc(4096) as u64);
         let mine = tiny.heap.malloc(4096) as u64;
         let theirs = t.join().unwrap();
-        assert!(mine != 0 && theirs != 0 && mine != theirs, "{mine:x} {theirs:x}");
+        assert!(
+            mine != 0 && theirs != 0 && mine != theirs,
+            "{mine:x} {theirs:x}"
+        );
         tiny.heap.free(mine as *mut u8);
         tiny.heap.free(theirs as *mut u8);
         tiny.assert_whole();

@@ -47,12 +47,10 @@ impl CpuHeap {
             why: "a CPU heap needs an explicit size",
         })?;
         let layout = config.layout(bytes)?;
-        let data_layout =
-            Layout::from_size_align(layout.data_bytes() as usize, DATA_ALIGN).map_err(|_| {
-                Error::HeapSize {
-                    bytes,
-                    why: "too large for this host",
-                }
+        let data_layout = Layout::from_size_align(layout.data_bytes() as usize, DATA_ALIGN)
+            .map_err(|_| Error::HeapSize {
+                bytes,
+                why: "too large for this host",
             })?;
         // SAFETY: the layout has a non-zero size (at least one segment).
         let data = unsafe { alloc(data_layout) };
