@@ -223,3 +223,29 @@ fn bad_frees_on_a_checked_heap() {
 fn bad_frees_on_an_unchecked_heap() {
     check(HeapConfig::unchecked(64 * MIB), false);
 }
+
+/// Two threads free the same slice (or block) at once, many times: on a
+/// checked heap exactly one free counts and the other is a double free.
+#[test]
+fn racing_double_frees_count_once() {
+    let h = CpuHeap::new(HeapConfig::checked(64 * MIB)).unwrap();
+    let rounds = 300u64;
+    for size in [64u64, 8192] {
+        let barrier = std::sync::Barrier::new(2);
+        for _ in 0..rounds {
+            let p = alloc(&h, size) as u64;
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    s.spawn(|| {
+                        barrier.wait();
+                        h.heap().free(p as *mut u8);
+                    });
+                }
+            });
+        }
+    }
+    h.flush();
+    let s = h.stats();
+    assert_eq!((s.invalid_frees, s.double_frees), (0, 2 * rounds), "{s:?}");
+    assert_eq!((s.live_bytes, s.free_segments), (0, s.segments), "{s:?}");
+}

@@ -13,11 +13,18 @@
 //!   a reset racing a late add, and a stray add (an undetected bad free on an
 //!   unchecked heap) only ends one lifetime early: no block is ever stuck
 //!   with a count that can no longer reach the end.
-//! - Checked heaps keep two bits per slice (see [`CHECK_WORDS_PER_BLOCK`]):
-//!   the *live* bit, set by `malloc` and cleared by `free`, and the *freed*
-//!   bit, set by `free` and cleared when the slice is handed out again. A
-//!   free whose live bit is clear is a bad free: a double free if the freed
-//!   bit is set, else a pointer never handed out.
+//! - Checked heaps keep a two-bit state per slice (see
+//!   [`CHECK_WORDS_PER_BLOCK`]): *never* handed out, *live*, or *freed* (and
+//!   not handed out since). `malloc` makes it live; `free` turns live into
+//!   freed, and only that transition counts the slice dead; a free finding
+//!   freed is a double free, one finding never a pointer never handed out.
+//!   Each transition is one CAS on the word holding the state, so of two
+//!   racing frees of one slice exactly one is the free and the other is
+//!   counted as a double free. Block-class segments keep the same states for
+//!   their blocks in the check words of their first slice block. No state is
+//!   ever left live when a segment comes back (every unit was freed), so a
+//!   segment reformatted for another class finds only never and freed
+//!   states: a stale one can only turn an "invalid" into a "double" count.
 
 use crate::arch::{self, Word};
 use crate::class::{SLICES_PER_BLOCK, SizeClass};
@@ -29,12 +36,15 @@ fn lifetime_mask(per_block: u32) -> u64 {
     per_block as u64 - 1
 }
 
-/// Words of one bit per slice of a block.
-pub const SLICE_BIT_WORDS: u32 = (SLICES_PER_BLOCK / 64) as u32;
-/// Words of misuse-check bits per slice block on checked heaps: the live
-/// bits, then the freed bits. A segment of a block class keeps the freed
-/// bits of its blocks in the freed words of its first slice block.
-pub const CHECK_WORDS_PER_BLOCK: u32 = 2 * SLICE_BIT_WORDS;
+/// Words of misuse-check states per slice block on checked heaps: two bits
+/// per slice (32 slices a word). A block-class segment (at most 2048
+/// blocks) keeps its blocks' states in those of its first slice block.
+pub const CHECK_WORDS_PER_BLOCK: u32 = (SLICES_PER_BLOCK / 32) as u32;
+
+// States: 0 never handed out, LIVE, FREED.
+const LIVE: u64 = 1;
+const FREED: u64 = 2;
+const STATE_MASK: u64 = 3;
 
 /// The bitmap of one segment.
 #[derive(Clone, Copy)]
@@ -167,63 +177,52 @@ pub enum CheckedFree {
     NeverHandedOut,
 }
 
+/// The word and shift of unit `unit`'s state.
 #[inline(always)]
-fn bit_word(bits: &[Word], word: u32) -> &Word {
-    // SAFETY: callers pass words below CHECK_WORDS_PER_BLOCK, the length of
-    // every check-bit region.
-    unsafe { bits.get_unchecked(word as usize) }
+fn state_at(states: &[Word], unit: u32) -> (&Word, u32) {
+    // SAFETY: callers pass units below SLICES_PER_BLOCK (slices) or
+    // MAX_BLOCKS_PER_SEGMENT (blocks), so the word is below
+    // CHECK_WORDS_PER_BLOCK, the length of every check region.
+    let w = unsafe { states.get_unchecked((unit >> 5) as usize) };
+    (w, (unit & 31) * 2)
 }
 
-/// Checked heaps: marks slice `slice` live as `malloc` hands it out.
+/// Checked heaps: marks unit `unit` (a slice, or a block of a block class)
+/// live as `malloc` hands it out.
 #[inline(always)]
-pub fn mark_slice_live(bits: &[Word], slice: u32) {
-    let bit = 1u64 << (slice & 63);
-    // acq_rel RMWs (the only kind the architecture module offers for bit
-    // operations): nothing is published through these bits, they are read
-    // only by a later free of the same pointer, which the user orders after
-    // this malloc.
-    arch::fetch_or_acq_rel(bit_word(bits, slice >> 6), bit);
-    let freed = bit_word(bits, SLICE_BIT_WORDS + (slice >> 6));
-    if arch::load_relaxed(freed) & bit != 0 {
-        arch::fetch_and_acq_rel(freed, !bit);
+pub fn mark_live(states: &[Word], unit: u32) {
+    let (w, shift) = state_at(states, unit);
+    let mut current = arch::load_relaxed(w);
+    loop {
+        let next = current & !(STATE_MASK << shift) | LIVE << shift;
+        // acq_rel CAS (the only CAS the architecture module offers): the
+        // state publishes nothing; a later free of the same pointer is
+        // ordered after this malloc by the user.
+        match arch::compare_exchange_acq_rel(w, current, next) {
+            Ok(_) => return,
+            Err(actual) => current = actual,
+        }
     }
 }
 
-/// Checked heaps: a free of slice `slice`. Only a `Freed` answer may count
-/// the slice dead.
+/// Checked heaps: a free of unit `unit`. Only a `Freed` answer may count
+/// the unit dead or give it back.
 #[inline(always)]
-pub fn check_slice_free(bits: &[Word], slice: u32) -> CheckedFree {
-    let bit = 1u64 << (slice & 63);
-    // The live bit's clear decides: of two frees of one live slice, exactly
-    // one finds the bit set.
-    if arch::fetch_and_acq_rel(bit_word(bits, slice >> 6), !bit) & bit != 0 {
-        arch::fetch_or_acq_rel(bit_word(bits, SLICE_BIT_WORDS + (slice >> 6)), bit);
-        return CheckedFree::Freed;
+pub fn check_free(states: &[Word], unit: u32) -> CheckedFree {
+    let (w, shift) = state_at(states, unit);
+    let mut current = arch::load_relaxed(w);
+    loop {
+        match (current >> shift) & STATE_MASK {
+            LIVE => {}
+            FREED => return CheckedFree::Double,
+            _ => return CheckedFree::NeverHandedOut,
+        }
+        let next = current & !(STATE_MASK << shift) | FREED << shift;
+        // acq_rel CAS: the one transition from live to freed decides which
+        // of racing frees is the free.
+        match arch::compare_exchange_acq_rel(w, current, next) {
+            Ok(_) => return CheckedFree::Freed,
+            Err(actual) => current = actual,
+        }
     }
-    if arch::load_relaxed(bit_word(bits, SLICE_BIT_WORDS + (slice >> 6))) & bit != 0 {
-        CheckedFree::Double
-    } else {
-        CheckedFree::NeverHandedOut
-    }
-}
-
-/// Checked heaps, block classes: records that block `block` was freed
-/// (`freed` words of the segment's first slice block).
-#[inline(always)]
-pub fn mark_block_freed(bits: &[Word], block: u32, freed: bool) {
-    let bit = 1u64 << (block & 63);
-    let w = bit_word(bits, SLICE_BIT_WORDS + (block >> 6));
-    if freed {
-        arch::fetch_or_acq_rel(w, bit);
-    } else if arch::load_relaxed(w) & bit != 0 {
-        arch::fetch_and_acq_rel(w, !bit);
-    }
-}
-
-/// Checked heaps, block classes: whether block `block` was freed since it
-/// was last handed out.
-#[inline(always)]
-pub fn block_was_freed(bits: &[Word], block: u32) -> bool {
-    let bit = 1u64 << (block & 63);
-    arch::load_relaxed(bit_word(bits, SLICE_BIT_WORDS + (block >> 6))) & bit != 0
 }

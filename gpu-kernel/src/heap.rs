@@ -340,12 +340,12 @@ impl Heap {
         self.flags & CHECK_DOUBLE_FREE != 0
     }
 
-    /// Checked heaps: clears a block's freed bit as it is handed out (out
-    /// of line: it would cost the hot path registers).
+    /// Checked heaps: marks a block live as it is handed out (out of line:
+    /// it would cost the hot path registers).
     #[inline(never)]
     #[cold]
     fn mark_block_handed_out(&self, b: BlockId) {
-        block::mark_block_freed(self.block_bits(b.segment), b.block, false);
+        block::mark_live(self.block_bits(b.segment), b.block);
     }
 
     /// Checked heaps: the check bits of a block-class segment's blocks.
@@ -400,27 +400,34 @@ impl Heap {
     /// of the same segment count them in the segment table together.
     #[inline]
     fn free_block(&self, class: SizeClass, b: BlockId) {
-        if !self.bitmap(b.segment).give_back(b.block) {
-            // A free block: freed before, or never handed out. Only checked
-            // heaps remember which; unchecked ones count it as a double free.
-            let never =
-                self.checked() && !block::block_was_freed(self.block_bits(b.segment), b.block);
-            return if never {
-                self.misuse(
-                    Stat::InvalidFrees,
-                    b"gpumalloc: free of a block never handed out in segment %llu\n\0",
-                    b.segment as u64,
-                )
-            } else {
-                self.misuse(
-                    Stat::DoubleFrees,
-                    b"gpumalloc: double free of a block in segment %llu\n\0",
-                    b.segment as u64,
-                )
-            };
-        }
+        // Checked heaps: the block's state decides, before the bitmap is
+        // touched. Unchecked heaps: the bitmap bit detects a block that is
+        // free already, freed before or never handed out (counted double).
         if self.checked() {
-            block::mark_block_freed(self.block_bits(b.segment), b.block, true);
+            match self.check_unit_free(self.block_bits(b.segment), b.block) {
+                CheckedFree::Freed => {}
+                CheckedFree::Double => {
+                    return self.misuse(
+                        Stat::DoubleFrees,
+                        b"gpumalloc: double free of a block in segment %llu\n\0",
+                        b.segment as u64,
+                    );
+                }
+                CheckedFree::NeverHandedOut => {
+                    return self.misuse(
+                        Stat::InvalidFrees,
+                        b"gpumalloc: free of a block never handed out in segment %llu\n\0",
+                        b.segment as u64,
+                    );
+                }
+            }
+        }
+        if !self.bitmap(b.segment).give_back(b.block) {
+            return self.misuse(
+                Stat::DoubleFrees,
+                b"gpumalloc: double free of a block in segment %llu\n\0",
+                b.segment as u64,
+            );
         }
         let mask = arch::active_mask();
         let team = arch::match_any(mask, b.segment);
@@ -586,7 +593,7 @@ impl Heap {
     fn free_slice(&self, class: SizeClass, b: BlockId, slice: u32) {
         let global = b.global();
         if self.checked() {
-            match block::check_slice_free(self.slice_bits(global), slice) {
+            match self.check_unit_free(self.slice_bits(global), slice) {
                 CheckedFree::Freed => {}
                 CheckedFree::Double => {
                     return self.misuse(
@@ -622,6 +629,14 @@ impl Heap {
         {
             self.release_block(class, b);
         }
+    }
+
+    /// Checked heaps: the state transition of a free (out of line: it would
+    /// cost the hot path registers).
+    #[inline(never)]
+    #[cold]
+    fn check_unit_free(&self, states: &[Word], unit: u32) -> CheckedFree {
+        block::check_free(states, unit)
     }
 
     #[cold]

@@ -151,7 +151,7 @@ impl Heap {
     #[inline(never)]
     #[cold]
     fn mark_live(&self, global: u64, slice: u32) {
-        block::mark_slice_live(self.slice_bits(global), slice);
+        block::mark_live(self.slice_bits(global), slice);
     }
 
     /// In stealing mode, reserve only from a word that still has slices, so
