@@ -339,9 +339,10 @@ impl Heap {
         }
     }
 
-    /// Empties every slot, returning the slices they hold to their blocks.
-    /// Safe while other threads allocate; used when a large request fails
-    /// and by the host before it checks that the heap is whole.
+    /// Empties every slot, returning the slices they hold to their blocks
+    /// (partly used ones come back when their last live slice is freed).
+    /// Safe while other threads allocate; used by the host before it checks
+    /// that the heap is whole (a failing request uses [`Heap::reclaim`]).
     pub fn flush_slots(&self) {
         for class in (0..crate::class::SLICE_CLASSES).filter_map(SizeClass::new) {
             for s in 0..SLOTS_PER_CLASS {
