@@ -60,7 +60,7 @@ impl Heap {
                 seen = if stealing {
                     self.reserve_if_open(word, size, per_block)
                 } else {
-                    arch::fetch_add_relaxed(word, size as u64)
+                    arch::fetch_add_dependent(word, size as u64)
                 };
             }
             let seen = SlotWord(arch::shfl_u64(team, seen, leader));
@@ -163,8 +163,8 @@ impl Heap {
         if current.reserved() >= current.capacity(per_block) {
             return CLOSED;
         }
-        // Relaxed, as in `malloc_slice`.
-        arch::fetch_add_relaxed(word, size as u64)
+        // Relaxed (dependency-ordered), as in `malloc_slice`.
+        arch::fetch_add_dependent(word, size as u64)
     }
 
     /// Replaces the slot word with a fresh block (or with an empty word if

@@ -16,13 +16,17 @@
 //! - The slot protocol through the real `malloc`/`free` on a one-segment
 //!   heap: two installs racing for one slot, an install racing a flush, an
 //!   allocation racing a reclaim. Each ends with every slice back and the
-//!   segment free. (Host threads are one-lane warps: team formation over
-//!   several lanes is not modelled here.)
+//!   segment free.
+//! - A team of two lanes (a two-lane host warp, `arch::HostWarp`) allocates,
+//!   writes and frees its slices while a third thread flushes the slot and
+//!   allocates again: the slices' memory is a loom cell, so a recycled slice
+//!   whose last writes are not ordered before its next owner's (the team
+//!   free's `bar.warp.sync`) fails the model.
 
 #![cfg(loom)]
 
 use gpu_kernel::Heap;
-use gpu_kernel::arch::Word;
+use gpu_kernel::arch::{HostWarp, Word, join_host_warp};
 use gpu_kernel::block;
 use gpu_kernel::class::{Request, SEGMENT_BYTES, SLICE_CLASSES, SLICES_PER_BLOCK, SizeClass};
 use gpu_kernel::layout::NO_SPARES;
@@ -210,10 +214,16 @@ impl Tiny {
     /// Every slot empty, every block back, the segment free.
     fn assert_whole(&self) {
         self.heap.flush_slots();
+        let words: Vec<u64> = self
+            ._metadata
+            .iter()
+            .map(gpu_kernel::arch::load_relaxed)
+            .collect();
+        let stats = gpu_kernel::stats::HeapStats::from_snapshot(&self.heap, &words);
         assert_eq!(
             self.heap.withdraw_free_segment(),
             Some(0),
-            "segment not free"
+            "segment not free: {stats:?}"
         );
         assert!(self.heap.add_segment(0));
     }
@@ -273,4 +283,56 @@ fn an_allocation_races_a_reclaim() {
         tiny.heap.free(p);
         tiny.assert_whole();
     });
+}
+
+#[test]
+fn a_two_lane_team_frees_then_its_block_is_recycled() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.max_branches = 100_000;
+    b.check(|| {
+        let tiny = Tiny::new();
+        let cells: Arc<Vec<loom::cell::UnsafeCell<u64>>> =
+            Arc::new((0..4).map(|_| loom::cell::UnsafeCell::new(0)).collect());
+        let warp = HostWarp::new();
+        let lanes: Vec<_> = (0..2u32)
+            .map(|lane| {
+                let (tiny, cells, warp) = (tiny.clone(), cells.clone(), warp.clone());
+                thread::spawn(move || {
+                    join_host_warp(warp, lane);
+                    // Null is possible for lane 1 while lane 0's flush is
+                    // giving the one segment back (a free in flight).
+                    let p = tiny.heap.malloc(4096);
+                    if !p.is_null() {
+                        write(&tiny, &cells, p, lane as u64 + 1);
+                        tiny.heap.free(p);
+                    }
+                    if lane == 0 {
+                        // Recycle: retire the slot (which completes the block
+                        // once lane 1 has freed too) and allocate again; the
+                        // slice may be lane 1's, whose write must be ordered
+                        // before this one by the team free.
+                        tiny.heap.flush_slot(class_4k(), 0);
+                        let q = tiny.heap.malloc(4096);
+                        if !q.is_null() {
+                            write(&tiny, &cells, q, 9);
+                            tiny.heap.free(q);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for l in lanes {
+            l.join().unwrap();
+        }
+        tiny.assert_whole();
+    });
+}
+
+/// Writes `value` into the model cell of the 4 KiB slice at `p`.
+fn write(tiny: &Tiny, cells: &[loom::cell::UnsafeCell<u64>], p: *mut u8, value: u64) {
+    let slice = ((p as u64 - tiny.heap.data()) / 4096) as usize;
+    // SAFETY: the model's stand-in for writing the slice's memory; loom
+    // reports a write not ordered after the previous one.
+    cells[slice].with_mut(|c| unsafe { *c = value });
 }

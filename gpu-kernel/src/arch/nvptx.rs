@@ -103,6 +103,15 @@ rmw64!(
     "add.u64",
     "Relaxed add; returns the old value."
 );
+/// Relaxed add whose result the caller's later accesses depend on by
+/// address (a slot's reservation: the slice's address is computed from it),
+/// so they cannot be performed before it. The same instruction as
+/// [`fetch_add_relaxed`]; the host twin models it under loom as an acquire,
+/// since loom has no dependency ordering.
+#[inline(always)]
+pub fn fetch_add_dependent(w: &Word, v: u64) -> u64 {
+    fetch_add_relaxed(w, v)
+}
 rmw64!(
     fetch_add_release,
     "release",
