@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 mkdir -p .gpu
 cargo build --release --bins --examples
 cp target/release/gpumalloc target/release/examples/user_kernel .gpu/
-for spec in gpumalloc:gpu gpumalloc:graph_gpu host:lake_gpu; do
+for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:graph_gpu host:lake_gpu; do
   pkg=${spec%%:*}; t=${spec#*:}
   bin=$(cargo test --release -p "$pkg" --no-run --test "$t" --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys

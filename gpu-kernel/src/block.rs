@@ -6,17 +6,45 @@
 //!   cleared only by a thread holding a reservation from the segment table,
 //!   and set only by the thread returning the block.
 //! - A slice block's counter counts slices that will never be handed out
-//!   again: freed slices plus those a retired slot left unissued. The thread
-//!   whose add brings it to `SLICES_PER_BLOCK` owns the block and returns it,
-//!   after storing the counter back to zero.
-//! - A slice's double-free bit (checked heaps only) is set by its free and
-//!   cleared when its block returns.
+//!   again: freed slices plus those a retired slot left unissued. It is never
+//!   reset: each lifetime of the block adds exactly its slice count `S` (a
+//!   power of two), and the thread whose add carries it across a multiple of
+//!   `S` owns the block and returns it. A count can therefore never be erased by
+//!   a reset racing a late add, and a stray add (an undetected bad free on an
+//!   unchecked heap) only ends one lifetime early: no block is ever stuck
+//!   with a count that can no longer reach the end.
+//! - Checked heaps keep a two-bit state per slice (see
+//!   [`CHECK_WORDS_PER_BLOCK`]): *never* handed out, *live*, or *freed* (and
+//!   not handed out since). `malloc` makes it live; `free` turns live into
+//!   freed, and only that transition counts the slice dead; a free finding
+//!   freed is a double free, one finding never a pointer never handed out.
+//!   Each transition is one CAS on the word holding the state, so of two
+//!   racing frees of one slice exactly one is the free and the other is
+//!   counted as a double free. Block-class segments keep the same states for
+//!   their blocks in the check words of their first slice block. No state is
+//!   ever left live when a segment comes back (every unit was freed), so a
+//!   segment reformatted for another class finds only never and freed
+//!   states: a stale one can only turn an "invalid" into a "double" count.
 
 use crate::arch::{self, Word};
 use crate::class::{SLICES_PER_BLOCK, SizeClass};
 
-/// Words of double-free bits per slice block.
-pub const SLICE_BIT_WORDS: u32 = (SLICES_PER_BLOCK / 64) as u32;
+/// Mask of a counter's position within the current lifetime of a block of
+/// `per_block` slices.
+#[inline(always)]
+fn lifetime_mask(per_block: u32) -> u64 {
+    per_block as u64 - 1
+}
+
+/// Words of misuse-check states per slice block on checked heaps: two bits
+/// per slice (32 slices a word). A block-class segment (at most 2048
+/// blocks) keeps its blocks' states in those of its first slice block.
+pub const CHECK_WORDS_PER_BLOCK: u32 = (SLICES_PER_BLOCK / 32) as u32;
+
+// States: 0 never handed out, LIVE, FREED.
+const LIVE: u64 = 1;
+const FREED: u64 = 2;
+const STATE_MASK: u64 = 3;
 
 /// The bitmap of one segment.
 #[derive(Clone, Copy)]
@@ -100,43 +128,101 @@ impl<'a> BlockBitmap<'a> {
 /// Adds `slices` unissued slices of a retired slot to a block counter;
 /// true if this add completed the block.
 #[inline(always)]
-pub fn count_dead_slices(counter: &Word, slices: u64) -> bool {
+pub fn count_dead_slices(counter: &Word, slices: u64, per_block: u32) -> bool {
     // acq_rel: the completing thread must see every earlier free's writes to
     // the slices before it recycles the block (release by each adder,
     // acquire by the one that completes).
     let old = arch::fetch_add_acq_rel(counter, slices);
-    old + slices == SLICES_PER_BLOCK
+    completes(old, slices, per_block)
+}
+
+/// Whether adding `slices` (at most a block's worth) to a counter that held
+/// `old` carries it across a multiple of `per_block`.
+#[inline(always)]
+fn completes(old: u64, slices: u64, per_block: u32) -> bool {
+    (old & lifetime_mask(per_block)) + slices >= per_block as u64
+}
+
+/// Slices counted dead in the current lifetime of a block of `per_block`
+/// slices whose counter holds `counter`.
+#[inline(always)]
+pub fn dead_in_lifetime(counter: u64, per_block: u32) -> u64 {
+    counter & lifetime_mask(per_block)
 }
 
 /// Adds `slices` freed slices to a block counter; true if this add
 /// completed the block. The hot path of `free`.
 #[inline(always)]
-pub fn count_freed_slices(counter: &Word, slices: u64) -> bool {
+pub fn count_freed_slices(counter: &Word, slices: u64, per_block: u32) -> bool {
     // Release: the freeing threads' writes to their slices are performed
     // before the count can complete. Only the completing thread needs the
     // acquire side, so it alone pays for the fence (an acquire RMW would
     // invalidate the SM's L1 on every free).
     let old = arch::fetch_add_release(counter, slices);
-    let done = old + slices == SLICES_PER_BLOCK;
+    let done = completes(old, slices, per_block);
     if done {
         arch::fence_acq_rel();
     }
     done
 }
 
-/// Sets a slice's double-free bit; false if it was already set.
-#[inline(always)]
-pub fn mark_slice_freed(bits: &[Word], slice: u32) -> bool {
-    let bit = 1u64 << (slice & 63);
-    // SAFETY: slice < SLICES_PER_BLOCK, so the word index is in range.
-    let w = unsafe { bits.get_unchecked((slice >> 6) as usize) };
-    arch::fetch_or_acq_rel(w, bit) & bit == 0
+/// What a checked free found for a slice (or a block of a block class).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckedFree {
+    /// It was live; now it is freed.
+    Freed,
+    /// It was already freed and not handed out since.
+    Double,
+    /// It was never handed out (in this block's format).
+    NeverHandedOut,
 }
 
-/// Clears all double-free bits of a block being recycled.
-#[inline]
-pub fn clear_slice_bits(bits: &[Word]) {
-    for w in bits {
-        arch::store_relaxed(w, 0);
+/// The word and shift of unit `unit`'s state.
+#[inline(always)]
+fn state_at(states: &[Word], unit: u32) -> (&Word, u32) {
+    // SAFETY: callers pass units below SLICES_PER_BLOCK (slices) or
+    // MAX_BLOCKS_PER_SEGMENT (blocks), so the word is below
+    // CHECK_WORDS_PER_BLOCK, the length of every check region.
+    let w = unsafe { states.get_unchecked((unit >> 5) as usize) };
+    (w, (unit & 31) * 2)
+}
+
+/// Checked heaps: marks unit `unit` (a slice, or a block of a block class)
+/// live as `malloc` hands it out.
+#[inline(always)]
+pub fn mark_live(states: &[Word], unit: u32) {
+    let (w, shift) = state_at(states, unit);
+    let mut current = arch::load_relaxed(w);
+    loop {
+        let next = current & !(STATE_MASK << shift) | LIVE << shift;
+        // acq_rel CAS (the only CAS the architecture module offers): the
+        // state publishes nothing; a later free of the same pointer is
+        // ordered after this malloc by the user.
+        match arch::compare_exchange_acq_rel(w, current, next) {
+            Ok(_) => return,
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// Checked heaps: a free of unit `unit`. Only a `Freed` answer may count
+/// the unit dead or give it back.
+#[inline(always)]
+pub fn check_free(states: &[Word], unit: u32) -> CheckedFree {
+    let (w, shift) = state_at(states, unit);
+    let mut current = arch::load_relaxed(w);
+    loop {
+        match (current >> shift) & STATE_MASK {
+            LIVE => {}
+            FREED => return CheckedFree::Double,
+            _ => return CheckedFree::NeverHandedOut,
+        }
+        let next = current & !(STATE_MASK << shift) | FREED << shift;
+        // acq_rel CAS: the one transition from live to freed decides which
+        // of racing frees is the free.
+        match arch::compare_exchange_acq_rel(w, current, next) {
+            Ok(_) => return CheckedFree::Freed,
+            Err(actual) => current = actual,
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! Size classes: which class serves a request, and the geometry of each.
 //!
 //! - Classes `0..SLICE_CLASSES` are *slice classes*: slices of 16 B … 4 KiB;
-//!   a block holds [`SLICES_PER_BLOCK`] slices, so a block is 64 KiB … 16 MiB.
+//!   a block holds [`SLICES_PER_BLOCK`] slices, or as many as fit in one
+//!   segment if fewer (4 KiB slices: 512 per 2 MiB block), so a block is
+//!   64 KiB … one segment.
 //! - The following classes are *block classes*: one allocation is one whole
 //!   block of 8 KiB … one segment, for requests above 4 KiB.
 //! - Requests above a segment take several contiguous segments.
@@ -10,13 +12,17 @@
 //! `SEGMENT_BYTES >> block_shift` blocks of it.
 
 /// log2 of the segment size. Set `GPUMALLOC_SEGMENT_SHIFT` at compile time to
-/// change it (24 = 16 MiB, the default; 24..=28 are accepted).
-pub const SEGMENT_SHIFT: u32 = parse_shift(option_env!("GPUMALLOC_SEGMENT_SHIFT"), 24);
+/// change it (21 = 2 MiB, the default; 16..=28 are accepted). Small segments
+/// keep a small heap usable by every class at once: each class strands at
+/// most part of one segment (see `docs/device-heap-reclaim.md`); 2 MiB is
+/// also the VMM granularity a growing heap maps in.
+pub const SEGMENT_SHIFT: u32 = parse_shift(option_env!("GPUMALLOC_SEGMENT_SHIFT"), 21);
 /// Bytes in a segment.
 pub const SEGMENT_BYTES: u64 = 1 << SEGMENT_SHIFT;
-/// log2 of the slices in a block.
+/// log2 of the most slices in a block.
 pub const SLICES_PER_BLOCK_SHIFT: u32 = 12;
-/// Slices in a block.
+/// The most slices in a block (classes whose 4096 slices would not fit in a
+/// segment have fewer: [`SizeClass::slices_per_block`]).
 pub const SLICES_PER_BLOCK: u64 = 1 << SLICES_PER_BLOCK_SHIFT;
 /// log2 of the smallest slice (16 B).
 pub const MIN_SLICE_SHIFT: u32 = 4;
@@ -38,7 +44,7 @@ pub const BITMAP_WORDS_PER_SEGMENT: u32 = MAX_BLOCKS_PER_SEGMENT / 64;
 pub const SLICE_BLOCKS_PER_SEGMENT: u32 =
     1 << (SEGMENT_SHIFT - MIN_SLICE_SHIFT - SLICES_PER_BLOCK_SHIFT);
 
-const _: () = assert!(SEGMENT_SHIFT >= MAX_SLICE_SHIFT + SLICES_PER_BLOCK_SHIFT);
+const _: () = assert!(SEGMENT_SHIFT >= MIN_SLICE_SHIFT + SLICES_PER_BLOCK_SHIFT);
 const _: () = assert!(SEGMENT_SHIFT <= 28);
 
 const fn parse_shift(text: Option<&str>, default: u32) -> u32 {
@@ -124,11 +130,29 @@ impl SizeClass {
         self.0 + MIN_SLICE_SHIFT
     }
 
+    /// log2 of the slices in a block of this slice class: 4096, or as many
+    /// as fill one segment.
+    #[inline(always)]
+    pub fn slices_shift(self) -> u32 {
+        let fit = SEGMENT_SHIFT - self.unit_shift();
+        if fit < SLICES_PER_BLOCK_SHIFT {
+            fit
+        } else {
+            SLICES_PER_BLOCK_SHIFT
+        }
+    }
+
+    /// Slices in a block of this slice class.
+    #[inline(always)]
+    pub fn slices_per_block(self) -> u32 {
+        1 << self.slices_shift()
+    }
+
     /// log2 of this class's block size.
     #[inline(always)]
     pub fn block_shift(self) -> u32 {
         if self.is_slice() {
-            self.unit_shift() + SLICES_PER_BLOCK_SHIFT
+            self.unit_shift() + self.slices_shift()
         } else {
             self.unit_shift()
         }

@@ -22,13 +22,12 @@
 use core::ptr;
 
 use crate::arch::{self, Word};
-use crate::block::{self, BlockBitmap, SLICE_BIT_WORDS};
+use crate::block::{self, BlockBitmap, CHECK_WORDS_PER_BLOCK, CheckedFree};
 use crate::class::{
-    BITMAP_WORDS_PER_SEGMENT, Request, SEGMENT_SHIFT, SLICE_BLOCKS_PER_SEGMENT, SLICES_PER_BLOCK,
-    SizeClass,
+    BITMAP_WORDS_PER_SEGMENT, Request, SEGMENT_SHIFT, SLICE_BLOCKS_PER_SEGMENT, SizeClass,
 };
 use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
-use crate::segment::{Reservation, Return, SegmentState, SegmentTable};
+use crate::segment::{Previous, Reservation, Return, SegmentState, SegmentTable};
 use crate::slot::SLOTS_PER_CLASS;
 use crate::veb::VebTree;
 
@@ -143,7 +142,7 @@ impl Heap {
 
     #[inline(always)]
     pub(crate) fn slice_bits(&self, global_block: u64) -> &[Word] {
-        let per = SLICE_BIT_WORDS as u64;
+        let per = CHECK_WORDS_PER_BLOCK as u64;
         self.region(self.slice_bits_at + global_block * per, per)
     }
 
@@ -217,12 +216,24 @@ impl Heap {
             if lane == leader {
                 claim = self.claim_blocks(class, team.count_ones()).0;
             }
-            let claim = Claim(arch::shfl_u64(team, claim, leader));
+            let mut claim = Claim(arch::shfl_u64(team, claim, leader));
             if claim.count() == 0 {
-                return None;
+                // Before failing, give back what slice classes hold idle and
+                // try once more (the leader alone: one reclaim per team).
+                let mut again = 0;
+                if lane == leader {
+                    again = self.reclaim_and_claim(class, team.count_ones()).0;
+                }
+                claim = Claim(arch::shfl_u64(team, again, leader));
+                if claim.count() == 0 {
+                    return None;
+                }
             }
             if rank < claim.count() {
                 let block = claim.take(self, class, rank);
+                if self.checked() {
+                    self.mark_block_handed_out(block);
+                }
                 return Some(self.block_address(class, block));
             }
         }
@@ -279,6 +290,15 @@ impl Heap {
         }
     }
 
+    /// The last try of a block request: reclaim, then claim again. Out of
+    /// line and cold: it runs only when a request is about to fail.
+    #[inline(never)]
+    #[cold]
+    fn reclaim_and_claim(&self, class: SizeClass, want: u32) -> Claim {
+        self.reclaim();
+        self.claim_blocks(class, want)
+    }
+
     /// Removes `segment` from the class tree, then puts it back if its state
     /// says it can serve the class after all.
     #[inline]
@@ -303,6 +323,9 @@ impl Heap {
         let blocks = class.blocks_per_segment();
         let taken = want.min(blocks);
         self.bitmap(segment).format(class, taken);
+        if class.is_slice() {
+            self.restart_counters(segment, blocks);
+        }
         let free = blocks - taken;
         self.table().publish_active(segment, class, free);
         if free > 0 {
@@ -311,20 +334,60 @@ impl Heap {
         Claim::formatted(segment, taken)
     }
 
-    /// Returns a slice block whose every slice is dead to its segment.
+    /// Whether this heap keeps misuse-check bits (`CHECK_DOUBLE_FREE`).
+    #[inline(always)]
+    pub(crate) fn checked(&self) -> bool {
+        self.flags & CHECK_DOUBLE_FREE != 0
+    }
+
+    /// Checked heaps: marks a block live as it is handed out (out of line:
+    /// it would cost the hot path registers).
+    #[inline(never)]
+    #[cold]
+    fn mark_block_handed_out(&self, b: BlockId) {
+        block::mark_live(self.block_bits(b.segment), b.block);
+    }
+
+    /// Checked heaps: the check bits of a block-class segment's blocks.
+    #[inline(always)]
+    fn block_bits(&self, segment: u32) -> &[Word] {
+        self.slice_bits(BlockId { segment, block: 0 }.global())
+    }
+
+    /// Counters count in lifetimes of a class's slices per block; the
+    /// segment's last class may have had fewer per block, which leaves a
+    /// count that is no multiple of the new class's, so a segment formatted
+    /// for a slice class starts its counters at zero. Relaxed: published by
+    /// `publish_active`'s release, and no add can race (every block of a
+    /// free segment is back and no slot holds one). Out of line: it would
+    /// cost the claim path registers.
+    #[inline(never)]
+    fn restart_counters(&self, segment: u32, blocks: u32) {
+        for b in 0..blocks {
+            arch::store_relaxed(self.counter(BlockId { segment, block: b }.global()), 0);
+        }
+    }
+
+    /// Returns a slice block whose every slice is dead to its segment. The
+    /// counter is not reset (see `block`); check bits need no reset either:
+    /// every live bit was cleared by its free, and freed bits are cleared
+    /// as slices are handed out again.
     #[inline(never)]
     pub(crate) fn release_block(&self, class: SizeClass, b: BlockId) {
         let global = b.global();
-        // Relaxed: published by the bitmap's acq_rel RMW below.
-        arch::store_relaxed(self.counter(global), 0);
-        if self.flags & CHECK_DOUBLE_FREE != 0 {
-            block::clear_slice_bits(self.slice_bits(global));
-        }
-        if !self.bitmap(b.segment).give_back(b.block) {
-            // A slot's accounting went wrong; count it rather than corrupt the tree.
+        // On an unchecked heap an undetected bad free can end a block's
+        // lifetime early, even after its segment changed hands: never give a
+        // block back to a segment that is not formatted for its class.
+        let formatted = matches!(
+            self.table().load(b.segment),
+            SegmentState::Active { class: c, .. } if c == class
+        );
+        if !formatted || !self.bitmap(b.segment).give_back(b.block) {
+            // Only an undetected double free can get here (unchecked heaps):
+            // count it rather than corrupt the bitmap or the segment table.
             self.misuse(
                 Stat::DoubleFrees,
-                b"gpumalloc: block %llu returned twice\n\0",
+                b"gpumalloc: block %llu came back twice (an undetected double free)\n\0",
                 global,
             );
             return;
@@ -337,6 +400,28 @@ impl Heap {
     /// of the same segment count them in the segment table together.
     #[inline]
     fn free_block(&self, class: SizeClass, b: BlockId) {
+        // Checked heaps: the block's state decides, before the bitmap is
+        // touched. Unchecked heaps: the bitmap bit detects a block that is
+        // free already, freed before or never handed out (counted double).
+        if self.checked() {
+            match self.check_unit_free(self.block_bits(b.segment), b.block) {
+                CheckedFree::Freed => {}
+                CheckedFree::Double => {
+                    return self.misuse(
+                        Stat::DoubleFrees,
+                        b"gpumalloc: double free of a block in segment %llu\n\0",
+                        b.segment as u64,
+                    );
+                }
+                CheckedFree::NeverHandedOut => {
+                    return self.misuse(
+                        Stat::InvalidFrees,
+                        b"gpumalloc: free of a block never handed out in segment %llu\n\0",
+                        b.segment as u64,
+                    );
+                }
+            }
+        }
         if !self.bitmap(b.segment).give_back(b.block) {
             return self.misuse(
                 Stat::DoubleFrees,
@@ -346,6 +431,12 @@ impl Heap {
         }
         let mask = arch::active_mask();
         let team = arch::match_any(mask, b.segment);
+        // The leader counts the whole team's blocks: the last count may hand
+        // the segment to another class or thread, so every member's writes
+        // to its block must happen before it. Each member's `give_back`
+        // releases only on its bitmap word, which the leader never reads;
+        // `match` orders nothing, `bar.warp.sync` over the team does.
+        arch::warp_sync(team);
         if arch::lane_id() == arch::lowest_lane(team) {
             self.return_blocks(class, b.segment, team.count_ones());
         }
@@ -378,7 +469,9 @@ impl Heap {
         let head = match tree.claim_run_from_top(count) {
             Some(h) => h,
             None => {
-                self.flush_slots();
+                // Idle blocks of slice classes may be all that holds the
+                // segments: give them back, then try once more.
+                self.reclaim();
                 tree.claim_run_from_top(count)?
             }
         };
@@ -448,7 +541,8 @@ impl Heap {
                     block: (within >> class.block_shift()) as u32,
                 };
                 if class.is_slice() {
-                    let slice = ((within >> class.unit_shift()) & (SLICES_PER_BLOCK - 1)) as u32;
+                    let slice =
+                        (within >> class.unit_shift()) as u32 & (class.slices_per_block() - 1);
                     self.free_slice(class, b, slice);
                 } else {
                     self.free_block(class, b);
@@ -462,6 +556,29 @@ impl Heap {
                     p as u64,
                 ),
             },
+            // A segment that came back whole: a pointer that was the start
+            // of an allocation there is a double free (as far as the segment
+            // remembers: only its last use).
+            SegmentState::Free => {
+                let double = match self.table().previous(segment) {
+                    Previous::Active(class) => within & ((1u64 << class.unit_shift()) - 1) == 0,
+                    Previous::RunHead => within == 0,
+                    Previous::Nothing => false,
+                };
+                if double {
+                    self.misuse(
+                        Stat::DoubleFrees,
+                        b"gpumalloc: double free in a free segment (%llx)\n\0",
+                        p as u64,
+                    )
+                } else {
+                    self.misuse(
+                        Stat::InvalidFrees,
+                        b"gpumalloc: free of memory not allocated (%llx)\n\0",
+                        p as u64,
+                    )
+                }
+            }
             _ => self.misuse(
                 Stat::InvalidFrees,
                 b"gpumalloc: free of memory not allocated (%llx)\n\0",
@@ -475,23 +592,51 @@ impl Heap {
     #[inline]
     fn free_slice(&self, class: SizeClass, b: BlockId, slice: u32) {
         let global = b.global();
-        if self.flags & CHECK_DOUBLE_FREE != 0
-            && !block::mark_slice_freed(self.slice_bits(global), slice)
-        {
-            return self.misuse(
-                Stat::DoubleFrees,
-                b"gpumalloc: double free of a slice in block %llu\n\0",
-                global,
-            );
+        if self.checked() {
+            match self.check_unit_free(self.slice_bits(global), slice) {
+                CheckedFree::Freed => {}
+                CheckedFree::Double => {
+                    return self.misuse(
+                        Stat::DoubleFrees,
+                        b"gpumalloc: double free of a slice in block %llu\n\0",
+                        global,
+                    );
+                }
+                CheckedFree::NeverHandedOut => {
+                    return self.misuse(
+                        Stat::InvalidFrees,
+                        b"gpumalloc: free of a slice never handed out in block %llu\n\0",
+                        global,
+                    );
+                }
+            }
         }
         let mask = arch::active_mask();
         let team = arch::match_any64(mask, global);
+        // The leader's release add counts every member's slice, so every
+        // member's last writes to its slice must happen before that add.
+        // A release orders only the leader's own writes (and those it has
+        // synchronised with); `match` orders nothing; `bar.warp.sync` over
+        // the team orders the members' writes before the leader's add.
+        arch::warp_sync(team);
         let lane = arch::lane_id();
         if lane == arch::lowest_lane(team)
-            && block::count_freed_slices(self.counter(global), team.count_ones() as u64)
+            && block::count_freed_slices(
+                self.counter(global),
+                team.count_ones() as u64,
+                class.slices_per_block(),
+            )
         {
             self.release_block(class, b);
         }
+    }
+
+    /// Checked heaps: the state transition of a free (out of line: it would
+    /// cost the hot path registers).
+    #[inline(never)]
+    #[cold]
+    fn check_unit_free(&self, states: &[Word], unit: u32) -> CheckedFree {
+        block::check_free(states, unit)
     }
 
     #[cold]

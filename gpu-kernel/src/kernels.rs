@@ -135,6 +135,41 @@ pub unsafe extern "ptx-kernel" fn heap_alloc(
     }
 }
 
+/// Thread `t` allocates `log_uniform_size(seed, t, step, lo, hi)` bytes for
+/// step 0, 1, … until its first null or `per_thread` allocations, writes the
+/// pointers to `ptrs[t * per_thread ..]` and their count to `counts[t]`
+/// (utilization workloads; the host recomputes the sizes).
+///
+/// # Safety
+/// `ptrs` holds `n * per_thread` words, `counts` `n` words.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn heap_until_null(
+    heap: Heap,
+    seed: u64,
+    lo: u64,
+    hi: u64,
+    per_thread: u64,
+    ptrs: *mut u64,
+    counts: *mut u64,
+    n: u64,
+) {
+    let t = arch::global_thread_index();
+    if t < n {
+        let mut step = 0;
+        while step < per_thread {
+            let p = heap.malloc(workload::log_uniform_size(seed, t, step, lo, hi));
+            if p.is_null() {
+                break;
+            }
+            // SAFETY: t < n and step < per_thread.
+            unsafe { *ptrs.add((t * per_thread + step) as usize) = p as u64 };
+            step += 1;
+        }
+        // SAFETY: t < n.
+        unsafe { *counts.add(t as usize) = step };
+    }
+}
+
 /// Thread `t` frees `ptrs[t]`.
 ///
 /// # Safety

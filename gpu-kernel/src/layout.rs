@@ -1,15 +1,22 @@
 //! `Heap`: the handle a kernel receives, and where each piece of metadata
-//! lives. The host computes the layout with [`Heap::layout`], allocates the
-//! data and metadata, fills in their addresses, writes the initial image
-//! (all zero but the segment tree, which holds every segment) and passes the
-//! `Heap` by value to kernels or by pointer to `gallatin_malloc`.
+//! lives. The host computes a [`HeapLayout`] with [`Heap::layout`], allocates
+//! the data and metadata, writes the initial image (all zero but the segment
+//! tree, which holds every segment), binds the addresses with the `unsafe`
+//! [`HeapLayout::bind`], and passes the `Heap` by value to kernels (as a
+//! [`HeapImage`]) or by pointer to `gallatin_malloc`.
+//!
+//! `malloc` and `free` are safe methods, so a `Heap` must never exist
+//! without live memory behind it: its fields are private, it is neither
+//! `Clone` nor `Copy`, and the only way to make one is `bind`, whose caller
+//! promises that the memory outlives the handle. The owner on the host hands
+//! out `&Heap` (tied to its own lifetime) and opaque images for launches.
 //!
 //! Metadata is one array of 64-bit words, in this order: statistics, slot
 //! words, format locks, spare blocks, segment
 //! states, block bitmaps, block counters, trees (the segment
 //! tree, then one per class), and, on checked heaps, double-free bits.
 
-use crate::block::SLICE_BIT_WORDS;
+use crate::block::CHECK_WORDS_PER_BLOCK;
 use crate::class::{
     BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_BLOCKS_PER_SEGMENT, SLICE_CLASSES,
 };
@@ -41,40 +48,117 @@ pub enum Stat {
 /// Words reserved for statistics.
 pub const STAT_WORDS: u64 = 8;
 
+/// The last statistics word is no statistic: the number of reclaims in
+/// flight (see `Heap::reclaim`).
+pub(crate) const RECLAIMS_WORD: u64 = STAT_WORDS - 1;
+
 /// The device heap handle: addresses and word offsets, nothing else.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Heap {
     /// Address of segment 0.
-    pub data: u64,
+    pub(crate) data: u64,
     /// Address of metadata word 0.
-    pub metadata: u64,
+    pub(crate) metadata: u64,
     /// Metadata words in all.
-    pub metadata_words: u64,
+    pub(crate) metadata_words: u64,
     /// Number of segments.
-    pub segments: u32,
+    pub(crate) segments: u32,
     /// `CHECK_DOUBLE_FREE`, `TRAP_ON_MISUSE`, `NO_SPARES`.
-    pub flags: u32,
+    pub(crate) flags: u32,
     /// Word offset of the statistics.
-    pub stats_at: u64,
+    pub(crate) stats_at: u64,
     /// Word offset of the slot words.
-    pub slots_at: u64,
+    pub(crate) slots_at: u64,
     /// Word offset of the per-class format locks.
-    pub locks_at: u64,
+    pub(crate) locks_at: u64,
     /// Word offset of the slots' spare blocks.
-    pub spares_at: u64,
+    pub(crate) spares_at: u64,
     /// Word offset of the segment states.
-    pub states_at: u64,
+    pub(crate) states_at: u64,
     /// Word offset of the block bitmaps.
-    pub bitmaps_at: u64,
+    pub(crate) bitmaps_at: u64,
     /// Word offset of the block counters.
-    pub counters_at: u64,
+    pub(crate) counters_at: u64,
     /// Word offset of the trees.
-    pub trees_at: u64,
+    pub(crate) trees_at: u64,
     /// Word offset of the double-free bits (checked heaps).
-    pub slice_bits_at: u64,
+    pub(crate) slice_bits_at: u64,
     /// Shape shared by every tree.
-    pub tree: TreeShape,
+    pub(crate) tree: TreeShape,
+}
+
+/// Words of a [`HeapImage`].
+const IMAGE_WORDS: usize = core::mem::size_of::<Heap>() / 8;
+const _: () = assert!(core::mem::size_of::<Heap>() == IMAGE_WORDS * 8);
+const _: () = assert!(core::mem::align_of::<Heap>() == 8);
+
+/// The bytes of a bound [`Heap`] as a kernel parameter: what a kernel taking
+/// `heap: Heap` by value receives. Opaque: safe code cannot turn it back
+/// into a `Heap`.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapImage([u64; IMAGE_WORDS]);
+
+/// A heap's layout before memory is bound to it: geometry and word offsets,
+/// addresses zero. It has no `malloc`; [`HeapLayout::bind`] makes the handle.
+#[derive(Debug, PartialEq, Eq)]
+pub struct HeapLayout(Heap);
+
+impl Clone for HeapLayout {
+    fn clone(&self) -> HeapLayout {
+        HeapLayout(self.0.duplicate())
+    }
+}
+
+impl HeapLayout {
+    /// Binds the data and metadata addresses: the heap handle.
+    ///
+    /// # Safety
+    /// - `data` is the address of `self.data_bytes()` bytes aligned to 4 KiB,
+    ///   and `metadata` that of `self.metadata_words()` 8-byte words holding
+    ///   the image [`HeapLayout::write_initial_metadata`] wrote (or a state a
+    ///   heap of this layout left), both readable and writable by every
+    ///   thread that uses the handle;
+    /// - both stay allocated and are used by nothing else for as long as the
+    ///   returned `Heap`, or any kernel launched with its image, is in use.
+    pub unsafe fn bind(self, data: u64, metadata: u64) -> Heap {
+        Heap {
+            data,
+            metadata,
+            ..self.0
+        }
+    }
+
+    /// Bytes of data (whole segments).
+    pub fn data_bytes(&self) -> u64 {
+        self.0.data_bytes()
+    }
+
+    /// Metadata words in all.
+    pub fn metadata_words(&self) -> u64 {
+        self.0.metadata_words
+    }
+
+    /// Bytes of metadata.
+    pub fn metadata_bytes(&self) -> u64 {
+        self.0.metadata_bytes()
+    }
+
+    /// Number of segments.
+    pub fn segments(&self) -> u32 {
+        self.0.segments
+    }
+
+    /// See [`Heap::write_initial_metadata`].
+    pub fn write_initial_metadata(&self, words: &mut [u64]) {
+        self.0.write_initial_metadata(words);
+    }
+
+    /// See [`Heap::write_initial_metadata_with`].
+    pub fn write_initial_metadata_with(&self, words: &mut [u64], present: u32) {
+        self.0.write_initial_metadata_with(words, present);
+    }
 }
 
 /// Why a heap cannot be laid out.
@@ -91,7 +175,7 @@ impl Heap {
     pub const MAX_SEGMENTS: u64 = (MAX_SLOT_BLOCK + 1) / SLICE_BLOCKS_PER_SEGMENT as u64;
 
     /// The layout of a heap of `segments` segments (addresses left zero).
-    pub fn layout(segments: u64, flags: u32) -> Result<Heap, LayoutError> {
+    pub fn layout(segments: u64, flags: u32) -> Result<HeapLayout, LayoutError> {
         if segments == 0 {
             return Err(LayoutError::TooSmall);
         }
@@ -109,11 +193,11 @@ impl Heap {
         let trees_at = counters_at + segments * SLICE_BLOCKS_PER_SEGMENT as u64;
         let slice_bits_at = trees_at + (1 + CLASSES as u64) * tree.words as u64;
         let slice_bits = if flags & CHECK_DOUBLE_FREE != 0 {
-            segments * SLICE_BLOCKS_PER_SEGMENT as u64 * SLICE_BIT_WORDS as u64
+            segments * SLICE_BLOCKS_PER_SEGMENT as u64 * CHECK_WORDS_PER_BLOCK as u64
         } else {
             0
         };
-        Ok(Heap {
+        Ok(HeapLayout(Heap {
             data: 0,
             metadata: 0,
             metadata_words: slice_bits_at + slice_bits,
@@ -129,11 +213,52 @@ impl Heap {
             trees_at,
             slice_bits_at,
             tree,
-        })
+        }))
+    }
+
+    /// A field-by-field copy, for the crate's own use (a layout's clone).
+    fn duplicate(&self) -> Heap {
+        Heap {
+            tree: self.tree,
+            ..*self
+        }
+    }
+
+    /// The handle's bytes as a kernel parameter.
+    pub fn image(&self) -> HeapImage {
+        // SAFETY: `Heap` is `repr(C)`, 8-byte aligned, made of integers with
+        // no padding (the asserts above check its size), so its bytes are
+        // `IMAGE_WORDS` initialised words.
+        HeapImage(unsafe { core::ptr::read(self as *const Heap as *const [u64; IMAGE_WORDS]) })
+    }
+
+    /// Address of segment 0.
+    pub fn data(&self) -> u64 {
+        self.data
+    }
+
+    /// Address of metadata word 0.
+    pub fn metadata(&self) -> u64 {
+        self.metadata
+    }
+
+    /// Metadata words in all.
+    pub fn metadata_words(&self) -> u64 {
+        self.metadata_words
+    }
+
+    /// Number of segments.
+    pub fn segments(&self) -> u32 {
+        self.segments
+    }
+
+    /// The kernel-side flags (`CHECK_DOUBLE_FREE`, `TRAP_ON_MISUSE`, `NO_SPARES`).
+    pub fn flags(&self) -> u32 {
+        self.flags
     }
 
     /// The layout of the largest heap whose data fits in `bytes`.
-    pub fn layout_for_bytes(bytes: u64, flags: u32) -> Result<Heap, LayoutError> {
+    pub fn layout_for_bytes(bytes: u64, flags: u32) -> Result<HeapLayout, LayoutError> {
         Heap::layout(bytes / SEGMENT_BYTES, flags)
     }
 

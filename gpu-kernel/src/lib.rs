@@ -2,12 +2,13 @@
 //! kernels, after the Gallatin design (Hunt & Johnson, PPoPP 2024).
 //!
 //! # Glossary
-//! - **Segment**: 16 MiB of heap (see [`class::SEGMENT_SHIFT`]); free segments
+//! - **Segment**: 2 MiB of heap (see [`class::SEGMENT_SHIFT`]); free segments
 //!   are ids in the segment tree.
 //! - **Class**: a slice class (16 B … 4 KiB slices) or a block class (8 KiB …
 //!   one segment); a segment is formatted for one class at a time.
-//! - **Block**: a class's unit of segment space: 4096 slices of a slice class,
-//!   or one allocation of a block class.
+//! - **Block**: a class's unit of segment space: 4096 slices of a slice class
+//!   (fewer where they would not fit in a segment), or one allocation of a
+//!   block class.
 //! - **Slice**: one allocation of a slice class.
 //! - **Tree** ([`veb::VebTree`]): a set of segment ids in 64-bit words; one for
 //!   free segments and one per class for segments with free blocks.

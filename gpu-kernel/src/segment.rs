@@ -27,6 +27,22 @@ const FREE_MASK: u64 = 0xffff;
 const CLASS_SHIFT: u32 = 16;
 const KIND_SHIFT: u32 = 24;
 const RUN_SHIFT: u32 = 32;
+/// Bits 28..30 of a `Free` word: what the segment was before it came back
+/// (`free` uses it to tell a double free from a wild pointer).
+const HISTORY_SHIFT: u32 = 28;
+const WAS_ACTIVE: u64 = 1;
+const WAS_RUN: u64 = 2;
+
+/// What a free segment was before it came back to the segment tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Previous {
+    /// Never used, or a later segment of a run.
+    Nothing,
+    /// Formatted for this class.
+    Active(SizeClass),
+    /// The head of a run.
+    RunHead,
+}
 
 /// What a segment currently is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +99,18 @@ impl SegmentState {
     }
 }
 
+/// The word of a `Free` segment that was `previous` (decodes as `Free`).
+#[inline(always)]
+fn retired_word(previous: Previous) -> u64 {
+    match previous {
+        Previous::Nothing => SegmentState::Free.encode(),
+        Previous::Active(class) => {
+            WAS_ACTIVE << HISTORY_SHIFT | (class.index() as u64) << CLASS_SHIFT
+        }
+        Previous::RunHead => WAS_RUN << HISTORY_SHIFT,
+    }
+}
+
 /// The outcome of [`SegmentTable::reserve_blocks`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reservation {
@@ -135,6 +163,22 @@ impl<'a> SegmentTable<'a> {
         SegmentState::decode(arch::load_relaxed(self.word(segment)))
     }
 
+    /// What a segment that is `Free` now was before (a snapshot; only
+    /// meaningful while the segment stays free).
+    #[inline]
+    pub fn previous(&self, segment: u32) -> Previous {
+        let word = arch::load_relaxed(self.word(segment));
+        if SegmentState::decode(word) != SegmentState::Free {
+            return Previous::Nothing;
+        }
+        match (word >> HISTORY_SHIFT) & 3 {
+            WAS_ACTIVE => SizeClass::new(((word >> CLASS_SHIFT) & 0xff) as u32)
+                .map_or(Previous::Nothing, Previous::Active),
+            WAS_RUN => Previous::RunHead,
+            _ => Previous::Nothing,
+        }
+    }
+
     /// Publishes a freshly formatted segment. Release: the bitmap written
     /// before is visible to whoever reserves a block after seeing this.
     #[inline]
@@ -180,12 +224,14 @@ impl<'a> SegmentTable<'a> {
         let mut current = arch::load_relaxed(w);
         loop {
             let free = match SegmentState::decode(current) {
-                SegmentState::Active { free, .. } => free,
+                SegmentState::Active { free, class: c } if c == class && free + count <= total => {
+                    free
+                }
                 // Unreachable while the caller holds blocks of this segment.
                 _ => return Return::Partial,
             };
             let (next, outcome) = if free + count == total {
-                (SegmentState::Free.encode(), Return::Retired)
+                (retired_word(Previous::Active(class)), Return::Retired)
             } else if free == 0 {
                 (current + count as u64, Return::FirstFree)
             } else {
@@ -216,7 +262,7 @@ impl<'a> SegmentTable<'a> {
         let SegmentState::RunHead { segments } = SegmentState::decode(current) else {
             return None;
         };
-        arch::compare_exchange_acq_rel(w, current, SegmentState::Free.encode()).ok()?;
+        arch::compare_exchange_acq_rel(w, current, retired_word(Previous::RunHead)).ok()?;
         for s in head + 1..head + segments {
             arch::store_relaxed(self.word(s), SegmentState::Free.encode());
         }
@@ -250,8 +296,10 @@ mod tests {
         let states = [Word::new(0)];
         let t = SegmentTable::new(&states);
         let c16 = SizeClass::new(0).unwrap();
-        let c2k = SizeClass::new(7).unwrap(); // 2 KiB slices: two blocks per segment
-        assert_eq!(c2k.blocks_per_segment(), 2);
+        let c2k = (0..crate::class::SLICE_CLASSES)
+            .filter_map(SizeClass::new)
+            .find(|c| c.blocks_per_segment() == 2)
+            .expect("a slice class with two blocks per segment");
         t.publish_active(0, c2k, 1);
         assert_eq!(t.reserve_blocks(0, c16, 1), Reservation::Stale);
         assert_eq!(

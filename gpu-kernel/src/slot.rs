@@ -9,17 +9,19 @@
 //! waiting thread sees that the word was replaced even by an identical one.
 //!
 //! # Protocol
-//! A team adds its size `n` to `reserved` (one acq_rel add) and so owns the
-//! indices `[r, r + n)` of this version. Indices below the capacity (4096 with
-//! a block, 0 without) are slices. The team whose range holds the index equal
+//! A team adds its size `n` to `reserved` (one relaxed add, see `team`) and
+//! so owns the indices `[r, r + n)` of this version. Indices below the
+//! capacity (the class's slices per block with a block, 0 without) are
+//! slices. The team whose range holds the index equal
 //! to the capacity is the *installer*: exactly one per version. It claims a
 //! new block, replaces the word by CAS (new version, `reserved` = the slices
 //! its own members take) and retires the word it displaced. Teams past the
-//! capacity wait for the replacement and try again. Whoever replaces a word
+//! capacity wait for the replacement (while the word still shows their
+//! version with `reserved` past the capacity: a word with their version bits
+//! and fewer reserved is a later version whose generation wrapped) and try
+//! again. Whoever replaces a word
 //! (installer or flush) retires it: the slices it never handed out are counted
 //! dead on the block's counter, so every block is accounted for exactly.
-
-use crate::class::SLICES_PER_BLOCK;
 
 /// Slots per slice class.
 pub const SLOTS_PER_CLASS: u32 = 32;
@@ -74,14 +76,11 @@ impl SlotWord {
         (self.0 >> GENERATION_SHIFT) as u8
     }
 
-    /// Slices this version can hand out.
+    /// Slices this version can hand out, for a class of `per_block` slices
+    /// per block.
     #[inline(always)]
-    pub fn capacity(self) -> u32 {
-        if self.block().is_some() {
-            SLICES_PER_BLOCK as u32
-        } else {
-            0
-        }
+    pub fn capacity(self, per_block: u32) -> u32 {
+        if self.block().is_some() { per_block } else { 0 }
     }
 
     /// Block and generation: what identifies a version.
@@ -92,8 +91,9 @@ impl SlotWord {
 
     /// Slices of this version's block that were never handed out.
     #[inline(always)]
-    pub fn unissued(self) -> u32 {
-        self.capacity() - self.reserved().min(self.capacity())
+    pub fn unissued(self, per_block: u32) -> u32 {
+        let cap = self.capacity(per_block);
+        cap - self.reserved().min(cap)
     }
 }
 
@@ -107,10 +107,10 @@ mod tests {
         assert_eq!(w.block(), Some(12345));
         assert_eq!(w.reserved(), 4000);
         assert_eq!(w.generation(), 7);
-        assert_eq!(w.unissued(), 96);
+        assert_eq!(w.unissued(4096), 96);
         let e = SlotWord::new(None, 0, 0);
         assert_eq!(e.0, 0);
-        assert_eq!(e.capacity(), 0);
-        assert_eq!(SlotWord(w.0 + 200).unissued(), 0);
+        assert_eq!(e.capacity(4096), 0);
+        assert_eq!(SlotWord(w.0 + 200).unissued(4096), 0);
     }
 }

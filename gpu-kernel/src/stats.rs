@@ -4,11 +4,10 @@
 //!
 //! Live slices of a block = slices issued − slices counted dead, where a
 //! block outside any slot has issued all its slices, and one in a slot has
-//! issued `min(reserved, 4096)`.
+//! issued `min(reserved, slices per block)`.
 
-use crate::class::{
-    BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_CLASSES, SLICES_PER_BLOCK, SizeClass,
-};
+use crate::block::dead_in_lifetime;
+use crate::class::{BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_CLASSES, SizeClass};
 use crate::layout::{Heap, Stat};
 use crate::segment::SegmentState;
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
@@ -68,7 +67,9 @@ impl HeapStats {
                         }
                         let live = if class.is_slice() {
                             let g = heap.counter_index(segment as u32, block);
-                            SLICES_PER_BLOCK - at(heap.counters_at + g).min(SLICES_PER_BLOCK)
+                            let per = class.slices_per_block();
+                            (per as u64)
+                                .saturating_sub(dead_in_lifetime(at(heap.counters_at + g), per))
                         } else {
                             1
                         };
@@ -83,14 +84,19 @@ impl HeapStats {
             }
         }
         // Blocks in slots have not issued their unissued slices yet, and
-        // spare blocks none at all.
-        for c in 0..SLICE_CLASSES {
+        // spare blocks none at all. Saturating: after an undetected bad free
+        // on an unchecked heap a block in a slot can be free already, and a
+        // snapshot must still never wrap.
+        for class in (0..SLICE_CLASSES).filter_map(SizeClass::new) {
+            let (c, per) = (class.index(), class.slices_per_block());
             for slot in 0..SLOTS_PER_CLASS {
                 let word = SlotWord(at(heap.slots_at + (c * SLOTS_PER_CLASS + slot) as u64));
-                s.live_per_class[c as usize] -= word.unissued() as u64;
+                let live = &mut s.live_per_class[c as usize];
+                *live = live.saturating_sub(word.unissued(per) as u64);
                 for i in 0..SPARES_PER_SLOT {
                     if at(heap.spare_index(c, slot, i)) != 0 {
-                        s.live_per_class[c as usize] -= SLICES_PER_BLOCK;
+                        let live = &mut s.live_per_class[c as usize];
+                        *live = live.saturating_sub(per as u64);
                     }
                 }
             }

@@ -16,8 +16,13 @@ use crate::arch::{self, Word};
 use crate::block;
 use crate::class::SizeClass;
 use crate::heap::BlockId;
-use crate::layout::{Heap, NO_SPARES};
+use crate::layout::{Heap, NO_SPARES, RECLAIMS_WORD};
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
+
+/// Slot blocks of one class stay within heap / 2^this.
+const SLOT_BUDGET_SHIFT: u32 = 8;
+/// Slot and spare blocks of one class stay within heap / 2^this.
+const SPARE_BUDGET_SHIFT: u32 = 3;
 
 /// What [`Heap::reserve_if_open`] answers for a slot with nothing left (not
 /// a valid slot word: its block field is all ones).
@@ -27,7 +32,9 @@ impl Heap {
     /// The slice path: warp teams reserve slices from their slot's block.
     #[inline]
     pub(crate) fn malloc_slice(&self, class: SizeClass) -> Option<u64> {
-        let home = arch::sm_id() % SLOTS_PER_CLASS;
+        let slots = self.slots_for(class);
+        let per_block = class.slices_per_block();
+        let home = arch::sm_id() & (slots - 1);
         let mut slot = home;
         // After the home slot found the heap exhausted, visit every other
         // slot once for slices left in its block before giving up.
@@ -51,20 +58,20 @@ impl Heap {
                 // value returned here, so it cannot be performed before the
                 // add. An acquire would invalidate this SM's L1 on every call.
                 seen = if stealing {
-                    self.reserve_if_open(word, size)
+                    self.reserve_if_open(word, size, per_block)
                 } else {
-                    arch::fetch_add_relaxed(word, size as u64)
+                    arch::fetch_add_dependent(word, size as u64)
                 };
             }
             let seen = SlotWord(arch::shfl_u64(team, seen, leader));
             if seen.0 == CLOSED {
-                slot = (slot + 1) % SLOTS_PER_CLASS;
+                slot = (slot + 1) & (slots - 1);
                 if slot == home {
                     return None;
                 }
                 continue;
             }
-            let (first, cap) = (seen.reserved(), seen.capacity());
+            let (first, cap) = (seen.reserved(), seen.capacity(per_block));
             let index = first + rank;
             // Whether this team installs is decided for the whole team before
             // any member leaves: the leader installs even when its own slice
@@ -79,46 +86,85 @@ impl Heap {
                 fresh = arch::shfl_u64(team, fresh, leader);
             }
             if index < cap {
-                let block = BlockId::from_global(seen.block().unwrap_or(0));
-                return Some(
-                    self.block_address(class, block) + ((index as u64) << class.unit_shift()),
-                );
+                return Some(self.hand_out(class, seen.block().unwrap_or(0), index));
             }
             if fresh != 0 {
-                let block = BlockId::from_global(fresh - 1);
-                let k = (index - cap) as u64;
-                return Some(self.block_address(class, block) + (k << class.unit_shift()));
+                return Some(self.hand_out(class, fresh - 1, index - cap));
             }
             if installer {
                 // Out of blocks: look for slices left in the other slots.
                 stealing = true;
             }
             if stealing {
-                slot = (slot + 1) % SLOTS_PER_CLASS;
+                slot = (slot + 1) & (slots - 1);
                 if slot == home {
                     return None;
                 }
                 continue;
             }
-            // Past the end: wait until the installer replaces the word.
-            while SlotWord(arch::load_relaxed(word)).version() == seen.version() {
+            // Past the end: wait until the installer replaces the word. Our
+            // team's range lies wholly past the capacity (else it would hold
+            // index `cap` and install), so our version's `reserved` exceeds
+            // `cap`, and within one version `reserved` only grows: while the
+            // word shows our version with `reserved > cap`, an installer owns
+            // index `cap` and its CAS will change the word. A word with our
+            // block and generation but `reserved <= cap` is a later version
+            // whose 8-bit generation wrapped (ABA): retry rather than wait for
+            // a change that may never come.
+            loop {
+                let now = SlotWord(arch::load_relaxed(word));
+                if now.version() != seen.version() || now.reserved() <= now.capacity(per_block) {
+                    break;
+                }
                 arch::backoff(round);
                 round += 1;
             }
         }
     }
 
+    /// Slots in use for `class` (a power of two, 1 ..= `SLOTS_PER_CLASS`):
+    /// as many as keep one block per slot within 1/256 of the heap, so the
+    /// partly used blocks slots hold (which no other class can use) scale
+    /// with the heap. A 16 GiB heap uses all 32 slots for every class; a
+    /// 256 MiB heap one slot for 4 KiB slices (2 MiB blocks) and 16 for 16 B
+    /// (64 KiB blocks).
+    #[inline(always)]
+    pub(crate) fn slots_for(&self, class: SizeClass) -> u32 {
+        let budget = self.data_bytes() >> (SLOT_BUDGET_SHIFT + class.block_shift());
+        let slots = budget.clamp(1, SLOTS_PER_CLASS as u64) as u32;
+        1 << (31 - slots.leading_zeros())
+    }
+
+    /// Slice `slice` of global block `global`: its address. On checked heaps
+    /// it is marked live, so a free can tell it from one never handed out.
+    #[inline(always)]
+    fn hand_out(&self, class: SizeClass, global: u64, slice: u32) -> u64 {
+        if self.checked() {
+            self.mark_live(global, slice);
+        }
+        self.block_address(class, BlockId::from_global(global))
+            + ((slice as u64) << class.unit_shift())
+    }
+
+    /// Out of line: checked heaps only, and it would cost the hot path
+    /// registers.
+    #[inline(never)]
+    #[cold]
+    fn mark_live(&self, global: u64, slice: u32) {
+        block::mark_live(self.slice_bits(global), slice);
+    }
+
     /// In stealing mode, reserve only from a word that still has slices, so
     /// a thread that found the heap exhausted does not become an installer
     /// again. Returns [`CLOSED`] when the word has no slices left.
     #[inline]
-    fn reserve_if_open(&self, word: &Word, size: u32) -> u64 {
+    fn reserve_if_open(&self, word: &Word, size: u32, per_block: u32) -> u64 {
         let current = SlotWord(arch::load_relaxed(word));
-        if current.reserved() >= current.capacity() {
+        if current.reserved() >= current.capacity(per_block) {
             return CLOSED;
         }
-        // Relaxed, as in `malloc_slice`.
-        arch::fetch_add_relaxed(word, size as u64)
+        // Relaxed (dependency-ordered), as in `malloc_slice`.
+        arch::fetch_add_dependent(word, size as u64)
     }
 
     /// Replaces the slot word with a fresh block (or with an empty word if
@@ -129,11 +175,16 @@ impl Heap {
     fn install(&self, class: SizeClass, slot: u32, taken: u32) -> u64 {
         let word = self.slot(class, slot);
         // Own spare, else a claim, else (the heap has no block left) another
-        // slot's spare.
+        // slot's spare, else reclaim what every class holds idle and claim
+        // again: only then may this class's requests fail.
         let fresh = self
             .pop_spare(class, slot)
             .or_else(|| self.claim_for_slot(class, slot))
             .or_else(|| (0..SLOTS_PER_CLASS).find_map(|s| self.pop_spare(class, s)))
+            .or_else(|| {
+                self.reclaim();
+                self.claim_for_slot(class, slot)
+            })
             .map(BlockId::global);
         let reserved = if fresh.is_some() { taken } else { 0 };
         let mut current = arch::load_relaxed(word);
@@ -177,7 +228,12 @@ impl Heap {
     /// returns the first and parks the others as the slot's spares.
     #[inline]
     fn claim_for_slot(&self, class: SizeClass, slot: u32) -> Option<BlockId> {
-        let spares = if self.flags & NO_SPARES != 0 {
+        // Spares only where the class's slots with all their spares stay
+        // within 1/8 of the heap (and they are reclaimed before any request
+        // fails): a small heap is not eaten by idle blocks.
+        let cached = (self.slots_for(class) * (1 + SPARES_PER_SLOT)) as u64;
+        let room = self.data_bytes() >> (SPARE_BUDGET_SHIFT + class.block_shift());
+        let spares = if self.flags & NO_SPARES != 0 || room < cached {
             0
         } else {
             SPARES_PER_SLOT
@@ -188,33 +244,105 @@ impl Heap {
         }
         let first = claim.take(self, class, 0);
         for i in 1..claim.count() {
-            let b = claim.take(self, class, i);
-            let parked = (0..SPARES_PER_SLOT).any(|k| {
-                arch::compare_exchange_acq_rel(self.spare(class, slot, k), 0, b.global() + 1)
-                    .is_ok()
-            });
-            if !parked {
-                self.release_block(class, b);
-            }
+            self.park_spare(class, slot, claim.take(self, class, i));
         }
         Some(first)
     }
 
+    /// Parks a claimed block as one of the slot's spares, or returns it if
+    /// the slot has no room.
+    #[inline(never)]
+    fn park_spare(&self, class: SizeClass, slot: u32, b: BlockId) {
+        let parked = (0..SPARES_PER_SLOT).any(|k| {
+            arch::compare_exchange_acq_rel(self.spare(class, slot, k), 0, b.global() + 1).is_ok()
+        });
+        if !parked {
+            self.release_block(class, b);
+        }
+    }
+
     /// Accounts for the slices a replaced slot word never handed out.
-    #[inline]
+    #[inline(never)]
     fn retire(&self, class: SizeClass, displaced: SlotWord) {
         let Some(global) = displaced.block() else {
             return;
         };
-        let unissued = displaced.unissued();
-        if unissued > 0 && block::count_dead_slices(self.counter(global), unissued as u64) {
+        let per_block = class.slices_per_block();
+        let unissued = displaced.unissued(per_block);
+        if unissued > 0
+            && block::count_dead_slices(self.counter(global), unissued as u64, per_block)
+        {
             self.release_block(class, BlockId::from_global(global));
         }
     }
 
-    /// Empties every slot, returning the slices they hold to their blocks.
-    /// Safe while other threads allocate; used when a large request fails
-    /// and by the host before it checks that the heap is whole.
+    /// Gives back what slice classes hold idle: every spare block, and every
+    /// slot block none of whose handed-out slices is live. Partly used slot
+    /// blocks stay (emptying them would strand their unissued slices until
+    /// their live ones are freed). Safe while other threads allocate; runs
+    /// only when a request is about to fail.
+    ///
+    /// Returns only when no reclaim is in flight: a thread that ran dry
+    /// while another reclaim had taken a block off a slot but not yet given
+    /// it back would otherwise fail a request the heap can serve.
+    #[inline(never)]
+    pub fn reclaim(&self) {
+        let in_flight = &self.region(self.stats_at + RECLAIMS_WORD, 1)[0];
+        // Relaxed: every block this reclaim takes is taken by an acq_rel RMW
+        // (slot CAS, spare swap) that comes after this add in program order,
+        // so whoever sees a block gone also sees this add.
+        arch::fetch_add_relaxed(in_flight, 1);
+        for class in (0..crate::class::SLICE_CLASSES).filter_map(SizeClass::new) {
+            for s in 0..SLOTS_PER_CLASS {
+                while let Some(b) = self.pop_spare(class, s) {
+                    self.release_block(class, b);
+                }
+                self.retire_if_idle(class, s);
+            }
+        }
+        // Release: what this reclaim gave back (segments in the segment
+        // tree) happens before a waiter's acquire load that sees the count
+        // it leaves.
+        arch::fetch_add_release(in_flight, u64::MAX);
+        let mut round = 0;
+        while arch::load_acquire(in_flight) != 0 {
+            arch::backoff(round);
+            round += 1;
+        }
+    }
+
+    /// Empties slot `slot` if every slice its block handed out is dead.
+    #[inline]
+    fn retire_if_idle(&self, class: SizeClass, slot: u32) {
+        let word = self.slot(class, slot);
+        let current = arch::load_relaxed(word);
+        let seen = SlotWord(current);
+        let Some(global) = seen.block() else {
+            return;
+        };
+        let per_block = class.slices_per_block();
+        if seen.reserved() >= seen.capacity(per_block) {
+            // Exhausted: its installer is replacing it.
+            return;
+        }
+        // Relaxed: a snapshot. The block is in this lifetime (slices remain
+        // unissued, so it cannot have completed). If a team reserves after
+        // this load the CAS below fails; frees only make the count larger.
+        let dead = block::dead_in_lifetime(arch::load_relaxed(self.counter(global)), per_block);
+        if dead < seen.reserved() as u64 {
+            return;
+        }
+        let next = SlotWord::new(None, 0, seen.generation().wrapping_add(1));
+        // acq_rel, as every replacement of a slot word (see `install`).
+        if arch::compare_exchange_acq_rel(word, current, next.0).is_ok() {
+            self.retire(class, seen);
+        }
+    }
+
+    /// Empties every slot, returning the slices they hold to their blocks
+    /// (partly used ones come back when their last live slice is freed).
+    /// Safe while other threads allocate; used by the host before it checks
+    /// that the heap is whole (a failing request uses [`Heap::reclaim`]).
     pub fn flush_slots(&self) {
         for class in (0..crate::class::SLICE_CLASSES).filter_map(SizeClass::new) {
             for s in 0..SLOTS_PER_CLASS {

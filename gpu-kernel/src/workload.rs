@@ -94,3 +94,18 @@ pub unsafe fn verify(p: *const u8, size: u64, id: u64) -> u64 {
     }
     wrong
 }
+
+/// The size thread `id` asks for at step `step` of a log-uniform run over
+/// `lo..=hi` (powers of two): an octave `[2^e, 2^(e+1)]` uniform among those
+/// of the range, then a size uniform within it. The same on host and GPU.
+#[inline(always)]
+pub fn log_uniform_size(seed: u64, id: u64, step: u64, lo: u64, hi: u64) -> u64 {
+    let r = hash64(seed ^ hash64(id ^ hash64(step)));
+    let (low, high) = (lo.trailing_zeros() as u64, hi.trailing_zeros() as u64);
+    if high <= low {
+        return lo;
+    }
+    let octave = low + (r >> 40) % (high - low);
+    let base = 1u64 << octave;
+    base + (r & 0xff_ffff) % (base + 1)
+}

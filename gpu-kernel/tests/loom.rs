@@ -13,12 +13,23 @@
 //! - Segment return: a reservation racing the return of a segment's last
 //!   block ends in one of the two consistent orders; two returns of the last
 //!   blocks retire the segment exactly once.
+//! - The slot protocol through the real `malloc`/`free` on a one-segment
+//!   heap: two installs racing for one slot, an install racing a flush, an
+//!   allocation racing a reclaim. Each ends with every slice back and the
+//!   segment free.
+//! - A team of two lanes (a two-lane host warp, `arch::HostWarp`) allocates,
+//!   writes and frees its slices while a third thread flushes the slot and
+//!   allocates again: the slices' memory is a loom cell, so a recycled slice
+//!   whose last writes are not ordered before its next owner's (the team
+//!   free's `bar.warp.sync`) fails the model.
 
 #![cfg(loom)]
 
-use gpu_kernel::arch::Word;
+use gpu_kernel::Heap;
+use gpu_kernel::arch::{HostWarp, Word, join_host_warp};
 use gpu_kernel::block;
-use gpu_kernel::class::{SLICES_PER_BLOCK, SizeClass};
+use gpu_kernel::class::{Request, SEGMENT_BYTES, SLICE_CLASSES, SLICES_PER_BLOCK, SizeClass};
+use gpu_kernel::layout::NO_SPARES;
 use gpu_kernel::segment::{Reservation, Return, SegmentState, SegmentTable};
 use gpu_kernel::veb::{TreeShape, VebTree};
 use loom::sync::Arc;
@@ -27,6 +38,15 @@ use loom::thread;
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(3);
+    b.check(f);
+}
+
+/// For models that run the real allocator: its scans of every slot make
+/// long executions, so more branches.
+fn model_long(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.max_branches = 100_000;
     b.check(f);
 }
 
@@ -95,10 +115,11 @@ fn a_withdrawal_and_a_claim_never_share_a_segment() {
 #[test]
 fn exactly_one_thread_completes_a_block() {
     model(|| {
+        let per = SLICES_PER_BLOCK as u32;
         let counter = Arc::new(Word::new(SLICES_PER_BLOCK - 3));
         let c1 = counter.clone();
-        let t = thread::spawn(move || block::count_freed_slices(&c1, 1));
-        let retire = block::count_dead_slices(&counter, 2);
+        let t = thread::spawn(move || block::count_freed_slices(&c1, 1, per));
+        let retire = block::count_dead_slices(&counter, 2, per);
         let free = t.join().unwrap();
         assert!(
             retire ^ free,
@@ -107,11 +128,12 @@ fn exactly_one_thread_completes_a_block() {
     });
 }
 
-/// The 2 KiB slice class: two blocks per segment.
+/// A slice class with two blocks per segment.
 fn two_block_class() -> SizeClass {
-    let c = SizeClass::new(7).unwrap();
-    assert_eq!(c.blocks_per_segment(), 2);
-    c
+    (0..SLICE_CLASSES)
+        .filter_map(SizeClass::new)
+        .find(|c| c.blocks_per_segment() == 2)
+        .expect("a slice class with two blocks per segment")
 }
 
 #[test]
@@ -160,4 +182,157 @@ fn the_last_two_returns_retire_once() {
         assert_eq!(retired, 1, "{mine:?} {theirs:?}");
         assert_eq!(SegmentTable::new(&states).load(0), SegmentState::Free);
     });
+}
+
+/// A one-segment heap whose metadata is loom atomics.
+struct Tiny {
+    heap: Heap,
+    _metadata: Vec<Word>,
+    _data: Vec<u64>,
+}
+
+impl Tiny {
+    fn new() -> Arc<Tiny> {
+        let layout = Heap::layout(1, NO_SPARES).unwrap();
+        let mut image = vec![0u64; layout.metadata_words() as usize];
+        layout.write_initial_metadata(&mut image);
+        let metadata: Vec<Word> = image.into_iter().map(Word::new).collect();
+        let data: Vec<u64> = Vec::with_capacity((SEGMENT_BYTES / 8) as usize + 512);
+        let base = (data.as_ptr() as u64).next_multiple_of(4096);
+        // SAFETY: `data` reserves a segment past the 4 KiB alignment and
+        // `metadata` holds the initial image; both live in `Tiny` beside the
+        // handle, which is only lent out as `&Heap`. The allocator never
+        // touches the data bytes, and the model never writes them.
+        let heap = unsafe { layout.bind(base, metadata.as_ptr() as u64) };
+        Arc::new(Tiny {
+            heap,
+            _metadata: metadata,
+            _data: data,
+        })
+    }
+
+    /// Every slot empty, every block back, the segment free.
+    fn assert_whole(&self) {
+        self.heap.flush_slots();
+        let words: Vec<u64> = self
+            ._metadata
+            .iter()
+            .map(gpu_kernel::arch::load_relaxed)
+            .collect();
+        let stats = gpu_kernel::stats::HeapStats::from_snapshot(&self.heap, &words);
+        assert_eq!(
+            self.heap.withdraw_free_segment(),
+            Some(0),
+            "segment not free: {stats:?}"
+        );
+        assert!(self.heap.add_segment(0));
+    }
+}
+
+fn class_4k() -> SizeClass {
+    match Request::for_size(4096) {
+        Request::Class(c) => c,
+        r => panic!("{r:?}"),
+    }
+}
+
+#[test]
+fn two_installs_race_for_one_slot() {
+    model_long(|| {
+        let tiny = Tiny::new();
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.malloc(4096) as u64);
+        let mine = tiny.heap.malloc(4096) as u64;
+        let theirs = t.join().unwrap();
+        assert!(
+            mine != 0 && theirs != 0 && mine != theirs,
+            "{mine:x} {theirs:x}"
+        );
+        tiny.heap.free(mine as *mut u8);
+        tiny.heap.free(theirs as *mut u8);
+        tiny.assert_whole();
+    });
+}
+
+#[test]
+fn an_install_races_a_flush() {
+    model_long(|| {
+        let tiny = Tiny::new();
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.flush_slot(class_4k(), 0));
+        let p = tiny.heap.malloc(4096);
+        assert!(!p.is_null());
+        tiny.heap.free(p);
+        t.join().unwrap();
+        tiny.assert_whole();
+    });
+}
+
+#[test]
+fn an_allocation_races_a_reclaim() {
+    model_long(|| {
+        let tiny = Tiny::new();
+        let first = tiny.heap.malloc(4096);
+        assert!(!first.is_null());
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.reclaim());
+        tiny.heap.free(first);
+        let p = tiny.heap.malloc(4096);
+        assert!(!p.is_null());
+        t.join().unwrap();
+        tiny.heap.free(p);
+        tiny.assert_whole();
+    });
+}
+
+#[test]
+fn a_two_lane_team_frees_then_its_block_is_recycled() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.max_branches = 100_000;
+    b.check(|| {
+        let tiny = Tiny::new();
+        let cells: Arc<Vec<loom::cell::UnsafeCell<u64>>> =
+            Arc::new((0..4).map(|_| loom::cell::UnsafeCell::new(0)).collect());
+        let warp = HostWarp::new();
+        let lanes: Vec<_> = (0..2u32)
+            .map(|lane| {
+                let (tiny, cells, warp) = (tiny.clone(), cells.clone(), warp.clone());
+                thread::spawn(move || {
+                    join_host_warp(warp, lane);
+                    // Null is possible for lane 1 while lane 0's flush is
+                    // giving the one segment back (a free in flight).
+                    let p = tiny.heap.malloc(4096);
+                    if !p.is_null() {
+                        write(&tiny, &cells, p, lane as u64 + 1);
+                        tiny.heap.free(p);
+                    }
+                    if lane == 0 {
+                        // Recycle: retire the slot (which completes the block
+                        // once lane 1 has freed too) and allocate again; the
+                        // slice may be lane 1's, whose write must be ordered
+                        // before this one by the team free.
+                        tiny.heap.flush_slot(class_4k(), 0);
+                        let q = tiny.heap.malloc(4096);
+                        if !q.is_null() {
+                            write(&tiny, &cells, q, 9);
+                            tiny.heap.free(q);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for l in lanes {
+            l.join().unwrap();
+        }
+        tiny.assert_whole();
+    });
+}
+
+/// Writes `value` into the model cell of the 4 KiB slice at `p`.
+fn write(tiny: &Tiny, cells: &[loom::cell::UnsafeCell<u64>], p: *mut u8, value: u64) {
+    let slice = ((p as u64 - tiny.heap.data()) / 4096) as usize;
+    // SAFETY: the model's stand-in for writing the slice's memory; loom
+    // reports a write not ordered after the previous one.
+    cells[slice].with_mut(|c| unsafe { *c = value });
 }

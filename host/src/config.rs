@@ -1,6 +1,7 @@
 //! `HeapConfig`: what a user chooses when creating a heap.
 
 use gpu_kernel::Heap;
+use gpu_kernel::layout::HeapLayout;
 use gpu_kernel::layout::{CHECK_DOUBLE_FREE, LayoutError, NO_SPARES, TRAP_ON_MISUSE};
 
 use crate::error::{Error, Result};
@@ -56,11 +57,11 @@ impl HeapConfig {
 
     /// The layout (addresses left zero) of a heap of `bytes` with these
     /// options.
-    pub fn layout(&self, bytes: u64) -> Result<Heap> {
+    pub fn layout(&self, bytes: u64) -> Result<HeapLayout> {
         Heap::layout_for_bytes(bytes, self.flags()).map_err(|e| Error::HeapSize {
             bytes,
             why: match e {
-                LayoutError::TooSmall => "smaller than one segment (16 MiB)",
+                LayoutError::TooSmall => "smaller than one segment (2 MiB by default)",
                 LayoutError::TooLarge => "more segments than the heap supports",
             },
         })

@@ -46,13 +46,11 @@ impl CpuHeap {
             bytes: 0,
             why: "a CPU heap needs an explicit size",
         })?;
-        let mut heap = config.layout(bytes)?;
-        let data_layout =
-            Layout::from_size_align(heap.data_bytes() as usize, DATA_ALIGN).map_err(|_| {
-                Error::HeapSize {
-                    bytes,
-                    why: "too large for this host",
-                }
+        let layout = config.layout(bytes)?;
+        let data_layout = Layout::from_size_align(layout.data_bytes() as usize, DATA_ALIGN)
+            .map_err(|_| Error::HeapSize {
+                bytes,
+                why: "too large for this host",
             })?;
         // SAFETY: the layout has a non-zero size (at least one segment).
         let data = unsafe { alloc(data_layout) };
@@ -62,14 +60,19 @@ impl CpuHeap {
                 why: "host memory allocation failed",
             });
         }
-        let present = present.min(heap.segments);
-        let mut image = vec![0u64; heap.metadata_words as usize];
-        heap.write_initial_metadata_with(&mut image, present);
+        let present = present.min(layout.segments());
+        let mut image = vec![0u64; layout.metadata_words() as usize];
+        layout.write_initial_metadata_with(&mut image, present);
         let metadata: Vec<Word> = image.into_iter().map(Word::new).collect();
-        heap.data = data as u64;
-        heap.metadata = metadata.as_ptr() as u64;
+        let segments = layout.segments();
+        // SAFETY: `data` holds `data_bytes` bytes aligned to 4 KiB and
+        // `metadata` the initial image; both are owned by the `CpuHeap`,
+        // which hands out the handle only as `&Heap` borrowed from itself
+        // and frees them only when dropped (a `Vec`'s buffer does not move
+        // when the `Vec` does).
+        let heap = unsafe { layout.bind(data as u64, metadata.as_ptr() as u64) };
         Ok(CpuHeap {
-            absent: Mutex::new((present..heap.segments).collect()),
+            absent: Mutex::new((present..segments).collect()),
             heap,
             data,
             data_layout,
@@ -115,7 +118,7 @@ impl CpuHeap {
     /// Segments usable now (present).
     pub fn present_segments(&self) -> u32 {
         let absent = self.absent.lock().unwrap_or_else(|e| e.into_inner());
-        self.heap.segments - absent.len() as u32
+        self.heap.segments() - absent.len() as u32
     }
 
     /// Empties the per-class slots so partly used blocks go back to their

@@ -29,18 +29,27 @@ impl DeviceHeap {
             Some(b) => b,
             None => (gpu.memory()?.0 as f64 * HeapConfig::DEFAULT_FREE_FRACTION) as u64,
         };
-        let mut heap = config.layout(bytes)?;
+        let layout = config.layout(bytes)?;
         // SAFETY: the data region is written by its users before it is read.
         let data = unsafe {
             gpu.stream()
-                .alloc::<u8>((heap.data_bytes() + DATA_ALIGN) as usize)
+                .alloc::<u8>((layout.data_bytes() + DATA_ALIGN) as usize)
         }
         .call("cuMemAlloc(heap data)")?;
-        let mut image = vec![0u64; heap.metadata_words as usize];
-        heap.write_initial_metadata(&mut image);
+        let mut image = vec![0u64; layout.metadata_words() as usize];
+        layout.write_initial_metadata(&mut image);
         let metadata = gpu.upload(&image)?;
-        heap.data = gpu.address(&data).next_multiple_of(DATA_ALIGN);
-        heap.metadata = gpu.address(&metadata);
+        // SAFETY: `data` holds the data bytes past the alignment padding and
+        // `metadata` the initial image, both device memory owned by this
+        // `DeviceHeap`; it frees them only when dropped, after the stream's
+        // work (cudarc frees in stream order), and hands the handle out only
+        // as `&Heap` or as images passed to launches on that stream.
+        let heap = unsafe {
+            layout.bind(
+                gpu.address(&data).next_multiple_of(DATA_ALIGN),
+                gpu.address(&metadata),
+            )
+        };
         gpu.sync()?;
         Ok(DeviceHeap {
             gpu: gpu.clone(),
@@ -50,14 +59,14 @@ impl DeviceHeap {
         })
     }
 
-    /// The handle kernels take.
-    pub fn handle(&self) -> Heap {
-        self.heap
+    /// The handle (borrowed: it must not outlive this heap).
+    pub fn handle(&self) -> &Heap {
+        &self.heap
     }
 
     /// The handle as a kernel argument.
     pub fn arg(&self) -> Arg {
-        Arg::Heap(HeapParam(self.heap))
+        Arg::Heap(HeapParam(self.heap.image()))
     }
 
     /// Bytes of data the heap manages.
@@ -88,7 +97,7 @@ impl DeviceHeap {
     /// Returns every allocation at once: rewrites the initial metadata.
     /// Only when no kernel uses the heap and no pointer into it is kept.
     pub fn reset(&mut self) -> Result<()> {
-        let mut image = vec![0u64; self.heap.metadata_words as usize];
+        let mut image = vec![0u64; self.heap.metadata_words() as usize];
         self.heap.write_initial_metadata(&mut image);
         self.gpu
             .stream()

@@ -10,7 +10,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg, sys,
 };
 use cudarc::nvrtc::Ptx;
-use gpu_kernel::Heap;
+use gpu_kernel::layout::HeapImage;
 
 use crate::error::{DriverCall, Error, Result};
 
@@ -28,13 +28,13 @@ pub enum Arg {
     Heap(HeapParam),
 }
 
-/// A `Heap` as a kernel parameter.
+/// A `Heap` as a kernel parameter (its image: the handle's bytes).
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug)]
-pub struct HeapParam(pub Heap);
+pub struct HeapParam(pub HeapImage);
 
-// SAFETY: `Heap` is `#[repr(C)]` and `Pod`; the kernels declare the same
-// struct by value.
+// SAFETY: `HeapImage` is the `#[repr(C)]` `Heap`'s bytes as plain words; the
+// kernels declare `Heap` by value.
 unsafe impl DeviceRepr for HeapParam {}
 
 /// One GPU, its stream, and the loaded module.

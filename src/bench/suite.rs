@@ -55,7 +55,9 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Options {
         let mut sizes: Vec<u64> = (4..=13).map(|s| 1u64 << s).collect();
-        sizes.push(2 * SEGMENT_BYTES);
+        // A multi-segment request: 32 MiB, fixed so that builds with
+        // different segment sizes time the same request.
+        sizes.push((32 << 20).max(2 * SEGMENT_BYTES));
         Options {
             threads: 1 << 20,
             iters: 10,

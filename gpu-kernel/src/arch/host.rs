@@ -4,6 +4,12 @@
 
 extern crate std;
 
+#[cfg(loom)]
+#[path = "host_warp.rs"]
+mod host_warp;
+#[cfg(loom)]
+pub use host_warp::{HostWarp, join as join_host_warp};
+
 #[cfg(not(loom))]
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 #[cfg(loom)]
@@ -38,6 +44,21 @@ pub fn store_release(w: &Word, v: u64) {
 #[inline(always)]
 pub fn fetch_add_relaxed(w: &Word, v: u64) -> u64 {
     w.fetch_add(v, Ordering::Relaxed)
+}
+/// Relaxed add whose result later accesses depend on by address (see the
+/// GPU side). Loom has no dependency ordering, so under loom it is an
+/// acquire: a thread that takes a slice from an installer's word sees what
+/// the installer published, as the dependency guarantees on the GPU.
+#[inline(always)]
+pub fn fetch_add_dependent(w: &Word, v: u64) -> u64 {
+    #[cfg(loom)]
+    {
+        w.fetch_add(v, Ordering::Acquire)
+    }
+    #[cfg(not(loom))]
+    {
+        w.fetch_add(v, Ordering::Relaxed)
+    }
 }
 /// Release add; returns the old value.
 #[inline(always)]
@@ -89,14 +110,27 @@ pub fn compare_exchange_acq_rel32(w: &Word32, current: u32, new: u32) -> Result<
 pub fn fence_acq_rel() {
     fence(Ordering::AcqRel)
 }
-/// A host thread is a one-lane warp.
+/// A host thread is a one-lane warp (under loom, a lane of a two-lane
+/// [`HostWarp`] if it joined one).
 #[inline(always)]
+#[cfg_attr(loom, track_caller)]
 pub fn active_mask() -> u32 {
+    #[cfg(loom)]
+    {
+        let at = core::panic::Location::caller();
+        if let Some(mask) = host_warp::active_mask(at.line() * 256 + at.column()) {
+            return mask;
+        }
+    }
     1
 }
-/// Always lane 0.
+/// Lane 0 (under loom, the lane of the host warp this thread joined).
 #[inline(always)]
 pub fn lane_id() -> u32 {
+    #[cfg(loom)]
+    if let Some(lane) = host_warp::lane() {
+        return lane;
+    }
     0
 }
 /// A stable small number per host thread, standing in for the SM id.
@@ -116,27 +150,63 @@ pub fn sm_id() -> u32 {
 }
 /// A one-lane warp matches only itself.
 #[inline(always)]
-pub fn match_any(mask: u32, _value: u32) -> u32 {
-    mask & 1
+pub fn match_any(mask: u32, value: u32) -> u32 {
+    match_any64(mask, value as u64)
 }
 /// A one-lane warp matches only itself.
 #[inline(always)]
-pub fn match_any64(mask: u32, _value: u64) -> u32 {
-    mask & 1
+pub fn match_any64(mask: u32, value: u64) -> u32 {
+    #[cfg(loom)]
+    if mask == 0b11 {
+        let me = 1 << lane_id();
+        return if host_warp::exchange(value, false) == value {
+            0b11
+        } else {
+            me
+        };
+    }
+    let _ = value;
+    mask & (1 << lane_id())
+}
+/// A one-lane warp has nobody to wait for: its own program order already
+/// orders its writes before its later accesses. (Under loom, a two-lane
+/// host warp's lanes meet with release/acquire.)
+#[inline(always)]
+pub fn warp_sync(mask: u32) {
+    #[cfg(loom)]
+    if mask == 0b11 {
+        host_warp::exchange(0, true);
+    }
+    let _ = mask;
 }
 /// The predicate of the one lane.
 #[inline(always)]
 pub fn ballot(mask: u32, predicate: bool) -> u32 {
-    mask & predicate as u32
+    #[cfg(loom)]
+    if mask == 0b11 {
+        let me = 1 << lane_id();
+        let theirs = host_warp::exchange(predicate as u64, false) != 0;
+        return (if predicate { me } else { 0 }) | (if theirs { 0b11 & !me } else { 0 });
+    }
+    mask & ((predicate as u32) << lane_id())
 }
 /// The lane's own value.
 #[inline(always)]
-pub fn shfl_u32(_mask: u32, value: u32, _src: u32) -> u32 {
-    value
+pub fn shfl_u32(mask: u32, value: u32, src: u32) -> u32 {
+    shfl_u64(mask, value as u64, src) as u32
 }
 /// The lane's own value.
 #[inline(always)]
-pub fn shfl_u64(_mask: u32, value: u64, _src: u32) -> u64 {
+pub fn shfl_u64(mask: u32, value: u64, src: u32) -> u64 {
+    #[cfg(loom)]
+    if mask == 0b11 {
+        // Ordered, unlike `match`: a shuffled value is used as an address
+        // (a slot reservation, a claimed block), whose dependency orders the
+        // receiver's accesses on the GPU; loom has no dependency ordering.
+        let theirs = host_warp::exchange(value, true);
+        return if src == lane_id() { value } else { theirs };
+    }
+    let _ = (mask, src);
     value
 }
 /// Yields to other threads while waiting on a word.

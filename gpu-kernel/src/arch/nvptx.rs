@@ -103,6 +103,15 @@ rmw64!(
     "add.u64",
     "Relaxed add; returns the old value."
 );
+/// Relaxed add whose result the caller's later accesses depend on by
+/// address (a slot's reservation: the slice's address is computed from it),
+/// so they cannot be performed before it. The same instruction as
+/// [`fetch_add_relaxed`]; the host twin models it under loom as an acquire,
+/// since loom has no dependency ordering.
+#[inline(always)]
+pub fn fetch_add_dependent(w: &Word, v: u64) -> u64 {
+    fetch_add_relaxed(w, v)
+}
 rmw64!(
     fetch_add_release,
     "release",
@@ -243,6 +252,16 @@ pub fn match_any64(mask: u32, value: u64) -> u32 {
              m = in(reg32) mask, options(nostack))
     }
     r
+}
+
+/// Waits until every lane of `mask` reaches this call, and orders memory
+/// among them (`bar.warp.sync`): a lane's writes before the call happen
+/// before any lane's accesses after it. `match` and `shfl` order nothing;
+/// this does. Every lane of `mask` must execute it.
+#[inline(always)]
+pub fn warp_sync(mask: u32) {
+    // SAFETY: a warp-synchronous barrier over the caller's mask.
+    unsafe { asm!("bar.warp.sync {m};", m = in(reg32) mask, options(nostack)) }
 }
 
 /// The lanes of `mask` whose predicate is true.
