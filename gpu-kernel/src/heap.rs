@@ -369,9 +369,9 @@ impl Heap {
     }
 
     /// Returns a slice block whose every slice is dead to its segment. The
-    /// counter is not reset (see `block`); check bits need no reset either:
-    /// every live bit was cleared by its free, and freed bits are cleared
-    /// as slices are handed out again.
+    /// counter is not reset (see `block`); check states need no reset
+    /// either: every live one turned freed at its free, and a freed one turns
+    /// live again when its slice is handed out.
     #[inline(never)]
     pub(crate) fn release_block(&self, class: SizeClass, b: BlockId) {
         let global = b.global();

@@ -8,9 +8,11 @@
 //! and empties slots on request.
 //!
 //! Concurrency: any number of warps at once. Slot words change only by the
-//! team add (relaxed: it hands out indices, see `malloc_slice`), the
-//! installer's CAS and a flush's CAS (acq_rel); spare words by the installer's
-//! CAS from 0 and by swaps.
+//! team add (relaxed, dependency-ordered: it hands out indices, see
+//! `malloc_slice`), the installer's CAS, a flush's CAS and a reclaim's CAS
+//! of an idle word (acq_rel); spare words by the installer's CAS from 0 and
+//! by swaps. `reclaim` runs only on the way to a null and returns when no
+//! other reclaim is in flight.
 
 use crate::arch::{self, Word};
 use crate::block;
