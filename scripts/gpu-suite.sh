@@ -22,22 +22,22 @@ step() {
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 step "$OUT/selftest.log" "$BIN/gpumalloc" selftest
-step "$OUT/tests.log" "$BIN/test-gpu" --test-threads=1 --nocapture
-step "$OUT/heap-whole.log" "$BIN/test-gpu_heap_whole" --test-threads=1 --nocapture
-step "$OUT/lake.log" "$BIN/test-lake_gpu" --test-threads=1 --nocapture
-step "$OUT/graph.log" "$BIN/test-graph_gpu" --test-threads=1 --nocapture
+step "$OUT/tests.log" "$BIN/test-gpu" --include-ignored --test-threads=1 --nocapture
+step "$OUT/heap-whole.log" "$BIN/test-gpu_heap_whole" --include-ignored --test-threads=1 --nocapture
+step "$OUT/lake.log" "$BIN/test-lake_gpu" --include-ignored --test-threads=1 --nocapture
+step "$OUT/graph.log" "$BIN/test-graph_gpu" --include-ignored --test-threads=1 --nocapture
 step "$OUT/example.log" "$BIN/user_kernel"
 if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     TAIL=6 GPUMALLOC_TEST_THREADS=${SANITIZER_THREADS:-4096} step "$OUT/sanitizer-$tool.log" \
       compute-sanitizer --tool $tool --error-exitcode 9 \
-      "$BIN/test-gpu" --test-threads=1 selftest every_class mixed_sizes bad_frees
+      "$BIN/test-gpu" --include-ignored --test-threads=1 selftest every_class mixed_sizes bad_frees
   done
   # Issue 12's workloads on unchecked heaps (and the bad frees, both kinds).
   for tool in memcheck synccheck; do
     TAIL=6 GPUMALLOC_TEST_THREADS=${SANITIZER_THREADS:-4096} step "$OUT/sanitizer-heap-whole-$tool.log" \
       compute-sanitizer --tool $tool --error-exitcode 9 \
-      "$BIN/test-gpu_heap_whole" --test-threads=1 random_sizes one_random_size bad_frees mixed_class
+      "$BIN/test-gpu_heap_whole" --include-ignored --test-threads=1 random_sizes one_random_size bad_frees mixed_class
   done
 fi
 iters=10; [ -n "${QUICK:-}" ] && iters=3

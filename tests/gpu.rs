@@ -43,6 +43,7 @@ fn assert_whole(ours: &Ours, what: &str) {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn selftest_of_the_architecture_module() {
     let Some(gpu) = gpu() else { return };
     for n in [1000, 100_003] {
@@ -55,6 +56,7 @@ fn selftest_of_the_architecture_module() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn every_class_million_threads_ten_rounds() {
     let Some(gpu) = gpu() else { return };
     let heap_bytes = 16 * GIB;
@@ -79,6 +81,7 @@ fn every_class_million_threads_ten_rounds() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn mixed_sizes_and_churn() {
     let Some(gpu) = gpu() else { return };
     let mut ours = checked(&gpu, 8 * GIB);
@@ -120,6 +123,7 @@ fn mixed_sizes_and_churn() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn exhaustion_returns_null_and_recovers() {
     let Some(gpu) = gpu() else { return };
     let heap_bytes = 2 * GIB;
@@ -167,6 +171,7 @@ fn exhaustion_returns_null_and_recovers() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn bad_frees_are_counted_not_fatal() {
     let Some(gpu) = gpu() else { return };
     let ours = checked(&gpu, GIB);

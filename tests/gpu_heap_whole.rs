@@ -116,6 +116,7 @@ fn until_null(
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn random_sizes_until_first_null() {
     let Some(gpu) = gpu() else { return };
     let mut ours = Ours::with_config(&gpu, HeapConfig::unchecked(256 * MIB)).unwrap();
@@ -148,6 +149,7 @@ fn random_sizes_until_first_null() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn one_random_size_each_on_demand_plus_three_percent() {
     let Some(gpu) = gpu() else { return };
     let n = threads(1 << 20);
@@ -190,6 +192,7 @@ fn one_random_size_each_on_demand_plus_three_percent() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn large_requests_next_to_small() {
     let Some(gpu) = gpu() else { return };
     let n = threads(1 << 16).max(64 * 32);
@@ -246,6 +249,7 @@ fn large_requests_next_to_small() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn mixed_class_exhaustion() {
     let Some(gpu) = gpu() else { return };
     let mut ours = Ours::with_config(&gpu, HeapConfig::checked(GIB)).unwrap();
@@ -285,6 +289,7 @@ fn one(gpu: &Gpu, ours: &mut Ours, size: u64) -> u64 {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn bad_frees_checked_and_unchecked() {
     let Some(gpu) = gpu() else { return };
     // (name, sizes to allocate, frees as (allocation index, byte offset)

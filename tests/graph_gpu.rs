@@ -151,6 +151,7 @@ fn assert_heap_whole(heap: &DeviceHeap, what: &str) {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn graph_updates_on_our_heap() {
     let Some(gpu) = gpu() else { return };
     let config = HeapConfig::checked(HEAP_BYTES);
@@ -162,6 +163,7 @@ fn graph_updates_on_our_heap() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn graph_updates_on_the_page_pool() {
     let Some(gpu) = gpu() else { return };
     let pool = DevicePool::new(&gpu, POOL_PAGES).unwrap();
@@ -176,6 +178,7 @@ fn graph_updates_on_the_page_pool() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn graph_updates_on_cuda_malloc() {
     let Some(gpu) = gpu() else { return };
     // The limit can only be set before the first kernel that uses CUDA's
