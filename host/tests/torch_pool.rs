@@ -561,3 +561,50 @@ fn a_graph_pool_returns_to_its_checkpoint() {
     );
     p.check().unwrap();
 }
+
+#[test]
+fn a_recorded_trace_replays_to_the_same_peak() {
+    let p = pool(256, ModelEvents::completing());
+    p.start_trace();
+    let mut rng = SplitMix64(99);
+    let mut live: Vec<(u64, StreamId)> = Vec::new();
+    for step in 0..3u64 {
+        for i in 0..200u64 {
+            let stream = if i % 7 == 0 { S2 } else { S1 };
+            if live.len() > 20 || (!live.is_empty() && rng.below(3) == 0) {
+                let (a, s) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                p.free(a, s).unwrap();
+            } else {
+                let size = 1 + rng.below(if i % 5 == 0 { 6 * G } else { G });
+                live.push((p.alloc(size, stream).unwrap(), stream));
+            }
+        }
+        if step < 2 {
+            p.mark_step();
+        }
+    }
+    for (a, s) in live.drain(..) {
+        p.free(a, s).unwrap();
+    }
+    let trace = p.take_trace().expect("a trace was recording");
+    assert!(p.take_trace().is_none(), "taking it stops the recording");
+    let st = p.stats();
+    assert_eq!(trace.events.len() as u64, st.allocs + st.frees);
+    let phases: std::collections::BTreeSet<u32> =
+        trace.events.iter().map(|e| e.site.phase).collect();
+    assert_eq!(phases.into_iter().collect::<Vec<_>>(), vec![0, 1, 2]);
+    let streams: std::collections::BTreeSet<u32> =
+        trace.events.iter().map(|e| e.site.stream).collect();
+    assert_eq!(streams.len(), 2, "two streams, small indices");
+    // Through a file and back, then replayed: the same peak of live bytes.
+    let path = std::env::temp_dir().join(format!("gm-trace-{}.bin", std::process::id()));
+    trace.save(&path).unwrap();
+    let back = host::pluggable::replay::load(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    assert_eq!(back.events, trace.events);
+    let report =
+        host::pluggable::replay::replay(&back, &host::pluggable::replay::ReplayConfig::default())
+            .unwrap();
+    assert_eq!(report.unmatched_frees, 0);
+    assert_eq!(report.peak_active, st.peak_active_bytes);
+}

@@ -86,6 +86,9 @@ def _load(path):
         lib.gm_empty_cache.restype = ctypes.c_uint64
         lib.gm_last_error.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         lib.gm_last_error.restype = ctypes.c_int
+        lib.gm_trace_start.argtypes = [ctypes.c_int]
+        lib.gm_trace_step.argtypes = [ctypes.c_int]
+        lib.gm_trace_save.argtypes = [ctypes.c_int, ctypes.c_char_p]
         _lib = lib
     return _lib
 
@@ -169,6 +172,26 @@ def stats(device=0):
 def reset_peaks(device=0):
     """Sets the peaks to the current values (also torch.cuda.reset_peak_memory_stats)."""
     _lib_or_default().gm_reset_peaks(device)
+
+
+def start_trace(device=0):
+    """Starts recording every allocation and free of `device` (size, stream, order, step)."""
+    lib = _lib_or_default()
+    if lib.gm_trace_start(device) != 0:
+        raise RuntimeError(f"gm_trace_start failed: {_last_error(lib)}")
+
+
+def step(device=0):
+    """Marks the start of the next training step in the recording."""
+    _lib_or_default().gm_trace_step(device)
+
+
+def save_trace(path, device=0):
+    """Stops the recording and writes it to `path` (GMLKTRC; replay it with
+    `cargo run -p host --release --example replay -- PATH`)."""
+    lib = _lib_or_default()
+    if lib.gm_trace_save(device, os.fsencode(str(path))) != 0:
+        raise RuntimeError(f"gm_trace_save failed: {_last_error(lib)}")
 
 
 def empty_cache(device=-1):

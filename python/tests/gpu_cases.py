@@ -301,6 +301,24 @@ def case_compile_reduce_overhead():
     print("torch.compile(mode='reduce-overhead') matches eager")
 
 
+def case_trace_recording():
+    import tempfile
+
+    gpumalloc_torch.start_trace(0)
+    for step in range(3):
+        xs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (1000, 3 << 20, 40 << 20)]
+        del xs
+        gpumalloc_torch.step(0)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.bin"
+        gpumalloc_torch.save_trace(path, 0)
+        data = path.read_bytes()
+    assert data[:8] == b"GMLKTRC\0", data[:8]
+    count = int.from_bytes(data[24:32], "little")
+    assert count == 18, count  # 3 steps x (3 allocs + 3 frees)
+    print("trace recorded:", count, "events")
+
+
 def case_two_devices():
     libcuda = ctypes.CDLL("libcuda.so.1")
 

@@ -37,6 +37,7 @@ CASES = {
     "random_three_streams": 180,
     "fork_dataloader": 120,
     "compile_reduce_overhead": 300,
+    "trace_recording": 120,
 }
 
 

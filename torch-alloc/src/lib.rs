@@ -473,6 +473,52 @@ unsafe fn copy_out<T: Copy>(items: &[T], out: *mut T, cap: usize) {
     }
 }
 
+/// Starts recording every allocation and free of `device`'s pool (the
+/// GMLKTRC format of `host::lake::trace`). 0, or -1.
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_trace_start(device: i32) -> i32 {
+    with_device(device, |d| {
+        d.pool.start_trace();
+        Ok(())
+    })
+}
+
+/// Marks the start of the next training step in `device`'s recording.
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_trace_step(device: i32) -> i32 {
+    with_device(device, |d| {
+        d.pool.mark_step();
+        Ok(())
+    })
+}
+
+/// Stops `device`'s recording and writes it to the file `path` (a
+/// NUL-terminated UTF-8 path). 0, or -1 (no recording, a bad path, or the
+/// write failed; see `gm_last_error`).
+///
+/// # Safety
+/// `path` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gm_trace_save(device: i32, path: *const c_char) -> i32 {
+    if path.is_null() {
+        set_error(ErrorKind::Other, "gm_trace_save: null path".to_string());
+        return -1;
+    }
+    // SAFETY: `path` is NUL-terminated, by the caller's contract.
+    let path = unsafe { std::ffi::CStr::from_ptr(path) }
+        .to_string_lossy()
+        .into_owned();
+    with_device(device, |d| {
+        let trace = d
+            .pool
+            .take_trace()
+            .ok_or_else(|| "gm_trace_save: no trace is being recorded".to_string())?;
+        trace
+            .save(std::path::Path::new(&path))
+            .map_err(|e| format!("gm_trace_save: writing {path}: {e}"))
+    })
+}
+
 /// Limits `device`'s pool to `fraction` (0 < fraction <= 1) of the
 /// device's memory (`torch.cuda.set_per_process_memory_fraction`).
 #[unsafe(no_mangle)]

@@ -47,4 +47,4 @@ pub use fence::{Fence, Progress, Requester};
 pub use model::{ModelCensus, ModelVmm};
 pub use pool::{DeviceRange, Lake};
 pub use stats::{LakeBreakdown, LakeStats, Outcomes};
-pub use trace::{Event, EventKind, Site, Trace, TraceError};
+pub use trace::{Event, EventKind, Site, Trace, TraceError, TraceRecorder};

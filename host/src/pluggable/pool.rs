@@ -56,7 +56,10 @@ use super::event::{EventId, EventSource, StreamId};
 use super::private::PrivatePools;
 use super::split::SplitCache;
 use super::stats::{PoolBreakdown, PoolStats};
-use crate::lake::{DeviceRange, Fence, Lake, LakeError, Progress, Requester, Site, VmmDriver};
+use crate::lake::{
+    DeviceRange, EventKind, Fence, Lake, LakeError, Progress, Requester, Site, Trace,
+    TraceRecorder, VmmDriver,
+};
 
 /// Most events kept per stream (see the stream rule).
 pub const MAX_EVENTS_PER_STREAM: usize = 64;
@@ -138,7 +141,30 @@ struct State {
     /// stream may only have once an event recorded after them completes;
     /// the event is recorded when no window is open.
     catch_up: Vec<(StreamId, u64)>,
+    /// The allocation trace being recorded, if any.
+    recording: Option<Recording>,
     counters: Counters,
+}
+
+/// A trace being recorded: every request and free with its size, address,
+/// stream (a small index, by first appearance) and step (the phase tag,
+/// advanced by [`StreamPool::mark_step`]).
+struct Recording {
+    recorder: TraceRecorder,
+    streams: HashMap<StreamId, u32>,
+    step: u32,
+}
+
+impl Recording {
+    fn record(&mut self, kind: EventKind, size: u64, addr: u64, stream: StreamId) {
+        let next = self.streams.len() as u32;
+        let stream = *self.streams.entry(stream).or_insert(next);
+        let site = Site {
+            stream,
+            phase: self.step,
+        };
+        self.recorder.record(kind, size, addr, site);
+    }
 }
 
 /// Which streams have used the pool. While one stream is alone, its frees
@@ -179,6 +205,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 private: PrivatePools::new(chunk),
                 streams: Streams::None,
                 catch_up: Vec::new(),
+                recording: None,
                 counters: Counters::default(),
             }),
         }
@@ -235,6 +262,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             },
         );
         self.count(&mut s, size);
+        if let Some(r) = s.recording.as_mut() {
+            r.record(EventKind::Alloc, size, block.addr, stream);
+        }
         Ok(block.addr)
     }
 
@@ -269,6 +299,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         self.note_stream(&mut s, stream)?;
         let live = s.live.remove(&addr).expect("checked above");
         self.uncount(&mut s, &live);
+        if let Some(r) = s.recording.as_mut() {
+            r.record(EventKind::Free, live.size, addr, stream);
+        }
         match live.home {
             Home::Private(..) if live.uses.is_empty() => {
                 // Its own stream's later work is ordered after the free,
@@ -313,6 +346,29 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             live.uses.push(stream);
         }
         Ok(())
+    }
+
+    /// Starts recording every allocation and free (dropping a recording in
+    /// progress); the step tag starts at 0.
+    pub fn start_trace(&self) {
+        self.state().recording = Some(Recording {
+            recorder: TraceRecorder::new(self.lake.granularity()),
+            streams: HashMap::new(),
+            step: 0,
+        });
+    }
+
+    /// Marks the start of the next training step in the recording (the
+    /// phase tag of later events).
+    pub fn mark_step(&self) {
+        if let Some(r) = self.state().recording.as_mut() {
+            r.step += 1;
+        }
+    }
+
+    /// Stops recording and returns the trace, if one was being recorded.
+    pub fn take_trace(&self) -> Option<Trace> {
+        self.state().recording.take().map(|r| r.recorder.finish())
     }
 
     /// Addresses of the live allocations of private pool `pool`, in
