@@ -173,13 +173,19 @@ impl<'p> Executor<'p> {
             self.materialize(&op.inputs)?;
             let first = self.first_output[index];
             let outputs: Vec<TensorId> = (first..first + op.outputs.len()).collect();
+            // The in-place output goes last: its input dies when it is placed,
+            // and the other outputs still read that input.
+            for &out in outputs.iter().skip(1) {
+                self.compute(out)?;
+                self.lock(out, 1)?;
+            }
             let in_place = match outputs.first() {
                 Some(&out) if op.in_place && self.policy.recomputes_in_place() => {
                     self.try_in_place(op.inputs[0], out)?
                 }
                 _ => false,
             };
-            for &out in &outputs[usize::from(in_place)..] {
+            if let Some(&out) = outputs.first().filter(|_| !in_place) {
                 self.compute(out)?;
                 self.lock(out, 1)?;
             }
