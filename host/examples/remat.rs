@@ -1,7 +1,8 @@
 //! Compares DTR, DTE and Coop on the seeded synthetic traces of
 //! `host::remat::synth` (a transformer-like and a ResNet-like training step):
 //! overhead, fragmentation, evictions and search latency at several budget
-//! ratios, and each policy's minimum budget ratio (bisection).
+//! ratios, each policy's minimum budget ratio (bisection), and an ablation of
+//! Coop's cheap-tensor partitioning and recomputable in-place.
 //!
 //! ```text
 //! cargo run -p host --release --example remat
@@ -9,7 +10,7 @@
 
 use host::remat::compare::{min_ratios, sweep, table};
 use host::remat::synth;
-use host::remat::{RematResult, Trace};
+use host::remat::{Coop, RematResult, ReplayOptions, Trace, budget_for, replay};
 
 const RATIOS: [f64; 6] = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4];
 
@@ -34,7 +35,42 @@ fn main() -> RematResult<()> {
                 None => println!("  minimum budget ratio {policy:>4}: does not finish at 1.2"),
             }
         }
+        ablation(trace);
         println!();
     }
     Ok(())
+}
+
+/// Coop with each of its two layout modules switched off.
+fn ablation(trace: &Trace) {
+    println!("  Coop ablation (overhead / mean fragmentation / evictions):");
+    for ratio in [0.7, 0.5] {
+        let mut line = format!("  {ratio:.1}");
+        for (label, partition, in_place) in [
+            ("full", true, true),
+            ("no partition", false, true),
+            ("no in-place", true, false),
+            ("window only", false, false),
+        ] {
+            let mut coop = Coop {
+                partition,
+                in_place,
+                ..Coop::default()
+            };
+            let r = replay(
+                trace,
+                budget_for(trace, ratio),
+                &mut coop,
+                ReplayOptions::default(),
+            );
+            let done = if r.finished() { "" } else { " OOM" };
+            line += &format!(
+                "  {label}: {:.1}%/{:.1}%/{}{done}",
+                100.0 * r.overhead(),
+                100.0 * r.fragmentation_mean(),
+                r.evictions
+            );
+        }
+        println!("{line}");
+    }
 }

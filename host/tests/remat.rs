@@ -375,28 +375,3 @@ fn comparison_on_synthetic_traces() {
         }
     }
 }
-
-#[test]
-#[ignore = "diagnostic"]
-fn coop_ablation() {
-    let trace = synth::resnet(4, 2, 32, 2).expect("valid");
-    for (partition, in_place) in [(true, true), (false, true), (true, false), (false, false)] {
-        let mut coop = Coop {
-            partition,
-            in_place,
-            ..Coop::default()
-        };
-        let r = replay(
-            &trace,
-            budget_for(&trace, 0.7),
-            &mut coop,
-            ReplayOptions::default(),
-        );
-        println!(
-            "partition {partition} in_place {in_place}: {:.1}% {} evictions {:?}",
-            100.0 * r.overhead(),
-            r.evictions,
-            r.error
-        );
-    }
-}
