@@ -96,3 +96,29 @@ impl EvictedClasses {
         total
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicted_neighbours_join_one_class_counted_once() {
+        let mut classes = EvictedClasses::default();
+        classes.grow_to(4);
+        classes.add(0, 1.0, &[1]);
+        classes.add(2, 2.0, &[1, 3]);
+        classes.add(1, 4.0, &[0, 2]);
+        assert_eq!(
+            classes.neighbour_cost(&[0, 2]),
+            7.0,
+            "one class, counted once"
+        );
+        classes.remove(1, 4.0);
+        assert_eq!(
+            classes.neighbour_cost(&[0]),
+            3.0,
+            "the recomputed member's cost leaves the class"
+        );
+        assert_eq!(classes.neighbour_cost(&[3]), 0.0);
+    }
+}

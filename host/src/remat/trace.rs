@@ -177,3 +177,44 @@ impl TraceBuilder {
         Trace { ops: self.ops }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(size: u64) -> OutputSpec {
+        OutputSpec {
+            size,
+            pinned: false,
+        }
+    }
+
+    #[test]
+    fn drops_follow_last_use_and_in_place_reuses_bytes() -> RematResult<()> {
+        let mut b = TraceBuilder::new();
+        let x = b.op(&[], &[out(10)], 0.0)?[0];
+        let y = b.op(&[x], &[out(20)], 1.0)?[0];
+        let z = b.op_in_place(&[y], &[out(20)], 1.0)?[0];
+        let w = b.op(&[x, z], &[out(5)], 1.0)?[0];
+        b.keep(w);
+        let trace = b.finish();
+        assert_eq!(
+            trace.ops[2].frees,
+            vec![y],
+            "the in-place input dies with its op"
+        );
+        assert_eq!(trace.ops[3].frees, vec![x, z]);
+        assert_eq!(trace.peak_live_bytes(), 35, "x + z + w; z reuses y's bytes");
+        assert_eq!(trace.tensor_count(), 4);
+        Ok(())
+    }
+
+    #[test]
+    fn reading_a_tensor_before_it_is_made_is_an_error() {
+        let mut b = TraceBuilder::new();
+        assert!(matches!(
+            b.op(&[0], &[out(1)], 1.0),
+            Err(RematError::BadTrace(_))
+        ));
+    }
+}
