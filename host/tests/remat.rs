@@ -375,3 +375,39 @@ fn comparison_on_synthetic_traces() {
         }
     }
 }
+
+#[test]
+fn minimum_budget_bisection_lands_on_a_finishing_budget() {
+    let trace = synth::transformer(3, 4, 3).expect("valid");
+    for (name, make) in host::remat::compare::all_policies() {
+        let ratio = host::remat::min_budget_ratio(&trace, &make, (0.05, 1.2), 0.01)
+            .unwrap_or_else(|| panic!("{name} does not finish at 1.2"));
+        let mut policy = make();
+        let at = replay(
+            &trace,
+            budget_for(&trace, ratio),
+            policy.as_mut(),
+            ReplayOptions::default(),
+        );
+        assert!(at.finished() && ratio < 1.0, "{name}: {ratio}");
+        let mut policy = make();
+        let below = replay(
+            &trace,
+            budget_for(&trace, ratio - 0.01),
+            policy.as_mut(),
+            ReplayOptions::default(),
+        );
+        println!(
+            "{name}: minimum ratio {ratio:.3}; 0.01 lower finishes: {}",
+            below.finished()
+        );
+    }
+}
+
+#[test]
+fn cheap_threshold_splits_element_wise_from_matmul_ops() {
+    let trace = synth::transformer(4, 4, 5).expect("valid");
+    let threshold = host::remat::executor::cheap_threshold(&trace);
+    let per_mib = threshold * (1u64 << 20) as f64;
+    assert!((1.5..8.0).contains(&per_mib), "threshold {per_mib} per MiB");
+}

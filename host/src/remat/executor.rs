@@ -379,17 +379,28 @@ impl<'p> Executor<'p> {
     }
 }
 
-/// Cost density (cost per output byte) below which an op counts as cheap: the
-/// geometric mean of the smallest and largest positive densities in the trace.
+/// Cost density (cost per output byte) below which an op counts as cheap.
 /// The paper observes that super-linear ops (matmul, conv) are about an order
-/// of magnitude denser than element-wise ones, so the split falls between.
+/// of magnitude denser than element-wise ones, so op densities form two
+/// clusters on a log scale; the threshold is the middle of the widest gap
+/// between consecutive sorted log densities, looking only at the middle 80% of
+/// ops so that a few outliers (a loss on a tiny tensor) do not set it.
 pub fn cheap_threshold(trace: &Trace) -> f64 {
-    let densities = trace.ops.iter().filter(|op| op.cost > 0.0).map(|op| {
-        let bytes: u64 = op.outputs.iter().map(|o| o.size).sum();
-        op.cost / bytes.max(1) as f64
-    });
-    let (low, high) = densities.fold((f64::INFINITY, 0.0f64), |(l, h), d| (l.min(d), h.max(d)));
-    if high > 0.0 { (low * high).sqrt() } else { 0.0 }
+    let mut logs: Vec<f64> = trace
+        .ops
+        .iter()
+        .filter(|op| op.cost > 0.0)
+        .map(|op| {
+            let bytes: u64 = op.outputs.iter().map(|o| o.size).sum();
+            (op.cost / bytes.max(1) as f64).ln()
+        })
+        .collect();
+    logs.sort_by(f64::total_cmp);
+    let middle = &logs[logs.len() / 10..logs.len() - logs.len() / 10];
+    middle
+        .windows(2)
+        .max_by(|a, b| (a[1] - a[0]).total_cmp(&(b[1] - b[0])))
+        .map_or(0.0, |pair| ((pair[0] + pair[1]) / 2.0).exp())
 }
 
 /// Pool capacity for a budget ratio of the trace's peak live bytes.

@@ -11,7 +11,8 @@
 //! Costs are modelled, not measured: an op costs its output's MiB times a
 //! density, drawn around 1 for element-wise ops and around 8–30 for
 //! matmul/conv, matching the order-of-magnitude gap the Coop paper reports
-//! (its Table 1). Parameters, their gradients and the input batch are pinned.
+//! (its Table 1). Parameters, their gradients and the input batch are pinned;
+//! the parameters exist before the step starts (they are made first).
 //! Plain functions; no shared state.
 
 use gpu_kernel::workload::SplitMix64;
@@ -209,14 +210,18 @@ impl Model {
 pub fn transformer(layers: usize, hidden_mib: u64, seed: u64) -> RematResult<Trace> {
     let a = hidden_mib * MIB;
     let mut m = Model::new(seed);
-    let mut x = m.leaf(a, false)?;
+    let mut weights = Vec::with_capacity(layers);
     for _ in 0..layers {
-        let [w_qkv, w_o, w_1, w_2] = [
+        weights.push([
             m.leaf(a / 2, true)?,
             m.leaf(a / 4, true)?,
             m.leaf(a, true)?,
             m.leaf(a, true)?,
-        ];
+        ]);
+    }
+    let w_out = m.leaf(a, true)?;
+    let mut x = m.leaf(a, false)?;
+    for [w_qkv, w_o, w_1, w_2] in weights {
         let mm = Kind::SuperLinear(1.0);
         let ln1 = m.forward_op(&[x], a, Kind::Linear, Saved::Inputs, false)?;
         let qkv = m.forward_op(&[ln1, w_qkv], 3 * a, mm, Saved::Inputs, false)?;
@@ -231,7 +236,6 @@ pub fn transformer(layers: usize, hidden_mib: u64, seed: u64) -> RematResult<Tra
         let f = m.forward_op(&[g, w_2], a, mm, Saved::Inputs, false)?;
         x = m.forward_op(&[r1, f], a, Kind::Linear, Saved::Nothing, false)?;
     }
-    let w_out = m.leaf(a, true)?;
     let logits = m.forward_op(&[x, w_out], a, Kind::SuperLinear(1.0), Saved::Inputs, false)?;
     let loss = m.forward_op(&[logits], MIB / 256, Kind::Linear, Saved::Inputs, false)?;
     m.finish(loss)
@@ -243,8 +247,22 @@ pub fn transformer(layers: usize, hidden_mib: u64, seed: u64) -> RematResult<Tra
 pub fn resnet(stages: usize, blocks: usize, stem_mib: u64, seed: u64) -> RematResult<Trace> {
     let mut size = stem_mib * MIB;
     let mut m = Model::new(seed);
-    let input = m.leaf(size, false)?;
     let w_stem = m.leaf(MIB / 8, true)?;
+    let mut weights = Vec::with_capacity(stages * blocks);
+    for stage in 0..stages {
+        let bytes = (MIB / 4) << stage;
+        for block in 0..blocks {
+            let down = if block == 0 && stage > 0 {
+                Some(m.leaf(bytes, true)?)
+            } else {
+                None
+            };
+            weights.push((down, m.leaf(bytes, true)?, m.leaf(bytes, true)?));
+        }
+    }
+    let w_fc = m.leaf(MIB / 8, true)?;
+    let input = m.leaf(size, false)?;
+    let mut weights = weights.into_iter();
     let c = m.forward_op(
         &[input, w_stem],
         size,
@@ -256,18 +274,17 @@ pub fn resnet(stages: usize, blocks: usize, stem_mib: u64, seed: u64) -> RematRe
     let mut x = m.forward_op(&[b], size, Kind::Linear, Saved::Output, true)?;
     for stage in 0..stages {
         let conv = Kind::SuperLinear(f64::from(1u32 << stage.min(16)));
-        for block in 0..blocks {
-            let shortcut = if block == 0 && stage > 0 {
-                size /= 2;
-                let w_down = m.leaf((MIB / 4) << stage, true)?;
-                m.forward_op(&[x, w_down], size, conv, Saved::Inputs, false)?
-            } else {
-                x
+        for _ in 0..blocks {
+            let Some((down, w1, w2)) = weights.next() else {
+                break;
             };
-            let [w1, w2] = [
-                m.leaf((MIB / 4) << stage, true)?,
-                m.leaf((MIB / 4) << stage, true)?,
-            ];
+            let shortcut = match down {
+                Some(w_down) => {
+                    size /= 2;
+                    m.forward_op(&[x, w_down], size, conv, Saved::Inputs, false)?
+                }
+                None => x,
+            };
             let c1 = m.forward_op(&[x, w1], size, conv, Saved::Inputs, false)?;
             let b1 = m.forward_op(&[c1], size, Kind::Linear, Saved::Inputs, false)?;
             let r1 = m.forward_op(&[b1], size, Kind::Linear, Saved::Output, true)?;
@@ -278,7 +295,6 @@ pub fn resnet(stages: usize, blocks: usize, stem_mib: u64, seed: u64) -> RematRe
         }
     }
     let pooled = m.forward_op(&[x], MIB / 64, Kind::Linear, Saved::Inputs, false)?;
-    let w_fc = m.leaf(MIB / 8, true)?;
     let logits = m.forward_op(
         &[pooled, w_fc],
         MIB / 256,
