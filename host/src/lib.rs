@@ -12,6 +12,8 @@
 //! - [`lake`]: the CUDA VMM pool (GMLake stitching).
 //! - [`pluggable`]: the lake as a PyTorch pluggable allocator (split cache,
 //!   stream rule, one pool per device).
+//! - [`remat`]: tensor rematerialization under a memory budget (DTR, DTE,
+//!   Coop's contiguous-window eviction) replayed over op traces.
 //! - [`selftest`]: runs `gpumalloc_selftest` and checks every result.
 
 pub mod config;
@@ -22,6 +24,7 @@ pub mod gpu;
 pub mod graph;
 pub mod lake;
 pub mod pluggable;
+pub mod remat;
 pub mod selftest;
 
 pub use config::HeapConfig;

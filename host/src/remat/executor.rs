@@ -1,0 +1,447 @@
+//! Replays an op trace under a memory budget with one eviction policy, and
+//! measures what the policy cost: recomputation, fragmentation at each
+//! eviction, evictions, and the wall time of each search. Also a bisection for
+//! the smallest budget at which a policy finishes.
+//!
+//! An op runs in three steps: its inputs are made resident (evicted ones are
+//! recomputed recursively, inputs first, each held by a lock while its
+//! siblings are recomputed) and locked; its outputs are placed (evicting what
+//! the policy says until they fit); then the program's drops are applied.
+//! A recomputation recomputes only the tensor asked for, at the full cost of
+//! its op (multi-output ops are not recomputed as a unit).
+//!
+//! One executor owns its pool, table and policy; single-threaded.
+
+use std::time::Instant;
+
+use super::error::{RematError, RematResult};
+use super::policy::{EvictionPolicy, SearchContext};
+use super::pool::Pool;
+use super::tensor::{Residency, TensorId, TensorTable};
+use super::trace::Trace;
+
+/// What one replay measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// Policy name.
+    pub policy: &'static str,
+    /// Pool capacity in bytes.
+    pub budget: u64,
+    /// Why the replay stopped early, or `None` when it finished.
+    pub error: Option<RematError>,
+    /// Ops run to completion.
+    pub ops_done: usize,
+    /// Sum of the trace's op costs.
+    pub original_cost: f64,
+    /// Sum of the costs of all recomputations.
+    pub recompute_cost: f64,
+    /// Tensors recomputed.
+    pub recomputations: usize,
+    /// Tensors evicted.
+    pub evictions: usize,
+    /// Free bytes / capacity, right after each allocation that had to evict.
+    pub fragmentation: Vec<f64>,
+    /// Wall time of the policy's search for each allocation that had to evict
+    /// (all its rounds together), in nanoseconds.
+    pub search_ns: Vec<u64>,
+}
+
+impl Report {
+    /// Whether the whole trace ran.
+    pub fn finished(&self) -> bool {
+        self.error.is_none()
+    }
+
+    /// Recomputation cost over the original cost.
+    pub fn overhead(&self) -> f64 {
+        if self.original_cost > 0.0 {
+            self.recompute_cost / self.original_cost
+        } else {
+            0.0
+        }
+    }
+
+    /// Mean fragmentation over the evicting allocations (0 if none).
+    pub fn fragmentation_mean(&self) -> f64 {
+        mean(self.fragmentation.iter().copied())
+    }
+
+    /// Largest fragmentation seen (0 if none).
+    pub fn fragmentation_max(&self) -> f64 {
+        self.fragmentation.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// Mean search time per evicting allocation, in microseconds.
+    pub fn search_us_mean(&self) -> f64 {
+        mean(self.search_ns.iter().map(|&n| n as f64 / 1e3))
+    }
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, count) = values.fold((0.0, 0usize), |(s, c), v| (s + v, c + 1));
+    if count == 0 { 0.0 } else { sum / count as f64 }
+}
+
+/// Replay options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplayOptions {
+    /// Run `Pool::check` and the residency cross-check after every op (slow).
+    pub check_invariants: bool,
+}
+
+/// Runs `trace` in a pool of `budget` bytes with `policy`.
+pub fn replay(
+    trace: &Trace,
+    budget: u64,
+    policy: &mut dyn EvictionPolicy,
+    options: ReplayOptions,
+) -> Report {
+    let name = policy.name();
+    let mut executor = match Executor::new(trace, budget, policy) {
+        Ok(e) => e,
+        Err(error) => {
+            return Report {
+                error: Some(error),
+                ..Report::new(name, budget)
+            };
+        }
+    };
+    let result = executor.run(trace, options);
+    let mut report = executor.report;
+    report.error = result.err();
+    report
+}
+
+impl Report {
+    fn new(policy: &'static str, budget: u64) -> Report {
+        Report {
+            policy,
+            budget,
+            error: None,
+            ops_done: 0,
+            original_cost: 0.0,
+            recompute_cost: 0.0,
+            recomputations: 0,
+            evictions: 0,
+            fragmentation: Vec::new(),
+            search_ns: Vec::new(),
+        }
+    }
+}
+
+/// The state of one replay.
+struct Executor<'p> {
+    tensors: TensorTable,
+    pool: Pool,
+    policy: &'p mut dyn EvictionPolicy,
+    first_output: Vec<TensorId>,
+    cheap_below: f64,
+    now: u64,
+    report: Report,
+}
+
+impl<'p> Executor<'p> {
+    fn new(
+        trace: &Trace,
+        budget: u64,
+        policy: &'p mut dyn EvictionPolicy,
+    ) -> RematResult<Executor<'p>> {
+        let mut tensors = TensorTable::default();
+        let mut first_output = Vec::with_capacity(trace.ops.len());
+        for op in &trace.ops {
+            first_output.push(tensors.len());
+            for out in &op.outputs {
+                tensors.add(out.size, op.cost, op.inputs.clone(), out.pinned)?;
+            }
+        }
+        let mut report = Report::new(policy.name(), budget);
+        report.original_cost = trace.total_cost();
+        Ok(Executor {
+            tensors,
+            pool: Pool::new(budget),
+            policy,
+            first_output,
+            cheap_below: cheap_threshold(trace),
+            now: 0,
+            report,
+        })
+    }
+
+    fn run(&mut self, trace: &Trace, options: ReplayOptions) -> RematResult<()> {
+        for (index, op) in trace.ops.iter().enumerate() {
+            self.now = index as u64 + 1;
+            self.materialize(&op.inputs)?;
+            let first = self.first_output[index];
+            let outputs: Vec<TensorId> = (first..first + op.outputs.len()).collect();
+            // The in-place output goes last: its input dies when it is placed,
+            // and the other outputs still read that input.
+            for &out in outputs.iter().skip(1) {
+                self.compute(out)?;
+                self.lock(out, 1)?;
+            }
+            let in_place = match outputs.first() {
+                Some(&out) if op.in_place && self.policy.recomputes_in_place() => {
+                    self.try_in_place(op.inputs[0], out)?
+                }
+                _ => false,
+            };
+            if let Some(&out) = outputs.first().filter(|_| !in_place) {
+                self.compute(out)?;
+                self.lock(out, 1)?;
+            }
+            let still_locked = &op.inputs[usize::from(in_place)..];
+            for &t in still_locked.iter().chain(&outputs) {
+                self.lock(t, -1)?;
+            }
+            for &t in &op.frees {
+                self.release(t)?;
+            }
+            if options.check_invariants {
+                self.check()?;
+            }
+            self.report.ops_done = index + 1;
+        }
+        Ok(())
+    }
+
+    /// Makes every input resident and locks it.
+    fn materialize(&mut self, inputs: &[TensorId]) -> RematResult<()> {
+        for &input in inputs {
+            if !self.tensors.is_resident(input) {
+                self.rematerialize(input)?;
+            }
+            self.lock(input, 1)?;
+        }
+        Ok(())
+    }
+
+    /// Recomputes an evicted (or released) tensor, recomputing its missing
+    /// inputs first; an explicit stack keeps deep chains off the call stack.
+    fn rematerialize(&mut self, root: TensorId) -> RematResult<()> {
+        let mut stack: Vec<(TensorId, usize)> = vec![(root, 0)];
+        while let Some(&(t, next)) = stack.last() {
+            let inputs = self.tensors.get(t)?.inputs.clone();
+            if let Some(&input) = inputs.get(next) {
+                if let Some(top) = stack.last_mut() {
+                    top.1 += 1;
+                }
+                if self.tensors.is_resident(input) {
+                    self.lock(input, 1)?;
+                } else {
+                    stack.push((input, 0));
+                }
+                continue;
+            }
+            self.compute(t)?;
+            self.report.recompute_cost += self.tensors.get(t)?.cost;
+            self.report.recomputations += 1;
+            for &input in &inputs {
+                self.lock(input, -1)?;
+            }
+            stack.pop();
+            if !stack.is_empty() {
+                self.lock(t, 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Places tensor `t` (its inputs must be resident) and marks its inputs used.
+    fn compute(&mut self, t: TensorId) -> RematResult<()> {
+        let inputs = self.tensors.get(t)?.inputs.clone();
+        if let Some(&input) = inputs.iter().find(|&&i| !self.tensors.is_resident(i)) {
+            return Err(RematError::InputNotResident { tensor: t, input });
+        }
+        let addr = self.allocate(t)?;
+        self.tensors.set_resident(t, addr, self.now)?;
+        for input in inputs {
+            self.tensors.get_mut(input)?.last_access = self.now;
+        }
+        Ok(())
+    }
+
+    /// Coop's recomputable in-place: `out` takes the address of `input`, which
+    /// dies. Returns false (and does nothing) when that cannot be done.
+    fn try_in_place(&mut self, input: TensorId, out: TensorId) -> RematResult<bool> {
+        let source = self.tensors.get(input)?;
+        let Residency::Resident(addr) = source.residency else {
+            return Ok(false);
+        };
+        let size = self.tensors.get(out)?.size;
+        if source.locks != 1 || size > source.size {
+            return Ok(false);
+        }
+        self.lock(input, -1)?;
+        self.release(input)?;
+        self.pool.place(out, addr, size)?;
+        self.tensors.set_resident(out, addr, self.now)?;
+        self.lock(out, 1)?;
+        Ok(true)
+    }
+
+    /// Finds space for `t`, evicting as the policy says.
+    fn allocate(&mut self, t: TensorId) -> RematResult<u64> {
+        let tensor = self.tensors.get(t)?;
+        let (size, cheap) = (tensor.size, tensor.cost_density() < self.cheap_below);
+        if let Some(addr) = self.policy.place(&self.pool, size, cheap) {
+            self.pool.place(t, addr, size)?;
+            return Ok(addr);
+        }
+        let mut search_ns = 0u64;
+        loop {
+            let ctx = SearchContext {
+                pool: &self.pool,
+                tensors: &self.tensors,
+                now: self.now,
+            };
+            let started = Instant::now();
+            let eviction = self.policy.next_eviction(&ctx, size);
+            search_ns += started.elapsed().as_nanos() as u64;
+            let out_of_memory = RematError::OutOfMemory {
+                request: size,
+                free: self.pool.free_bytes(),
+            };
+            let eviction = eviction.ok_or(out_of_memory.clone())?;
+            if eviction.victims.is_empty() {
+                return Err(out_of_memory);
+            }
+            for &victim in &eviction.victims {
+                self.evict(victim)?;
+            }
+            let addr = match eviction.window {
+                Some((start, bytes)) if bytes >= size => {
+                    Some(if cheap { start + bytes - size } else { start })
+                }
+                _ => self.policy.place(&self.pool, size, cheap),
+            };
+            if let Some(addr) = addr {
+                self.pool.place(t, addr, size)?;
+                self.report.search_ns.push(search_ns);
+                let free = self.pool.free_bytes() as f64 / self.pool.capacity().max(1) as f64;
+                self.report.fragmentation.push(free);
+                return Ok(addr);
+            }
+        }
+    }
+
+    fn evict(&mut self, t: TensorId) -> RematResult<()> {
+        if !self.tensors.is_evictable(t) {
+            return Err(RematError::NotEvictable(t));
+        }
+        self.pool.release(t)?;
+        self.tensors.drop_value(t, Residency::Evicted)?;
+        self.report.evictions += 1;
+        Ok(())
+    }
+
+    /// The program drops `t`: its space is freed; its metadata stays.
+    fn release(&mut self, t: TensorId) -> RematResult<()> {
+        match self.tensors.get(t)?.residency {
+            Residency::Resident(_) => {
+                self.pool.release(t)?;
+                self.tensors.drop_value(t, Residency::Released)
+            }
+            Residency::Evicted => {
+                self.tensors.get_mut(t)?.residency = Residency::Released;
+                Ok(())
+            }
+            Residency::Unborn | Residency::Released => Ok(()),
+        }
+    }
+
+    fn lock(&mut self, t: TensorId, delta: i32) -> RematResult<()> {
+        let tensor = self.tensors.get_mut(t)?;
+        tensor.locks = tensor.locks.checked_add_signed(delta).ok_or_else(|| {
+            RematError::Invariant(format!("tensor {t} unlocked more often than locked"))
+        })?;
+        Ok(())
+    }
+
+    /// Pool invariants, plus: every resident tensor sits where the pool says
+    /// and no lock outlives its op.
+    fn check(&self) -> RematResult<()> {
+        self.pool.check()?;
+        for id in 0..self.tensors.len() {
+            let tensor = self.tensors.get(id)?;
+            let placed = self.pool.interval_of(id).map(|i| i.addr);
+            let resident = match tensor.residency {
+                Residency::Resident(addr) => Some(addr),
+                _ => None,
+            };
+            if placed != resident || tensor.locks != 0 {
+                return Err(RematError::Invariant(format!(
+                    "tensor {id}: table says {:?} with {} locks, pool says {placed:?}",
+                    tensor.residency, tensor.locks
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Cost density (cost per output byte) below which an op counts as cheap.
+/// The paper observes that super-linear ops (matmul, conv) are about an order
+/// of magnitude denser than element-wise ones, so op densities form two
+/// clusters on a log scale; the threshold is the middle of the widest gap
+/// between consecutive sorted log densities, looking only at the middle 80% of
+/// ops so that a few outliers (a loss on a tiny tensor) do not set it.
+pub fn cheap_threshold(trace: &Trace) -> f64 {
+    let mut logs: Vec<f64> = trace
+        .ops
+        .iter()
+        .filter(|op| op.cost > 0.0)
+        .map(|op| {
+            let bytes: u64 = op.outputs.iter().map(|o| o.size).sum();
+            (op.cost / bytes.max(1) as f64).ln()
+        })
+        .collect();
+    logs.sort_by(f64::total_cmp);
+    let middle = &logs[logs.len() / 10..logs.len() - logs.len() / 10];
+    middle
+        .windows(2)
+        .max_by(|a, b| (a[1] - a[0]).total_cmp(&(b[1] - b[0])))
+        .map_or(0.0, |pair| ((pair[0] + pair[1]) / 2.0).exp())
+}
+
+/// Pool capacity for a budget ratio of the trace's peak live bytes.
+pub fn budget_for(trace: &Trace, ratio: f64) -> u64 {
+    (trace.peak_live_bytes() as f64 * ratio).ceil() as u64
+}
+
+/// The smallest budget ratio in `[low, high]` (to within `tolerance`) at which
+/// a fresh policy from `make` finishes, by bisection; `None` if it does not
+/// finish at `high`. Finishing is not strictly monotone in the budget, so this
+/// is the boundary bisection finds, not a proof that nothing lower works.
+pub fn min_budget_ratio(
+    trace: &Trace,
+    make: &dyn Fn() -> Box<dyn EvictionPolicy>,
+    (low, high): (f64, f64),
+    tolerance: f64,
+) -> Option<f64> {
+    let finishes = |ratio: f64| {
+        let mut policy = make();
+        replay(
+            trace,
+            budget_for(trace, ratio),
+            policy.as_mut(),
+            ReplayOptions::default(),
+        )
+        .finished()
+    };
+    if !finishes(high) {
+        return None;
+    }
+    let (mut fail, mut pass) = (low, high);
+    if finishes(low) {
+        return Some(low);
+    }
+    while pass - fail > tolerance {
+        let mid = (fail + pass) / 2.0;
+        if finishes(mid) {
+            pass = mid
+        } else {
+            fail = mid
+        }
+    }
+    Some(pass)
+}

@@ -1,0 +1,29 @@
+//! Tensor rematerialization under a memory budget (issue 16): an
+//! address-ordered pool, tensor metadata, an op-trace executor that evicts and
+//! recomputes, and three eviction policies behind one trait — DTR, DTE and
+//! Coop (Zhang et al., "Coop: Memory is not a Commodity", NeurIPS 2023).
+//!
+//! - [`pool`]: the pool as intervals (free or one resident tensor), `check()`.
+//! - [`tensor`]: tensor metadata and residency; [`neighbourhood`]: DTR's
+//!   evicted equivalence classes.
+//! - [`trace`]: the in-memory op trace; [`synth`]: seeded synthetic traces.
+//! - [`policy`]: the `EvictionPolicy` trait, DTR, DTE, Coop.
+//! - [`executor`]: replay, measurements, minimum-budget bisection.
+//! - [`compare`]: the three policies over a trace, as a table.
+//!
+//! Everything here is single-threaded and CPU-only.
+
+pub mod compare;
+pub mod error;
+pub mod executor;
+pub mod neighbourhood;
+pub mod policy;
+pub mod pool;
+pub mod synth;
+pub mod tensor;
+pub mod trace;
+
+pub use error::{RematError, RematResult};
+pub use executor::{ReplayOptions, Report, budget_for, min_budget_ratio, replay};
+pub use policy::{Coop, Dte, Dtr, EvictionPolicy};
+pub use trace::{Op, OutputSpec, Trace, TraceBuilder};

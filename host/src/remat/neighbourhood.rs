@@ -1,0 +1,124 @@
+//! DTR's evicted neighbourhood, kept as equivalence classes (DTR §4, "eq"
+//! variant): evicted tensors that are graph neighbours (one is an input of the
+//! other) are joined in one union-find class whose cost is the sum of its
+//! members' compute costs. The projected cost of a resident tensor is its own
+//! cost plus the cost of every distinct evicted class next to it: what would
+//! have to be recomputed with it.
+//!
+//! Simplification, as DTR's own "eq" approximation: a class is never split. When
+//! a member is recomputed its cost is subtracted from the class, but the class
+//! may still join tensors that are no longer connected through evicted ones.
+//!
+//! Owned by one [`super::tensor::TensorTable`]; single-threaded, mutated only on
+//! eviction, release and recomputation.
+
+use super::tensor::TensorId;
+
+/// Union-find over eviction events; a tensor evicted twice gets a fresh node.
+#[derive(Debug, Default, Clone)]
+pub struct EvictedClasses {
+    parent: Vec<usize>,
+    rank: Vec<u8>,
+    cost: Vec<f64>,
+    node_of: Vec<Option<usize>>,
+}
+
+impl EvictedClasses {
+    /// Makes room for tensor ids below `count`.
+    pub fn grow_to(&mut self, count: usize) {
+        if self.node_of.len() < count {
+            self.node_of.resize(count, None);
+        }
+    }
+
+    /// The class root of a node. No path compression, so lookups need only
+    /// `&self`; union by rank keeps the depth logarithmic.
+    fn root(&self, mut node: usize) -> usize {
+        while self.parent[node] != node {
+            node = self.parent[node];
+        }
+        node
+    }
+
+    fn union(&mut self, a: usize, b: usize) {
+        let (ra, rb) = (self.root(a), self.root(b));
+        if ra == rb {
+            return;
+        }
+        let (low, high) = if self.rank[ra] < self.rank[rb] {
+            (ra, rb)
+        } else {
+            (rb, ra)
+        };
+        self.parent[low] = high;
+        self.cost[high] += self.cost[low];
+        if self.rank[low] == self.rank[high] {
+            self.rank[high] += 1;
+        }
+    }
+
+    /// Records that `tensor` (compute cost `cost`) left memory, joining it to the
+    /// classes of its evicted `neighbours`.
+    pub fn add(&mut self, tensor: TensorId, cost: f64, neighbours: &[TensorId]) {
+        let node = self.parent.len();
+        self.parent.push(node);
+        self.rank.push(0);
+        self.cost.push(cost);
+        self.node_of[tensor] = Some(node);
+        for &n in neighbours {
+            if let Some(other) = self.node_of[n] {
+                self.union(node, other);
+            }
+        }
+    }
+
+    /// Records that `tensor` is back in memory.
+    pub fn remove(&mut self, tensor: TensorId, cost: f64) {
+        if let Some(node) = self.node_of[tensor].take() {
+            let root = self.root(node);
+            self.cost[root] = (self.cost[root] - cost).max(0.0);
+        }
+    }
+
+    /// Sum of the costs of the distinct evicted classes among `neighbours`.
+    pub fn neighbour_cost(&self, neighbours: &[TensorId]) -> f64 {
+        let mut seen: Vec<usize> = Vec::new();
+        let mut total = 0.0;
+        for &n in neighbours {
+            if let Some(node) = self.node_of[n] {
+                let root = self.root(node);
+                if !seen.contains(&root) {
+                    seen.push(root);
+                    total += self.cost[root];
+                }
+            }
+        }
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicted_neighbours_join_one_class_counted_once() {
+        let mut classes = EvictedClasses::default();
+        classes.grow_to(4);
+        classes.add(0, 1.0, &[1]);
+        classes.add(2, 2.0, &[1, 3]);
+        classes.add(1, 4.0, &[0, 2]);
+        assert_eq!(
+            classes.neighbour_cost(&[0, 2]),
+            7.0,
+            "one class, counted once"
+        );
+        classes.remove(1, 4.0);
+        assert_eq!(
+            classes.neighbour_cost(&[0]),
+            3.0,
+            "the recomputed member's cost leaves the class"
+        );
+        assert_eq!(classes.neighbour_cost(&[3]), 0.0);
+    }
+}

@@ -1,0 +1,30 @@
+//! DTE (MegTaiChi's Dynamic Tensor Evicting), as the Coop paper describes it:
+//! DTR's heuristic with the free blocks next to a tensor counted in its memory
+//! term, h = c / ((m + free_left + free_right) × s), so that evicting a tensor
+//! that joins free space is preferred. Only recomputation is modelled (no
+//! swapping), with the compute-time coefficient 1, as in the paper's own DTE.
+//! Stateless; single-threaded.
+
+use super::{Eviction, EvictionPolicy, SearchContext, lowest_score};
+
+/// The DTE policy.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Dte;
+
+impl EvictionPolicy for Dte {
+    fn name(&self) -> &'static str {
+        "DTE"
+    }
+
+    fn next_eviction(&mut self, ctx: &SearchContext<'_>, _request: u64) -> Option<Eviction> {
+        let victim = lowest_score(ctx, |t| {
+            let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1));
+            let span = (size + ctx.pool.adjacent_free(t)) as f64;
+            ctx.tensors.projected_cost(t) / (span * ctx.tensors.staleness(t, ctx.now))
+        })?;
+        Some(Eviction {
+            victims: vec![victim],
+            window: None,
+        })
+    }
+}

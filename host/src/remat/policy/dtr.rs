@@ -1,0 +1,28 @@
+//! DTR (Kirisame et al., ICLR 2021): evict, one at a time, the resident tensor
+//! with the lowest h = c / (m × s), where c is the projected cost (own cost plus
+//! the evicted equivalence classes next to it, see `neighbourhood`), m the
+//! size and s the staleness; repeat until the new tensor fits. New tensors go
+//! first-fit, as in a conventional allocator. Stateless; single-threaded.
+
+use super::{Eviction, EvictionPolicy, SearchContext, lowest_score};
+
+/// The DTR policy.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Dtr;
+
+impl EvictionPolicy for Dtr {
+    fn name(&self) -> &'static str {
+        "DTR"
+    }
+
+    fn next_eviction(&mut self, ctx: &SearchContext<'_>, _request: u64) -> Option<Eviction> {
+        let victim = lowest_score(ctx, |t| {
+            let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1)) as f64;
+            ctx.tensors.projected_cost(t) / (size * ctx.tensors.staleness(t, ctx.now))
+        })?;
+        Some(Eviction {
+            victims: vec![victim],
+            window: None,
+        })
+    }
+}

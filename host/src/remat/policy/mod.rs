@@ -1,0 +1,77 @@
+//! Eviction policies behind one interface. The executor asks a policy where a
+//! new tensor goes; when nothing fits it asks for the next eviction, evicts
+//! what it was given, and asks again until the tensor fits or the policy gives
+//! up. DTR and DTE give one victim per call (they search in a loop, as
+//! published); Coop gives one contiguous window that fits the request.
+//!
+//! A policy is owned by one executor and called from one thread; it reads the
+//! pool and the tensor table through shared references while it searches.
+
+pub mod coop;
+pub mod dte;
+pub mod dtr;
+
+pub use coop::Coop;
+pub use dte::Dte;
+pub use dtr::Dtr;
+
+use super::pool::Pool;
+use super::tensor::{TensorId, TensorTable};
+
+/// What a policy sees while it searches.
+#[derive(Debug, Clone, Copy)]
+pub struct SearchContext<'a> {
+    /// The pool, in address order.
+    pub pool: &'a Pool,
+    /// Tensor metadata (costs, staleness, evicted classes, locks).
+    pub tensors: &'a TensorTable,
+    /// Logical time (index of the running op).
+    pub now: u64,
+}
+
+/// One step of eviction chosen by a policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Eviction {
+    /// Tensors to evict.
+    pub victims: Vec<TensorId>,
+    /// For a window policy: the contiguous span `(start, bytes)` that will be
+    /// free once the victims are gone and that fits the request.
+    pub window: Option<(u64, u64)>,
+}
+
+/// An eviction policy.
+pub trait EvictionPolicy {
+    /// Short name for tables.
+    fn name(&self) -> &'static str;
+
+    /// The next victims to make room for `request` bytes, or `None` when no
+    /// evictable tensor is left (the request cannot be met).
+    fn next_eviction(&mut self, ctx: &SearchContext<'_>, request: u64) -> Option<Eviction>;
+
+    /// Where a tensor of `size` bytes goes without evicting, if anywhere.
+    /// `cheap` says whether the op that makes it has a low cost density.
+    fn place(&self, pool: &Pool, size: u64, cheap: bool) -> Option<u64> {
+        let _ = cheap;
+        pool.first_fit(size)
+    }
+
+    /// Whether an in-place op writes its output at its input's address
+    /// (Coop's recomputable in-place) instead of copying on write (DTR).
+    fn recomputes_in_place(&self) -> bool {
+        false
+    }
+}
+
+/// The resident, evictable tensor with the lowest score, if any.
+pub(crate) fn lowest_score(
+    ctx: &SearchContext<'_>,
+    score: impl Fn(TensorId) -> f64,
+) -> Option<TensorId> {
+    ctx.pool
+        .intervals()
+        .filter_map(|i| i.tensor)
+        .filter(|&t| ctx.tensors.is_evictable(t))
+        .map(|t| (score(t), t))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, t)| t)
+}

@@ -1,0 +1,245 @@
+//! The address-ordered memory pool of a replay: a fixed capacity tiled by
+//! intervals, each either free or holding one resident tensor. Space that an
+//! evicted or released tensor held becomes free and merges with free
+//! neighbours, so no two free intervals are ever adjacent.
+//!
+//! Owned by one executor, single-threaded; policies read it through `&Pool`.
+//! `check()` validates the invariants (tiling, no overlap, merged free space,
+//! index agreement) and is run by the tests after every step.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::error::{RematError, RematResult};
+use super::tensor::TensorId;
+
+/// One interval of the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval {
+    /// Start address (offset in the pool).
+    pub addr: u64,
+    /// Bytes.
+    pub size: u64,
+    /// The resident tensor, or `None` for free space.
+    pub tensor: Option<TensorId>,
+}
+
+/// A pool of `capacity` bytes.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    capacity: u64,
+    by_addr: BTreeMap<u64, Interval>,
+    addr_of: HashMap<TensorId, u64>,
+    free_bytes: u64,
+}
+
+impl Pool {
+    /// An empty pool: one free interval of `capacity` bytes.
+    pub fn new(capacity: u64) -> Pool {
+        let mut by_addr = BTreeMap::new();
+        if capacity > 0 {
+            by_addr.insert(
+                0,
+                Interval {
+                    addr: 0,
+                    size: capacity,
+                    tensor: None,
+                },
+            );
+        }
+        Pool {
+            capacity,
+            by_addr,
+            addr_of: HashMap::new(),
+            free_bytes: capacity,
+        }
+    }
+
+    /// Bytes in the pool.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Free bytes, wherever they are.
+    pub fn free_bytes(&self) -> u64 {
+        self.free_bytes
+    }
+
+    /// Number of intervals (free and resident).
+    pub fn interval_count(&self) -> usize {
+        self.by_addr.len()
+    }
+
+    /// Intervals in address order.
+    pub fn intervals(&self) -> impl Iterator<Item = &Interval> {
+        self.by_addr.values()
+    }
+
+    /// The interval of a resident tensor.
+    pub fn interval_of(&self, id: TensorId) -> Option<&Interval> {
+        self.addr_of.get(&id).and_then(|a| self.by_addr.get(a))
+    }
+
+    /// Free bytes directly left and right of a resident tensor (DTE's term).
+    pub fn adjacent_free(&self, id: TensorId) -> u64 {
+        let Some(&addr) = self.addr_of.get(&id) else {
+            return 0;
+        };
+        let left = self.by_addr.range(..addr).next_back().map(|(_, i)| i);
+        let right = self.by_addr.range(addr + 1..).next().map(|(_, i)| i);
+        [left, right]
+            .into_iter()
+            .flatten()
+            .filter(|i| i.tensor.is_none())
+            .map(|i| i.size)
+            .sum()
+    }
+
+    /// Start of the lowest-addressed free interval of at least `size` bytes.
+    pub fn first_fit(&self, size: u64) -> Option<u64> {
+        self.intervals()
+            .find(|i| i.tensor.is_none() && i.size >= size)
+            .map(|i| i.addr)
+    }
+
+    /// Address that puts `size` bytes at the right end of the highest-addressed
+    /// free interval that can hold them.
+    pub fn last_fit(&self, size: u64) -> Option<u64> {
+        self.by_addr
+            .values()
+            .rev()
+            .find(|i| i.tensor.is_none() && i.size >= size)
+            .map(|i| i.addr + i.size - size)
+    }
+
+    /// The free interval that contains `addr`, if any.
+    pub fn free_block_at(&self, addr: u64) -> Option<Interval> {
+        let (_, block) = self.by_addr.range(..=addr).next_back()?;
+        (block.tensor.is_none() && addr < block.addr + block.size).then_some(*block)
+    }
+
+    /// Puts tensor `id` of `size` bytes at `addr`; the space must be free.
+    pub fn place(&mut self, id: TensorId, addr: u64, size: u64) -> RematResult<()> {
+        if self.addr_of.contains_key(&id) {
+            return Err(RematError::AlreadyResident(id));
+        }
+        let end = addr.saturating_add(size);
+        if end > self.capacity {
+            return Err(RematError::OutOfPool {
+                tensor: id,
+                end,
+                capacity: self.capacity,
+            });
+        }
+        let overlap = RematError::Overlap {
+            tensor: id,
+            addr,
+            size,
+        };
+        let block = self.free_block_at(addr).ok_or(overlap.clone())?;
+        if end > block.addr + block.size {
+            return Err(overlap);
+        }
+        self.by_addr.remove(&block.addr);
+        if addr > block.addr {
+            self.insert(Interval {
+                addr: block.addr,
+                size: addr - block.addr,
+                tensor: None,
+            });
+        }
+        self.insert(Interval {
+            addr,
+            size,
+            tensor: Some(id),
+        });
+        if end < block.addr + block.size {
+            self.insert(Interval {
+                addr: end,
+                size: block.addr + block.size - end,
+                tensor: None,
+            });
+        }
+        self.addr_of.insert(id, addr);
+        self.free_bytes -= size;
+        Ok(())
+    }
+
+    fn insert(&mut self, interval: Interval) {
+        self.by_addr.insert(interval.addr, interval);
+    }
+
+    /// Frees the space of tensor `id`, merging it with free neighbours.
+    pub fn release(&mut self, id: TensorId) -> RematResult<()> {
+        let addr = self
+            .addr_of
+            .remove(&id)
+            .ok_or(RematError::UnknownTensor(id))?;
+        let mut freed = self
+            .by_addr
+            .remove(&addr)
+            .ok_or(RematError::UnknownTensor(id))?;
+        self.free_bytes += freed.size;
+        freed.tensor = None;
+        if let Some((&left_addr, left)) = self.by_addr.range(..addr).next_back()
+            && left.tensor.is_none()
+        {
+            freed = Interval {
+                addr: left_addr,
+                size: left.size + freed.size,
+                tensor: None,
+            };
+            self.by_addr.remove(&left_addr);
+        }
+        let right_addr = freed.addr + freed.size;
+        if let Some(right) = self.by_addr.get(&right_addr).copied()
+            && right.tensor.is_none()
+        {
+            freed.size += right.size;
+            self.by_addr.remove(&right_addr);
+        }
+        self.insert(freed);
+        Ok(())
+    }
+
+    /// Validates the invariants: the intervals tile `[0, capacity)` in order,
+    /// every tensor has exactly one interval (so no two live tensors overlap),
+    /// no two free intervals touch, and the free-byte count agrees.
+    pub fn check(&self) -> RematResult<()> {
+        let broken = |why: String| Err(RematError::Invariant(why));
+        let (mut next, mut free, mut last_free, mut tensors) = (0u64, 0u64, false, 0usize);
+        for (&key, i) in &self.by_addr {
+            if key != i.addr || i.addr != next || i.size == 0 {
+                return broken(format!(
+                    "interval at {:#x} ({} bytes) does not follow {next:#x}",
+                    i.addr, i.size
+                ));
+            }
+            match i.tensor {
+                None if last_free => {
+                    return broken(format!("two free intervals touch at {:#x}", i.addr));
+                }
+                None => free += i.size,
+                Some(t) if self.addr_of.get(&t) != Some(&i.addr) => {
+                    return broken(format!("tensor {t} at {:#x} is indexed elsewhere", i.addr));
+                }
+                Some(_) => tensors += 1,
+            }
+            last_free = i.tensor.is_none();
+            next = i.addr + i.size;
+        }
+        if next != self.capacity {
+            return broken(format!(
+                "intervals end at {next:#x}, capacity is {:#x}",
+                self.capacity
+            ));
+        }
+        if tensors != self.addr_of.len() || free != self.free_bytes {
+            return broken(format!(
+                "{tensors} tensor intervals for {} indexed tensors; {free} free bytes counted, {} recorded",
+                self.addr_of.len(),
+                self.free_bytes
+            ));
+        }
+        Ok(())
+    }
+}

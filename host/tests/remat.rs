@@ -1,0 +1,413 @@
+//! CPU tests of the rematerialization core (issue 16): the pool's intervals and
+//! checks; the Coop paper's motivating example (DTR evicts scattered tensors
+//! and still cannot place the new one, Coop evicts one window); recomputable
+//! in-place; seeded random traces replayed with every policy under invariant
+//! checks (no pinned tensor evicted, every recomputation has its inputs
+//! resident, no two live tensors overlap); the window search's linear step
+//! count; and the policy comparison on the synthetic traces (printed, with
+//! only invariants asserted). Fixed seeds throughout.
+
+use gpu_kernel::workload::SplitMix64;
+use host::remat::compare::{sweep, table};
+use host::remat::policy::coop::{WindowItem, cheapest_window};
+use host::remat::policy::{Coop, Dte, Dtr, EvictionPolicy, SearchContext};
+use host::remat::pool::Pool;
+use host::remat::tensor::{Residency, TensorTable};
+use host::remat::{
+    OutputSpec, RematError, ReplayOptions, Trace, TraceBuilder, budget_for, replay, synth,
+};
+
+fn all_policies() -> Vec<Box<dyn EvictionPolicy>> {
+    vec![Box::new(Dtr), Box::new(Dte), Box::new(Coop::default())]
+}
+
+#[test]
+fn pool_places_releases_merges_and_rejects_overlap() {
+    let mut pool = Pool::new(100);
+    pool.place(0, 10, 20).expect("free space");
+    pool.place(1, 30, 20).expect("free space");
+    assert_eq!(
+        pool.place(2, 25, 10),
+        Err(RematError::Overlap {
+            tensor: 2,
+            addr: 25,
+            size: 10
+        })
+    );
+    assert!(matches!(
+        pool.place(2, 90, 20),
+        Err(RematError::OutOfPool { .. })
+    ));
+    assert_eq!(pool.free_bytes(), 60);
+    pool.check().expect("valid");
+    pool.release(0).expect("resident");
+    pool.release(1).expect("resident");
+    pool.check().expect("valid");
+    assert_eq!(
+        pool.interval_count(),
+        1,
+        "free space merges back into one interval"
+    );
+    assert_eq!(pool.release(1), Err(RematError::UnknownTensor(1)));
+}
+
+/// The layout of the paper's Figure 2: cheap activations (50 bytes, cost 50)
+/// between expensive convolutions (100 bytes, cost 1000), all equally stale,
+/// a pinned parameter at the end; the pool is full and 100 bytes are needed.
+fn motivating_layout() -> (Pool, TensorTable) {
+    let mut table = TensorTable::default();
+    let mut pool = Pool::new(350);
+    let specs = [(50, 50.0), (100, 1000.0), (50, 50.0), (100, 1000.0)];
+    let mut addr = 0;
+    for (id, &(size, cost)) in specs.iter().enumerate() {
+        let inputs = if id == 0 { vec![] } else { vec![id - 1] };
+        table.add(size, cost, inputs, false).expect("ordered");
+        pool.place(id, addr, size).expect("free");
+        table.set_resident(id, addr, 1).expect("known");
+        addr += size;
+    }
+    let param = table.add(50, 0.0, vec![], true).expect("ordered");
+    pool.place(param, addr, 50).expect("free");
+    table.set_resident(param, addr, 1).expect("known");
+    (pool, table)
+}
+
+#[test]
+fn motivating_example_dtr_scatters_coop_evicts_one_window() {
+    const REQUEST: u64 = 100;
+    let (mut pool, mut table) = motivating_layout();
+    let mut dtr = Dtr;
+    let mut evicted = Vec::new();
+    while pool.first_fit(REQUEST).is_none() {
+        let ctx = SearchContext {
+            pool: &pool,
+            tensors: &table,
+            now: 2,
+        };
+        let step = dtr
+            .next_eviction(&ctx, REQUEST)
+            .expect("something evictable");
+        for victim in step.victims {
+            pool.release(victim).expect("resident");
+            table.drop_value(victim, Residency::Evicted).expect("known");
+            evicted.push(victim);
+        }
+        if evicted.len() == 2 {
+            assert_eq!(evicted, [0, 2], "DTR takes the two cheap activations first");
+            assert!(
+                pool.first_fit(REQUEST).is_none(),
+                "their 100 bytes are not contiguous"
+            );
+        }
+    }
+    let dtr_bytes: u64 = evicted
+        .iter()
+        .map(|&t| table.get(t).expect("known").size)
+        .sum();
+    assert!(
+        evicted.len() >= 3 && dtr_bytes > REQUEST,
+        "DTR evicted {evicted:?} ({dtr_bytes} bytes)"
+    );
+
+    let (pool, table) = motivating_layout();
+    let ctx = SearchContext {
+        pool: &pool,
+        tensors: &table,
+        now: 2,
+    };
+    let step = Coop::default()
+        .next_eviction(&ctx, REQUEST)
+        .expect("a window fits");
+    assert_eq!(
+        step.victims.len(),
+        1,
+        "one expensive tensor is the cheapest contiguous window"
+    );
+    let (start, bytes) = step.window.expect("Coop returns its window");
+    assert_eq!(
+        bytes, REQUEST,
+        "the window is exactly the request: nothing evicted in vain"
+    );
+    assert!(
+        step.victims
+            .iter()
+            .all(|&v| pool.interval_of(v).is_some_and(|i| i.addr >= start))
+    );
+}
+
+#[test]
+fn coop_recomputes_in_place_where_copy_on_write_runs_out() {
+    let mut b = TraceBuilder::new();
+    let x = b
+        .op(
+            &[],
+            &[OutputSpec {
+                size: 100,
+                pinned: false,
+            }],
+            1.0,
+        )
+        .expect("valid")[0];
+    let y = b
+        .op_in_place(
+            &[x],
+            &[OutputSpec {
+                size: 100,
+                pinned: false,
+            }],
+            1.0,
+        )
+        .expect("valid")[0];
+    b.keep(y);
+    let trace = b.finish();
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    let coop = replay(&trace, 100, &mut Coop::default(), options);
+    assert!(coop.finished() && coop.evictions == 0, "{coop:?}");
+    let dtr = replay(&trace, 100, &mut Dtr, options);
+    assert!(
+        matches!(
+            dtr.error,
+            Some(RematError::OutOfMemory { request: 100, .. })
+        ),
+        "{dtr:?}"
+    );
+}
+
+/// A random DAG: each op reads up to three recent tensors, makes one or two
+/// outputs of random size (some pinned), and is in-place now and then.
+fn random_trace(seed: u64, ops: usize) -> Trace {
+    let mut rng = SplitMix64(seed);
+    let mut b = TraceBuilder::new();
+    let mut made: Vec<(usize, u64)> = Vec::new();
+    for _ in 0..ops {
+        let mut inputs = Vec::new();
+        if !made.is_empty() {
+            for _ in 0..rng.below(4) {
+                let back = rng.below(made.len().min(12) as u64) as usize;
+                let pick = made[made.len() - 1 - back].0;
+                if !inputs.contains(&pick) {
+                    inputs.push(pick);
+                }
+            }
+        }
+        let outputs: Vec<OutputSpec> = (0..1 + rng.below(2))
+            .map(|_| OutputSpec {
+                size: 1 + rng.below(64),
+                pinned: rng.below(10) == 0,
+            })
+            .collect();
+        let cost = rng.unit() * 100.0;
+        let in_place = !inputs.is_empty() && rng.below(6) == 0;
+        let ids = if in_place {
+            let source_size = made.iter().find(|m| m.0 == inputs[0]).map_or(1, |m| m.1);
+            let mut outs = outputs.clone();
+            outs[0].size = source_size;
+            b.op_in_place(&inputs, &outs, cost).expect("valid")
+        } else {
+            b.op(&inputs, &outputs, cost).expect("valid")
+        };
+        for (id, o) in ids.iter().zip(&outputs) {
+            made.push((*id, o.size));
+        }
+    }
+    b.finish()
+}
+
+#[test]
+fn random_traces_keep_every_invariant_under_every_policy() {
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    let (mut finished, mut evictions) = (0, 0);
+    for seed in 0..24u64 {
+        let trace = random_trace(seed, 120);
+        for ratio in [2.0, 1.2, 0.8, 0.5] {
+            for mut policy in all_policies() {
+                let report = replay(&trace, budget_for(&trace, ratio), policy.as_mut(), options);
+                match &report.error {
+                    None => finished += 1,
+                    Some(RematError::OutOfMemory { .. }) => {}
+                    Some(other) => panic!("seed {seed}, ratio {ratio}, {}: {other}", report.policy),
+                }
+                evictions += report.evictions;
+            }
+        }
+    }
+    println!("{finished} of 288 random runs finished, {evictions} evictions");
+    assert!(
+        finished >= 72 && evictions > 1000,
+        "{finished} runs finished, {evictions} evictions"
+    );
+}
+
+#[test]
+fn synthetic_traces_keep_every_invariant_under_every_policy() {
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    let traces = [
+        synth::transformer(3, 4, 7).expect("valid"),
+        synth::resnet(3, 2, 16, 8).expect("valid"),
+    ];
+    for trace in &traces {
+        for ratio in [0.9, 0.6, 0.45] {
+            for mut policy in all_policies() {
+                let report = replay(trace, budget_for(trace, ratio), policy.as_mut(), options);
+                assert!(
+                    matches!(report.error, None | Some(RematError::OutOfMemory { .. })),
+                    "ratio {ratio}, {}: {:?}",
+                    report.policy,
+                    report.error
+                );
+                if ratio >= 0.9 {
+                    assert!(
+                        report.finished(),
+                        "{} does not finish at 0.9: {:?}",
+                        report.policy,
+                        report.error
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn random_items(rng: &mut SplitMix64, count: usize) -> Vec<WindowItem> {
+    let mut addr = 0;
+    (0..count)
+        .map(|_| {
+            let size = 1 + rng.below(100);
+            let score = match rng.below(10) {
+                0 => None,
+                1 | 2 => Some(0.0),
+                _ => Some(rng.unit() * 10.0),
+            };
+            addr += size;
+            WindowItem {
+                addr: addr - size,
+                size,
+                score,
+            }
+        })
+        .collect()
+}
+
+fn brute_force_cheapest(items: &[WindowItem], request: u64) -> Option<f64> {
+    let mut best: Option<f64> = None;
+    for first in 0..items.len() {
+        let (mut bytes, mut score) = (0, 0.0);
+        for item in &items[first..] {
+            let Some(s) = item.score else { break };
+            bytes += item.size;
+            score += s;
+            if bytes >= request {
+                best = Some(best.map_or(score, |b: f64| b.min(score)));
+                break;
+            }
+        }
+    }
+    best
+}
+
+#[test]
+fn window_search_is_cheapest_and_linear() {
+    let mut rng = SplitMix64(16);
+    for _ in 0..200 {
+        let items = random_items(&mut rng, 60);
+        let request = 1 + rng.below(400);
+        let (window, steps) = cheapest_window(&items, request);
+        let expected = brute_force_cheapest(&items, request);
+        assert_eq!(window.is_some(), expected.is_some());
+        if let (Some(w), Some(e)) = (window, expected) {
+            assert!(
+                (w.score - e).abs() < 1e-6,
+                "sweep {} against brute force {e}",
+                w.score
+            );
+            assert!(
+                w.bytes >= request && items[w.first..=w.last].iter().all(|i| i.score.is_some())
+            );
+        }
+        assert!(steps <= 2 * items.len());
+    }
+    println!("{:>9} {:>9} {:>10}", "intervals", "steps", "time µs");
+    for count in [1_000, 10_000, 100_000, 1_000_000] {
+        let items = random_items(&mut rng, count);
+        let started = std::time::Instant::now();
+        let (_, steps) = cheapest_window(&items, 500);
+        let micros = started.elapsed().as_secs_f64() * 1e6;
+        println!("{count:>9} {steps:>9} {micros:>10.1}");
+        assert!(
+            steps >= count && steps <= 2 * count,
+            "{steps} steps for {count} intervals"
+        );
+    }
+}
+
+#[test]
+fn comparison_on_synthetic_traces() {
+    let ratios = [0.9, 0.7, 0.5];
+    let traces = [
+        (
+            "transformer-like (6 layers, 4 MiB)",
+            synth::transformer(6, 4, 1).expect("valid"),
+        ),
+        (
+            "ResNet-like (4x2 blocks, 32 MiB)",
+            synth::resnet(4, 2, 32, 2).expect("valid"),
+        ),
+    ];
+    for (name, trace) in &traces {
+        let rows = sweep(trace, &ratios);
+        println!("{}", table(name, &rows));
+        for (ratio, r) in &rows {
+            let f = r.fragmentation_max();
+            assert!(
+                (0.0..=1.0).contains(&f) && r.overhead() >= 0.0,
+                "{ratio}: {r:?}"
+            );
+            assert_eq!(r.search_ns.len(), r.fragmentation.len());
+            if *ratio >= 0.9 {
+                assert!(r.finished(), "{} at {ratio}: {:?}", r.policy, r.error);
+            }
+        }
+    }
+}
+
+#[test]
+fn minimum_budget_bisection_lands_on_a_finishing_budget() {
+    let trace = synth::transformer(3, 4, 3).expect("valid");
+    for (name, make) in host::remat::compare::all_policies() {
+        let ratio = host::remat::min_budget_ratio(&trace, &make, (0.05, 1.2), 0.01)
+            .unwrap_or_else(|| panic!("{name} does not finish at 1.2"));
+        let mut policy = make();
+        let at = replay(
+            &trace,
+            budget_for(&trace, ratio),
+            policy.as_mut(),
+            ReplayOptions::default(),
+        );
+        assert!(at.finished() && ratio < 1.0, "{name}: {ratio}");
+        let mut policy = make();
+        let below = replay(
+            &trace,
+            budget_for(&trace, ratio - 0.01),
+            policy.as_mut(),
+            ReplayOptions::default(),
+        );
+        println!(
+            "{name}: minimum ratio {ratio:.3}; 0.01 lower finishes: {}",
+            below.finished()
+        );
+    }
+}
+
+#[test]
+fn cheap_threshold_splits_element_wise_from_matmul_ops() {
+    let trace = synth::transformer(4, 4, 5).expect("valid");
+    let threshold = host::remat::executor::cheap_threshold(&trace);
+    let per_mib = threshold * (1u64 << 20) as f64;
+    assert!((1.5..8.0).contains(&per_mib), "threshold {per_mib} per MiB");
+}
