@@ -25,11 +25,7 @@ const MIB: u64 = 1 << 20;
 
 /// Bytes the heap hands out for a request of `size` (its class's unit).
 fn rounded(size: u64) -> u64 {
-    match Request::for_size(size) {
-        Request::Empty => 0,
-        Request::Class(c) => 1 << c.unit_shift(),
-        Request::Segments(n) => n * SEGMENT_BYTES,
-    }
+    Request::for_size(size).granted_bytes()
 }
 
 /// Everything freed: nothing live, every segment free, no misuse counted.

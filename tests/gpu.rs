@@ -12,15 +12,10 @@ use gpumalloc::bench::measure::{Buffers, round};
 use gpumalloc::gpu::Arg;
 use gpumalloc::{Gpu, HeapConfig};
 
-const GIB: u64 = 1 << 30;
+mod common;
+use common::gpu;
 
-fn gpu() -> Option<Gpu> {
-    if let Err(e) = Gpu::available() {
-        println!("skipped: no GPU ({e})");
-        return None;
-    }
-    Some(gpumalloc::open_gpu(0).expect("a GPU is present but could not be opened"))
-}
+const GIB: u64 = 1 << 30;
 
 fn threads() -> u64 {
     std::env::var("GPUMALLOC_TEST_THREADS")

@@ -24,16 +24,11 @@ use gpumalloc::gpu_kernel::class::{Request, SEGMENT_BYTES};
 use gpumalloc::gpu_kernel::workload::log_uniform_size;
 use gpumalloc::{Gpu, HeapConfig};
 
+mod common;
+use common::gpu;
+
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-fn gpu() -> Option<Gpu> {
-    if let Err(e) = Gpu::available() {
-        println!("skipped: no GPU ({e})");
-        return None;
-    }
-    Some(gpumalloc::open_gpu(0).expect("a GPU is present but could not be opened"))
-}
 
 /// `GPUMALLOC_TEST_THREADS` if set (sanitizer runs), else `default`.
 fn threads(default: u64) -> u64 {
@@ -45,11 +40,7 @@ fn threads(default: u64) -> u64 {
 
 /// Bytes the heap hands out for a request of `size`.
 fn rounded(size: u64) -> u64 {
-    match Request::for_size(size) {
-        Request::Empty => 0,
-        Request::Class(c) => 1 << c.unit_shift(),
-        Request::Segments(n) => n * SEGMENT_BYTES,
-    }
+    Request::for_size(size).granted_bytes()
 }
 
 /// Everything freed: nothing live, every segment free.

@@ -18,6 +18,9 @@ use gpumalloc::graph::reference::Reference;
 use gpumalloc::graph::rmat::{Rmat, SplitMix64};
 use gpumalloc::{DeviceHeap, Gpu, HeapConfig};
 
+mod common;
+use common::gpu;
+
 const SCALE: u32 = 16;
 const EDGE_FACTOR: u32 = 16;
 const SEED: u64 = 2024;
@@ -30,14 +33,6 @@ const ABSENT_PER_ROUND: usize = 100;
 const POOL_PAGES: u64 = 1 << 18;
 const HEAP_BYTES: u64 = 1 << 30;
 const CUDA_HEAP_BYTES: u64 = 1 << 30;
-
-fn gpu() -> Option<Gpu> {
-    if let Err(e) = Gpu::available() {
-        println!("skipped: no GPU ({e})");
-        return None;
-    }
-    Some(gpumalloc::open_gpu(0).expect("a GPU is present but could not be opened"))
-}
 
 /// One graph on the GPU with its page source and host reference.
 struct Run<'a> {

@@ -87,6 +87,16 @@ impl Request {
             Request::Segments(size.div_ceil(SEGMENT_BYTES))
         }
     }
+
+    /// Bytes the heap hands out for this request (its class's unit, or
+    /// whole segments; 0 for an empty request).
+    pub fn granted_bytes(self) -> u64 {
+        match self {
+            Request::Empty => 0,
+            Request::Class(c) => 1 << c.unit_shift(),
+            Request::Segments(n) => n * SEGMENT_BYTES,
+        }
+    }
 }
 
 /// ceil(log2(x)) for x ≥ 1.
