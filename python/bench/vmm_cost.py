@@ -150,6 +150,48 @@ def one_rep(n, prop, desc, acc, try_range_unmap=False):
     acc[f"cuMemAddressFree[{n}]"].append(us)
 
 
+def big_handle_rep(n, prop, desc, acc):
+    """One handle of n chunks: created once, mapped (a) whole in one call and
+    (b) chunk by chunk through the offset argument; access set over the
+    range. Tells whether cuMemSetAccess costs per mapping or per byte."""
+    size = n * CHUNK
+    h, us = timed(cu.cuMemCreate, size, prop, 0)
+    h = check(h, "cuMemCreate")
+    acc[f"cuMemCreate[one handle of {n} chunks]"].append(us)
+    base = int(check(cu.cuMemAddressReserve(size, CHUNK, 0, 0), "cuMemAddressReserve"))
+    ret, us = timed(cu.cuMemMap, base, size, 0, h, 0)
+    check(ret, "cuMemMap")
+    acc[f"cuMemMap[one handle of {n} chunks, whole]"].append(us)
+    ret, us = timed(cu.cuMemSetAccess, base, size, [desc], 1)
+    check(ret, "cuMemSetAccess")
+    acc[f"cuMemSetAccess[one mapping of {n} chunks]"].append(us)
+    check(cu.cuMemsetD8(base, 1, size), "cuMemsetD8")
+    check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    ret, us = timed(cu.cuMemUnmap, base, size)
+    check(ret, "cuMemUnmap")
+    acc[f"cuMemUnmap[one mapping of {n} chunks]"].append(us)
+    # (b) the same handle mapped chunk by chunk at offsets.
+    try:
+        for i in range(n):
+            ret, us = timed(cu.cuMemMap, base + i * CHUNK, CHUNK, i * CHUNK, h, 0)
+            check(ret, "cuMemMap(offset)")
+            acc[f"cuMemMap[one chunk at an offset of a {n}-chunk handle]"].append(us)
+        ret, us = timed(cu.cuMemSetAccess, base, size, [desc], 1)
+        check(ret, "cuMemSetAccess")
+        acc[f"cuMemSetAccess[{n} offset mappings of one handle]"].append(us)
+        check(cu.cuMemsetD8(base, 2, size), "cuMemsetD8")
+        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        for i in range(n):
+            check(cu.cuMemUnmap(base + i * CHUNK, CHUNK), "cuMemUnmap")
+    except DriverError as e:
+        acc.setdefault("notes", []).append(f"offset mapping of a {n}-chunk handle: {e}")
+        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    ret, us = timed(cu.cuMemRelease, h)
+    check(ret, "cuMemRelease")
+    acc[f"cuMemRelease[one handle of {n} chunks]"].append(us)
+    check(cu.cuMemAddressFree(base, size), "cuMemAddressFree")
+
+
 class Acc(dict):
     def __missing__(self, key):
         self[key] = []
@@ -176,6 +218,13 @@ def bench(device, reps, warmup, event_reps):
             one_rep(n, prop, desc, acc, try_range_unmap=(r == reps_n - 1))
         print(f"  n={n}: {reps_n} reps in {time.time() - t0:.1f}s", flush=True)
         out.setdefault("notes", []).extend(scratch.get("notes", []))
+    for n in (16, 256):
+        scratch = Acc()
+        big_handle_rep(n, prop, desc, scratch)
+        for _ in range(max(5, reps // 6)):
+            big_handle_rep(n, prop, desc, acc)
+        out.setdefault("notes", []).extend(scratch.get("notes", []))
+        out["notes"].extend(acc.pop("notes", []))
     # Events on a non-default stream.
     stream = check(cu.cuStreamCreate(1), "cuStreamCreate")  # CU_STREAM_NON_BLOCKING
     ev = check(cu.cuEventCreate(int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)), "cuEventCreate")

@@ -193,7 +193,7 @@ class FakeDriver:
         return 0, 2 * 2 ** 20
 
     def cuMemCreate(self, size, prop, flags):
-        assert size == 2 * 2 ** 20 and prop.location.type == 1
+        assert size % (2 * 2 ** 20) == 0 and prop.location.type == 1
         self.next_h += 1
         self.handles.add(self.next_h)
         return 0, self.next_h
@@ -242,6 +242,8 @@ def test_vmm_cost_sequence_on_a_fake_driver(capsys):
     assert out["calls"]["cuMemSetAccess[256 chunks, one call]"]["n"] == 3
     assert out["calls"]["cuMemMap[1 of 16]"]["n"] == 16 * 3
     assert out["calls"]["cuMemCreate"]["n"] == (1 + 16 + 256) * 3
+    assert out["calls"]["cuMemSetAccess[one mapping of 256 chunks]"]["n"] == 5
+    assert out["calls"]["cuMemMap[one chunk at an offset of a 16-chunk handle]"]["n"] == 16 * 5
     assert "Fake GPU" in vmm_cost.table(out)
 
 
