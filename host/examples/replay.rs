@@ -13,6 +13,8 @@
 //!   --limit-gib G                 the lake's limit (80)
 //!   --max-stitch N                the lake's max_stitch_chunks (unlimited)
 //!   --max-cached N                the lake's max_cached_stitched (256)
+//!   --chunk-mib N                 chunk size of the lake (the trace's, 2);
+//!                                 costs follow unless --cost comes later
 //!   --synthetic BATCH[:STEPS]     replay a synthetic GPT-2 trace instead
 //!   --save PATH.gz                write the (first) trace
 //!   --loop STEPS                  also replay each trace lengthened to
@@ -59,6 +61,14 @@ fn run() -> Result<(), String> {
             }
             "--max-cached" => {
                 config.max_cached_stitched = value("views")?.parse().map_err(|e| format!("{e}"))?
+            }
+            "--chunk-mib" => {
+                let mib: u64 = value("MiB")?.parse().map_err(|e| format!("{e}"))?;
+                if !mib.is_power_of_two() || mib < 2 {
+                    return Err(format!("--chunk-mib {mib}: a power of two, at least 2"));
+                }
+                config.chunk_bytes = Some(mib << 20);
+                config.cost = CostModel::h100(mib << 20);
             }
             "--synthetic" => {
                 let spec = value("BATCH[:STEPS]")?;

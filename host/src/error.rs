@@ -29,6 +29,8 @@ pub enum Error {
     },
     /// A self-test or check found a wrong value.
     Check(String),
+    /// A setting the caller chose cannot be used; the text says which and why.
+    Config(String),
 }
 
 impl fmt::Display for Error {
@@ -44,6 +46,7 @@ impl fmt::Display for Error {
                 write!(f, "cannot make a heap of {bytes} bytes: {why}")
             }
             Error::Check(what) => write!(f, "check failed: {what}"),
+            Error::Config(what) => write!(f, "bad setting: {what}"),
         }
     }
 }

@@ -21,6 +21,9 @@ starting runs after that many seconds):
               is not ok (OOM, crash, timeout): the largest batch that fits.
   ddp         two-GPU data-parallel loss check, ours vs default (train_ddp.py;
               needs two GPUs).
+  throughput  tokens/s without probes, 30 steps measured from step 5, at
+              batch 16 (twice, allocators interleaved) and 32: ours' time in
+              malloc/free and in VMM calls per step -> throughput.md.
   full        main + sweep + ddp in one command (about 15-20 minutes).
   smoke       CPU-only check of this runner (tiny model, --device cpu).
 --allocators picks a subset; --merge DIR... combines folders into one report.
@@ -252,6 +255,37 @@ def suite_ddp(r, allocs):
         r.record({"run": "ddp", "status": "crash", "verdict": "FAIL", "why": "no result file"})
 
 
+def suite_throughput(r, allocs, steps=30, measure_from=5):
+    """Tokens/s with no probes inside the step, allocators interleaved, and
+    where ours spends host time (malloc/free, VMM calls) per measured step."""
+    args = ["--steps", str(steps), "--measure-from", str(measure_from), "--no-probes"]
+    runs = []
+    for batch, rep in ((16, 1), (16, 2), (32, 1)):
+        for alloc in allocs:
+            res = r.train(f"tp-{alloc}-b{batch}-r{rep}", alloc, batch, timeout=150, args=args)
+            runs.append((batch, rep, alloc, res))
+    lines = [f"Tokens/s over steps {measure_from}-{steps - 1} (no probes; CUDA-synchronised wall "
+             "clock), change against PyTorch's default of the same repetition; ours: host ms per "
+             "measured step inside malloc/free and in VMM driver calls (mean).", "",
+             "| batch | rep | allocator | tokens/s | vs default | median step ms | ours alloc ms/step "
+             "| ours driver ms/step |", "|---|---|---|---|---|---|---|---|"]
+    for batch, rep, alloc, res in runs:
+        tps = res.get("tokens_per_s")
+        base = next((x.get("tokens_per_s") for b, rp, a, x in runs
+                     if (b, rp, a) == (batch, rep, "default")), None)
+        vs = f"{100 * (tps / base - 1):+.1f}%" if tps and base else "-"
+        ms = sorted(res.get("step_ms", [])[measure_from:])
+        med = f"{ms[len(ms) // 2]:.0f}" if ms else "-"
+        am = res.get("step_alloc_ms", [])[measure_from:]
+        dm = res.get("step_driver_ms", [])[measure_from:]
+        a = f"{sum(am) / len(am):.1f}" if am else "-"
+        d = f"{sum(dm) / len(dm):.1f}" if dm else "-"
+        lines.append(f"| {batch} | {rep} | {alloc} | {tps} | {vs} | {med} | {a} | {d} |")
+    text = "\n".join(lines) + "\n"
+    (r.out / "throughput.md").write_text(text)
+    log("throughput:\n" + text, r.logf)
+
+
 def write_full_reports(r, results=None):
     results = r.results if results is None else results
     (r.out / "results.csv").write_text(report.csv_text(report.rows(results)))
@@ -291,7 +325,8 @@ ALLOCS = ("default", "expandable", "ours")
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=["milestone1", "main", "sweep", "ddp", "full", "smoke"])
+    p.add_argument("--suite", choices=["milestone1", "main", "sweep", "ddp", "full", "smoke",
+                                       "throughput"])
     p.add_argument("--out", required=True)
     p.add_argument("--allocators", default=",".join(ALLOCS),
                    help="comma-separated subset of default,expandable,ours")
@@ -315,7 +350,8 @@ def main(argv=None):
     if not args.suite:
         p.error("--suite or --merge is required")
     sweep = [int(b) for b in args.sweep.split(",") if b]
-    budgets = {"milestone1": 400, "main": 540, "sweep": 540, "ddp": 560, "full": 3000, "smoke": 900}
+    budgets = {"milestone1": 400, "main": 540, "sweep": 540, "ddp": 560, "full": 3000, "smoke": 900,
+               "throughput": 540}
     if args.suite == "smoke":
         r = Runner(args.out, args.budget_s or budgets["smoke"], device="cpu",
                    extra=["--model", "tiny", "--seq", "64", "--seq-jitter", "16"])
@@ -325,6 +361,8 @@ def main(argv=None):
                    extra=["--precision", args.precision] if args.precision != "bf16" else [])
         if args.suite == "milestone1":
             suite_milestone1(r)
+        elif args.suite == "throughput":
+            suite_throughput(r, allocs)
         else:
             if args.suite in ("main", "full"):
                 suite_main(r, allocs)

@@ -85,6 +85,9 @@ def parse_args(argv=None):
     p.add_argument("--trace-max-entries", type=int, default=2_000_000)
     p.add_argument("--timeline-out", default=None, help="JSON of memory samples over time")
     p.add_argument("--json-out", default=None, help="also write the result JSON here")
+    p.add_argument("--no-probes", action="store_true",
+                   help="no memory samples inside the step (forward hooks): for throughput runs; "
+                        "peaks still come from the allocator's own counters")
     p.add_argument("--tag", default="", help="free text copied into the result")
     return p.parse_args(argv)
 
@@ -254,7 +257,7 @@ def run(args):
     result["checkpointed_blocks"] = sum(bool(getattr(b, "gradient_checkpointing", False))
                                         for b in blocks)
     result["blocks"] = len(blocks)
-    for i, blk in enumerate(blocks):
+    for i, blk in enumerate([] if args.no_probes else blocks):
         # Hooks on the block's children, not the block: transformers may checkpoint the
         # block's forward() only, so only hooks inside it fire again in the recomputation
         # during backward.
@@ -273,6 +276,19 @@ def run(args):
     gen = torch.Generator().manual_seed(args.seed)
     losses, step_times = [], []
     step_wall = []
+    # Ours: host time inside malloc/free and in VMM driver calls, per step.
+    alloc_ms, driver_ms = [], []
+    last_ns = [0, 0]
+
+    def alloc_times():
+        if mem.gm is None:
+            return
+        st = mem.gm.stats(0)
+        call, drv = int(st.get("call_ns", 0)), int(st.get("driver_ns", 0))
+        alloc_ms.append(round((call - last_ns[0]) / 1e6, 2))
+        driver_ms.append(round((drv - last_ns[1]) / 1e6, 2))
+        last_ns[:] = [call, drv]
+
     t_measure = None
     tokens_measured = 0
 
@@ -301,11 +317,14 @@ def run(args):
                                 enabled=args.precision == "autocast"):
                 out = model(input_ids=x, labels=x)
                 loss = out.loss
-            probe("forward")
+            if not args.no_probes:
+                probe("forward")
             loss.backward()
-            probe("backward")
+            if not args.no_probes:
+                probe("backward")
             opt.step()
-            probe("optimizer")
+            if not args.no_probes:
+                probe("optimizer")
             opt.zero_grad(set_to_none=True)
             lv = float(loss.detach().float().item())  # synchronises
             del out, loss, x
@@ -313,7 +332,9 @@ def run(args):
             if step >= args.measure_from:
                 tokens_measured += args.batch * L
             step_times.append(time.perf_counter() - ts)
-            log(f"step {step} len {L} loss {lv:.4f} {step_times[-1] * 1000:.0f} ms")
+            alloc_times()
+            extra = f" (allocator {alloc_ms[-1]} ms, driver {driver_ms[-1]} ms)" if alloc_ms else ""
+            log(f"step {step} len {L} loss {lv:.4f} {step_times[-1] * 1000:.0f} ms{extra}")
         sync()
         t_end = time.perf_counter()
         result["status"] = "ok"
@@ -337,6 +358,9 @@ def run(args):
 
     result["losses"] = losses
     result["step_ms"] = [round(t * 1000, 2) for t in step_times]
+    if alloc_ms:
+        result["step_alloc_ms"] = alloc_ms
+        result["step_driver_ms"] = driver_ms
     peak_active, peak_reserved = mem.peaks()
     result["peak_active"] = peak_active
     result["peak_reserved"] = peak_reserved

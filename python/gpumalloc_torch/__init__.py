@@ -54,6 +54,8 @@ class GmStats(ctypes.Structure):
         ("small_rounding", ctypes.c_uint64),
         ("large_rounding", ctypes.c_uint64),
         ("lake_free", ctypes.c_uint64),
+        ("driver_ns", ctypes.c_uint64),
+        ("call_ns", ctypes.c_uint64),
     ]
 
 
@@ -159,6 +161,8 @@ def stats(device=0):
     bytes freed but waiting for other streams' events; split_free: free bytes
     in the small-request cache; private_free: free bytes held by CUDA graphs;
     driver_calls / event_calls: CUDA calls made; alloc_retries / ooms.
+    driver_ns: time in VMM driver calls; call_ns: time inside malloc/free
+    (driver calls included), the host time the allocator costs.
     Where reserved bytes are: active + small_rounding + large_rounding +
     (split_free - waiting in it) + private_free + waiting + lake_free.
     """

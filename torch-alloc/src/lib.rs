@@ -14,7 +14,9 @@
 //! (`gm_last_error`).
 //!
 //! Environment: `GPUMALLOC_LIMIT_BYTES` caps the physical memory of each
-//! device's pool (default: the device's total memory).
+//! device's pool (default: the device's total memory);
+//! `GPUMALLOC_CHUNK_MIB` sets the lake's chunk size (default: the driver's
+//! minimum granularity, 2 MiB on H100).
 //!
 //! Concurrency: the registry of pools is a process-wide static; each pool
 //! is thread-safe (see `host::pluggable::pool`).
@@ -22,7 +24,9 @@
 mod boundary;
 
 use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use boundary::{ErrorKind, enter, set_error, take_error};
 use cudarc::driver::CudaContext;
@@ -39,10 +43,16 @@ struct Device {
     total_bytes: u64,
     /// The fraction set with `gm_set_memory_fraction` (1.0 at first).
     fraction: Mutex<f64>,
+    /// Nanoseconds spent inside `gm_malloc`/`gm_free` for this device: the
+    /// host time the allocator costs the program (relaxed: a statistic).
+    call_nanos: AtomicU64,
 }
 
 /// Environment variable capping each pool's physical memory, in bytes.
 const LIMIT_ENV: &str = "GPUMALLOC_LIMIT_BYTES";
+
+/// Environment variable setting the lake's chunk size, in MiB.
+const CHUNK_ENV: &str = "GPUMALLOC_CHUNK_MIB";
 
 /// What a forked child is told when it asks for memory.
 const IN_CHILD: &str = "gpumalloc: CUDA memory cannot be used in a process forked after CUDA \
@@ -102,6 +112,11 @@ pub struct GmStats {
     pub large_rounding: u64,
     /// Free lake chunks every stream may use.
     pub lake_free: u64,
+    /// Nanoseconds spent in VMM driver calls.
+    pub driver_ns: u64,
+    /// Nanoseconds spent inside `gm_malloc`/`gm_free` (driver calls
+    /// included).
+    pub call_ns: u64,
 }
 
 impl From<PoolStats> for GmStats {
@@ -131,7 +146,18 @@ impl From<PoolStats> for GmStats {
             small_rounding: s.breakdown.small_rounding_bytes,
             large_rounding: s.breakdown.large_rounding_bytes,
             lake_free: s.breakdown.lake_free_bytes,
+            driver_ns: s.driver_nanos,
+            call_ns: 0,
         }
+    }
+}
+
+impl Device {
+    /// Adds the time since `started` to the time spent in allocation calls.
+    fn add_call_time(&self, started: Instant) {
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        // Relaxed: a statistic; no other memory depends on it.
+        self.call_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 }
 
@@ -143,7 +169,15 @@ fn devices() -> &'static Registry<Device> {
 /// Makes the pool of `device`: its VMM driver, lake and events.
 fn make_device(device: i32) -> Result<Device, String> {
     let ordinal = usize::try_from(device).map_err(|_| format!("bad device {device}"))?;
-    let vmm = CudaVmm::open(ordinal, ChunkOptions::default())
+    let chunk = match std::env::var(CHUNK_ENV) {
+        Ok(v) => Some(
+            v.parse::<u64>()
+                .map_err(|e| format!("{CHUNK_ENV}={v:?} is not a number of MiB: {e}"))?
+                << 20,
+        ),
+        Err(_) => None,
+    };
+    let vmm = CudaVmm::open_with_chunk(ordinal, ChunkOptions::default(), chunk)
         .map_err(|e| format!("opening device {device}: {e}"))?;
     let ctx = CudaContext::new(ordinal)
         .map_err(|e| format!("cuDevicePrimaryCtxRetain failed on device {device}: {e}"))?;
@@ -162,6 +196,7 @@ fn make_device(device: i32) -> Result<Device, String> {
         pool: StreamPool::new(Lake::new(vmm, LakeConfig::with_limit(limit)), events),
         total_bytes,
         fraction: Mutex::new(1.0),
+        call_nanos: AtomicU64::new(0),
     })
 }
 
@@ -233,10 +268,12 @@ pub extern "C" fn gm_malloc_in(
         let Some(d) = device(device_index) else {
             return std::ptr::null_mut();
         };
-        match d
+        let started = Instant::now();
+        let result = d
             .pool
-            .alloc_in(size, stream_id(stream), PoolId(pool_hi, pool_lo))
-        {
+            .alloc_in(size, stream_id(stream), PoolId(pool_hi, pool_lo));
+        d.add_call_time(started);
+        match result {
             Ok(addr) => addr as *mut c_void,
             Err(e) => {
                 let kind = if e.is_out_of_memory() {
@@ -281,7 +318,10 @@ pub extern "C" fn gm_free(ptr: *mut c_void, _size: isize, device_index: i32, str
         let Some(d) = device(device_index) else {
             return;
         };
-        if let Err(e) = d.pool.free(ptr as u64, stream_id(stream)) {
+        let started = Instant::now();
+        let result = d.pool.free(ptr as u64, stream_id(stream));
+        d.add_call_time(started);
+        if let Err(e) = result {
             set_error(
                 ErrorKind::Other,
                 format!("gm_free on device {device_index}: {e}"),
@@ -580,7 +620,10 @@ pub unsafe extern "C" fn gm_stats(device_index: i32, out: *mut GmStats) -> i32 {
         return -1;
     }
     let stats = enter(None, Some(IN_CHILD), || {
-        device(device_index).map(|d| GmStats::from(d.pool.stats()))
+        device(device_index).map(|d| GmStats {
+            call_ns: d.call_nanos.load(Ordering::Relaxed),
+            ..GmStats::from(d.pool.stats())
+        })
     });
     match stats {
         Some(s) => {

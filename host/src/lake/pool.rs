@@ -266,29 +266,46 @@ impl<D: VmmDriver> Lake<D> {
         Some(w)
     }
 
-    /// Outcome 2: the cached stitched view needing the fewest replaced
-    /// chunks (at most `n / 4`) to serve `n`, patched and taken; `None`
-    /// when there is none (or not enough free chunks to patch with).
+    /// Outcome 2: the cached stitched view needing the fewest new mappings
+    /// (at most `n / 4`) to serve `n`, patched and taken; `None` when there
+    /// is none (or not enough free chunks to patch with). A view of at
+    /// least `n` chunks (and at most a quarter more) replaces the chunks of
+    /// its first `n` slots that are taken; a view up to a quarter shorter
+    /// also maps free chunks at its end, in the room its reservation kept
+    /// ([`super::tables::EXTEND_ROOM`]): a longer sequence's logits extend
+    /// the last ones' view.
     fn patch(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Option<Window>> {
         let best = s
             .tables
             .views()
             .filter(|(_, v)| {
+                let m = v.slots.len();
                 v.stitched
                     && v.users == 0
-                    && v.slots.len() >= n
-                    && v.slots.len() <= n + n / super::tables::TIGHT + 1
+                    && m <= n + n / super::tables::TIGHT + 1
+                    && (m >= n || (m + n / 4 >= n && v.reserved >= n))
             })
-            .map(|(id, _)| (s.tables.bad_prefix_slots(id, n, req), id))
-            .min_by_key(|(bad, _)| bad.len());
-        let Some((bad, view)) = best.filter(|(bad, _)| bad.len() <= n / 4) else {
+            .map(|(id, v)| {
+                let m = v.slots.len().min(n);
+                (s.tables.bad_prefix_slots(id, m, req), n - m, id)
+            })
+            .min_by_key(|(bad, extra, _)| bad.len() + extra);
+        let Some((bad, extra, view)) = best.filter(|(bad, extra, _)| bad.len() + extra <= n / 4)
+        else {
             return Ok(None);
         };
-        let with = s.tables.replacements(view, bad.len(), req);
-        if with.len() < bad.len() {
+        let with = s.tables.replacements(view, bad.len() + extra, req);
+        if with.len() < bad.len() + extra {
             return Ok(None);
         }
-        s.tables.patch(&self.driver, view, &bad, &with)?;
+        let (replace, append) = with.split_at(bad.len());
+        if !bad.is_empty() {
+            s.tables.patch(&self.driver, view, &bad, replace)?;
+        }
+        if !append.is_empty() {
+            s.tables.extend(&self.driver, view, append)?;
+            s.outcomes.extend += 1;
+        }
         let w = Window {
             view,
             start: 0,
@@ -321,7 +338,8 @@ impl<D: VmmDriver> Lake<D> {
             need -= take;
         }
         let clock = s.clock;
-        let view = s.tables.stitch(&self.driver, &chosen, clock)?;
+        let room = n + n / super::tables::EXTEND_ROOM + 1;
+        let view = s.tables.stitch(&self.driver, &chosen, room, clock)?;
         let w = Window {
             view,
             start: 0,

@@ -19,6 +19,9 @@ pub struct Outcomes {
     pub grow: u64,
     /// New chunks for the shortfall, stitched with the free ones.
     pub grow_stitch: u64,
+    /// Of the patched ones (counted above under `patch` or `grow_stitch`),
+    /// those whose view was also extended at its end (not in `total`).
+    pub extend: u64,
 }
 
 impl Outcomes {
@@ -54,6 +57,7 @@ impl Outcomes {
             stitch: self.stitch - earlier.stitch,
             grow: self.grow - earlier.grow,
             grow_stitch: self.grow_stitch - earlier.grow_stitch,
+            extend: self.extend - earlier.extend,
         }
     }
 }

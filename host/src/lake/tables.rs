@@ -48,6 +48,12 @@ mod mapping;
 /// 60 ms of `cuMemSetAccess`, per step).
 pub const TIGHT: usize = 3;
 
+/// A stitched view of `n` chunks reserves address space for
+/// `n + n / EXTEND_ROOM + 1` (GPT-2's sequence lengths vary by a quarter
+/// from step to step, so the logits of a longer step fit): address space
+/// costs no memory, and only the new slots are mapped.
+pub const EXTEND_ROOM: usize = 2;
+
 /// A hasher for the tables' own ids (dense, made here, not adversarial):
 /// one multiply instead of SipHash, which showed at the top of the replay's
 /// profile (every chunk of a window is looked up on take and give).
@@ -73,7 +79,8 @@ impl Hasher for IdHasher {
 /// A hash map keyed by ids, with [`IdHasher`].
 pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
-/// Index of a chunk.
+/// Index of a chunk: its place in the [`ChunkSlab`], reused after the chunk
+/// is released.
 pub type ChunkId = u64;
 /// Index of a view.
 pub type ViewId = u64;
@@ -108,6 +115,11 @@ pub struct View {
     pub last_used: u64,
     /// Home views: slots at and above this were never filled.
     pub filled_to: usize,
+    /// Slots the reservation has room for. Home views: `slots.len()`.
+    /// Stitched views reserve more than they map, so that a longer
+    /// tensor of the same kind (a longer sequence's logits) extends the
+    /// view at its end (`Tables::extend`) instead of stitching anew.
+    pub reserved: usize,
     /// Maximal runs of slots holding free chunks: start -> length.
     runs: BTreeMap<usize, usize>,
 }
@@ -148,11 +160,92 @@ struct Orphans {
     reservations: Vec<(u64, u64)>,
 }
 
+/// The live chunks, by id. Ids are indices into a vector and are reused
+/// after a release, so a lookup is one index: the hash map this replaced
+/// was the top of the replay's profile (every chunk of a window is looked
+/// up when the window is taken and given back). Ids are never kept past a
+/// release: views' slots and chunks' stitched lists drop them first.
+#[derive(Debug, Default)]
+pub struct ChunkSlab {
+    entries: Vec<Option<Chunk>>,
+    vacant: Vec<ChunkId>,
+    len: usize,
+}
+
+impl ChunkSlab {
+    /// Stores `chunk` and returns its id.
+    fn add(&mut self, chunk: Chunk) -> ChunkId {
+        self.len += 1;
+        match self.vacant.pop() {
+            Some(id) => {
+                self.entries[id as usize] = Some(chunk);
+                id
+            }
+            None => {
+                self.entries.push(Some(chunk));
+                self.entries.len() as ChunkId - 1
+            }
+        }
+    }
+
+    /// Takes chunk `id` out; its id may be handed out again.
+    fn remove(&mut self, id: &ChunkId) -> Option<Chunk> {
+        let chunk = self.entries.get_mut(*id as usize)?.take()?;
+        self.vacant.push(*id);
+        self.len -= 1;
+        Some(chunk)
+    }
+
+    /// Live chunks.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no chunk is live.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn get_mut(&mut self, id: &ChunkId) -> Option<&mut Chunk> {
+        self.entries.get_mut(*id as usize)?.as_mut()
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Chunk> {
+        self.entries.iter().flatten()
+    }
+
+    fn keys(&self) -> impl Iterator<Item = ChunkId> + '_ {
+        self.iter().map(|(id, _)| id)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (ChunkId, &Chunk)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.as_ref().map(|c| (i as ChunkId, c)))
+    }
+
+    fn get(&self, id: &ChunkId) -> Option<&Chunk> {
+        self.entries.get(*id as usize)?.as_ref()
+    }
+}
+
+impl std::ops::Index<&ChunkId> for ChunkSlab {
+    type Output = Chunk;
+
+    fn index(&self, id: &ChunkId) -> &Chunk {
+        self.entries
+            .get(*id as usize)
+            .and_then(Option::as_ref)
+            .expect("live chunk")
+    }
+}
+
 /// All chunks and views of a lake.
 #[derive(Debug, Default)]
 pub struct Tables {
     granularity: u64,
-    chunks: IdMap<ChunkId, Chunk>,
+    chunks: ChunkSlab,
     views: BTreeMap<ViewId, View>,
     /// Every free run of every view, as (length, view, start).
     runs: BTreeSet<(usize, ViewId, usize)>,
@@ -164,6 +257,28 @@ pub struct Tables {
     fenced: IdMap<u64, usize>,
     orphans: Orphans,
     next_id: u64,
+    /// Reused lists of `set_used_many` (empty between calls).
+    scratch: Vec<(ViewId, Vec<usize>)>,
+}
+
+/// Adds `slot` of `view` to the first `*views` lists of `by_view`, opening
+/// a list for a view not met yet. The most recent lists are searched first:
+/// a chunk's mappings repeat from one chunk to the next.
+fn add_slot(
+    by_view: &mut Vec<(ViewId, Vec<usize>)>,
+    views: &mut usize,
+    (view, slot): (ViewId, usize),
+) {
+    if let Some((_, slots)) = by_view[..*views].iter_mut().rev().find(|(v, _)| *v == view) {
+        slots.push(slot);
+        return;
+    }
+    if *views == by_view.len() {
+        by_view.push((view, Vec::new()));
+    }
+    by_view[*views].0 = view;
+    by_view[*views].1.push(slot);
+    *views += 1;
 }
 
 /// Groups sorted slots into runs of consecutive ones: (start, length).
@@ -416,18 +531,18 @@ impl Tables {
     fn set_used_many(&mut self, cs: &[ChunkId], used: bool) {
         // Slots per view, in the order met: mostly ascending already (a
         // window's chunks are consecutive somewhere), so sorting is rare.
-        let mut by_view: Vec<(ViewId, Vec<usize>)> = Vec::new();
-        let mut add = |(v, slot): (ViewId, usize)| match by_view.iter_mut().find(|(w, _)| *w == v) {
-            Some((_, slots)) => slots.push(slot),
-            None => by_view.push((v, vec![slot])),
-        };
+        // The lists live in `scratch` between calls so that a window of
+        // thousands of chunks allocates nothing (profile of the replay:
+        // growing these vectors was a third of this function's time).
+        let mut by_view = std::mem::take(&mut self.scratch);
+        let mut views = 0usize;
         for &c in cs {
             let chunk = self.chunks.get_mut(&c).expect("live chunk");
             debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
             chunk.used = used;
-            add(chunk.home);
+            add_slot(&mut by_view, &mut views, chunk.home);
             for &p in &chunk.stitched {
-                add(p);
+                add_slot(&mut by_view, &mut views, p);
             }
             if used && !chunk.fence.is_none() {
                 for s in chunk.fence.streams() {
@@ -436,18 +551,28 @@ impl Tables {
                 chunk.fence = Fence::none();
             }
         }
-        for (v, mut slots) in by_view {
+        for (v, slots) in by_view.iter_mut().take(views) {
             if !slots.is_sorted() {
                 slots.sort_unstable();
             }
-            for (start, len) in consecutive(&slots) {
+            let mut i = 0;
+            while i < slots.len() {
+                let start = slots[i];
+                let mut end = start + 1;
+                i += 1;
+                while i < slots.len() && slots[i] == end {
+                    end += 1;
+                    i += 1;
+                }
                 if used {
-                    self.run_cut(v, start, start + len);
+                    self.run_cut(*v, start, end);
                 } else {
-                    self.run_join(v, start, start + len);
+                    self.run_join(*v, start, end);
                 }
             }
+            slots.clear();
         }
+        self.scratch = by_view;
         if used {
             self.free_chunks -= cs.len();
         } else {
@@ -576,7 +701,7 @@ impl Tables {
             .chunks
             .iter()
             .filter(|(_, c)| !c.used && c.stitched.is_empty() && !c.fence.pending(progress))
-            .map(|(&id, _)| id)
+            .map(|(id, _)| id)
             .collect();
         out.sort_unstable();
         out
@@ -584,7 +709,7 @@ impl Tables {
 
     /// Checks the tables' invariants; the first broken one, in words.
     pub fn check(&self) -> Result<(), String> {
-        for (&cid, c) in &self.chunks {
+        for (cid, c) in self.chunks.iter() {
             let (v, s) = c.home;
             let view = self
                 .views

@@ -592,6 +592,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             alloc_retries: c.retries,
             ooms: c.ooms,
             driver_calls: lake.driver.total().calls,
+            driver_nanos: lake.driver.total().nanos,
             event_calls: self.events.calls(),
             breakdown,
         }

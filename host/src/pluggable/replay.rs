@@ -97,23 +97,35 @@ pub struct CostModel {
 }
 
 impl Default for CostModel {
-    /// Medians measured on an H100 80GB HBM3 (driver 580, CUDA 13,
-    /// `/work/traces/vmm_cost.json`): `cuMemSetAccess` ~37 µs per 2 MiB
-    /// granule (35 µs for 1, 565 µs for 16, 9.9 ms for 256), `cuMemUnmap`
-    /// ~24 µs per granule, `cuMemCreate` 16 µs, `cuMemRelease` 19 µs,
-    /// `cuMemMap` 2.5 µs, reserve and free of an address range ~2 µs plus
-    /// ~0.15 µs per granule, event record or query 1.25 µs.
+    /// The H100 model for 2 MiB chunks ([`CostModel::h100`]).
     fn default() -> CostModel {
+        CostModel::h100(crate::lake::model::H100_GRANULARITY)
+    }
+}
+
+impl CostModel {
+    /// Medians measured on an H100 80GB HBM3 (driver 580, CUDA 13,
+    /// `docs/results/h100-vmm/vmm_cost.json`), for a lake whose chunks are
+    /// single handles of `chunk_bytes` each. `cuMemSetAccess` and
+    /// `cuMemUnmap` cost per *mapping*, not per byte: one call over 256
+    /// mapped 2 MiB handles takes 5.4 ms and 3.7 ms, one call over one
+    /// 512 MiB handle 49 µs and 28 µs. Per handle of n × 2 MiB (fitted
+    /// between 2 and 32 MiB): set access 20.2 + 1.12 (n − 1) µs, unmap
+    /// 14.7 + 0.57 (n − 1), create 7.5 + 0.12 (n − 1), release
+    /// 9.7 + 0.91 (n − 1), map 1.0; address reserve and free ~1 µs plus
+    /// ~0.04 µs per chunk; event record or query 0.5 µs.
+    pub fn h100(chunk_bytes: u64) -> CostModel {
+        let extra = (chunk_bytes / (2 << 20)).max(1) as f64 - 1.0;
         let mut per_call = [0.0; VmmCall::ALL.len()];
         let mut per_granule = [0.0; VmmCall::ALL.len()];
         for (call, fixed, granule) in [
-            (VmmCall::Reserve, 2.0, 0.15),
-            (VmmCall::FreeAddress, 2.0, 0.15),
-            (VmmCall::Create, 16.0, 0.0),
-            (VmmCall::Release, 19.0, 0.0),
-            (VmmCall::Map, 2.5, 0.0),
-            (VmmCall::Unmap, 24.0, 0.0),
-            (VmmCall::SetAccess, 0.0, 37.0),
+            (VmmCall::Reserve, 1.0, 0.04),
+            (VmmCall::FreeAddress, 1.0, 0.04),
+            (VmmCall::Create, 7.5 + 0.12 * extra, 0.0),
+            (VmmCall::Release, 9.7 + 0.91 * extra, 0.0),
+            (VmmCall::Map, 1.0, 0.0),
+            (VmmCall::Unmap, 14.7 + 0.57 * extra, 0.0),
+            (VmmCall::SetAccess, 0.0, 20.2 + 1.12 * extra),
         ] {
             per_call[call.index()] = fixed;
             per_granule[call.index()] = granule;
@@ -121,12 +133,10 @@ impl Default for CostModel {
         CostModel {
             per_call,
             per_granule,
-            per_event: 1.25,
+            per_event: 0.5,
         }
     }
-}
 
-impl CostModel {
     /// The default model with overrides `name=µs` or `name=µs+µs_per_granule`,
     /// names as in `reserve, free_address, create, release, map, unmap,
     /// set_access, event`, separated by commas.
@@ -195,6 +205,9 @@ pub struct ReplayConfig {
     pub max_stitch_chunks: usize,
     /// The lake's [`LakeConfig::max_cached_stitched`].
     pub max_cached_stitched: usize,
+    /// Bytes per chunk of the modelled lake; `None`: the trace's
+    /// granularity (what the GPU that recorded it used).
+    pub chunk_bytes: Option<u64>,
 }
 
 impl Default for ReplayConfig {
@@ -206,6 +219,7 @@ impl Default for ReplayConfig {
             limit_bytes: 80 << 30,
             max_stitch_chunks: LakeConfig::DEFAULT_MAX_STITCH_CHUNKS,
             max_cached_stitched: LakeConfig::DEFAULT_MAX_CACHED_STITCHED,
+            chunk_bytes: None,
         }
     }
 }
@@ -462,12 +476,13 @@ impl ReplayReport {
         let o = &self.outcomes;
         let _ = writeln!(
             out,
-            "  lake outcomes: {} window at home, {} window of a stitched view, {} patched, \
-             {} stitched, {} grown, {} grown and stitched; {} stitched views cached, \
-             mapping {} chunks",
+            "  lake outcomes: {} window at home, {} window of a stitched view, {} patched \
+             ({} of them extended), {} stitched, {} grown, {} grown and stitched; {} stitched \
+             views cached, mapping {} chunks",
             o.reuse_home,
             o.reuse_stitched,
             o.patch,
+            o.extend,
             o.stitch,
             o.grow,
             o.grow_stitch,
@@ -651,10 +666,10 @@ pub fn replay_pool(granularity: u64, config: &ReplayConfig) -> ReplayPool {
 /// Replays `trace` through a fresh pool. Every 16384 operations and at the
 /// end the pool's invariants are checked.
 pub fn replay(trace: &Trace, config: &ReplayConfig) -> Result<ReplayReport, ReplayError> {
-    let granularity = if trace.granularity == 0 {
-        crate::lake::model::H100_GRANULARITY
-    } else {
-        trace.granularity
+    let granularity = match (config.chunk_bytes, trace.granularity) {
+        (Some(chunk), _) => chunk,
+        (None, 0) => crate::lake::model::H100_GRANULARITY,
+        (None, recorded) => recorded,
     };
     let pool = replay_pool(granularity, config);
     replay_on(&pool, trace, config)

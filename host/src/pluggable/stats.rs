@@ -97,6 +97,8 @@ pub struct PoolStats {
     pub ooms: u64,
     /// VMM driver calls made by the lake.
     pub driver_calls: u64,
+    /// Nanoseconds spent in those calls.
+    pub driver_nanos: u64,
     /// Event calls made by the event source.
     pub event_calls: u64,
     /// Where the reserved bytes are now.
