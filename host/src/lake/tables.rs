@@ -120,6 +120,8 @@ pub struct View {
     /// tensor of the same kind (a longer sequence's logits) extends the
     /// view at its end (`Tables::extend`) instead of stitching anew.
     pub reserved: usize,
+    /// Slots holding a chunk (a home view with none left is freed).
+    pub occupied: usize,
     /// Maximal runs of slots holding free chunks: start -> length.
     runs: BTreeMap<usize, usize>,
 }
@@ -730,6 +732,10 @@ impl Tables {
         }
         let mut all_runs = BTreeSet::new();
         for (&vid, v) in &self.views {
+            let occupied = v.slots.iter().flatten().count();
+            if occupied != v.occupied {
+                return Err(format!("view {vid}: {occupied} chunks, counted {}", v.occupied));
+            }
             let mut free = Vec::new();
             for (i, slot) in v.slots.iter().enumerate() {
                 let Some(c) = slot else {

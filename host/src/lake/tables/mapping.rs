@@ -70,6 +70,7 @@ impl Tables {
                         last_used: 0,
                         filled_to: 0,
                         reserved: capacity,
+                        occupied: 0,
                         runs: BTreeMap::new(),
                     },
                 );
@@ -133,6 +134,7 @@ impl Tables {
             self.holes.remove(&(v, s));
             let view = self.views.get_mut(&v).expect("live view");
             view.slots[s] = Some(cid);
+            view.occupied += 1;
             view.filled_to = view.filled_to.max(s + 1);
             // Born used, then freed: joins its neighbours' runs.
             self.set_used(cid, false);
@@ -181,6 +183,7 @@ impl Tables {
                 last_used: clock,
                 filled_to: chunks.len(),
                 reserved: room,
+                occupied: chunks.len(),
                 runs: BTreeMap::new(),
             },
         );
@@ -237,6 +240,7 @@ impl Tables {
         }
         let view = self.views.get_mut(&v).expect("live view");
         view.slots.extend(with.iter().map(|&c| Some(c)));
+        view.occupied += with.len();
         view.filled_to = view.slots.len();
         self.rebuild_runs(v);
         Ok(())
@@ -385,8 +389,9 @@ impl Tables {
         self.free_chunks -= 1;
         let view = self.views.get_mut(&v).expect("live view");
         view.slots[slot] = None;
+        view.occupied -= 1;
         self.holes.insert((v, slot));
-        if view.slots.iter().all(Option::is_none) {
+        if view.occupied == 0 {
             let size = g * view.slots.len() as u64;
             self.views.remove(&v);
             let gone: Vec<(ViewId, usize)> =
