@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .gpu
 cargo build --release --bins --examples
-cp target/release/gpumalloc target/release/examples/user_kernel .gpu/
-for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:graph_gpu host:lake_gpu; do
+cargo build --release -p torch-alloc
+cp target/release/gpumalloc target/release/examples/user_kernel target/release/libgpumalloc_torch.so .gpu/
+for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:graph_gpu host:lake_gpu torch-alloc:call_cost; do
   pkg=${spec%%:*}; t=${spec#*:}
   bin=$(cargo test --release -p "$pkg" --no-run --test "$t" --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
