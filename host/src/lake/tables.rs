@@ -495,7 +495,9 @@ impl Tables {
     /// Marks a window's chunks used by one more allocation.
     pub fn take(&mut self, w: Window) {
         let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
-        self.set_used_many(&chunks, true);
+        // The window's own slots are one stretch: cut once, not per chunk.
+        self.run_cut(w.view, w.start, w.start + w.len);
+        self.set_used_many(&chunks, true, Some(w.view));
         self.views.get_mut(&w.view).expect("live view").users += 1;
     }
 
@@ -508,7 +510,8 @@ impl Tables {
     /// remembers `clock`.
     pub fn give(&mut self, w: Window, clock: u64, fence: &Fence) {
         let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
-        self.set_used_many(&chunks, false);
+        self.run_join(w.view, w.start, w.start + w.len);
+        self.set_used_many(&chunks, false, Some(w.view));
         // Used chunks carry no fence: only the new one is counted.
         for s in fence.streams() {
             *self.fenced.entry(s).or_default() += chunks.len();
@@ -522,15 +525,16 @@ impl Tables {
     }
 
     fn set_used(&mut self, c: ChunkId, used: bool) {
-        self.set_used_many(&[c], used);
+        self.set_used_many(&[c], used, None);
     }
 
     /// Marks chunks `cs` (distinct, all of the other state) used or free,
     /// updating the runs of every view that maps them by stretches of
     /// consecutive slots: a window of `n` chunks costs a few run updates
     /// per view, not `n`. Chunks made used lose their fence (the caller
-    /// sets the fence of chunks made free).
-    fn set_used_many(&mut self, cs: &[ChunkId], used: bool) {
+    /// sets the fence of chunks made free). The runs of view `done` (the
+    /// window's own, which maps each chunk once) are already updated.
+    fn set_used_many(&mut self, cs: &[ChunkId], used: bool, done: Option<ViewId>) {
         // Slots per view, in the order met: mostly ascending already (a
         // window's chunks are consecutive somewhere), so sorting is rare.
         // The lists live in `scratch` between calls so that a window of
@@ -542,9 +546,10 @@ impl Tables {
             let chunk = self.chunks.get_mut(&c).expect("live chunk");
             debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
             chunk.used = used;
-            add_slot(&mut by_view, &mut views, chunk.home);
-            for &p in &chunk.stitched {
-                add_slot(&mut by_view, &mut views, p);
+            for p in std::iter::once(chunk.home).chain(chunk.stitched.iter().copied()) {
+                if Some(p.0) != done {
+                    add_slot(&mut by_view, &mut views, p);
+                }
             }
             if used && !chunk.fence.is_none() {
                 for s in chunk.fence.streams() {
