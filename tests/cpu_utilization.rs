@@ -9,7 +9,7 @@
 //!   log-uniform 1 B–64 KiB on a heap of the class-rounded demand + 3%.
 //! - `large_runs_next_to_small_slices`: the GPU test's requests (64 runs of
 //!   32–256 MiB among 65,472 requests of 16 B–4 KiB, heap = runs + 1 GiB),
-//!   64 + 16 threads at once; no run may fail while free segments could
+//!   64 + 32 threads at once; no run may fail while free segments could
 //!   hold it.
 //! - `mixed_class_exhaustion`: fill with 4 KiB, free, fill with 8 KiB, free,
 //!   then runs of segments, on a 1 GiB heap.
@@ -164,7 +164,7 @@ fn large_runs_next_to_small_slices() {
     // a GPU; without it two cores almost never overlap two claims.
     const IDS: u64 = 1 << 16;
     const STRIDE: u64 = IDS / 64;
-    const SMALL_THREADS: u64 = 16;
+    const SMALL_THREADS: u64 = 32;
     let size = |id: u64| {
         if id % STRIDE == 0 {
             log_uniform_size(31, id, 0, 32 * MIB, 256 * MIB)
