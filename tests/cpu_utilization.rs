@@ -166,7 +166,7 @@ fn large_runs_next_to_small_slices() {
     const STRIDE: u64 = IDS / 64;
     const SMALL_THREADS: u64 = 32;
     let size = |id: u64| {
-        if id % STRIDE == 0 {
+        if id.is_multiple_of(STRIDE) {
             log_uniform_size(31, id, 0, 32 * MIB, 256 * MIB)
         } else {
             log_uniform_size(32, id, 0, 16, 4096)
@@ -187,7 +187,7 @@ fn large_runs_next_to_small_slices() {
                     start.wait();
                     (t..IDS)
                         .step_by(SMALL_THREADS as usize)
-                        .filter(|id| id % STRIDE != 0)
+                        .filter(|id| !id.is_multiple_of(STRIDE))
                         .map(|id| h.heap().malloc(size(id)) as u64)
                         .collect::<Vec<_>>()
                 })
