@@ -7,8 +7,9 @@
 //!   with everything freed between them.
 //! - `one_random_size_each_on_demand_plus_three_percent`: 2^17 requests of
 //!   log-uniform 1 B–64 KiB on a heap of the class-rounded demand + 3%.
-//! - `large_runs_next_to_small_slices`: threads asking 16 B–4 KiB while
-//!   others ask 32–256 MiB runs; no run may fail while free segments could
+//! - `large_runs_next_to_small_slices`: the GPU test's requests (64 runs of
+//!   32–256 MiB among 65,472 requests of 16 B–4 KiB, heap = runs + 1 GiB),
+//!   64 + 32 threads at once; no run may fail while free segments could
 //!   hold it.
 //! - `mixed_class_exhaustion`: fill with 4 KiB, free, fill with 8 KiB, free,
 //!   then runs of segments, on a 1 GiB heap.
@@ -17,6 +18,7 @@
 
 use std::collections::HashSet;
 
+use gpumalloc::gpu_kernel::arch::preempt_every;
 use gpumalloc::gpu_kernel::class::{Request, SEGMENT_BYTES};
 use gpumalloc::gpu_kernel::workload::log_uniform_size;
 use gpumalloc::{CpuHeap, HeapConfig};
@@ -152,48 +154,74 @@ fn one_random_size_each_on_demand_plus_three_percent() {
 
 #[test]
 fn large_runs_next_to_small_slices() {
-    let h = &CpuHeap::new(HeapConfig::unchecked(2048 * MIB)).unwrap();
-    // 6 threads of small requests, 2 of large ones (32-256 MiB, 1.2 GiB in
-    // all), started together.
-    let large: Vec<u64> = (0..8)
-        .map(|i| log_uniform_size(31, i, 0, 32 * MIB, 256 * MIB))
-        .collect();
-    let large_total: u64 = large.iter().map(|&s| rounded(s)).sum();
-    let small_per_thread = 20_000u64;
+    // The GPU test's workload (`tests/gpu_heap_whole.rs`), request for
+    // request: of 2^16 request ids every 1024th asks 32-256 MiB (64 runs,
+    // 5,472 MiB), the others 16 B-4 KiB, on a heap of the runs + 1 GiB (the
+    // runs are 84% of it). One host thread per run and `SMALL_THREADS` for
+    // the small requests, all released at once by a barrier. Every thread
+    // yields at every second atomic read-modify-write
+    // (`arch::preempt_every`), so that run claims interleave as they do on
+    // a GPU; without it two cores almost never overlap two claims.
+    const IDS: u64 = 1 << 16;
+    const STRIDE: u64 = IDS / 64;
+    const SMALL_THREADS: u64 = 32;
+    let size = |id: u64| {
+        if id.is_multiple_of(STRIDE) {
+            log_uniform_size(31, id, 0, 32 * MIB, 256 * MIB)
+        } else {
+            log_uniform_size(32, id, 0, 16, 4096)
+        }
+    };
+    let large_total: u64 = (0..IDS)
+        .step_by(STRIDE as usize)
+        .map(|id| rounded(size(id)))
+        .sum();
+    let h = &CpuHeap::new(HeapConfig::unchecked(large_total + 1024 * MIB)).unwrap();
+    let start = &std::sync::Barrier::new((64 + SMALL_THREADS) as usize);
+    let size = &size;
     let (small, runs): (Vec<u64>, Vec<u64>) = std::thread::scope(|s| {
-        let smalls: Vec<_> = (0..6u64)
+        let smalls: Vec<_> = (0..SMALL_THREADS)
             .map(|t| {
                 s.spawn(move || {
-                    (0..small_per_thread)
-                        .map(|i| h.heap().malloc(log_uniform_size(32, t, i, 16, 4096)) as u64)
+                    preempt_every(2);
+                    start.wait();
+                    (t..IDS)
+                        .step_by(SMALL_THREADS as usize)
+                        .filter(|id| !id.is_multiple_of(STRIDE))
+                        .map(|id| h.heap().malloc(size(id)) as u64)
                         .collect::<Vec<_>>()
                 })
             })
             .collect();
-        let larges: Vec<_> = (0..2usize)
-            .map(|t| {
-                let large = &large;
+        let larges: Vec<_> = (0..64u64)
+            .map(|k| {
                 s.spawn(move || {
-                    (t..large.len())
-                        .step_by(2)
-                        .map(|i| h.heap().malloc(large[i]) as u64)
-                        .collect::<Vec<_>>()
+                    preempt_every(2);
+                    start.wait();
+                    h.heap().malloc(size(k * STRIDE)) as u64
                 })
             })
             .collect();
         (
             smalls.into_iter().flat_map(|t| t.join().unwrap()).collect(),
-            larges.into_iter().flat_map(|t| t.join().unwrap()).collect(),
+            larges.into_iter().map(|t| t.join().unwrap()).collect(),
         )
     });
     let small_nulls = small.iter().filter(|&&p| p == 0).count();
     let run_nulls = runs.iter().filter(|&&p| p == 0).count();
+    let failed: u64 = (0..64u64)
+        .filter(|&k| runs[k as usize] == 0)
+        .map(|k| rounded(size(k * STRIDE)))
+        .sum();
     println!(
-        "large runs next to small slices, 2 GiB heap, {} MiB of runs: {run_nulls} of {} runs \
-         null, {small_nulls} of {} small requests null",
+        "large runs next to small slices, heap {} MiB, {} MiB of runs: {run_nulls} of {} runs \
+         null ({} MiB), {small_nulls} of {} small requests null; {} MiB in free segments after",
+        h.bytes() >> 20,
         large_total >> 20,
         runs.len(),
-        small.len()
+        failed >> 20,
+        small.len(),
+        (h.stats().free_segments as u64 * SEGMENT_BYTES) >> 20
     );
     assert_eq!(
         run_nulls, 0,

@@ -239,6 +239,30 @@ fn large_requests_next_to_small() {
     assert_eq!((large_nulls, small_nulls), (0, 0));
 }
 
+/// Pointers `until_null` may keep for all threads together (256 MiB of
+/// device memory, downloaded once per phase).
+const POINTER_BUDGET: u64 = 1 << 25;
+
+/// How many allocations of `size` each of `n` threads may make in
+/// `until_null` so that every thread can reach the end of a heap of `whole`
+/// bytes, however unevenly the threads share it: as many as the heap holds
+/// (one thread alone could take them all) plus the null, or, where the
+/// pointers would not fit in [`POINTER_BUDGET`], what does fit. The
+/// fixed cap this replaced (4 fair shares + 4) stopped 746 of 4,096 H100
+/// threads short at 8 KiB; the budget leaves 128 fair shares at 4 KiB and
+/// 256 at 8 KiB on 1 GiB, and asserts at least 64. A thread that still
+/// reaches its cap fails `until_null`, and a heap that stops short fails the
+/// share floor.
+fn cap_to_reach_the_end(whole: u64, size: u64, n: u64) -> u64 {
+    let units = whole / rounded(size);
+    let cap = (units + 1).min(POINTER_BUDGET / n);
+    assert!(
+        cap > units || cap >= 64 * units.div_ceil(n),
+        "{n} threads: a cap of {cap} leaves too little room over a fair share of {units} / {n}"
+    );
+    cap
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn mixed_class_exhaustion() {
@@ -253,7 +277,7 @@ fn mixed_class_exhaustion() {
         ("runs of 3 segments", 3 * SEGMENT_BYTES),
         ("64 KiB", 64 << 10),
     ] {
-        let per_thread = 4 * (whole / size / n) + 4;
+        let per_thread = cap_to_reach_the_end(whole, size, n);
         let got = until_null(&gpu, &ours, n, (0, size, size), per_thread);
         assert_disjoint(&got);
         let share = got.len() as f64 * rounded(size) as f64 / whole as f64;

@@ -12,7 +12,8 @@
 //! out `&Heap` (tied to its own lifetime) and opaque images for launches.
 //!
 //! Metadata is one array of 64-bit words, in this order: statistics, slot
-//! words, format locks, spare blocks, segment
+//! words, locks (one format lock per class, then the run lock), spare
+//! blocks, segment
 //! states, block bitmaps, block counters, trees (the segment
 //! tree, then one per class), and, on checked heaps, double-free bits.
 
@@ -70,7 +71,8 @@ pub struct Heap {
     pub(crate) stats_at: u64,
     /// Word offset of the slot words.
     pub(crate) slots_at: u64,
-    /// Word offset of the per-class format locks.
+    /// Word offset of the per-class format locks, followed by the run lock
+    /// (word `locks_at + CLASSES`).
     pub(crate) locks_at: u64,
     /// Word offset of the slots' spare blocks.
     pub(crate) spares_at: u64,
@@ -186,7 +188,7 @@ impl Heap {
         let stats_at = 0;
         let slots_at = stats_at + STAT_WORDS;
         let locks_at = slots_at + (SLICE_CLASSES * SLOTS_PER_CLASS) as u64;
-        let spares_at = locks_at + CLASSES as u64;
+        let spares_at = locks_at + CLASSES as u64 + 1;
         let states_at = spares_at + (SLICE_CLASSES * SLOTS_PER_CLASS * SPARES_PER_SLOT) as u64;
         let bitmaps_at = states_at + segments;
         let counters_at = bitmaps_at + segments * BITMAP_WORDS_PER_SEGMENT as u64;

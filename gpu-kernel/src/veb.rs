@@ -252,15 +252,23 @@ impl<'a> VebTree<'a> {
     }
 
     /// Removes a run of `count` consecutive ids, searching from the top so
-    /// that runs and single ids (taken from the bottom) stay apart. Returns the
-    /// first id of the run.
+    /// that runs and single ids (taken from the bottom by `claim_lowest`)
+    /// stay apart. Returns the first id of the run.
+    ///
+    /// Never hands out an id twice, whoever runs at once. Runs pack without
+    /// gaps only if callers serialise their claims from the top (the heap's
+    /// run lock): the run is removed one id at a time, and a concurrent run
+    /// search that sees part of it taken settles lower, even if the part is
+    /// given back later. When a removal fails (a claim from the bottom got
+    /// there first, or an unserialised caller), the ids taken are given back
+    /// and the search starts over from the top, where ids may have been
+    /// freed since the last look.
     pub fn claim_run_from_top(&self, count: u32) -> Option<u32> {
         if count == 0 || count > self.shape.universe {
             return None;
         }
-        let mut end = self.shape.universe;
         loop {
-            let start = self.find_run_below(end, count)?;
+            let start = self.find_run_below(self.shape.universe, count)?;
             let mut claimed = 0;
             while claimed < count && self.remove(start + claimed) {
                 claimed += 1;
@@ -268,10 +276,7 @@ impl<'a> VebTree<'a> {
             if claimed == count {
                 return Some(start);
             }
-            // Lost a race inside the run: give back what we took and search
-            // below the id we failed on.
             self.release_run(start, claimed);
-            end = start + claimed;
         }
     }
 

@@ -17,6 +17,8 @@
 //!   heap: two installs racing for one slot, an install racing a flush, an
 //!   allocation racing a reclaim. Each ends with every slice back and the
 //!   segment free.
+//! - Runs: two claims of two segments racing on a four-segment heap both
+//!   succeed (the run lock) and the heap comes back whole.
 //! - A team of two lanes (a two-lane host warp, `arch::HostWarp`) allocates,
 //!   writes and frees its slices while a third thread flushes the slot and
 //!   allocates again: the slices' memory is a loom cell, so a recycled slice
@@ -193,13 +195,17 @@ struct Tiny {
 
 impl Tiny {
     fn new() -> Arc<Tiny> {
-        let layout = Heap::layout(1, NO_SPARES).unwrap();
+        Tiny::with_segments(1)
+    }
+
+    fn with_segments(segments: u64) -> Arc<Tiny> {
+        let layout = Heap::layout(segments, NO_SPARES).unwrap();
         let mut image = vec![0u64; layout.metadata_words() as usize];
         layout.write_initial_metadata(&mut image);
         let metadata: Vec<Word> = image.into_iter().map(Word::new).collect();
-        let data: Vec<u64> = Vec::with_capacity((SEGMENT_BYTES / 8) as usize + 512);
+        let data: Vec<u64> = Vec::with_capacity((segments * SEGMENT_BYTES / 8) as usize + 512);
         let base = (data.as_ptr() as u64).next_multiple_of(4096);
-        // SAFETY: `data` reserves a segment past the 4 KiB alignment and
+        // SAFETY: `data` reserves the segments past the 4 KiB alignment and
         // `metadata` holds the initial image; both live in `Tiny` beside the
         // handle, which is only lent out as `&Heap`. The allocator never
         // touches the data bytes, and the model never writes them.
@@ -282,6 +288,29 @@ fn an_allocation_races_a_reclaim() {
         t.join().unwrap();
         tiny.heap.free(p);
         tiny.assert_whole();
+    });
+}
+
+#[test]
+fn two_runs_race_for_the_top() {
+    model_long(|| {
+        // Four segments hold both runs of two exactly: whichever claims
+        // second must find the other two segments, however the claims
+        // interleave (they take the run lock in turn).
+        let tiny = Tiny::with_segments(4);
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.malloc(2 * SEGMENT_BYTES) as u64);
+        let mine = tiny.heap.malloc(2 * SEGMENT_BYTES) as u64;
+        let theirs = t.join().unwrap();
+        assert!(
+            mine != 0 && theirs != 0 && mine.abs_diff(theirs) == 2 * SEGMENT_BYTES,
+            "{mine:x} {theirs:x}"
+        );
+        tiny.heap.free(mine as *mut u8);
+        tiny.heap.free(theirs as *mut u8);
+        let whole = tiny.heap.malloc(4 * SEGMENT_BYTES);
+        assert!(!whole.is_null(), "the runs did not come back whole");
+        tiny.heap.free(whole);
     });
 }
 

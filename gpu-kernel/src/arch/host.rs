@@ -20,6 +20,54 @@ pub type Word = AtomicU64;
 /// A 32-bit word.
 pub type Word32 = AtomicU32;
 
+#[cfg(not(loom))]
+std::thread_local! {
+    /// (every, count): this thread yields at every `every`-th
+    /// read-modify-write on a `Word` (see [`preempt_every`]).
+    static PREEMPT: core::cell::Cell<(u32, u32)> = const { core::cell::Cell::new((0, 0)) };
+}
+
+/// Host twin only (tests): from now on this thread gives up its core at
+/// every `every`-th read-modify-write on a [`Word`] (0: never, the default).
+///
+/// On a GPU thousands of threads interleave at every atomic; a host with
+/// two cores rarely switches threads inside a protocol that takes a few
+/// microseconds, so races that a GPU hits every launch (two run claims
+/// taking parts of the same free segments) never show. A yield at the
+/// atomics lets the CPU tests reach those interleavings. No-op under loom,
+/// which explores interleavings itself.
+pub fn preempt_every(every: u32) {
+    #[cfg(not(loom))]
+    PREEMPT.with(|p| p.set((every, 0)));
+    #[cfg(loom)]
+    let _ = every;
+}
+
+/// Where [`preempt_every`] may yield: before each read-modify-write.
+#[inline(always)]
+fn preempt_point() {
+    #[cfg(not(loom))]
+    PREEMPT.with(|p| {
+        let (every, count) = p.get();
+        if every != 0 {
+            preempt_slow(p, every, count);
+        }
+    });
+}
+
+#[cfg(not(loom))]
+#[cold]
+#[inline(never)]
+fn preempt_slow(p: &core::cell::Cell<(u32, u32)>, every: u32, count: u32) {
+    let count = count + 1;
+    if count >= every {
+        p.set((every, 0));
+        std::thread::yield_now();
+    } else {
+        p.set((every, count));
+    }
+}
+
 /// Relaxed load.
 #[inline(always)]
 pub fn load_relaxed(w: &Word) -> u64 {
@@ -43,6 +91,7 @@ pub fn store_release(w: &Word, v: u64) {
 /// Relaxed add; returns the old value.
 #[inline(always)]
 pub fn fetch_add_relaxed(w: &Word, v: u64) -> u64 {
+    preempt_point();
     w.fetch_add(v, Ordering::Relaxed)
 }
 /// Relaxed add whose result later accesses depend on by address (see the
@@ -51,6 +100,7 @@ pub fn fetch_add_relaxed(w: &Word, v: u64) -> u64 {
 /// the installer published, as the dependency guarantees on the GPU.
 #[inline(always)]
 pub fn fetch_add_dependent(w: &Word, v: u64) -> u64 {
+    preempt_point();
     #[cfg(loom)]
     {
         w.fetch_add(v, Ordering::Acquire)
@@ -63,31 +113,37 @@ pub fn fetch_add_dependent(w: &Word, v: u64) -> u64 {
 /// Release add; returns the old value.
 #[inline(always)]
 pub fn fetch_add_release(w: &Word, v: u64) -> u64 {
+    preempt_point();
     w.fetch_add(v, Ordering::Release)
 }
 /// Acquire-release add; returns the old value.
 #[inline(always)]
 pub fn fetch_add_acq_rel(w: &Word, v: u64) -> u64 {
+    preempt_point();
     w.fetch_add(v, Ordering::AcqRel)
 }
 /// Acquire-release or; returns the old value.
 #[inline(always)]
 pub fn fetch_or_acq_rel(w: &Word, v: u64) -> u64 {
+    preempt_point();
     w.fetch_or(v, Ordering::AcqRel)
 }
 /// Acquire-release and; returns the old value.
 #[inline(always)]
 pub fn fetch_and_acq_rel(w: &Word, v: u64) -> u64 {
+    preempt_point();
     w.fetch_and(v, Ordering::AcqRel)
 }
 /// Acquire-release exchange; returns the old value.
 #[inline(always)]
 pub fn swap_acq_rel(w: &Word, v: u64) -> u64 {
+    preempt_point();
     w.swap(v, Ordering::AcqRel)
 }
 /// Acquire-release compare-and-swap.
 #[inline(always)]
 pub fn compare_exchange_acq_rel(w: &Word, current: u64, new: u64) -> Result<u64, u64> {
+    preempt_point();
     w.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
 }
 /// Relaxed 32-bit load.
