@@ -15,6 +15,8 @@
 //! - [`remat`]: tensor rematerialization under a memory budget (DTR, DTE,
 //!   Coop's contiguous-window eviction) replayed over op traces.
 //! - [`selftest`]: runs `gpumalloc_selftest` and checks every result.
+//! - [`thread_cuda`]: a caller's CUDA context and capture mode kept across
+//!   a library call, saved only if the call reaches the driver.
 
 pub mod config;
 pub mod cpu_heap;
@@ -26,6 +28,7 @@ pub mod lake;
 pub mod pluggable;
 pub mod remat;
 pub mod selftest;
+pub mod thread_cuda;
 
 pub use config::HeapConfig;
 pub use cpu_heap::CpuHeap;

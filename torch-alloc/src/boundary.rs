@@ -6,12 +6,15 @@
 //! - **context**: cudarc binds a device's primary context to the calling
 //!   thread before each driver call and leaves it bound. A free of a
 //!   `cuda:1` tensor from a thread working on `cuda:0` would move that
-//!   thread to GPU 1. `enter` reads the current context first and puts it
-//!   back afterwards.
+//!   thread to GPU 1. `enter` opens a `host::thread_cuda::CallScope`: the
+//!   current context is read before the call's first driver call, if it
+//!   makes one, and put back afterwards (a call served from cache touches
+//!   no driver state and pays nothing).
 //! - **capture mode**: while a CUDA graph is captured in the default
 //!   (global) mode, the driver refuses "unsafe" calls such as `cuMemCreate`
 //!   from any thread. Like PyTorch's own allocator, the library switches the
-//!   calling thread to relaxed mode for its own calls and back afterwards.
+//!   calling thread to relaxed mode for its own driver calls (in the same
+//!   scope) and back afterwards.
 //! - **fork**: CUDA does not survive `fork`. A child process (a DataLoader
 //!   worker) that frees an inherited tensor must not touch the driver:
 //!   frees are ignored there and allocations refused with a message.
@@ -24,8 +27,6 @@ use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-use cudarc::driver::sys;
 
 /// Kinds of failure the caller may tell apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,56 +77,6 @@ pub fn forked() -> bool {
     FORKED.load(Ordering::Relaxed)
 }
 
-/// The calling thread's CUDA context and capture mode, put back on drop.
-struct ThreadCudaState {
-    context: sys::CUcontext,
-    mode: Option<sys::CUstreamCaptureMode>,
-}
-
-impl ThreadCudaState {
-    /// Saves the current context and switches to relaxed capture mode.
-    /// Without a loadable driver there is nothing to save.
-    fn save() -> Option<ThreadCudaState> {
-        // SAFETY: only checks whether libcuda can be loaded.
-        if !unsafe { sys::is_culib_present() } {
-            return None;
-        }
-        let mut context: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the call reads thread-local state.
-        let got = unsafe { sys::cuCtxGetCurrent(&mut context) };
-        if got != sys::CUresult::CUDA_SUCCESS {
-            // Before cuInit: no context to restore.
-            context = std::ptr::null_mut();
-        }
-        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: a valid in/out pointer; the call swaps a thread-local mode.
-        let swapped = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
-        Some(ThreadCudaState {
-            context,
-            mode: (swapped == sys::CUresult::CUDA_SUCCESS).then_some(mode),
-        })
-    }
-}
-
-impl Drop for ThreadCudaState {
-    fn drop(&mut self) {
-        if let Some(mut mode) = self.mode {
-            // SAFETY: puts back the mode saved in `save`. Errors cannot be
-            // reported from a drop; the call only fails before cuInit.
-            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
-        }
-        let mut now: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer.
-        let got = unsafe { sys::cuCtxGetCurrent(&mut now) };
-        if got != sys::CUresult::CUDA_SUCCESS || now != self.context {
-            // SAFETY: `self.context` was current on this thread when the
-            // call began (or null: no context), so it is still valid: a
-            // context is destroyed only by its owner, which is our caller.
-            let _ = unsafe { sys::cuCtxSetCurrent(self.context) };
-        }
-    }
-}
-
 /// Runs `f` as a library call: in a forked child `f` does not run and
 /// `fallback` is answered with `in_child` as the error; a panic is caught
 /// and answered with `fallback`; the thread's context and capture mode are
@@ -137,7 +88,7 @@ pub fn enter<T>(fallback: T, in_child: Option<&str>, f: impl FnOnce() -> T) -> T
         }
         return fallback;
     }
-    let saved = ThreadCudaState::save();
+    let scope = host::thread_cuda::CallScope::open();
     let out = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
         set_error(
             ErrorKind::Other,
@@ -146,6 +97,6 @@ pub fn enter<T>(fallback: T, in_child: Option<&str>, f: impl FnOnce() -> T) -> T
         );
         fallback
     });
-    drop(saved);
+    drop(scope);
     out
 }

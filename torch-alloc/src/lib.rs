@@ -168,6 +168,7 @@ fn devices() -> &'static Registry<Device> {
 
 /// Makes the pool of `device`: its VMM driver, lake and events.
 fn make_device(device: i32) -> Result<Device, String> {
+    host::thread_cuda::before_driver_call();
     let ordinal = usize::try_from(device).map_err(|_| format!("bad device {device}"))?;
     let chunk = match std::env::var(CHUNK_ENV) {
         Ok(v) => Some(

@@ -34,7 +34,10 @@ fn measure(size: isize, pairs: u32) -> (f64, f64) {
     }
     let total = started.elapsed().as_nanos() as f64;
     let pool = (stats().call_ns - before) as f64;
-    assert!(pool <= total, "pool time {pool} ns above the wall time {total} ns");
+    assert!(
+        pool <= total,
+        "pool time {pool} ns above the wall time {total} ns"
+    );
     let calls = 2.0 * f64::from(pairs);
     (total / calls / 1e3, pool / calls / 1e3)
 }
@@ -42,7 +45,11 @@ fn measure(size: isize, pairs: u32) -> (f64, f64) {
 #[test]
 #[ignore = "needs a GPU"]
 fn malloc_and_free_cost_through_the_c_abi() {
-    for (size, pairs) in [(512isize, 200_000u32), (24 << 20, 20_000), (96 << 20, 5_000)] {
+    for (size, pairs) in [
+        (512isize, 200_000u32),
+        (24 << 20, 20_000),
+        (96 << 20, 5_000),
+    ] {
         let (total, pool) = measure(size, pairs);
         println!(
             "call-cost: {size} B: {total:.2} µs per call through the C ABI, {pool:.2} µs in the \

@@ -51,6 +51,7 @@ impl CudaVmm {
         chunk_bytes: Option<u64>,
     ) -> crate::Result<CudaVmm> {
         use crate::error::DriverCall;
+        crate::thread_cuda::before_driver_call();
         let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
         let mut vmm = CudaVmm {
             ctx,
@@ -115,6 +116,7 @@ impl CudaVmm {
 
     /// Binds the context, then runs one metered driver call.
     fn call<T>(&self, call: VmmCall, f: impl FnOnce() -> Result<T, DriverError>) -> VmmResult<T> {
+        crate::thread_cuda::before_driver_call();
         named(call, self.ctx.bind_to_thread())?;
         named(call, self.meter.time(call, f))
     }

@@ -739,7 +739,10 @@ impl Tables {
         for (&vid, v) in &self.views {
             let occupied = v.slots.iter().flatten().count();
             if occupied != v.occupied {
-                return Err(format!("view {vid}: {occupied} chunks, counted {}", v.occupied));
+                return Err(format!(
+                    "view {vid}: {occupied} chunks, counted {}",
+                    v.occupied
+                ));
             }
             let mut free = Vec::new();
             for (i, slot) in v.slots.iter().enumerate() {
