@@ -284,16 +284,7 @@ fn lru_sweep_drops_stitched_views_over_the_limit() {
     assert!(lake.is_stitched(a) && lake.is_stitched(b));
     lake.free(a).unwrap();
     lake.free(b).unwrap();
-    // Both windows are parked whole (their views still in use) until a
-    // request of another size gives them back; then the sweep runs.
-    assert_eq!(
-        lake.stats().stitched_views,
-        2,
-        "parked windows keep their views"
-    );
-    let one = lake.alloc(G).unwrap();
     assert_eq!(lake.stats().stitched_views, 1, "one cached view kept");
-    lake.free(one).unwrap();
     // The most recently used (b) is the one kept.
     let again = lake.alloc(2 * G).unwrap();
     assert_eq!(again.addr, b.addr);
@@ -658,46 +649,4 @@ fn trimmed_home_slots_are_filled_again() {
     }
     lake.trim().unwrap();
     assert_eq!(lake.driver().census(), empty(), "the view went back too");
-}
-
-#[test]
-fn a_freed_window_is_parked_for_its_size_and_given_back_on_a_miss() {
-    let lake = new_lake(16);
-    let a = lake.alloc(3 * G).unwrap();
-    let b = lake.alloc(5 * G).unwrap();
-    lake.free(a).unwrap();
-    // Same chunk count: the parked window comes back as it was.
-    let again = lake.alloc(3 * G - 1).unwrap();
-    assert_eq!(again.addr, a.addr);
-    assert_eq!(lake.stats().outcomes.parked, 1);
-    lake.free(again).unwrap();
-    lake.free(b).unwrap();
-    // Parked memory is free memory in the statistics.
-    let st = lake.stats();
-    assert_eq!(st.breakdown.free_bytes, 8 * G);
-    assert_eq!(st.largest_free_bytes, 5 * G);
-    lake.check().unwrap();
-    // A size nobody parked: everything goes back to the tables first, so
-    // the 8 free chunks serve it without growing the lake.
-    let big = lake.alloc(8 * G).unwrap();
-    assert_eq!(lake.stats().reserved_bytes, 8 * G);
-    assert_eq!(
-        lake.stats().outcomes.grow,
-        2,
-        "only the first two requests grew"
-    );
-    lake.check().unwrap();
-    lake.free(big).unwrap();
-    // Trim sees parked windows as free chunks too.
-    assert_eq!(lake.trim().unwrap(), 8 * G);
-    assert_eq!(lake.stats().reserved_bytes, 0);
-}
-
-#[test]
-fn a_parked_window_is_a_double_free_target_like_any_freed_one() {
-    let lake = new_lake(8);
-    let a = lake.alloc(2 * G).unwrap();
-    lake.free(a).unwrap();
-    assert!(matches!(lake.free(a), Err(LakeError::DoubleFree { .. })));
-    lake.check().unwrap();
 }

@@ -19,8 +19,7 @@
 //!
 //! Files: `driver` (the boundary), `cuda` and `model` (its two sides),
 //! `tables` (chunks, views, free runs) and `tables/mapping` (the driver
-//! work that changes them, with rollback), `parked` (freed windows kept
-//! whole for the next request of their size), `fence`
+//! work that changes them, with rollback), `fence`
 //! (the stream rule kept on free memory), `pool`
 //! (the policy and the thread-safe [`Lake`]), `config`, `stats`, `error`,
 //! `trace`, `synthetic` (a GPT-2-like trace generator).
@@ -31,7 +30,6 @@ pub mod driver;
 pub mod error;
 pub mod fence;
 pub mod model;
-pub mod parked;
 pub mod pool;
 pub mod stats;
 pub mod synthetic;

@@ -49,7 +49,6 @@ use super::config::LakeConfig;
 use super::driver::VmmDriver;
 use super::error::{LakeError, LakeResult};
 use super::fence::{Fence, Progress, Requester};
-use super::parked::Parked;
 use super::stats::{LakeBreakdown, LakeStats, Outcomes};
 use super::tables::{ChunkId, Placement, Tables, ViewId, Window};
 use super::trace::{EventKind, Site, Trace, TraceRecorder};
@@ -74,9 +73,6 @@ struct Live {
 struct State {
     tables: Tables,
     live: HashMap<u64, Live>,
-    /// Freed windows kept whole (see `parked.rs`); given back to the tables
-    /// before any patch, stitch, growth or trim.
-    parked: Parked,
     /// Addresses handed out and freed since (to tell a double free from a
     /// foreign range); forgotten when their view goes back to the driver.
     freed: BTreeSet<u64>,
@@ -116,7 +112,6 @@ impl<D: VmmDriver> Lake<D> {
             state: Mutex::new(State {
                 tables: Tables::new(granularity),
                 live: HashMap::new(),
-                parked: Parked::default(),
                 freed: BTreeSet::new(),
                 active_bytes: 0,
                 peak_active: 0,
@@ -196,17 +191,7 @@ impl<D: VmmDriver> Lake<D> {
         let mut s = self.state();
         let n = self.chunks_for(size);
         s.clock += 1;
-        let window = match self.unpark_same_size(&mut s, n, req) {
-            Some(w) => w,
-            None => {
-                // A miss decides as if nothing were parked: every freed
-                // window is back in the tables first, so best fit sees
-                // them all (holding some back made it pick looser windows
-                // and stitch 5x as often in the GPT-2 replays).
-                self.give_back_parked(&mut s);
-                self.best_fit(&mut s, n, req)?
-            }
-        };
+        let window = self.best_fit(&mut s, n, req)?;
         Ok(self.hand_out(&mut s, window, size, site))
     }
 
@@ -229,38 +214,9 @@ impl<D: VmmDriver> Lake<D> {
         let mut s = self.state();
         let n = self.chunks_for(size);
         s.clock += 1;
-        let window = match self.unpark_same_size(&mut s, n, req) {
-            Some(w) => Some(w),
-            None => {
-                self.give_back_parked(&mut s);
-                self.reuse(&mut s, n, req)
-            }
-        };
-        Ok(window.map(|w| self.hand_out(&mut s, w, size, Site::default())))
-    }
-
-    /// A parked window of exactly `n` chunks `req` may use, taken (its
-    /// chunks and view are still marked used: nothing else to do).
-    fn unpark_same_size(&self, s: &mut State, n: usize, req: &Requester<'_>) -> Option<Window> {
-        let w = s.parked.take(n, req)?;
-        if s.tables.view(w.view).stitched {
-            s.outcomes.reuse_stitched += 1;
-        } else {
-            s.outcomes.reuse_home += 1;
-        }
-        s.outcomes.parked += 1;
-        Some(w)
-    }
-
-    /// Gives every parked window back to the tables, behind its fence.
-    fn give_back_parked(&self, s: &mut State) {
-        if s.parked.is_empty() {
-            return;
-        }
-        for p in s.parked.drain() {
-            s.tables.give(p.window, p.clock, &p.fence);
-        }
-        self.sweep(s);
+        Ok(self
+            .reuse(&mut s, n, req)
+            .map(|w| self.hand_out(&mut s, w, size, Site::default())))
     }
 
     /// Records a taken window as a live allocation of `size` bytes.
@@ -283,13 +239,6 @@ impl<D: VmmDriver> Lake<D> {
     fn best_fit(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Window> {
         if let Some(w) = self.reuse(s, n, req) {
             return Ok(w);
-        }
-        if !s.parked.is_empty() {
-            // Every free chunk counts from here on (patch, stitch, growth).
-            self.give_back_parked(s);
-            if let Some(w) = self.reuse(s, n, req) {
-                return Ok(w);
-            }
         }
         let free = s.tables.admitted_free(req);
         if n <= self.config.max_stitch_chunks && free >= n {
@@ -543,13 +492,16 @@ impl<D: VmmDriver> Lake<D> {
         }
         s.clock += 1;
         let clock = s.clock;
-        s.parked.park(live.window, fence.clone(), clock);
+        s.tables.give(live.window, clock, fence);
         s.live.remove(&range.addr);
         s.freed.insert(range.addr);
         s.active_bytes -= live.len;
         s.frees += 1;
         if let Some(t) = s.trace.as_mut() {
             t.record(EventKind::Free, live.len, range.addr, site);
+        }
+        if s.tables.view(live.window.view).stitched {
+            self.sweep(&mut s);
         }
         Ok(())
     }
@@ -565,7 +517,6 @@ impl<D: VmmDriver> Lake<D> {
     /// `progress` says is complete (never memory a stream may still use).
     pub fn trim_settled(&self, progress: &Progress) -> LakeResult<u64> {
         let mut s = self.state();
-        self.give_back_parked(&mut s);
         let before = s.tables.chunk_count();
         let idle: Vec<ViewId> = s
             .tables
@@ -624,15 +575,7 @@ impl<D: VmmDriver> Lake<D> {
     /// `progress` does not settle count as waiting.
     pub fn stats_with(&self, progress: &Progress) -> LakeStats {
         let s = self.state();
-        // Parked windows are free memory held whole: free, or waiting
-        // while their fence is pending.
-        let parked_pending: usize = s
-            .parked
-            .iter()
-            .filter(|p| p.fence.pending(progress))
-            .map(|p| p.window.len)
-            .sum();
-        let pending = (s.tables.pending_free(progress) + parked_pending) as u64;
+        let pending = s.tables.pending_free(progress) as u64;
         let g = self.granularity;
         let mapped: u64 = s.live.values().map(|l| l.window.len as u64).sum::<u64>() * g;
         let stitched = s.tables.views().filter(|(_, v)| v.stitched).count() as u64;
@@ -651,18 +594,14 @@ impl<D: VmmDriver> Lake<D> {
             home_views: s.tables.views().count() as u64 - stitched,
             stitched_views: stitched,
             stitched_chunks,
-            largest_free_bytes: g * s
-                .tables
-                .longest_run()
-                .max(s.parked.iter().map(|p| p.window.len).max().unwrap_or(0))
-                as u64,
+            largest_free_bytes: g * s.tables.longest_run() as u64,
             outcomes: s.outcomes,
             frees: s.frees,
             driver: self.driver.counters(),
             breakdown: LakeBreakdown {
                 active_bytes: s.active_bytes,
                 rounding_bytes: mapped - s.active_bytes,
-                free_bytes: g * ((s.tables.free_chunks() + s.parked.chunks()) as u64 - pending),
+                free_bytes: g * (s.tables.free_chunks() as u64 - pending),
                 waiting_bytes: g * pending,
             },
         }
@@ -676,17 +615,12 @@ impl<D: VmmDriver> Lake<D> {
         s.tables.check()?;
         let mut owner: HashMap<ChunkId, u64> = HashMap::new();
         let mut users: HashMap<ViewId, usize> = HashMap::new();
-        let parked = s
-            .parked
-            .iter()
-            .map(|p| (s.tables.addr_of(p.window), p.window));
-        let live = s.live.iter().map(|(&addr, l)| (addr, l.window));
-        for (addr, window) in live.chain(parked) {
-            if s.tables.addr_of(window) != addr {
+        for (&addr, live) in &s.live {
+            if s.tables.addr_of(live.window) != addr {
                 return Err(format!("allocation {addr:#x} is not at its window"));
             }
-            *users.entry(window.view).or_default() += 1;
-            for c in s.tables.chunks_in(window) {
+            *users.entry(live.window.view).or_default() += 1;
+            for c in s.tables.chunks_in(live.window) {
                 if !s.tables.chunk(c).used {
                     return Err(format!("allocation {addr:#x} sits on free chunk {c}"));
                 }
@@ -700,7 +634,7 @@ impl<D: VmmDriver> Lake<D> {
         let used = s.tables.chunk_count() - s.tables.free_chunks();
         if used != owner.len() {
             return Err(format!(
-                "{used} chunks used but {} under live allocations and parked windows",
+                "{used} chunks used but {} under live allocations",
                 owner.len()
             ));
         }

@@ -22,9 +22,6 @@ pub struct Outcomes {
     /// Of the patched ones (counted above under `patch` or `grow_stitch`),
     /// those whose view was also extended at its end (not in `total`).
     pub extend: u64,
-    /// Of the reused ones, those served by a parked window of their size
-    /// (see `parked.rs`; not in `total`).
-    pub parked: u64,
 }
 
 impl Outcomes {
@@ -61,7 +58,6 @@ impl Outcomes {
             grow: self.grow - earlier.grow,
             grow_stitch: self.grow_stitch - earlier.grow_stitch,
             extend: self.extend - earlier.extend,
-            parked: self.parked - earlier.parked,
         }
     }
 }

@@ -476,13 +476,11 @@ impl ReplayReport {
         let o = &self.outcomes;
         let _ = writeln!(
             out,
-            "  lake outcomes: {} window at home, {} window of a stitched view ({} of them \
-             parked ones), {} patched \
+            "  lake outcomes: {} window at home, {} window of a stitched view, {} patched \
              ({} of them extended), {} stitched, {} grown, {} grown and stitched; {} stitched \
              views cached, mapping {} chunks",
             o.reuse_home,
             o.reuse_stitched,
-            o.parked,
             o.patch,
             o.extend,
             o.stitch,
