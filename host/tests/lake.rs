@@ -650,3 +650,57 @@ fn trimmed_home_slots_are_filled_again() {
     lake.trim().unwrap();
     assert_eq!(lake.driver().census(), empty(), "the view went back too");
 }
+
+#[test]
+fn a_longer_request_extends_the_cached_view_at_its_end() {
+    let lake = new_lake(64);
+    let singles: Vec<DeviceRange> = (0..16).map(|_| lake.alloc(G).unwrap()).collect();
+    for r in singles.iter().step_by(2) {
+        lake.free(*r).unwrap();
+    }
+    // 8 scattered free chunks: stitched into one view.
+    let first = lake.alloc(8 * G).unwrap();
+    assert!(lake.is_stitched(first));
+    lake.free(first).unwrap();
+    lake.free(singles[1]).unwrap();
+    lake.free(singles[3]).unwrap();
+    // 10 chunks, a quarter more: the cached view keeps its 8 mappings and
+    // maps the 2 new free chunks after them, in the room it reserved.
+    let longer = lake.alloc(10 * G).unwrap();
+    assert_eq!(longer.addr, first.addr);
+    let o = lake.stats().outcomes;
+    assert_eq!((o.stitch, o.patch, o.extend), (1, 1, 1));
+    assert_eq!(lake.stats().reserved_bytes, 16 * G, "no growth");
+    write_through_homes(&lake, longer, 42);
+    lake.check().unwrap();
+    lake.free(longer).unwrap();
+    lake.check().unwrap();
+}
+
+#[test]
+fn a_failed_extension_leaves_the_view_as_it_was() {
+    let lake = new_lake(64);
+    let singles: Vec<DeviceRange> = (0..16).map(|_| lake.alloc(G).unwrap()).collect();
+    for r in singles.iter().step_by(2) {
+        lake.free(*r).unwrap();
+    }
+    let first = lake.alloc(8 * G).unwrap();
+    lake.free(first).unwrap();
+    lake.free(singles[1]).unwrap();
+    lake.free(singles[3]).unwrap();
+    let census = lake.driver().census();
+    // The second of the two new mappings fails: the first is undone.
+    lake.driver().fail_nth(VmmCall::Map, 2);
+    let e = lake.alloc(10 * G).unwrap_err();
+    assert!(e.to_string().contains("cuMemMap failed"), "{e}");
+    assert_eq!(lake.driver().census(), census, "a mapping leaked");
+    lake.check().unwrap();
+    // The view still serves its old size, and the longer request works now.
+    let again = lake.alloc(8 * G).unwrap();
+    assert_eq!(again.addr, first.addr);
+    lake.free(again).unwrap();
+    let longer = lake.alloc(10 * G).unwrap();
+    assert_eq!(longer.addr, first.addr);
+    write_through_homes(&lake, longer, 7);
+    lake.check().unwrap();
+}
