@@ -62,6 +62,28 @@ fn free_all(gpu: &Gpu, ours: &mut Ours, ptrs: &[u64]) {
 }
 
 /// No two allocations overlap.
+/// A fresh unchecked heap of `bytes`, and one allocation per thread of
+/// `sizes[thread]` in one kernel: the heap, the addresses on the device (to
+/// free them) and on the host (0 for a null).
+fn one_allocation_each(
+    gpu: &Gpu,
+    bytes: u64,
+    sizes: &[u64],
+) -> (Ours, cudarc::driver::CudaSlice<u64>, Vec<u64>) {
+    let mut ours = Ours::with_config(gpu, HeapConfig::unchecked(bytes)).unwrap();
+    let sizes_d = gpu.upload(sizes).unwrap();
+    let ptrs = gpu.zeros(sizes.len()).unwrap();
+    ours.alloc(
+        gpu,
+        Sizes::PerThread(gpu.address(&sizes_d)),
+        gpu.address(&ptrs),
+        sizes.len() as u64,
+    )
+    .unwrap();
+    let got = gpu.download(&ptrs).unwrap();
+    (ours, ptrs, got)
+}
+
 fn assert_disjoint(got: &[(u64, u64)]) {
     let mut spans: Vec<(u64, u64)> = got.iter().map(|&(p, n)| (p, p + rounded(n))).collect();
     spans.sort_unstable();
@@ -149,17 +171,7 @@ fn one_random_size_each_on_demand_plus_three_percent() {
         .collect();
     let demand: u64 = sizes.iter().map(|&s| rounded(s)).sum();
     let bytes = (demand as f64 * 1.03) as u64;
-    let mut ours = Ours::with_config(&gpu, HeapConfig::unchecked(bytes)).unwrap();
-    let sizes_d = gpu.upload(&sizes).unwrap();
-    let ptrs = gpu.zeros(n as usize).unwrap();
-    ours.alloc(
-        &gpu,
-        Sizes::PerThread(gpu.address(&sizes_d)),
-        gpu.address(&ptrs),
-        n,
-    )
-    .unwrap();
-    let got = gpu.download(&ptrs).unwrap();
+    let (mut ours, ptrs, got) = one_allocation_each(&gpu, bytes, &sizes);
     let ok: Vec<(u64, u64)> = got
         .iter()
         .zip(&sizes)
@@ -203,17 +215,7 @@ fn large_requests_next_to_small() {
         .map(|t| rounded(sizes[t as usize]))
         .sum();
     let bytes = large + GIB;
-    let mut ours = Ours::with_config(&gpu, HeapConfig::unchecked(bytes)).unwrap();
-    let sizes_d = gpu.upload(&sizes).unwrap();
-    let ptrs = gpu.zeros(n as usize).unwrap();
-    ours.alloc(
-        &gpu,
-        Sizes::PerThread(gpu.address(&sizes_d)),
-        gpu.address(&ptrs),
-        n,
-    )
-    .unwrap();
-    let got = gpu.download(&ptrs).unwrap();
+    let (mut ours, ptrs, got) = one_allocation_each(&gpu, bytes, &sizes);
     let large_nulls = (0..n)
         .filter(|t| t % stride == 0 && got[*t as usize] == 0)
         .count();
