@@ -13,6 +13,8 @@
 //!   --limit-gib G                 the lake's limit (80)
 //!   --max-stitch N                the lake's max_stitch_chunks (unlimited)
 //!   --max-cached N                the lake's max_cached_stitched (256)
+//!   --evict-mib N                 touch N MiB of other memory between pool
+//!                                 calls (cold caches, as in training)
 //!   --chunk-mib N                 chunk size of the lake (the trace's, 2);
 //!                                 costs follow unless --cost comes later
 //!   --synthetic BATCH[:STEPS]     replay a synthetic GPT-2 trace instead
@@ -61,6 +63,10 @@ fn run() -> Result<(), String> {
             }
             "--max-cached" => {
                 config.max_cached_stitched = value("views")?.parse().map_err(|e| format!("{e}"))?
+            }
+            "--evict-mib" => {
+                let mib: usize = value("MiB")?.parse().map_err(|e| format!("{e}"))?;
+                config.evict_bytes = mib << 20;
             }
             "--chunk-mib" => {
                 let mib: u64 = value("MiB")?.parse().map_err(|e| format!("{e}"))?;

@@ -208,6 +208,10 @@ pub struct ReplayConfig {
     /// Bytes per chunk of the modelled lake; `None`: the trace's
     /// granularity (what the GPU that recorded it used).
     pub chunk_bytes: Option<u64>,
+    /// Bytes of other memory touched between two pool calls (not timed), so
+    /// the pool runs with cold caches as inside a training loop (its host
+    /// time per call there is ~10x the warm loop's); 0: none.
+    pub evict_bytes: usize,
 }
 
 impl Default for ReplayConfig {
@@ -220,6 +224,7 @@ impl Default for ReplayConfig {
             max_stitch_chunks: LakeConfig::DEFAULT_MAX_STITCH_CHUNKS,
             max_cached_stitched: LakeConfig::DEFAULT_MAX_CACHED_STITCHED,
             chunk_bytes: None,
+            evict_bytes: 0,
         }
     }
 }
@@ -707,6 +712,8 @@ pub fn replay_on(
     let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
     let (mut active, mut capacity) = (0u64, 0u64);
     let mut step_start: DriverCounters = pool.lake().driver().counters();
+    let evict = vec![1u8; config.evict_bytes];
+    let mut evict_round = 0u8;
     let mut current: Option<StepReport> = None;
     for (i, e) in trace.events.iter().enumerate() {
         if current.as_ref().is_none_or(|c| c.phase != e.site.phase) {
@@ -735,6 +742,15 @@ pub fn replay_on(
         let step = current.as_mut().expect("opened above");
         step.ops += 1;
         report.ops += 1;
+        if !evict.is_empty() {
+            // Reads only: no dirty lines left to write back inside the
+            // timed call.
+            let mut sum = 0u8;
+            for line in evict.chunks(64) {
+                sum = sum.wrapping_add(line[0]);
+            }
+            evict_round = evict_round.wrapping_add(std::hint::black_box(sum));
+        }
         match e.kind {
             EventKind::Alloc => {
                 if live.contains_key(&e.addr) {
