@@ -542,6 +542,7 @@ impl Tables {
         // growing these vectors was a third of this function's time).
         let mut by_view = std::mem::take(&mut self.scratch);
         let mut views = 0usize;
+        let mut unfenced: Vec<(u64, usize)> = Vec::new();
         for &c in cs {
             let chunk = self.chunks.get_mut(&c).expect("live chunk");
             debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
@@ -553,10 +554,18 @@ impl Tables {
             }
             if used && !chunk.fence.is_none() {
                 for s in chunk.fence.streams() {
-                    *self.fenced.get_mut(&s).expect("counted") -= 1;
+                    // Counted here and applied once below: one lookup per
+                    // stream instead of one per chunk.
+                    match unfenced.iter_mut().find(|(t, _)| *t == s) {
+                        Some((_, n)) => *n += 1,
+                        None => unfenced.push((s, 1)),
+                    }
                 }
                 chunk.fence = Fence::none();
             }
+        }
+        for (s, n) in unfenced {
+            *self.fenced.get_mut(&s).expect("counted") -= n;
         }
         for (v, slots) in by_view.iter_mut().take(views) {
             if !slots.is_sorted() {
