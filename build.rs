@@ -9,11 +9,26 @@ use std::path::Path;
 fn main() {
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let root = Path::new(&manifest_dir);
+    // Build-time settings of `gpu-kernel` (read with `option_env!`): the
+    // nested PTX build must run again when one changes.
+    for knob in [
+        "GPUMALLOC_SEGMENT_SHIFT",
+        "GPUMALLOC_SLOTS",
+        "GPUMALLOC_SLOT_BUDGET_SHIFT",
+        "GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT",
+        ALLOC_BLOCKS_ENV,
+    ] {
+        println!("cargo:rerun-if-env-changed={knob}");
+    }
     for (crate_dir, env) in [
         ("gpu-kernel", "GPUMALLOC_PTX_PATH"),
         ("examples/user-kernel", "GPUMALLOC_USER_KERNEL_PTX_PATH"),
     ] {
         match ptx_builder::PtxBuilder::new(root.join(crate_dir)).build() {
+            Ok(ptx) if crate_dir == "gpu-kernel" => {
+                let ptx = bound_heap_alloc(&ptx);
+                println!("cargo:rustc-env={env}={}", ptx.display());
+            }
             Ok(ptx) => println!("cargo:rustc-env={env}={}", ptx.display()),
             Err(e) => {
                 eprintln!("error: {e}");
@@ -21,4 +36,40 @@ fn main() {
             }
         }
     }
+}
+
+/// Set to N (1..=8) to ask ptxas for N resident 256-thread blocks of
+/// `heap_alloc` per SM (`.maxntid 256, 1, 1` and `.minnctapersm N`, which
+/// caps its registers at 65536 / (256 N)). Rust has no launch-bounds
+/// attribute for NVPTX, so the directives are added to the PTX text here;
+/// every launch uses 256 threads (`host::gpu::BLOCK_THREADS`).
+const ALLOC_BLOCKS_ENV: &str = "GPUMALLOC_ALLOC_BLOCKS_PER_SM";
+
+/// The PTX at `ptx`, or (with `GPUMALLOC_ALLOC_BLOCKS_PER_SM` set) a copy in
+/// `OUT_DIR` with launch bounds on `heap_alloc`.
+fn bound_heap_alloc(ptx: &Path) -> std::path::PathBuf {
+    let Ok(blocks) = std::env::var(ALLOC_BLOCKS_ENV) else {
+        return ptx.to_path_buf();
+    };
+    let blocks: u32 = match blocks.parse() {
+        Ok(n @ 1..=8) => n,
+        _ => {
+            eprintln!("error: {ALLOC_BLOCKS_ENV} must be 1..=8, not {blocks:?}");
+            std::process::exit(1);
+        }
+    };
+    let text = std::fs::read_to_string(ptx).expect("the PTX build's output is readable");
+    let entry = text
+        .find(".entry heap_alloc(")
+        .expect("the PTX has a heap_alloc entry");
+    let body = entry + text[entry..].find("\n{").expect("heap_alloc has a body");
+    let bounded = format!(
+        "{}\n.maxntid 256, 1, 1\n.minnctapersm {blocks}{}",
+        &text[..body],
+        &text[body..]
+    );
+    let out =
+        Path::new(&std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("gpu_kernel.ptx");
+    std::fs::write(&out, bounded).expect("OUT_DIR is writable");
+    out
 }

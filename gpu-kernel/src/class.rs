@@ -16,7 +16,7 @@
 /// keep a small heap usable by every class at once: each class strands at
 /// most part of one segment (see `docs/device-heap-reclaim.md`); 2 MiB is
 /// also the VMM granularity a growing heap maps in.
-pub const SEGMENT_SHIFT: u32 = parse_shift(option_env!("GPUMALLOC_SEGMENT_SHIFT"), 21);
+pub const SEGMENT_SHIFT: u32 = build_knob(option_env!("GPUMALLOC_SEGMENT_SHIFT"), 21);
 /// Bytes in a segment.
 pub const SEGMENT_BYTES: u64 = 1 << SEGMENT_SHIFT;
 /// log2 of the most slices in a block.
@@ -47,7 +47,11 @@ pub const SLICE_BLOCKS_PER_SEGMENT: u32 =
 const _: () = assert!(SEGMENT_SHIFT >= MIN_SLICE_SHIFT + SLICES_PER_BLOCK_SHIFT);
 const _: () = assert!(SEGMENT_SHIFT <= 28);
 
-const fn parse_shift(text: Option<&str>, default: u32) -> u32 {
+/// A build-time setting (`GPUMALLOC_SEGMENT_SHIFT`, `GPUMALLOC_SLOTS`,
+/// `GPUMALLOC_SLOT_BUDGET_SHIFT`, `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT`):
+/// the decimal number in `text`, else
+/// `default`. The root `build.rs` reruns the PTX build when one changes.
+pub(crate) const fn build_knob(text: Option<&str>, default: u32) -> u32 {
     let Some(text) = text else { return default };
     let bytes = text.as_bytes();
     let mut value = 0u32;
@@ -55,7 +59,7 @@ const fn parse_shift(text: Option<&str>, default: u32) -> u32 {
     while i < bytes.len() {
         assert!(
             bytes[i].is_ascii_digit(),
-            "GPUMALLOC_SEGMENT_SHIFT must be a number"
+            "GPUMALLOC_* build settings must be decimal numbers"
         );
         value = value * 10 + (bytes[i] - b'0') as u32;
         i += 1;

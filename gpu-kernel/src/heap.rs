@@ -45,6 +45,12 @@ impl BlockId {
         self.segment as u64 * SLICE_BLOCKS_PER_SEGMENT as u64 + self.block as u64
     }
 
+    /// The only block of a segment (classes whose block fills a segment).
+    #[inline(always)]
+    pub(crate) fn whole_segment(segment: u32) -> BlockId {
+        BlockId { segment, block: 0 }
+    }
+
     #[inline(always)]
     pub(crate) fn from_global(g: u64) -> BlockId {
         BlockId {
@@ -327,18 +333,49 @@ impl Heap {
         let Some(segment) = self.segment_tree().claim_lowest() else {
             return Claim(0);
         };
+        let taken = want.min(class.blocks_per_segment());
+        if self.format_claimed(segment, class, taken) > 0 {
+            self.class_tree(class).insert(segment);
+        }
+        Claim::formatted(segment, taken)
+    }
+
+    /// Formats a segment this thread claimed for `class`, its first `taken`
+    /// blocks taken; returns how many are left free.
+    #[inline]
+    fn format_claimed(&self, segment: u32, class: SizeClass, taken: u32) -> u32 {
         let blocks = class.blocks_per_segment();
-        let taken = want.min(blocks);
         self.bitmap(segment).format(class, taken);
         if class.is_slice() {
             self.restart_counters(segment, blocks);
         }
         let free = blocks - taken;
         self.table().publish_active(segment, class, free);
-        if free > 0 {
-            self.class_tree(class).insert(segment);
+        free
+    }
+
+    /// Claims up to `want` (1..=64) free segments for a slice class whose
+    /// block fills a segment (1 KiB … 4 KiB slices at 2 MiB segments, and
+    /// 512 B), with one RMW on the segment tree, and formats each with its
+    /// block taken. Returns the first id of the tree word they came from and
+    /// the mask of the segments claimed (bit `k`: segment `first + k`).
+    ///
+    /// Such a class never has a segment in its class tree (its segments have
+    /// no free block while in use), so the class tree and the format lock
+    /// are skipped: the caller takes whole segments, nothing to scatter.
+    /// Every install of these classes claims a segment, so these claims are
+    /// the serial part of a whole-GPU burst: one tree RMW now yields
+    /// several segments, which the caller keeps as its slot's spares.
+    #[inline(never)]
+    pub(crate) fn claim_whole_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u64)> {
+        debug_assert!(class.is_slice() && class.blocks_per_segment() == 1);
+        let (first, taken) = self.segment_tree().claim_lowest_many(want)?;
+        let mut rest = taken;
+        while rest != 0 {
+            self.format_claimed(first + rest.trailing_zeros(), class, 1);
+            rest &= rest - 1;
         }
-        Claim::formatted(segment, taken)
+        Some((first, taken))
     }
 
     /// Whether this heap keeps misuse-check bits (`CHECK_DOUBLE_FREE`).

@@ -23,8 +23,11 @@
 //! (installer or flush) retires it: the slices it never handed out are counted
 //! dead on the block's counter, so every block is accounted for exactly.
 
-/// Slots per slice class.
-pub const SLOTS_PER_CLASS: u32 = 32;
+/// Slots per slice class: the most a class uses (see `Heap::slots_for`).
+/// 32 unless `GPUMALLOC_SLOTS` (a power of two up to 256) is set at build
+/// time.
+pub const SLOTS_PER_CLASS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SLOTS"), 32);
+const _: () = assert!(SLOTS_PER_CLASS.is_power_of_two() && SLOTS_PER_CLASS <= 256);
 
 /// Claimed blocks a slot keeps ready for its next installs. An installer
 /// that finds none claims `1 + SPARES_PER_SLOT` blocks at once and parks the

@@ -17,18 +17,40 @@
 use crate::arch::{self, Word};
 use crate::block;
 use crate::class::SizeClass;
-use crate::heap::BlockId;
+use crate::heap::{BlockId, Claim};
 use crate::layout::{Heap, NO_SPARES, RECLAIMS_WORD};
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
 
-/// Slot blocks of one class stay within heap / 2^this.
-const SLOT_BUDGET_SHIFT: u32 = 8;
+/// Slot blocks of one class stay within heap / 2^this (8 unless
+/// `GPUMALLOC_SLOT_BUDGET_SHIFT` is set at build time).
+const SLOT_BUDGET_SHIFT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"), 8);
 /// Slot and spare blocks of one class stay within heap / 2^this.
 const SPARE_BUDGET_SHIFT: u32 = 3;
+/// Slot and spare blocks of a class whose block fills a segment stay within
+/// heap / 2^this: 6 (a 16 GiB heap keeps 3 spare segments per slot for
+/// these classes; the issue 12 workloads, 256 MiB and about 8 GiB, keep
+/// none) unless `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT` is set at build time.
+const SEGMENT_SPARE_BUDGET_SHIFT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"), 6);
 
 /// What [`Heap::reserve_if_open`] answers for a slot with nothing left (not
 /// a valid slot word: its block field is all ones).
 const CLOSED: u64 = u64::MAX;
+
+/// Blocks an install claimed beyond the one it installs, parked as spares
+/// after the slot word is replaced.
+#[derive(Clone, Copy)]
+enum Extra {
+    Nothing,
+    /// Blocks `1..count` of a claim.
+    Blocks(Claim),
+    /// Whole segments `first + k` for each bit `k` of `rest`.
+    Segments {
+        first: u32,
+        rest: u64,
+    },
+}
 
 impl Heap {
     /// The slice path: warp teams reserve slices from their slot's block.
@@ -179,13 +201,14 @@ impl Heap {
         // Own spare, else a claim, else (the heap has no block left) another
         // slot's spare, else reclaim what every class holds idle and claim
         // again: only then may this class's requests fail.
+        let mut extra = Extra::Nothing;
         let fresh = self
             .pop_spare(class, slot)
-            .or_else(|| self.claim_for_slot(class, slot))
+            .or_else(|| self.claim_for_slot(class, &mut extra))
             .or_else(|| (0..SLOTS_PER_CLASS).find_map(|s| self.pop_spare(class, s)))
             .or_else(|| {
                 self.reclaim();
-                self.claim_for_slot(class, slot)
+                self.claim_for_slot(class, &mut extra)
             })
             .map(BlockId::global);
         let reserved = if fresh.is_some() { taken } else { 0 };
@@ -201,6 +224,9 @@ impl Heap {
             }
         };
         self.retire(class, displaced);
+        // The extra blocks of a claim become spares only now: the teams
+        // waiting on this slot resume at the CAS above, not after parking.
+        self.park_extra(class, slot, extra);
         fresh.map_or(0, |g| g + 1)
     }
 
@@ -226,37 +252,75 @@ impl Heap {
         None
     }
 
-    /// Claims `1 + SPARES_PER_SLOT` blocks (fewer if the segment has fewer),
-    /// returns the first and parks the others as the slot's spares.
+    /// Claims `1 + SPARES_PER_SLOT` blocks (fewer if the segment has fewer;
+    /// for a class whose block fills a segment, as many whole segments as
+    /// one segment-tree word gives), returns the first and leaves the others
+    /// in `extra` for [`Heap::park_extra`].
     #[inline]
-    fn claim_for_slot(&self, class: SizeClass, slot: u32) -> Option<BlockId> {
+    fn claim_for_slot(&self, class: SizeClass, extra: &mut Extra) -> Option<BlockId> {
         // Spares only where the class's slots with all their spares stay
         // within 1/8 of the heap (and they are reclaimed before any request
         // fails): a small heap is not eaten by idle blocks.
+        // A class whose block fills a segment holds whole segments idle, so
+        // its budget is tighter.
+        let whole_segments = class.blocks_per_segment() == 1;
+        let budget = if whole_segments {
+            SEGMENT_SPARE_BUDGET_SHIFT
+        } else {
+            SPARE_BUDGET_SHIFT
+        };
         let cached = (self.slots_for(class) * (1 + SPARES_PER_SLOT)) as u64;
-        let room = self.data_bytes() >> (SPARE_BUDGET_SHIFT + class.block_shift());
+        let room = self.data_bytes() >> (budget + class.block_shift());
         let spares = if self.flags & NO_SPARES != 0 || room < cached {
             0
         } else {
             SPARES_PER_SLOT
         };
+        if whole_segments {
+            let (first, taken) = self.claim_whole_segments(class, 1 + spares)?;
+            *extra = Extra::Segments {
+                first,
+                rest: taken & (taken - 1),
+            };
+            return Some(BlockId::whole_segment(first + taken.trailing_zeros()));
+        }
         let claim = self.claim_blocks(class, 1 + spares);
         if claim.count() == 0 {
             return None;
         }
-        let first = claim.take(self, class, 0);
-        for i in 1..claim.count() {
-            self.park_spare(class, slot, claim.take(self, class, i));
-        }
-        Some(first)
+        *extra = Extra::Blocks(claim);
+        Some(claim.take(self, class, 0))
     }
 
-    /// Parks a claimed block as one of the slot's spares, or returns it if
-    /// the slot has no room.
+    /// Parks the blocks a claim took beyond the first as the slot's spares.
     #[inline(never)]
-    fn park_spare(&self, class: SizeClass, slot: u32, b: BlockId) {
+    fn park_extra(&self, class: SizeClass, slot: u32, extra: Extra) {
+        match extra {
+            Extra::Nothing => {}
+            Extra::Blocks(claim) => {
+                for i in 1..claim.count() {
+                    self.park_spare(class, slot, i - 1, claim.take(self, class, i));
+                }
+            }
+            Extra::Segments { first, mut rest } => {
+                let mut i = 0;
+                while rest != 0 {
+                    let b = BlockId::whole_segment(first + rest.trailing_zeros());
+                    self.park_spare(class, slot, i, b);
+                    rest &= rest - 1;
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// Parks a claimed block as one of the slot's spares (trying spare word
+    /// `start` first), or returns it if the slot has no room.
+    #[inline]
+    fn park_spare(&self, class: SizeClass, slot: u32, start: u32, b: BlockId) {
         let parked = (0..SPARES_PER_SLOT).any(|k| {
-            arch::compare_exchange_acq_rel(self.spare(class, slot, k), 0, b.global() + 1).is_ok()
+            let w = self.spare(class, slot, (start + k) % SPARES_PER_SLOT);
+            arch::compare_exchange_acq_rel(w, 0, b.global() + 1).is_ok()
         });
         if !parked {
             self.release_block(class, b);

@@ -110,6 +110,17 @@ fn bit(i: u32) -> u64 {
     1u64 << (i & 63)
 }
 
+/// The lowest `count` set bits of `x` (all of them if it has fewer).
+#[inline(always)]
+fn lowest_bits(mut x: u64, count: u32) -> u64 {
+    let mut out = 0;
+    for _ in 0..count {
+        out |= x & x.wrapping_neg();
+        x &= x.wrapping_sub(1);
+    }
+    out
+}
+
 impl<'a> VebTree<'a> {
     /// A view of `words` (at least `shape.words` long) as a tree.
     #[inline(always)]
@@ -197,6 +208,13 @@ impl<'a> VebTree<'a> {
 
     /// The lowest id `>= from` in the set, if any (a snapshot).
     pub fn successor(&self, from: u32) -> Option<u32> {
+        self.successor_with_leaf(from).map(|(id, _)| id)
+    }
+
+    /// [`VebTree::successor`], with the value its search read from the id's
+    /// leaf word (bits below the id may be cleared).
+    #[inline]
+    fn successor_with_leaf(&self, from: u32) -> Option<(u32, u64)> {
         let mut x = from;
         'search: loop {
             if x >= self.shape.universe {
@@ -205,10 +223,12 @@ impl<'a> VebTree<'a> {
             // Climb until a word shows a set bit at or after our position.
             let mut l = 0;
             let mut b = x;
+            let mut leaf: u64;
             loop {
                 let masked = arch::load_relaxed(self.word(l, b >> 6)) & (u64::MAX << (b & 63));
                 if masked != 0 {
                     b = (b & !63) | masked.trailing_zeros();
+                    leaf = masked;
                     break;
                 }
                 l += 1;
@@ -230,12 +250,13 @@ impl<'a> VebTree<'a> {
                     continue 'search;
                 }
                 b = b * 64 + w.trailing_zeros();
+                leaf = w;
             }
             if b < from {
                 x = from;
                 continue;
             }
-            return (b < self.shape.universe).then_some(b);
+            return (b < self.shape.universe).then_some((b, leaf));
         }
     }
 
@@ -243,10 +264,44 @@ impl<'a> VebTree<'a> {
     /// the one found first. `None` when the set is empty.
     #[inline]
     pub fn claim_lowest(&self) -> Option<u32> {
+        self.claim_lowest_many(1)
+            .map(|(first, taken)| first + taken.trailing_zeros())
+    }
+
+    /// Removes up to `count` (1..=64) of the lowest ids with one RMW on one
+    /// leaf word: the lowest `count` ids of the lowest non-empty word.
+    /// Returns the word's first id and the mask of the ids this call removed
+    /// (bit `k`: id `first + k`; at least one). `None` when the set is empty.
+    ///
+    /// Racing claimers all aim at the same lowest ids. A claimer that lost
+    /// every id it aimed at tries again at once on what the `fetch_and`
+    /// returned, the word's ids after the winner's claim, instead of searching
+    /// the tree again: under contention each retry costs one round trip to
+    /// the word, not a walk down the tree.
+    #[inline]
+    pub fn claim_lowest_many(&self, count: u32) -> Option<(u32, u64)> {
         loop {
-            let i = self.successor(0)?;
-            if self.remove(i) {
-                return Some(i);
+            let (id, mut seen) = self.successor_with_leaf(0)?;
+            let index = id >> 6;
+            let word = self.word(0, index);
+            loop {
+                let aim = lowest_bits(seen, count);
+                if aim == 0 {
+                    // The word ran empty: search the tree again.
+                    break;
+                }
+                // acq_rel, as in `remove`: orders this claimer after the
+                // thread that inserted the ids it takes.
+                let old = arch::fetch_and_acq_rel(word, !aim);
+                let taken = old & aim;
+                if taken != 0 {
+                    if old & !aim == 0 {
+                        // This call emptied the word.
+                        self.unmark_up_from(1, index);
+                    }
+                    return Some((index << 6, taken));
+                }
+                seen = old;
             }
         }
     }
@@ -383,6 +438,30 @@ mod tests {
             assert_eq!(t.claim_lowest(), Some(i));
         }
         assert_eq!(t.claim_lowest(), None);
+    }
+
+    #[test]
+    fn claim_lowest_many_takes_the_lowest_ids_of_one_word() {
+        let shape = TreeShape::new(200);
+        let w = words(shape.words);
+        let t = VebTree::new(&w, &shape);
+        for i in [3u32, 5, 9, 60, 64, 70, 199] {
+            t.insert(i);
+        }
+        // The lowest word's four lowest ids.
+        assert_eq!(
+            t.claim_lowest_many(4),
+            Some((0, 1 << 3 | 1 << 5 | 1 << 9 | 1 << 60))
+        );
+        // Fewer than asked for when the word has fewer; never across words.
+        assert_eq!(t.claim_lowest_many(4), Some((64, 1 << 0 | 1 << 6)));
+        assert_eq!(t.successor(0), Some(199));
+        assert_eq!(t.claim_lowest_many(64), Some((192, 1 << 7)));
+        assert_eq!(t.claim_lowest_many(1), None);
+        assert_eq!(t.count(), 0);
+        // The emptied words' hints were cleared: an insert is found again.
+        t.insert(100);
+        assert_eq!(t.claim_lowest(), Some(100));
     }
 
     #[test]

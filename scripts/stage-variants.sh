@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# stage-variants.sh [NAME...]: builds release `gpumalloc` binaries of this
+# tree with different build-time settings of the device heap and copies each
+# to $DEST/<name>/ (default .gpu-var, git-ignored) for
+# scripts/bench-compare.sh. With HEAP_WHOLE=1 it also copies each build's
+# tests/gpu_heap_whole.rs binary; with PTXAS=path it prints each build's
+# registers (scripts/ptxas-report.sh over the PTX that build embeds).
+#
+# Variants (issue 12's speed work; predictions in docs/PERF.md):
+#   claim          the defaults of this tree
+#   claim-b2       + launch bounds: two 256-thread blocks of heap_alloc per SM
+#   claim-slots128 + 128 slots per class, slot blocks within 1/64 of the heap
+#   claim-s24      + 16 MiB segments (the be7ddc7 geometry)
+#
+# One target directory serves every variant: build.rs reruns the PTX build
+# when a setting changes, and cargo tracks the `option_env!` reads.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEST=${DEST:-.gpu-var}
+
+settings() {
+  case $1 in
+    claim) echo "" ;;
+    claim-b2) echo "GPUMALLOC_ALLOC_BLOCKS_PER_SM=2" ;;
+    claim-slots128)
+      echo "GPUMALLOC_SLOTS=128 GPUMALLOC_SLOT_BUDGET_SHIFT=6 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=4" ;;
+    claim-s24) echo "GPUMALLOC_SEGMENT_SHIFT=24" ;;
+    *) echo "unknown variant $1" >&2; exit 1 ;;
+  esac
+}
+
+for name in "${@:-claim claim-b2 claim-slots128 claim-s24}"; do
+  for v in $name; do
+    set_env=$(settings "$v")
+    echo "== $v: ${set_env:-defaults}"
+    # shellcheck disable=SC2086 # one word per setting
+    env $set_env cargo build --release --bin gpumalloc
+    mkdir -p "$DEST/$v"
+    cp target/release/gpumalloc "$DEST/$v/"
+    if [ -n "${PTXAS:-}" ]; then
+      # The PTX this build embedded: build.rs's bounded copy if it is newer.
+      ptx=$(ls -t target/release/build/gpumalloc-*/out/gpu_kernel.ptx \
+              target/release/build/gpumalloc-*/out/ptx-target/nvptx64-nvidia-cuda/release/gpu_kernel.ptx \
+              2>/dev/null | head -1)
+      scripts/ptxas-report.sh "$PTXAS" "$ptx" | grep -E -- '--|heap_alloc|heap_free|error' \
+        | tee "$DEST/$v/ptxas.txt" || true
+    fi
+    if [ -n "${HEAP_WHOLE:-}" ]; then
+      # shellcheck disable=SC2086
+      bin=$(env $set_env cargo test --release -p gpumalloc --no-run --test gpu_heap_whole \
+              --message-format=json 2>/dev/null | python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
+      cp "$bin" "$DEST/$v/test-gpu_heap_whole"
+    fi
+  done
+done
+du -sh "$DEST"/*
