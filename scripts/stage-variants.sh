@@ -41,7 +41,7 @@ for name in "${@:-claim claim-b2 claim-slots128 claim-s24}"; do
       # The PTX this build embedded: build.rs's bounded copy if it is newer.
       ptx=$(ls -t target/release/build/gpumalloc-*/out/gpu_kernel.ptx \
               target/release/build/gpumalloc-*/out/ptx-target/nvptx64-nvidia-cuda/release/gpu_kernel.ptx \
-              2>/dev/null | head -1)
+              2>/dev/null | head -1 || true)
       scripts/ptxas-report.sh "$PTXAS" "$ptx" | grep -E -- '--|heap_alloc|heap_free|error' \
         | tee "$DEST/$v/ptxas.txt" || true
     fi

@@ -257,9 +257,9 @@ impl Heap {
     /// zero means the heap has no block of this class left.
     ///
     /// Formatting is serialised per class (unless the caller takes the whole
-    /// segment): when the class tree runs empty, every waiting thread would
-    /// otherwise format a segment of its own and scatter the class over many
-    /// barely used segments.
+    /// segment, or a slot installer half of it): when the class tree runs
+    /// empty, every waiting thread would otherwise format a segment of its
+    /// own and scatter the class over many barely used segments.
     #[inline(never)]
     pub(crate) fn claim_blocks(&self, class: SizeClass, want: u32) -> Claim {
         let tree = self.class_tree(class);
@@ -279,8 +279,14 @@ impl Heap {
                 }
                 continue;
             }
-            if class.blocks_per_segment() <= want {
-                // The caller takes the whole segment: nothing to scatter.
+            let blocks = class.blocks_per_segment();
+            if blocks <= want || (class.is_slice() && blocks <= 2 * want) {
+                // The caller takes the whole segment: nothing to scatter. Or
+                // a slot installer takes half of it: installers of a class
+                // are at most one per slot, so a herd leaves at most a slot
+                // claim's worth per slot in the class tree, which the next
+                // claims use. The lock would instead serialise a format for
+                // every second claim (64 B at 2 MiB segments: 8 blocks).
                 return self.format_segment(class, want);
             }
             // Acquire: the lock orders this thread after the previous

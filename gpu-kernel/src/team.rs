@@ -238,12 +238,19 @@ impl Heap {
     /// Takes one of the slot's spare blocks, if it has one.
     #[inline]
     fn pop_spare(&self, class: SizeClass, slot: u32) -> Option<BlockId> {
-        for i in 0..SPARES_PER_SLOT {
-            let w = self.spare(class, slot, i);
-            // acq_rel swap: pairs with the pushing CAS, so the claim that
-            // produced the block happens before this thread uses it.
-            if arch::load_relaxed(w) != 0 {
-                let g = arch::swap_acq_rel(w, 0);
+        // All spare words are read before any is taken: independent loads
+        // overlap, where a load per word after the previous one came back
+        // empty cost a round trip each (parking fills word 0 first, and pops
+        // empty it first).
+        let mut seen = [0u64; SPARES_PER_SLOT as usize];
+        for (i, s) in seen.iter_mut().enumerate() {
+            *s = arch::load_relaxed(self.spare(class, slot, i as u32));
+        }
+        for (i, s) in seen.iter().enumerate() {
+            if *s != 0 {
+                // acq_rel swap: pairs with the pushing CAS, so the claim that
+                // produced the block happens before this thread uses it.
+                let g = arch::swap_acq_rel(self.spare(class, slot, i as u32), 0);
                 if g != 0 {
                     return Some(BlockId::from_global(g - 1));
                 }

@@ -97,6 +97,32 @@ fn two_claims_get_different_ids() {
     });
 }
 
+/// Two claimers of several ids aim at the same lowest ids of one word: one
+/// takes them, the other retries on the word its `fetch_and` read and takes
+/// the rest; then the emptied word's hint is cleared, so an id inserted
+/// afterwards is found.
+#[test]
+fn two_multi_claims_split_a_word() {
+    model(|| {
+        let w = words(SHAPE.words);
+        let tree = VebTree::new(&w, &SHAPE);
+        for i in [1, 2, 3] {
+            tree.insert(i);
+        }
+        let w1 = w.clone();
+        let t = thread::spawn(move || VebTree::new(&w1, &SHAPE).claim_lowest_many(2));
+        let (mine_at, mine) = VebTree::new(&w, &SHAPE).claim_lowest_many(2).unwrap();
+        let (theirs_at, theirs) = t.join().unwrap().unwrap();
+        assert_eq!((mine_at, theirs_at), (0, 0));
+        assert_eq!(mine & theirs, 0);
+        assert_eq!(mine | theirs, 0b1110);
+        let tree = VebTree::new(&w, &SHAPE);
+        assert_eq!(tree.successor(0), None);
+        tree.insert(9);
+        assert_eq!(tree.successor(0), Some(9));
+    });
+}
+
 #[test]
 fn a_withdrawal_and_a_claim_never_share_a_segment() {
     model(|| {
