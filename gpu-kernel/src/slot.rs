@@ -14,7 +14,7 @@
 //! capacity (the class's slices per block with a block, 0 without) are
 //! slices. The team whose range holds the index equal
 //! to the capacity is the *installer*: exactly one per version. It claims a
-//! new block, replaces the word by CAS (new version, `reserved` = the slices
+//! new block, replaces the word by an exchange (new version, `reserved` = the slices
 //! its own members take) and retires the word it displaced. Teams past the
 //! capacity wait for the replacement (while the word still shows their
 //! version with `reserved` past the capacity: a word with their version bits

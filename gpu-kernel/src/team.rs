@@ -9,7 +9,7 @@
 //!
 //! Concurrency: any number of warps at once. Slot words change only by the
 //! team add (relaxed, dependency-ordered: it hands out indices, see
-//! `malloc_slice`), the installer's CAS, a flush's CAS and a reclaim's CAS
+//! `malloc_slice`), the installer's exchange, a flush's CAS and a reclaim's CAS
 //! of an idle word (acq_rel); spare words by the installer's CAS from 0 and
 //! by swaps. `reclaim` runs only on the way to a null and returns when no
 //! other reclaim is in flight.
@@ -105,7 +105,7 @@ impl Heap {
             let mut fresh = 0;
             if installer {
                 if lane == leader {
-                    fresh = self.install(class, slot, first + size - cap);
+                    fresh = self.install(class, slot, first + size - cap, seen.generation());
                 }
                 fresh = arch::shfl_u64(team, fresh, leader);
             }
@@ -196,7 +196,7 @@ impl Heap {
     /// installing team. Retires the displaced word. Returns the fresh block's
     /// global id + 1, or 0.
     #[inline(never)]
-    fn install(&self, class: SizeClass, slot: u32, taken: u32) -> u64 {
+    fn install(&self, class: SizeClass, slot: u32, taken: u32, generation: u8) -> u64 {
         let word = self.slot(class, slot);
         // Own spare, else a claim, else (the heap has no block left) another
         // slot's spare, else reclaim what every class holds idle and claim
@@ -212,17 +212,21 @@ impl Heap {
             })
             .map(BlockId::global);
         let reserved = if fresh.is_some() { taken } else { 0 };
-        let mut current = arch::load_relaxed(word);
-        let displaced = loop {
-            // A new generation relative to the word replaced, so that threads
-            // waiting on that version see the change.
-            let generation = SlotWord(current).generation().wrapping_add(1);
-            let next = SlotWord::new(fresh, reserved, generation);
-            match arch::compare_exchange_acq_rel(word, current, next.0) {
-                Ok(old) => break SlotWord(old),
-                Err(actual) => current = actual,
-            }
-        };
+        // A new generation relative to the version this team installs for
+        // (`generation`), so that threads waiting on it see the change.
+        let next = SlotWord::new(fresh, reserved, generation.wrapping_add(1));
+        // An exchange, not a load and a CAS loop: teams keep adding to the
+        // word while the claim runs, so a CAS from an earlier load failed
+        // and cost another round trip. The exchange returns the exact word
+        // it displaced, which is all `retire` needs. The word is normally
+        // still this team's version (only its installer replaces an
+        // exhausted word); if a flush replaced it meanwhile, the exchange
+        // displaces what the flush left, as the CAS loop did. A version
+        // equal to ours is impossible with a block (`fresh` was just
+        // claimed); without one, waiters on an empty word with our
+        // generation see `reserved <= capacity` and retry (see
+        // `malloc_slice`). acq_rel: as every replacement of a slot word.
+        let displaced = SlotWord(arch::swap_acq_rel(word, next.0));
         self.retire(class, displaced);
         // The extra blocks of a claim become spares only now: the teams
         // waiting on this slot resume at the CAS above, not after parking.
