@@ -27,8 +27,9 @@ const SLOT_BUDGET_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"), 8);
 /// Slot and spare blocks of one class stay within heap / 2^this.
 const SPARE_BUDGET_SHIFT: u32 = 3;
-/// Slot and spare blocks of a class whose block fills a segment stay within
-/// heap / 2^this: 6 (a 16 GiB heap keeps 3 spare segments per slot for
+/// Slot and spare blocks of a class whose block fills a segment, counted for
+/// every slot it could use, stay within heap / 2^this: 6 (with 2 MiB
+/// segments, heaps of 16 GiB and more keep 3 spare segments per slot for
 /// these classes; the issue 12 workloads, 256 MiB and about 8 GiB, keep
 /// none) unless `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT` is set at build time.
 const SEGMENT_SPARE_BUDGET_SHIFT: u32 =
@@ -273,14 +274,18 @@ impl Heap {
         // within 1/8 of the heap (and they are reclaimed before any request
         // fails): a small heap is not eaten by idle blocks.
         // A class whose block fills a segment holds whole segments idle, so
-        // its budget is tighter.
+        // its budget is tighter, and counts every slot the class could have
+        // (the slot count grows with the heap, which would keep the share
+        // the same on every heap): 2 MiB segments keep these spares on heaps
+        // of 16 GiB and more, not on the utilization workloads' 256 MiB
+        // and ~8 GiB.
         let whole_segments = class.blocks_per_segment() == 1;
-        let budget = if whole_segments {
-            SEGMENT_SPARE_BUDGET_SHIFT
+        let (budget, slots) = if whole_segments {
+            (SEGMENT_SPARE_BUDGET_SHIFT, SLOTS_PER_CLASS)
         } else {
-            SPARE_BUDGET_SHIFT
+            (SPARE_BUDGET_SHIFT, self.slots_for(class))
         };
-        let cached = (self.slots_for(class) * (1 + SPARES_PER_SLOT)) as u64;
+        let cached = (slots * (1 + SPARES_PER_SLOT)) as u64;
         let room = self.data_bytes() >> (budget + class.block_shift());
         let spares = if self.flags & NO_SPARES != 0 || room < cached {
             0
