@@ -15,6 +15,7 @@
 #   ROUNDS=2 ITERS=5 VARIANTS="main claim" scripts/bench-compare.sh
 #   HEAP_WHOLE=1 ...  also runs .gpu-var/<v>/test-gpu_heap_whole where present
 #   EXTRA="--threads 4096" ...  extra arguments for every `gpumalloc bench`
+#   ROUNDS=0 OUT=dir ...  only prints the table of an earlier run in dir
 #
 # Every step runs under `timeout` (STEP_S, 60 s); no bench step starts after
 # BUDGET_S (330 s) and no heap_whole step runs past HEAP_WHOLE_END_S (450 s),
@@ -96,8 +97,10 @@ for b in builds:
 def med(k):
     v = vals.get(k)
     return statistics.median(v) if v else None
+counts = sorted({len(v) for v in vals.values()})
 for metric in ("alloc_ms", "free_ms"):
-    print(f"\n{metric}: median over rounds of per-process medians (n = rounds)")
+    print(f"\n{metric}: median over {counts} processes per cell of each process's median;"
+          f" % vs {builds[0]}")
     head = f"{'test':7}{'size':>10}" + "".join(f"{b:>16}" for b in builds)
     print(head)
     for (test, label), _ in sorted(order.items(), key=lambda kv: (kv[0][0] != "single", kv[1])):
@@ -105,12 +108,11 @@ for metric in ("alloc_ms", "free_ms"):
         line = f"{test:7}{label:>10}"
         for b in builds:
             m = med((test, label, metric, b))
-            n = len(vals.get((test, label, metric, b), []))
             if m is None:
                 line += f"{'-':>16}"
             elif b == builds[0] or not base:
-                line += f"{m:>11.4f} n={n}"
+                line += f"{m:>16.4f}"
             else:
-                line += f"{m:>8.4f} {100 * (m / base - 1):+5.0f}%n{n}"
+                line += f"{m:>9.4f} {100 * (m / base - 1):+5.0f}%"
         print(line)
 EOF
