@@ -51,7 +51,10 @@ for name in "${@:-claim claim-b2 claim-slots128 claim-s24}"; do
               --message-format=json 2>/dev/null | python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
+    if (m.get("reason")=="compiler-artifact" and m.get("executable")
+            and m["target"]["kind"]==["test"] and m["target"]["name"]=="gpu_heap_whole"):
+        print(m["executable"])' | tail -1)
+      if [ -z "$bin" ]; then echo "no gpu_heap_whole test binary for $v" >&2; exit 1; fi
       cp "$bin" "$DEST/$v/test-gpu_heap_whole"
     fi
   done
