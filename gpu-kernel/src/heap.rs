@@ -101,6 +101,12 @@ impl Claim {
     }
 }
 
+/// The run lock's held bit (bit 0 of its word).
+const RUN_LOCKED: u64 = 1;
+/// Where the run lock's word keeps the first segment of the last run
+/// claimed (0: none yet); the next run search starts below it.
+const RUN_HINT_SHIFT: u32 = 32;
+
 impl Heap {
     #[inline(always)]
     pub(crate) fn region(&self, at: u64, len: u64) -> &[Word] {
@@ -165,8 +171,8 @@ impl Heap {
         &self.region(self.locks_at + class.index() as u64, 1)[0]
     }
 
-    /// The lock every claim from the top of the segment tree holds (see
-    /// [`Heap::claim_run`]).
+    /// The lock every claim from the top of the segment tree holds, and the
+    /// start of the last run claimed (see [`Heap::claim_run`]).
     #[inline(always)]
     fn run_lock(&self) -> &Word {
         &self.region(self.locks_at + CLASSES as u64, 1)[0]
@@ -540,23 +546,41 @@ impl Heap {
     /// the only race left is with a class claim where the two ends meet
     /// (the tree search then starts over from the top).
     ///
-    /// Runs are rare (requests above a segment) and each claim already
-    /// makes `count` atomic removals, so waiting for one other run claim
-    /// costs little; allocations of classes never touch the lock.
+    /// Runs are rare (requests above a segment), and a claim under the lock
+    /// is short: the search starts below the last run claimed (kept in the
+    /// lock word's high half, `RUN_HINT_SHIFT`), falling back to the top
+    /// only if nothing fits there, and removes the run with one RMW per
+    /// tree word. (Searching from the top every time walked down past every
+    /// run already taken: 256 threads asking 32 MiB took 12 ms on an H100,
+    /// against 0.3 ms at be7ddc7.) Allocations of classes never touch the
+    /// lock.
     #[inline(never)]
     fn claim_run(&self, count: u32) -> Option<u32> {
         let lock = self.run_lock();
         let mut round = 0;
-        // Acquire: this claim's tree loads see every removal the previous
-        // holder made (its release below), so it never picks segments
-        // another run already holds.
-        while arch::compare_exchange_acq_rel(lock, 0, 1).is_err() {
+        let held = loop {
+            // Relaxed: only a guess at the unlocked value; the CAS decides.
+            let seen = arch::load_relaxed(lock) & !RUN_LOCKED;
+            // Acquire: this claim's tree loads see every removal the
+            // previous holder made (its release below), so it never picks
+            // segments another run already holds.
+            if arch::compare_exchange_acq_rel(lock, seen, seen | RUN_LOCKED).is_ok() {
+                break seen;
+            }
             arch::backoff(round);
             round += 1;
+        };
+        let tree = self.segment_tree();
+        let hint = (held >> RUN_HINT_SHIFT) as u32;
+        let head = match hint {
+            0 => None,
+            below => tree.claim_run_below(below, count),
         }
-        let head = self.segment_tree().claim_run_from_top(count);
-        // Release: publishes this claim's removals to the next holder.
-        arch::store_release(lock, 0);
+        .or_else(|| tree.claim_run_from_top(count));
+        let next = head.map_or(held, |h| u64::from(h) << RUN_HINT_SHIFT);
+        // Release: publishes this claim's removals (and the hint) to the
+        // next holder.
+        arch::store_release(lock, next);
         head
     }
 

@@ -110,6 +110,15 @@ fn bit(i: u32) -> u64 {
     1u64 << (i & 63)
 }
 
+/// The bits of ids `from..to` within their leaf word (`from < to`, both in
+/// the word of `from`, `to` at most its end).
+#[inline]
+fn word_mask(from: u32, to: u32) -> u64 {
+    let n = to - from;
+    let low = if n >= 64 { !0 } else { (1u64 << n) - 1 };
+    low << (from & 63)
+}
+
 /// The lowest `count` set bits of `x` (all of them if it has fewer).
 #[inline(always)]
 fn lowest_bits(mut x: u64, count: u32) -> u64 {
@@ -312,26 +321,65 @@ impl<'a> VebTree<'a> {
     ///
     /// Never hands out an id twice, whoever runs at once. Runs pack without
     /// gaps only if callers serialise their claims from the top (the heap's
-    /// run lock): the run is removed one id at a time, and a concurrent run
-    /// search that sees part of it taken settles lower, even if the part is
-    /// given back later. When a removal fails (a claim from the bottom got
-    /// there first, or an unserialised caller), the ids taken are given back
-    /// and the search starts over from the top, where ids may have been
-    /// freed since the last look.
+    /// run lock): a concurrent run search that sees part of a run taken
+    /// settles lower, even if the part is given back later. When a removal
+    /// fails (a claim from the bottom got there first, or an unserialised
+    /// caller), the ids taken are given back and the search starts over
+    /// from the top, where ids may have been freed since the last look.
     pub fn claim_run_from_top(&self, count: u32) -> Option<u32> {
+        self.claim_run_below(self.shape.universe, count)
+    }
+
+    /// [`VebTree::claim_run_from_top`] with a run that ends at or before
+    /// `end`: the heap passes the start of its last run, below which the
+    /// next one most likely fits, so the search does not walk down past
+    /// every run already taken (256 runs of 16 segments each used to scan
+    /// 64 words apiece).
+    pub fn claim_run_below(&self, end: u32, count: u32) -> Option<u32> {
         if count == 0 || count > self.shape.universe {
             return None;
         }
+        let end = end.min(self.shape.universe);
         loop {
-            let start = self.find_run_below(self.shape.universe, count)?;
-            let mut claimed = 0;
-            while claimed < count && self.remove(start + claimed) {
-                claimed += 1;
-            }
-            if claimed == count {
+            let start = self.find_run_below(end, count)?;
+            if self.remove_range(start, count) {
                 return Some(start);
             }
-            self.release_run(start, claimed);
+        }
+    }
+
+    /// Removes ids `start..start + count`, one RMW per word (not per id):
+    /// true if this call removed them all; otherwise the ones it removed
+    /// are put back and nothing changed for good.
+    fn remove_range(&self, start: u32, count: u32) -> bool {
+        let end = start + count;
+        let mut i = start;
+        while i < end {
+            let w = i >> 6;
+            let next = end.min((w + 1) << 6);
+            let mask = word_mask(i, next);
+            // Acq_rel as `remove`: the winner of each id sees the frees
+            // before its insert, and its own later writes stay after.
+            let old = arch::fetch_and_acq_rel(self.word(0, w), !mask);
+            let got = old & mask;
+            if got != 0 && old & !mask == 0 {
+                self.unmark_up_from(1, w);
+            }
+            if got != mask {
+                self.insert_mask(w, got);
+                self.release_run(start, i - start);
+                return false;
+            }
+            i = next;
+        }
+        true
+    }
+
+    /// Inserts the ids of `mask` in leaf word `w` with one RMW.
+    fn insert_mask(&self, w: u32, mask: u64) {
+        if mask != 0 {
+            arch::fetch_or_acq_rel(self.word(0, w), mask);
+            self.mark_up_from(1, w);
         }
     }
 
@@ -365,10 +413,15 @@ impl<'a> VebTree<'a> {
         None
     }
 
-    /// Inserts the ids `start..start + count`.
+    /// Inserts the ids `start..start + count`, one RMW per word.
     pub fn release_run(&self, start: u32, count: u32) {
-        for i in start..start + count {
-            self.insert(i);
+        let end = start + count;
+        let mut i = start;
+        while i < end {
+            let w = i >> 6;
+            let next = end.min((w + 1) << 6);
+            self.insert_mask(w, word_mask(i, next));
+            i = next;
         }
     }
 
