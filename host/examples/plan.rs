@@ -1,0 +1,131 @@
+//! Synthesizes a STWeaver-style allocation plan from a trace, prints its
+//! summary, and replays the trace through the planned arena
+//! (see `host::plan`).
+//!
+//! ```text
+//! cargo run -p host --release --example plan -- TRACE[.gz] [OPTIONS]
+//!   -o PLAN             write the plan file
+//!   --iterations K      profiled iterations (3)
+//!   --warmup N          steps planned as recorded before them (1)
+//!   --phases N          timeline spans for HomoPhase groups (32)
+//!   --no-fuse           no fusion of HomoPhase groups
+//!   --no-dynamic-slots  leave dynamic requests to the idle space
+//!   --csv PATH          placed requests as CSV (start,end,offset,size,
+//!                       dynamic), for plotting address over time
+//!   --replay TRACE      replay this trace instead of the profiled one
+//! ```
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use host::plan::{Plan, Profile, ProfileConfig, SynthConfig, runtime};
+use host::pluggable::replay;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("plan: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let mut trace_path: Option<String> = None;
+    let mut replay_path: Option<String> = None;
+    let mut out: Option<PathBuf> = None;
+    let mut csv: Option<PathBuf> = None;
+    let mut pconf = ProfileConfig::default();
+    let mut sconf = SynthConfig::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |what: &str| args.next().ok_or(format!("{a} needs {what}"));
+        let count = |v: String| v.parse::<usize>().map_err(|e| format!("{v:?}: {e}"));
+        match a.as_str() {
+            "-o" => out = Some(PathBuf::from(value("a path")?)),
+            "--csv" => csv = Some(PathBuf::from(value("a path")?)),
+            "--replay" => replay_path = Some(value("a trace")?),
+            "--iterations" => pconf.iterations = count(value("a count")?)?,
+            "--warmup" => pconf.warmup_steps = count(value("a count")?)?,
+            "--phases" => sconf.phases = count(value("a count")?)? as u64,
+            "--no-fuse" => sconf.fuse = false,
+            "--no-dynamic-slots" => sconf.plan_dynamic = false,
+            "-h" | "--help" => {
+                let usage: Vec<&str> = include_str!("plan.rs")
+                    .lines()
+                    .map_while(|l| l.strip_prefix("//!"))
+                    .map(|l| l.strip_prefix(' ').unwrap_or(l))
+                    .filter(|l| !l.starts_with("```"))
+                    .collect();
+                println!("{}", usage.join("\n"));
+                return Ok(());
+            }
+            path if trace_path.is_none() => trace_path = Some(path.to_string()),
+            other => return Err(format!("unexpected argument {other:?}; --help says more")),
+        }
+    }
+    let path = trace_path.ok_or("no trace given; --help says more")?;
+    let trace = replay::load(path.as_ref()).map_err(|e| format!("{path}: {e}"))?;
+    let profile = Profile::of(&trace, &pconf);
+    let plan = Plan::synthesize(&profile, &sconf);
+    plan.check()
+        .map_err(|e| format!("plan check failed: {e}"))?;
+    println!(
+        "== {path}: {} records, {} steps",
+        trace.events.len(),
+        profile.trace_steps
+    );
+    print!("{}", plan.summary());
+    if let Some(o) = &out {
+        plan.save(o).map_err(|e| format!("{}: {e}", o.display()))?;
+        let back = Plan::load(o).map_err(|e| format!("{}: {e}", o.display()))?;
+        if back.requests != plan.requests || back.arena != plan.arena {
+            return Err(format!(
+                "{}: read back differs from what was written",
+                o.display()
+            ));
+        }
+        println!("wrote {}", o.display());
+    }
+    if let Some(c) = &csv {
+        let mut f = std::fs::File::create(c).map_err(|e| format!("{}: {e}", c.display()))?;
+        let mut text = String::from("start,end,offset,size,dynamic\n");
+        for p in &plan.requests {
+            if let Some(off) = p.offset {
+                for (s, e) in p.request.life.spans() {
+                    text.push_str(&format!(
+                        "{s},{e},{off},{},{}\n",
+                        p.request.size, p.request.dynamic as u8
+                    ));
+                }
+            }
+        }
+        f.write_all(text.as_bytes())
+            .map_err(|e| format!("{}: {e}", c.display()))?;
+    }
+    let (name, target) = match &replay_path {
+        Some(r) => (
+            r.clone(),
+            replay::load(r.as_ref()).map_err(|e| format!("{r}: {e}"))?,
+        ),
+        None => (path.clone(), trace),
+    };
+    let r = runtime::replay(&plan, &target);
+    let s = r.stats;
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    println!(
+        "replay of {name} ({} steps): peak live {:.1} MiB, reserved {:.1} MiB (arena {:.1}), efficiency {:.4}",
+        r.steps,
+        mib(r.peak_live),
+        mib(r.reserved),
+        mib(r.arena),
+        r.efficiency()
+    );
+    println!(
+        "  plan hits {}, dynamic in slot {}, dynamic in idle space {}, fallbacks {} ({} unmatched)",
+        s.plan_hits, s.dynamic_slot, s.dynamic_idle, s.fallbacks, s.unmatched
+    );
+    Ok(())
+}
