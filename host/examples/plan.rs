@@ -10,15 +10,23 @@
 //!   --phases N          timeline spans for HomoPhase groups (32)
 //!   --no-fuse           no fusion of HomoPhase groups
 //!   --no-dynamic-slots  leave dynamic requests to the idle space
+//!   --headroom PCT      dynamic slots PCT percent over their largest size (0)
 //!   --csv PATH          placed requests as CSV (start,end,offset,size,
 //!                       dynamic), for plotting address over time
 //!   --replay TRACE      replay this trace instead of the profiled one
 //! ```
+//!
+//! A TRACE of the form `synthetic:BATCH:STEPS:SEED` is the synthetic GPT-2
+//! trace (`host::lake::synthetic`) of that shape: a plan made from one seed
+//! and replayed on another shows how it serves sequence lengths it never
+//! saw.
 
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use host::lake::Trace;
+use host::lake::synthetic::{Gpt2Shape, gpt2_trace};
 use host::plan::{Plan, Profile, ProfileConfig, SynthConfig, runtime};
 use host::pluggable::replay;
 
@@ -30,6 +38,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A trace file, or `synthetic:BATCH:STEPS:SEED`.
+fn load(path: &str) -> Result<Trace, String> {
+    let Some(spec) = path.strip_prefix("synthetic:") else {
+        return replay::load(path.as_ref()).map_err(|e| format!("{path}: {e}"));
+    };
+    let n: Vec<u64> = spec
+        .split(':')
+        .map(|v| v.parse::<u64>().map_err(|e| format!("{path}: {v:?}: {e}")))
+        .collect::<Result<_, _>>()?;
+    let [batch, steps, seed] = n[..] else {
+        return Err(format!("{path}: expected synthetic:BATCH:STEPS:SEED"));
+    };
+    let steps = u32::try_from(steps).map_err(|e| format!("{path}: {e}"))?;
+    Ok(gpt2_trace(Gpt2Shape { batch, steps, seed }))
 }
 
 fn run() -> Result<(), String> {
@@ -52,6 +76,7 @@ fn run() -> Result<(), String> {
             "--phases" => sconf.phases = count(value("a count")?)? as u64,
             "--no-fuse" => sconf.fuse = false,
             "--no-dynamic-slots" => sconf.plan_dynamic = false,
+            "--headroom" => sconf.dynamic_headroom_pct = count(value("a percent")?)? as u64,
             "-h" | "--help" => {
                 let usage: Vec<&str> = include_str!("plan.rs")
                     .lines()
@@ -67,7 +92,7 @@ fn run() -> Result<(), String> {
         }
     }
     let path = trace_path.ok_or("no trace given; --help says more")?;
-    let trace = replay::load(path.as_ref()).map_err(|e| format!("{path}: {e}"))?;
+    let trace = load(&path)?;
     let profile = Profile::of(&trace, &pconf);
     let plan = Plan::synthesize(&profile, &sconf);
     plan.check()
@@ -106,10 +131,7 @@ fn run() -> Result<(), String> {
             .map_err(|e| format!("{}: {e}", c.display()))?;
     }
     let (name, target) = match &replay_path {
-        Some(r) => (
-            r.clone(),
-            replay::load(r.as_ref()).map_err(|e| format!("{r}: {e}"))?,
-        ),
+        Some(r) => (r.clone(), load(r)?),
         None => (path.clone(), trace),
     };
     let r = runtime::replay(&plan, &target);

@@ -4,6 +4,7 @@
 //! ```text
 //! gpumalloc-plan 1
 //! # summary lines (ignored when read)
+//! small_below BYTES
 //! prologue_steps N
 //! iterations K
 //! prologue_len P
@@ -13,11 +14,11 @@
 //! unplanned N
 //! stats GROUPS FUSIONS LAYERS LAYERED BLOCKS_ARENA REQUESTS_ARENA blocks|requests SECONDS
 //! requests N
-//! r p|t ORDINAL STREAM s|d SIZE MIN_SIZE OFFSET|- START END [START END]
+//! r p|t l|s ORDINAL STREAM s|d SIZE MIN_SIZE OFFSET|- START END [START END]
 //! end
 //! ```
 //!
-//! `p`/`t`: prologue or template; `s`/`d`: static or dynamic; `-`: no
+//! `p`/`t`: prologue or template; `l`/`s`: large or small ordinals; `s`/`d`: static or dynamic; `-`: no
 //! offset (a dynamic request left to the runtime). Lines starting with `#`
 //! and blank lines are ignored. A read checks the plan ([`Plan::check`]),
 //! so a damaged file is refused rather than served.
@@ -86,6 +87,12 @@ impl Plan {
         );
         let _ = writeln!(
             out,
+            "planned live peak {:.1} MiB (the least arena for these lifetimes and sizes): placement / peak {:.4}",
+            mib(self.planned_peak()),
+            self.planned_peak() as f64 / self.arena.max(1) as f64
+        );
+        let _ = writeln!(
+            out,
             "prologue {} step(s), {} positions; template from {} profiled step(s), {} positions",
             self.prologue_steps, self.prologue_len, self.iterations, self.template_len
         );
@@ -128,6 +135,7 @@ impl Plan {
             let _ = writeln!(out, "# {line}");
         }
         let s = &self.stats;
+        let _ = writeln!(out, "small_below {}", self.small_below);
         let _ = writeln!(out, "prologue_steps {}", self.prologue_steps);
         let _ = writeln!(out, "iterations {}", self.iterations);
         let _ = writeln!(out, "prologue_len {}", self.prologue_len);
@@ -155,11 +163,12 @@ impl Plan {
             let r = &p.request;
             let _ = write!(
                 out,
-                "r {} {} {} {} {} {} ",
+                "r {} {} {} {} {} {} {} ",
                 match r.part {
                     Part::Prologue => 'p',
                     Part::Template => 't',
                 },
+                if r.small { 's' } else { 'l' },
                 r.ordinal,
                 r.stream,
                 if r.dynamic { 'd' } else { 's' },
@@ -212,6 +221,7 @@ impl Plan {
             let (n, v) = next(name)?;
             num(n, v.first())
         };
+        let small_below = scalar("small_below")?;
         let prologue_steps = scalar("prologue_steps")? as usize;
         let iterations = scalar("iterations")? as usize;
         let prologue_len = scalar("prologue_len")?;
@@ -239,12 +249,18 @@ impl Plan {
         let count: usize = num(n, v.first())?;
         let mut requests = Vec::with_capacity(count.min(1 << 24));
         for _ in 0..count {
-            let (n, v) = next("r")?;
+            let (n, mut v) = next("r")?;
             let part = match v.first() {
                 Some(&"p") => Part::Prologue,
                 Some(&"t") => Part::Template,
                 other => return Err(bad(n, format!("part {other:?}"))),
             };
+            let small = match v.get(1) {
+                Some(&"s") => true,
+                Some(&"l") => false,
+                other => return Err(bad(n, format!("lane {other:?}"))),
+            };
+            v.remove(1);
             let dynamic = match v.get(3) {
                 Some(&"s") => false,
                 Some(&"d") => true,
@@ -278,6 +294,7 @@ impl Plan {
             requests.push(PlannedRequest {
                 request: Request {
                     part,
+                    small,
                     ordinal: num(n, v.get(1))?,
                     stream: num(n, v.get(2))?,
                     size: num(n, v.get(4))?,
@@ -290,6 +307,7 @@ impl Plan {
         }
         next("end")?;
         let plan = Plan {
+            small_below,
             prologue_steps,
             iterations,
             prologue_len,

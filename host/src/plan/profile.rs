@@ -8,6 +8,17 @@
 //! allocation ordinal in the prologue. The next `iterations` steps are the
 //! profiled iterations: overlaid by allocation ordinal within the step,
 //! they form the *template* iteration that every later step repeats.
+//! Small and large requests (under and over
+//! [`ProfileConfig::small_below`], 1 MiB by default as in PyTorch's two
+//! pools) have ordinals of their own, so chatter of small tensors whose
+//! number varies from step to step does not misalign the large ones.
+//!
+//! Positions count large events only, so that small ones whose number
+//! varies do not shift them: within a step, the `k`-th large event is at
+//! `2k + 1`, and a small event after `k` large ones at `2k`; a small
+//! request lives from its gap to just past the gap of its free, so two
+//! small requests of one gap always count as overlapping (conservative),
+//! and a step of `L` large events is `2L + 1` positions long.
 //!
 //! A template request's lifetime is the widest seen: earliest allocation
 //! position, latest free position (positions counted within the step; a
@@ -91,7 +102,11 @@ pub enum Part {
 pub struct Request {
     /// Prologue or template.
     pub part: Part,
-    /// Allocation ordinal within the prologue or within a step.
+    /// Counted among small requests (under [`ProfileConfig::small_below`]
+    /// bytes) rather than large ones.
+    pub small: bool,
+    /// Allocation ordinal among the small or the large requests of the
+    /// prologue or of a step.
     pub ordinal: u32,
     /// The stream it was allocated on.
     pub stream: u32,
@@ -112,6 +127,10 @@ pub struct ProfileConfig {
     pub warmup_steps: usize,
     /// Profiled iterations overlaid into the template (K).
     pub iterations: usize,
+    /// Requests under this many bytes (aligned) are matched among
+    /// themselves: a varying number of small tensors (scalars, statistics)
+    /// then does not shift the ordinals of the large ones. 0: one lane.
+    pub small_below: u64,
 }
 
 impl Default for ProfileConfig {
@@ -119,6 +138,7 @@ impl Default for ProfileConfig {
         ProfileConfig {
             warmup_steps: 1,
             iterations: 3,
+            small_below: 1 << 20,
         }
     }
 }
@@ -126,6 +146,8 @@ impl Default for ProfileConfig {
 /// The profile of a trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Profile {
+    /// The small-request bound it was made with.
+    pub small_below: u64,
     /// Steps in the prologue.
     pub prologue_steps: usize,
     /// Profiled iterations (K; fewer when the trace is short).
@@ -194,16 +216,29 @@ impl Profile {
     /// Profiles `trace`.
     pub fn of(trace: &Trace, config: &ProfileConfig) -> Profile {
         let steps = steps_of(trace);
+        let small_below = config.small_below;
         let mut recs: Vec<AllocRec> = Vec::new();
         let mut open: HashMap<u64, usize> = HashMap::new();
+        // Positions within each step (see the module documentation) and
+        // each step's length and first position on a clock of all steps.
+        let mut step_len: Vec<u64> = Vec::with_capacity(steps.len());
         for (s, &(first, n)) in steps.iter().enumerate() {
-            for (rel, e) in trace.events[first..first + n].iter().enumerate() {
+            let mut large_before = 0u64;
+            for e in &trace.events[first..first + n] {
+                // A free is classed as its allocation was.
+                let size = match e.kind {
+                    EventKind::Free => open.get(&e.addr).map_or(e.size, |&i| recs[i].size),
+                    EventKind::Alloc => e.size,
+                };
+                let large = align_up(size) >= small_below;
+                let (alloc_at, free_at) = (2 * large_before + large as u64, 2 * large_before + 1);
+                large_before += large as u64;
                 match e.kind {
                     EventKind::Alloc => {
                         open.insert(e.addr, recs.len());
                         recs.push(AllocRec {
                             step: s,
-                            rel: rel as u64,
+                            rel: alloc_at,
                             size: align_up(e.size),
                             stream: e.site.stream,
                             free: None,
@@ -211,19 +246,28 @@ impl Profile {
                     }
                     EventKind::Free => {
                         if let Some(i) = open.remove(&e.addr) {
-                            recs[i].free = Some((s, rel as u64));
+                            recs[i].free = Some((s, free_at));
                         }
                     }
                 }
             }
+            step_len.push(2 * large_before + 1);
         }
         let prologue_steps = config.warmup_steps.min(steps.len());
         let template_end = (prologue_steps + config.iterations).min(steps.len());
         let iterations = template_end - prologue_steps;
-        let prologue_len: u64 = steps[..prologue_steps].iter().map(|s| s.1 as u64).sum();
-        let template_len = steps[prologue_steps..template_end]
+        let step_start: Vec<u64> = step_len
             .iter()
-            .map(|s| s.1 as u64)
+            .scan(0, |at, len| {
+                let start = *at;
+                *at += len;
+                Some(start)
+            })
+            .collect();
+        let prologue_len: u64 = step_len[..prologue_steps].iter().sum();
+        let template_len = step_len[prologue_steps..template_end]
+            .iter()
+            .copied()
             .max()
             .unwrap_or(0);
         let (p, e) = (prologue_len, template_len);
@@ -231,16 +275,21 @@ impl Profile {
 
         // Prologue: as recorded; alive past the first template step = for good.
         let forever = p + e;
-        for (ordinal, r) in recs.iter().filter(|r| r.step < prologue_steps).enumerate() {
-            let start = steps[r.step].0 as u64 + r.rel;
+        let mut next = [0u32; 2];
+        for r in recs.iter().filter(|r| r.step < prologue_steps) {
+            let small = r.size < small_below;
+            let ordinal = next[small as usize];
+            next[small as usize] += 1;
+            let start = step_start[r.step] + r.rel;
             let end = match r.free {
-                Some((s, rel)) if s < prologue_steps => steps[s].0 as u64 + rel,
+                Some((s, rel)) if s < prologue_steps => step_start[s] + rel,
                 Some((s, rel)) if s == prologue_steps && iterations > 0 => p + rel,
                 _ => forever,
             };
             requests.push(Request {
                 part: Part::Prologue,
-                ordinal: ordinal as u32,
+                small,
+                ordinal,
                 stream: r.stream,
                 size: r.size,
                 min_size: r.size,
@@ -249,68 +298,74 @@ impl Profile {
             });
         }
 
-        // Template: the profiled steps overlaid by allocation ordinal.
-        let mut per_step: Vec<Vec<&AllocRec>> = vec![Vec::new(); iterations];
+        // Template: the profiled steps overlaid by allocation ordinal, small
+        // and large requests counted apart.
+        let mut per_lane: [Vec<Vec<&AllocRec>>; 2] =
+            [vec![Vec::new(); iterations], vec![Vec::new(); iterations]];
         for r in recs
             .iter()
             .filter(|r| (prologue_steps..template_end).contains(&r.step))
         {
-            per_step[r.step - prologue_steps].push(r);
+            per_lane[(r.size < small_below) as usize][r.step - prologue_steps].push(r);
         }
-        let ordinals = per_step.iter().map(Vec::len).max().unwrap_or(0);
         let mut unplanned = 0;
-        for ordinal in 0..ordinals {
-            let seen: Vec<&AllocRec> = per_step
-                .iter()
-                .filter_map(|s| s.get(ordinal).copied())
-                .collect();
-            let first = seen[0];
-            let dynamic = seen.len() < iterations
-                || seen
+        for (small, per_step) in [(false, &per_lane[0]), (true, &per_lane[1])] {
+            let ordinals = per_step.iter().map(Vec::len).max().unwrap_or(0);
+            for ordinal in 0..ordinals {
+                let seen: Vec<&AllocRec> = per_step
                     .iter()
-                    .any(|r| r.size != first.size || r.stream != first.stream);
-            let start = seen.iter().map(|r| r.rel).min().unwrap_or(0);
-            // The free's position counted from this step's start; `None`
-            // when it is unknown (no later step recorded) and `Some(MAX)`
-            // when it lives past the next step.
-            let ends: Vec<Option<u64>> = seen
-                .iter()
-                .map(|r| match r.free {
-                    Some((s, rel)) if s == r.step => Some(rel),
-                    Some((s, rel)) if s == r.step + 1 => Some(e + rel),
-                    Some(_) => Some(u64::MAX),
-                    None if r.step + 1 >= steps.len() => None,
-                    None => Some(u64::MAX),
-                })
-                .collect();
-            let Some(end) = ends.iter().flatten().copied().max() else {
-                unplanned += 1;
-                continue;
-            };
-            let life = if end <= e {
-                Lifetime::one(p + start, p + end.max(start + 1))
-            } else if end != u64::MAX && end - e <= start && start < e {
-                let wrap = end - e;
-                if wrap == 0 {
-                    Lifetime::one(p + start, p + e)
+                    .filter_map(|s| s.get(ordinal).copied())
+                    .collect();
+                let first = seen[0];
+                let dynamic = seen.len() < iterations
+                    || seen
+                        .iter()
+                        .any(|r| r.size != first.size || r.stream != first.stream);
+                let start = seen.iter().map(|r| r.rel).min().unwrap_or(0);
+                // The free's position counted from this step's start; `None`
+                // when it is unknown (no later step recorded) and `Some(MAX)`
+                // when it lives past the next step.
+                let ends: Vec<Option<u64>> = seen
+                    .iter()
+                    .map(|r| match r.free {
+                        Some((s, rel)) if s == r.step => Some(rel),
+                        Some((s, rel)) if s == r.step + 1 => Some(e + rel),
+                        Some(_) => Some(u64::MAX),
+                        None if r.step + 1 >= steps.len() => None,
+                        None => Some(u64::MAX),
+                    })
+                    .collect();
+                let Some(end) = ends.iter().flatten().copied().max() else {
+                    unplanned += 1;
+                    continue;
+                };
+                let life = if end <= e {
+                    Lifetime::one(p + start, p + end.max(start + 1))
+                } else if end != u64::MAX && end - e <= start && start < e {
+                    let wrap = end - e;
+                    if wrap == 0 {
+                        Lifetime::one(p + start, p + e)
+                    } else {
+                        Lifetime::two((p, p + wrap), (p + start, p + e))
+                    }
                 } else {
-                    Lifetime::two((p, p + wrap), (p + start, p + e))
-                }
-            } else {
-                unplanned += 1;
-                continue;
-            };
-            requests.push(Request {
-                part: Part::Template,
-                ordinal: ordinal as u32,
-                stream: first.stream,
-                size: seen.iter().map(|r| r.size).max().unwrap_or(first.size),
-                min_size: seen.iter().map(|r| r.size).min().unwrap_or(first.size),
-                dynamic,
-                life,
-            });
+                    unplanned += 1;
+                    continue;
+                };
+                requests.push(Request {
+                    part: Part::Template,
+                    small,
+                    ordinal: ordinal as u32,
+                    stream: first.stream,
+                    size: seen.iter().map(|r| r.size).max().unwrap_or(first.size),
+                    min_size: seen.iter().map(|r| r.size).min().unwrap_or(first.size),
+                    dynamic,
+                    life,
+                });
+            }
         }
         Profile {
+            small_below,
             prologue_steps,
             iterations,
             prologue_len: p,

@@ -2,7 +2,8 @@
 //! [`Plan`], and a trace replay through it.
 //!
 //! Each allocation is matched to a planned request by its allocation
-//! ordinal (within the prologue, or within the current step once the
+//! ordinal among the small or the large ones (see
+//! [`super::profile`]; within the prologue, or within the current step once the
 //! prologue's steps are over; [`PlannedArena::step`] marks a step's start,
 //! as `gpumalloc_torch.step()` would). Then, in order:
 //! 1. **planned**: a static request of the planned size and stream gets its
@@ -84,24 +85,25 @@ impl std::error::Error for NotLive {}
 #[derive(Debug)]
 pub struct PlannedArena {
     plan: Plan,
-    prologue: Vec<Option<usize>>,
-    template: Vec<Option<usize>>,
+    /// Request index by lane (large, small) and ordinal.
+    prologue: [Vec<Option<usize>>; 2],
+    template: [Vec<Option<usize>>; 2],
     idle: HashMap<usize, Vec<(u64, u64)>>,
     live: BTreeMap<u64, u64>,
     step: usize,
-    ordinal: usize,
+    ordinal: [usize; 2],
     stats: RuntimeStats,
 }
 
 impl PlannedArena {
     /// An empty arena serving `plan`, at the first step.
     pub fn new(plan: Plan) -> PlannedArena {
-        let mut prologue = Vec::new();
-        let mut template = Vec::new();
+        let mut prologue = [Vec::new(), Vec::new()];
+        let mut template = [Vec::new(), Vec::new()];
         for (i, p) in plan.requests.iter().enumerate() {
             let table = match p.request.part {
-                Part::Prologue => &mut prologue,
-                Part::Template => &mut template,
+                Part::Prologue => &mut prologue[p.request.small as usize],
+                Part::Template => &mut template[p.request.small as usize],
             };
             let k = p.request.ordinal as usize;
             if table.len() <= k {
@@ -116,7 +118,7 @@ impl PlannedArena {
             idle: HashMap::new(),
             live: BTreeMap::new(),
             step: 0,
-            ordinal: 0,
+            ordinal: [0; 2],
             stats: RuntimeStats::default(),
         }
     }
@@ -135,7 +137,7 @@ impl PlannedArena {
     pub fn step(&mut self) {
         self.step += 1;
         if self.step >= self.plan.prologue_steps {
-            self.ordinal = 0;
+            self.ordinal = [0; 2];
         }
     }
 
@@ -150,13 +152,14 @@ impl PlannedArena {
     /// Serves `size` bytes on `stream`: the offset and how it was found.
     pub fn alloc(&mut self, size: u64, stream: u32) -> (u64, Placement) {
         let size = align_up(size);
+        let lane = (size < self.plan.small_below) as usize;
         let table = if self.step < self.plan.prologue_steps {
-            &self.prologue
+            &self.prologue[lane]
         } else {
-            &self.template
+            &self.template[lane]
         };
-        let planned = table.get(self.ordinal).copied().flatten();
-        self.ordinal += 1;
+        let planned = table.get(self.ordinal[lane]).copied().flatten();
+        self.ordinal[lane] += 1;
         let matched = planned.filter(|&i| self.plan.requests[i].request.stream == stream);
         let found = matched.and_then(|i| self.planned_place(i, size));
         let (off, how) = match found {

@@ -25,8 +25,9 @@
 //! won and both heights): on the traces at hand it shows what the block
 //! structure costs or saves.
 //!
-//! Dynamic requests are planned at their largest profiled size (a *slot*)
-//! unless [`SynthConfig::plan_dynamic`] is off; either way, the space the
+//! Dynamic requests are planned at their largest profiled size (a *slot*,
+//! plus [`SynthConfig::dynamic_headroom_pct`]) unless
+//! [`SynthConfig::plan_dynamic`] is off; either way, the space the
 //! plan leaves idle during a window ([`Plan::idle_during`], the dynamic
 //! reusable space of §5.2) is where the runtime best-fits a dynamic request
 //! that its slot cannot hold.
@@ -50,6 +51,9 @@ pub struct SynthConfig {
     pub fuse: bool,
     /// Whether dynamic requests get a slot of their largest size.
     pub plan_dynamic: bool,
+    /// Percent added to a dynamic request's slot over its largest profiled
+    /// size, for later steps that run larger (e.g. longer sequences).
+    pub dynamic_headroom_pct: u64,
 }
 
 impl Default for SynthConfig {
@@ -59,6 +63,7 @@ impl Default for SynthConfig {
             min_group: 2,
             fuse: true,
             plan_dynamic: true,
+            dynamic_headroom_pct: 0,
         }
     }
 }
@@ -106,6 +111,8 @@ pub struct PlannedRequest {
 /// A plan: offsets in one arena for the prologue and the template.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
+    /// Requests under this many bytes have ordinals of their own.
+    pub small_below: u64,
     /// Steps in the prologue.
     pub prologue_steps: usize,
     /// Profiled iterations.
@@ -195,7 +202,11 @@ impl Plan {
             .map(|(i, r)| Slot {
                 req: i,
                 off: 0,
-                size: r.size,
+                size: if r.dynamic {
+                    super::align_up(r.size + r.size * config.dynamic_headroom_pct / 100)
+                } else {
+                    r.size
+                },
                 life: r.life,
             })
             .collect();
@@ -306,19 +317,25 @@ impl Plan {
         };
 
         let mut offsets: HashMap<usize, u64> = HashMap::with_capacity(placed.len());
+        let mut slot_size: HashMap<usize, u64> = HashMap::with_capacity(placed.len());
         for s in &placed {
             offsets.insert(s.req, s.off);
+            slot_size.insert(s.req, s.size);
         }
         let requests = profile
             .requests
             .iter()
             .enumerate()
             .map(|(i, r)| PlannedRequest {
-                request: *r,
+                request: Request {
+                    size: slot_size.get(&i).copied().unwrap_or(r.size),
+                    ..*r
+                },
                 offset: offsets.get(&i).copied(),
             })
             .collect();
         Plan {
+            small_below: profile.small_below,
             prologue_steps: profile.prologue_steps,
             iterations: profile.iterations,
             prologue_len: profile.prologue_len,
@@ -422,6 +439,26 @@ impl Plan {
         }
         let arena = self.arena as i128;
         ((arena - most) as u64, (arena - sum / e as i128) as u64)
+    }
+
+    /// The most bytes the plan holds at one position: the least arena any
+    /// placement of these requests could have (a sweep over their spans).
+    pub fn planned_peak(&self) -> u64 {
+        let mut edges: Vec<(u64, i128)> = Vec::new();
+        for r in self.requests.iter().filter(|r| r.offset.is_some()) {
+            for &(s, e) in r.request.life.spans() {
+                edges.push((s, r.request.size as i128));
+                edges.push((e, -(r.request.size as i128)));
+            }
+        }
+        // At one position the frees (negative) come before the allocations.
+        edges.sort_unstable();
+        let (mut now, mut peak) = (0i128, 0i128);
+        for (_, d) in edges {
+            now += d;
+            peak = peak.max(now);
+        }
+        peak as u64
     }
 
     /// Placed requests that are static and dynamic.
