@@ -12,7 +12,7 @@
 //! arena BYTES
 //! trace_peak_live BYTES
 //! unplanned N
-//! stats GROUPS FUSIONS LAYERS LAYERED BLOCKS_ARENA REQUESTS_ARENA blocks|requests SECONDS
+//! stats GROUPS FUSIONS LAYERS LAYERED BLOCKS_ARENA REQUESTS_ARENA blocks|requests size|duration|area SECONDS
 //! requests N
 //! r p|t l|s ORDINAL STREAM s|d SIZE MIN_SIZE OFFSET|- START END [START END]
 //! end
@@ -109,8 +109,9 @@ impl Plan {
         );
         let _ = writeln!(
             out,
-            "placement: blocks {:.1} MiB, request by request {:.1} MiB; kept {}",
+            "placement: blocks {:.1} MiB, request by request ({} first) {:.1} MiB; kept {}",
             mib(s.blocks_arena),
+            s.requests_order,
             mib(s.requests_arena),
             match s.strategy {
                 Strategy::Blocks => "blocks",
@@ -145,7 +146,7 @@ impl Plan {
         let _ = writeln!(out, "unplanned {}", self.unplanned);
         let _ = writeln!(
             out,
-            "stats {} {} {} {} {} {} {} {}",
+            "stats {} {} {} {} {} {} {} {} {}",
             s.groups,
             s.fusions,
             s.layers,
@@ -156,6 +157,7 @@ impl Plan {
                 Strategy::Blocks => "blocks",
                 Strategy::Requests => "requests",
             },
+            s.requests_order,
             s.seconds
         );
         let _ = writeln!(out, "requests {}", self.requests.len());
@@ -243,7 +245,13 @@ impl Plan {
             blocks_arena: num(n, v.get(4))?,
             requests_arena: num(n, v.get(5))?,
             strategy,
-            seconds: num(n, v.get(7))?,
+            requests_order: match v.get(7) {
+                Some(&"duration") => "duration",
+                Some(&"area") => "area",
+                Some(&"size") => "size",
+                other => return Err(bad(n, format!("order {other:?}"))),
+            },
+            seconds: num(n, v.get(8))?,
         };
         let (n, v) = next("requests")?;
         let count: usize = num(n, v.first())?;

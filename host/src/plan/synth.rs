@@ -20,8 +20,9 @@
 //!    height, each rigid, at the lowest base where none of its requests
 //!    collides with one already placed.
 //!
-//! The same placement run request by request (largest first) is computed
-//! too, and the lower of the two arenas is kept ([`SynthStats`] says which
+//! The same placement run request by request (largest, longest-lived or
+//! largest-area first, the best of the three) is computed too, and the
+//! lower of the two arenas is kept ([`SynthStats`] says which
 //! won and both heights): on the traces at hand it shows what the block
 //! structure costs or saves.
 //!
@@ -90,8 +91,10 @@ pub struct SynthStats {
     pub layered: usize,
     /// Arena of the block placement.
     pub blocks_arena: u64,
-    /// Arena of the request-by-request placement.
+    /// Arena of the best request-by-request placement.
     pub requests_arena: u64,
+    /// The order that gave it (`size`, `duration` or `area` first).
+    pub requests_order: &'static str,
     /// The one kept.
     pub strategy: Strategy,
     /// Wall-clock seconds of synthesis.
@@ -166,6 +169,34 @@ impl Block {
 fn pack(into: &mut Vec<Slot>, slots: &[Slot]) {
     let mut order: Vec<Slot> = slots.to_vec();
     order.sort_by_key(|s| (std::cmp::Reverse(s.size), s.life.start(), s.req));
+    pack_in_order(into, order);
+}
+
+/// Orders tried for the request-by-request placement: largest first,
+/// longest-lived first, largest area (bytes × positions) first.
+const ORDERS: [&str; 3] = ["size", "duration", "area"];
+
+/// Packs `slots` request by request in the order named `order`.
+fn pack_ordered(slots: &[Slot], order: &str) -> Vec<Slot> {
+    use std::cmp::Reverse;
+    let mut v: Vec<Slot> = slots.to_vec();
+    match order {
+        "duration" => v.sort_by_key(|s| (Reverse(s.life.duration()), Reverse(s.size), s.req)),
+        "area" => v.sort_by_key(|s| {
+            (
+                Reverse(u128::from(s.size) * u128::from(s.life.duration())),
+                s.req,
+            )
+        }),
+        _ => v.sort_by_key(|s| (Reverse(s.size), s.life.start(), s.req)),
+    }
+    let mut placed = Vec::with_capacity(v.len());
+    pack_in_order(&mut placed, v);
+    placed
+}
+
+/// Places each of `order` at the lowest offset free during its lifetime.
+fn pack_in_order(into: &mut Vec<Slot>, order: Vec<Slot>) {
     for mut s in order {
         s.off = 0;
         s.off = lowest_fit(into, std::slice::from_ref(&s));
@@ -307,8 +338,11 @@ impl Plan {
 
         // 4. Global placement, and request by request for comparison.
         let by_blocks = place_blocks(blocks);
-        let mut by_requests = Vec::with_capacity(slots.len());
-        pack(&mut by_requests, &slots);
+        let (by_requests, order) = ORDERS
+            .iter()
+            .map(|o| (pack_ordered(&slots, o), *o))
+            .min_by_key(|(p, _)| height(p))
+            .expect("orders");
         let (blocks_arena, requests_arena) = (height(&by_blocks), height(&by_requests));
         let (placed, strategy) = if blocks_arena <= requests_arena {
             (by_blocks, Strategy::Blocks)
@@ -351,6 +385,7 @@ impl Plan {
                 layered: lone.len(),
                 blocks_arena,
                 requests_arena,
+                requests_order: order,
                 strategy,
                 seconds: started.elapsed().as_secs_f64(),
             },
