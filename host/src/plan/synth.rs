@@ -27,7 +27,9 @@
 //! structure costs or saves.
 //!
 //! Dynamic requests are planned at their largest profiled size (a *slot*,
-//! plus [`SynthConfig::dynamic_headroom_pct`]) unless
+//! plus [`SynthConfig::dynamic_headroom_pct`], which also widens the
+//! prologue's transient requests: seen once, their size may differ in
+//! another run) unless
 //! [`SynthConfig::plan_dynamic`] is off; either way, the space the
 //! plan leaves idle during a window ([`Plan::idle_during`], the dynamic
 //! reusable space of §5.2) is where the runtime best-fits a dynamic request
@@ -39,7 +41,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use super::place::{Slot, first_collision, height, lowest_fit};
-use super::profile::{Lifetime, Profile, Request};
+use super::profile::{Lifetime, Part, Profile, Request};
 
 /// How to synthesize.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +55,8 @@ pub struct SynthConfig {
     /// Whether dynamic requests get a slot of their largest size.
     pub plan_dynamic: bool,
     /// Percent added to a dynamic request's slot over its largest profiled
-    /// size, for later steps that run larger (e.g. longer sequences).
+    /// size, for later steps that run larger (e.g. longer sequences); also
+    /// to the prologue's requests that do not live for good.
     pub dynamic_headroom_pct: u64,
 }
 
@@ -233,7 +236,7 @@ impl Plan {
             .map(|(i, r)| Slot {
                 req: i,
                 off: 0,
-                size: if r.dynamic {
+                size: if r.dynamic || (r.part == Part::Prologue && r.life.end() < total) {
                     super::align_up(r.size + r.size * config.dynamic_headroom_pct / 100)
                 } else {
                     r.size
