@@ -11,6 +11,8 @@
 //!   --no-fuse           no fusion of HomoPhase groups
 //!   --no-dynamic-slots  leave dynamic requests to the idle space
 //!   --headroom PCT      dynamic slots PCT percent over their largest size (0)
+//!   --png PATH          a picture of the plan (address up, time right;
+//!                       static blue, dynamic orange), 1600 × 900
 //!   --csv PATH          placed requests as CSV (start,end,offset,size,
 //!                       dynamic), for plotting address over time
 //!   --replay TRACE      replay this trace instead of the profiled one
@@ -61,6 +63,7 @@ fn run() -> Result<(), String> {
     let mut replay_path: Option<String> = None;
     let mut out: Option<PathBuf> = None;
     let mut csv: Option<PathBuf> = None;
+    let mut png: Option<PathBuf> = None;
     let mut pconf = ProfileConfig::default();
     let mut sconf = SynthConfig::default();
     let mut args = std::env::args().skip(1);
@@ -70,6 +73,7 @@ fn run() -> Result<(), String> {
         match a.as_str() {
             "-o" => out = Some(PathBuf::from(value("a path")?)),
             "--csv" => csv = Some(PathBuf::from(value("a path")?)),
+            "--png" => png = Some(PathBuf::from(value("a path")?)),
             "--replay" => replay_path = Some(value("a trace")?),
             "--iterations" => pconf.iterations = count(value("a count")?)?,
             "--warmup" => pconf.warmup_steps = count(value("a count")?)?,
@@ -114,6 +118,10 @@ fn run() -> Result<(), String> {
         }
         println!("wrote {}", o.display());
     }
+    if let Some(p) = &png {
+        std::fs::write(p, plan.to_png(1600, 900)).map_err(|e| format!("{}: {e}", p.display()))?;
+        println!("drew {}", p.display());
+    }
     if let Some(c) = &csv {
         let mut f = std::fs::File::create(c).map_err(|e| format!("{}: {e}", c.display()))?;
         let mut text = String::from("start,end,offset,size,dynamic\n");
@@ -134,7 +142,9 @@ fn run() -> Result<(), String> {
         Some(r) => (r.clone(), load(r)?),
         None => (path.clone(), trace),
     };
+    let started = std::time::Instant::now();
     let r = runtime::replay(&plan, &target);
+    let replay_ns = started.elapsed().as_nanos() as f64 / target.events.len().max(1) as f64;
     let s = r.stats;
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     println!(
@@ -148,6 +158,9 @@ fn run() -> Result<(), String> {
     println!(
         "  plan hits {}, dynamic in slot {}, dynamic in idle space {}, fallbacks {} ({} unmatched)",
         s.plan_hits, s.dynamic_slot, s.dynamic_idle, s.fallbacks, s.unmatched
+    );
+    println!(
+        "  replay CPU time {replay_ns:.0} ns per alloc or free (this machine, trace bookkeeping included)"
     );
     Ok(())
 }

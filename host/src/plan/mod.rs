@@ -15,6 +15,7 @@
 //!   global placement in descending block height; the idle (dynamic
 //!   reusable) space of the plan during any window.
 //! - [`file`]: a versioned line-based plan file and its summary.
+//! - [`png`]: a picture of the plan (address over time) as a PNG.
 //! - [`runtime`]: [`runtime::PlannedArena`], which serves allocations by
 //!   offset in one arena (planned offsets in order, best fit into idle
 //!   planned space, fallback above the plan), and a trace replay through it.
@@ -30,6 +31,7 @@
 
 pub mod file;
 mod place;
+pub mod png;
 pub mod profile;
 pub mod runtime;
 pub mod synth;
