@@ -445,3 +445,25 @@ fn plan_file_round_trips_and_refuses_damage() {
     damaged.write_to(&mut bytes).unwrap();
     assert!(Plan::read_from(&String::from_utf8(bytes).unwrap()).is_err());
 }
+
+#[test]
+fn degenerate_traces_give_plans_that_serve_them() {
+    // Empty; one step (all prologue); frees of addresses never allocated.
+    let empty = Trace::default();
+    let mut one = Builder::new();
+    let a = one.alloc(0, 3 << 20);
+    let b = one.alloc(0, 100);
+    one.free(0, a);
+    one.free(0, (77, 5)); // never allocated: skipped
+    one.free(0, b);
+    let one = one.finish();
+    for trace in [empty, one] {
+        let profile = Profile::of(&trace, &ProfileConfig::default());
+        assert_eq!(profile.iterations, 0);
+        let plan = Plan::synthesize(&profile, &SynthConfig::default());
+        plan.check().unwrap();
+        assert!(plan.arena >= profile.trace_peak_live);
+        let stats = checked_replay(&plan, &trace);
+        assert_eq!(stats.fallbacks, 0, "{stats:?}");
+    }
+}
