@@ -16,6 +16,8 @@
 //!   --csv PATH          placed requests as CSV (start,end,offset,size,
 //!                       dynamic), for plotting address over time
 //!   --replay TRACE      replay this trace instead of the profiled one
+//!   --pool              also replay through the planned pool (arena in the
+//!                       lake, fallbacks to the stream pool; CPU model)
 //! ```
 //!
 //! A TRACE of the form `synthetic:BATCH:STEPS:SEED` is the synthetic GPT-2
@@ -64,6 +66,7 @@ fn run() -> Result<(), String> {
     let mut out: Option<PathBuf> = None;
     let mut csv: Option<PathBuf> = None;
     let mut png: Option<PathBuf> = None;
+    let mut through_pool = false;
     let mut pconf = ProfileConfig::default();
     let mut sconf = SynthConfig::default();
     let mut args = std::env::args().skip(1);
@@ -79,6 +82,7 @@ fn run() -> Result<(), String> {
             "--warmup" => pconf.warmup_steps = count(value("a count")?)?,
             "--phases" => sconf.phases = count(value("a count")?)? as u64,
             "--no-fuse" => sconf.fuse = false,
+            "--pool" => through_pool = true,
             "--no-dynamic-slots" => sconf.plan_dynamic = false,
             "--headroom" => sconf.dynamic_headroom_pct = count(value("a percent")?)? as u64,
             "-h" | "--help" => {
@@ -162,5 +166,21 @@ fn run() -> Result<(), String> {
     println!(
         "  replay CPU time {replay_ns:.0} ns per alloc or free (this machine, trace bookkeeping included)"
     );
+    if through_pool {
+        let started = std::time::Instant::now();
+        let r = host::plan::pool::replay(&plan, &target, 80 << 30)?;
+        let s = r.stats;
+        println!(
+            "planned pool (model driver, lake of 80 GiB): peak live {:.1} MiB, peak reserved {:.1} MiB, efficiency {:.4}; plan hits {}, dynamic {} + {}, fallbacks {}; {:.2} s",
+            mib(r.peak_live),
+            mib(r.peak_reserved),
+            r.efficiency(),
+            s.plan_hits,
+            s.dynamic_slot,
+            s.dynamic_idle,
+            s.fallbacks,
+            started.elapsed().as_secs_f64()
+        );
+    }
     Ok(())
 }

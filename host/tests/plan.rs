@@ -18,13 +18,16 @@ use std::time::Instant;
 
 use gpu_kernel::workload::SplitMix64;
 use host::lake::synthetic::{Gpt2Shape, gpt2_trace};
+use host::lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};
 use host::lake::{Event, EventKind, Site, Trace};
+use host::plan::pool::{PlannedPool, PlannedPoolError};
 use host::plan::profile::peak_live;
 use host::plan::{
     Part, Placement, Plan, PlannedArena, Profile, ProfileConfig, RuntimeStats, SynthConfig,
     align_up,
 };
 use host::pluggable::replay;
+use host::pluggable::{ModelEvents, StreamId, StreamPool};
 
 fn gpt2_b16() -> Trace {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-b16-6steps.trace.gz");
@@ -181,6 +184,45 @@ fn checked_replay(plan: &Plan, trace: &Trace) -> RuntimeStats {
     stats
 }
 
+/// `trace` strayed from: sizes grown by a quarter from step 3 on (one in
+/// four), an extra request every 50 allocations (kept to the step's end),
+/// every 97th allocation dropped (with its free).
+fn strayed(trace: &Trace) -> Trace {
+    let mut rng = SplitMix64(3);
+    let mut b = Builder::new();
+    let mut addr_of: HashMap<u64, (u64, u64)> = HashMap::new();
+    let mut extras: Vec<(u64, u64)> = Vec::new();
+    let mut phase = trace.events[0].site.phase;
+    for (i, e) in trace.events.iter().enumerate() {
+        if e.site.phase != phase {
+            for x in extras.drain(..) {
+                b.free(phase, x);
+            }
+            phase = e.site.phase;
+        }
+        match e.kind {
+            EventKind::Alloc if i % 97 == 0 => {}
+            EventKind::Alloc => {
+                let size = if e.site.phase >= 3 && rng.below(4) == 0 {
+                    e.size + e.size / 4
+                } else {
+                    e.size
+                };
+                addr_of.insert(e.addr, b.alloc(e.site.phase, size));
+                if i % 50 == 0 {
+                    extras.push(b.alloc(e.site.phase, 1 + rng.below(64 << 20)));
+                }
+            }
+            EventKind::Free => {
+                if let Some(a) = addr_of.remove(&e.addr) {
+                    b.free(e.site.phase, a);
+                }
+            }
+        }
+    }
+    b.finish()
+}
+
 #[test]
 fn profile_classifies_static_dynamic_and_wrapping_requests() {
     // Step 0: one persistent; steps 1-3: a static, a dynamic, one freed in
@@ -328,42 +370,7 @@ fn deviating_runs_fall_back_without_overlap() {
         &Profile::of(&trace, &ProfileConfig::default()),
         &SynthConfig::default(),
     );
-    // Sizes grown by a quarter from step 3 on, an extra request every 50
-    // allocations (kept to the step's end), every 97th allocation dropped
-    // (with its free).
-    let mut rng = SplitMix64(3);
-    let mut b = Builder::new();
-    let mut addr_of: HashMap<u64, (u64, u64)> = HashMap::new();
-    let mut extras: Vec<(u64, u64)> = Vec::new();
-    let mut phase = trace.events[0].site.phase;
-    for (i, e) in trace.events.iter().enumerate() {
-        if e.site.phase != phase {
-            for x in extras.drain(..) {
-                b.free(phase, x);
-            }
-            phase = e.site.phase;
-        }
-        match e.kind {
-            EventKind::Alloc if i % 97 == 0 => {}
-            EventKind::Alloc => {
-                let size = if e.site.phase >= 3 && rng.below(4) == 0 {
-                    e.size + e.size / 4
-                } else {
-                    e.size
-                };
-                addr_of.insert(e.addr, b.alloc(e.site.phase, size));
-                if i % 50 == 0 {
-                    extras.push(b.alloc(e.site.phase, 1 + rng.below(64 << 20)));
-                }
-            }
-            EventKind::Free => {
-                if let Some(a) = addr_of.remove(&e.addr) {
-                    b.free(e.site.phase, a);
-                }
-            }
-        }
-    }
-    let strayed = b.finish();
+    let strayed = strayed(&trace);
     let stats = checked_replay(&plan, &strayed);
     assert!(stats.fallbacks > 0 && stats.plan_hits > 0, "{stats:?}");
     // Another model altogether (the synthetic GPT-2 at batch 4).
@@ -465,5 +472,111 @@ fn degenerate_traces_give_plans_that_serve_them() {
         assert!(plan.arena >= profile.trace_peak_live);
         let stats = checked_replay(&plan, &trace);
         assert_eq!(stats.fallbacks, 0, "{stats:?}");
+    }
+}
+
+/// Replays `trace` through a planned pool on the data-less model (64 GiB
+/// lake), checking every address handed out against every live one (arena
+/// and fallback alike) and the pool at the end; the arena's counters.
+fn checked_pool_replay(plan: &Plan, trace: &Trace) -> RuntimeStats {
+    let lake = Lake::new(
+        ModelVmm::without_data(2 << 20, ChunkOptions::default()),
+        LakeConfig::with_limit(64 << 30),
+    );
+    let mut pp = PlannedPool::new(
+        StreamPool::new(lake, ModelEvents::completing()),
+        plan.clone(),
+    )
+    .expect("the arena fits the lake");
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let mut at: HashMap<u64, (u64, StreamId)> = HashMap::new();
+    let mut phase = None;
+    for e in &trace.events {
+        if phase.is_some_and(|p| p != e.site.phase) {
+            pp.step();
+        }
+        phase = Some(e.site.phase);
+        let stream = StreamId(u64::from(e.site.stream));
+        match e.kind {
+            EventKind::Alloc => {
+                let addr = pp.alloc(e.size, stream).expect("served");
+                let end = addr + e.size.max(1);
+                if let Some(&(o, x)) = live.iter().find(|&&(o, x)| addr < x && o < end) {
+                    panic!("{addr:#x}..{end:#x} overlaps the live {o:#x}..{x:#x}");
+                }
+                live.push((addr, end));
+                at.insert(e.addr, (addr, stream));
+            }
+            EventKind::Free => {
+                if let Some((addr, stream)) = at.remove(&e.addr) {
+                    let k = live.iter().position(|l| l.0 == addr).expect("live");
+                    live.swap_remove(k);
+                    pp.free(addr, stream).expect("freed");
+                }
+            }
+        }
+    }
+    pp.pool().check().unwrap();
+    pp.stats()
+}
+
+#[test]
+fn planned_pool_replays_recorded_gpt2_on_the_model_driver() {
+    let trace = gpt2_b16();
+    let plan = Plan::synthesize(
+        &Profile::of(&trace, &ProfileConfig::default()),
+        &SynthConfig::default(),
+    );
+    let r = host::plan::pool::replay(&plan, &trace, 80 << 30).unwrap();
+    assert_eq!(r.stats.fallbacks, 0, "{r:?}");
+    assert!(
+        r.efficiency() >= 0.97,
+        "planned pool efficiency {:.4}",
+        r.efficiency()
+    );
+    let stats = checked_pool_replay(&plan, &trace);
+    assert_eq!(stats.fallbacks, 0);
+}
+
+#[test]
+fn planned_pool_serves_strayed_runs_and_other_streams_from_the_lake() {
+    let trace = gpt2_b16();
+    let plan = Plan::synthesize(
+        &Profile::of(&trace, &ProfileConfig::default()),
+        &SynthConfig::default(),
+    );
+    let stats = checked_pool_replay(&plan, &strayed(&trace));
+    assert!(stats.fallbacks > 0 && stats.plan_hits > 0, "{stats:?}");
+    // Every other allocation moved to a second stream: those go to the
+    // stream pool, the rest still match their ordinals.
+    let mut two = gpt2_b16();
+    let mut stream_of: HashMap<u64, u32> = HashMap::new();
+    for (i, e) in two.events.iter_mut().enumerate() {
+        if e.kind == EventKind::Alloc {
+            e.site.stream = (i % 2) as u32 * 7;
+            stream_of.insert(e.addr, e.site.stream);
+        } else if let Some(&s) = stream_of.get(&e.addr) {
+            e.site.stream = s;
+        }
+    }
+    let stats = checked_pool_replay(&plan, &two);
+    assert!(stats.plan_hits > 0 && stats.unmatched > 0, "{stats:?}");
+}
+
+#[test]
+fn planned_pool_refuses_an_arena_over_the_lake_limit() {
+    let trace = gpt2_b16();
+    let plan = Plan::synthesize(
+        &Profile::of(&trace, &ProfileConfig::default()),
+        &SynthConfig::default(),
+    );
+    let lake = Lake::new(
+        ModelVmm::without_data(2 << 20, ChunkOptions::default()),
+        LakeConfig::with_limit(1 << 30),
+    );
+    match PlannedPool::new(StreamPool::new(lake, ModelEvents::completing()), plan) {
+        Err(e @ PlannedPoolError::Arena(_)) => assert!(e.to_string().contains("arena")),
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("a 12 GiB arena in a 1 GiB lake"),
     }
 }

@@ -19,6 +19,9 @@
 //! - [`runtime`]: [`runtime::PlannedArena`], which serves allocations by
 //!   offset in one arena (planned offsets in order, best fit into idle
 //!   planned space, fallback above the plan), and a trace replay through it.
+//! - [`pool`]: [`pool::PlannedPool`], the opt-in planned mode over the
+//!   pluggable pool: the arena is one lake range, fallbacks go to the
+//!   stream pool; a replay on the CPU model driver.
 //!
 //! Time is counted in trace events: position `i` is the `i`-th alloc or
 //! free. The plan's timeline is the prologue (positions `0..P`) followed by
@@ -32,6 +35,7 @@
 pub mod file;
 mod place;
 pub mod png;
+pub mod pool;
 pub mod profile;
 pub mod runtime;
 pub mod synth;

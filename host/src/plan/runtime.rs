@@ -151,6 +151,19 @@ impl PlannedArena {
 
     /// Serves `size` bytes on `stream`: the offset and how it was found.
     pub fn alloc(&mut self, size: u64, stream: u32) -> (u64, Placement) {
+        if let Some(hit) = self.try_planned(size, stream) {
+            return hit;
+        }
+        let size = align_up(size);
+        let off = self.fallback_place(size);
+        self.insert(off, size);
+        (off, Placement::Fallback)
+    }
+
+    /// Steps 1–3 only: the offset and how it was found, or `None` when the
+    /// request falls back (counted as a fallback; the caller serves it
+    /// elsewhere, e.g. from the pool over the lake).
+    pub fn try_planned(&mut self, size: u64, stream: u32) -> Option<(u64, Placement)> {
         let size = align_up(size);
         let lane = (size < self.plan.small_below) as usize;
         let table = if self.step < self.plan.prologue_steps {
@@ -161,29 +174,40 @@ impl PlannedArena {
         let planned = table.get(self.ordinal[lane]).copied().flatten();
         self.ordinal[lane] += 1;
         let matched = planned.filter(|&i| self.plan.requests[i].request.stream == stream);
-        let found = matched.and_then(|i| self.planned_place(i, size));
-        let (off, how) = match found {
-            Some(hit) => hit,
-            None => {
-                if matched.is_none() {
-                    self.stats.unmatched += 1;
-                }
-                (self.fallback_place(size), Placement::Fallback)
+        let Some((off, how)) = matched.and_then(|i| self.planned_place(i, size)) else {
+            self.stats.fallbacks += 1;
+            if matched.is_none() {
+                self.stats.unmatched += 1;
             }
+            return None;
         };
         match how {
             Placement::Planned => self.stats.plan_hits += 1,
             Placement::DynamicSlot => self.stats.dynamic_slot += 1,
-            Placement::DynamicIdle => self.stats.dynamic_idle += 1,
-            Placement::Fallback => self.stats.fallbacks += 1,
+            _ => self.stats.dynamic_idle += 1,
         }
+        self.insert(off, size);
+        Some((off, how))
+    }
+
+    /// Counts a request of `size` bytes served elsewhere without looking
+    /// at the plan (its ordinal is used up, so later ones still match);
+    /// counted as an unmatched fallback.
+    pub fn skip(&mut self, size: u64) {
+        let lane = (align_up(size) < self.plan.small_below) as usize;
+        self.ordinal[lane] += 1;
+        self.stats.fallbacks += 1;
+        self.stats.unmatched += 1;
+    }
+
+    /// Marks `[off, off + size)` live; it must be free.
+    fn insert(&mut self, off: u64, size: u64) {
         assert!(
             self.is_free(off, size),
             "planned arena: {off}+{size} overlaps a live range"
         );
         self.live.insert(off, off + size);
         self.stats.high_water = self.stats.high_water.max(off + size);
-        (off, how)
     }
 
     /// Frees the allocation at `offset`; its size.
