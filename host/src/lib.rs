@@ -25,6 +25,7 @@ pub mod error;
 pub mod gpu;
 pub mod graph;
 pub mod lake;
+pub mod plan;
 pub mod pluggable;
 pub mod remat;
 pub mod selftest;
