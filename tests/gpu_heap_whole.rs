@@ -191,7 +191,15 @@ fn one_random_size_each_on_demand_plus_three_percent() {
     );
     ours.free(&gpu, gpu.address(&ptrs), n).unwrap();
     assert_whole(&ours, "demand + 3%");
-    assert!(share >= 0.97, "{:.2}%", 100.0 * share);
+    // The 97% goal is for the full workload (2^20 threads, an 8 GiB heap).
+    // Runs shortened by GPUMALLOC_TEST_THREADS (the sanitizer runs: 4096
+    // threads, a 32 MiB heap of 16 segments for 13 classes) check safety
+    // and the heap's integrity, not the share.
+    if n >= 1 << 18 {
+        assert!(share >= 0.97, "{:.2}%", 100.0 * share);
+    } else {
+        println!("issue12: share not checked below 2^18 threads");
+    }
 }
 
 #[test]
