@@ -38,7 +38,7 @@ if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck synccheck; do
     TAIL=6 GPUMALLOC_TEST_THREADS=${SANITIZER_THREADS:-4096} step "$OUT/sanitizer-heap-whole-$tool.log" \
       compute-sanitizer --tool $tool --error-exitcode 9 \
-      "$BIN/test-gpu_heap_whole" --include-ignored --test-threads=1 random_sizes one_random_size bad_frees mixed_class
+      "$BIN/test-gpu_heap_whole" --include-ignored --test-threads=1 random_sizes one_random_size bad_frees mixed_class large_requests
   done
 fi
 iters=10; [ -n "${QUICK:-}" ] && iters=3
