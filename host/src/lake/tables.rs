@@ -38,6 +38,9 @@ use super::driver::ChunkHandle;
 use super::fence::{Fence, Progress, Requester};
 
 mod mapping;
+mod stitched_list;
+
+pub use stitched_list::StitchedList;
 
 /// A stitched view of `m` chunks serves a request of `n` only if
 /// `m <= n + n / TIGHT + 1`: a view made for one tensor is reused by the
@@ -97,7 +100,7 @@ pub struct Chunk {
     /// While free: who may reuse it (see `fence.rs`).
     pub fence: Fence,
     /// Stitched views mapping it, with its slot in each.
-    pub stitched: Vec<(ViewId, usize)>,
+    pub stitched: StitchedList,
 }
 
 /// A virtual reservation with chunks mapped in its slots.
@@ -547,7 +550,7 @@ impl Tables {
             let chunk = self.chunks.get_mut(&c).expect("live chunk");
             debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
             chunk.used = used;
-            for p in std::iter::once(chunk.home).chain(chunk.stitched.iter().copied()) {
+            for p in std::iter::once(chunk.home).chain(chunk.stitched.iter()) {
                 if Some(p.0) != done {
                     add_slot(&mut by_view, &mut views, p);
                 }
@@ -734,7 +737,7 @@ impl Tables {
             if view.stitched || view.slots.get(s) != Some(&Some(cid)) {
                 return Err(format!("chunk {cid} is not at its home slot"));
             }
-            for &(v, s) in &c.stitched {
+            for (v, s) in c.stitched.iter() {
                 let view = self
                     .views
                     .get(&v)

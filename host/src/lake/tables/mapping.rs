@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use super::super::driver::{ChunkHandle, VmmDriver, VmmResult};
 use super::super::fence::Fence;
-use super::{Chunk, ChunkId, Placement, Tables, View, ViewId, consecutive};
+use super::{Chunk, ChunkId, Placement, StitchedList, Tables, View, ViewId, consecutive};
 
 /// Unmaps the granules at `addrs` (all mapped by us), best effort: used only
 /// to undo work after an earlier failure, whose error is the one reported.
@@ -128,7 +128,7 @@ impl Tables {
                 home: (v, s),
                 used: true,
                 fence: Fence::none(),
-                stitched: Vec::new(),
+                stitched: StitchedList::default(),
             });
             ids.push(cid);
             self.holes.remove(&(v, s));
