@@ -194,8 +194,20 @@ impl PtxBuilder {
             return Err(BuildError::NoPtx(ptx));
         }
         if env::var_os("OUT_DIR").is_some() {
+            println!("cargo:rerun-if-changed={}", manifest.display());
             println!("cargo:rerun-if-env-changed={ARCH_ENV}");
-            rerun_if_changed_tree(&self.crate_dir);
+            // Every source the build read, the path crates the kernel crate
+            // depends on included (the allocator crate a user's kernels
+            // link): cargo's own dep-info of the PTX build lists them.
+            let dep_info = ptx.with_extension("d");
+            match std::fs::read_to_string(&dep_info) {
+                Ok(text) => {
+                    for path in dep_info_sources(&text) {
+                        println!("cargo:rerun-if-changed={path}");
+                    }
+                }
+                Err(_) => rerun_if_changed_tree(&self.crate_dir),
+            }
         }
         Ok(ptx)
     }
@@ -304,7 +316,41 @@ fn crate_lib_name(manifest: &Path) -> Result<String, BuildError> {
         .replace('-', "_"))
 }
 
-/// Prints `cargo:rerun-if-changed` for the crate's manifest and sources.
+/// The dependency paths of a Makefile-style dep-info file (`target: dep
+/// dep ...`, one rule per line, spaces in paths escaped as `\ `), each
+/// once, in order.
+fn dep_info_sources(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let Some((_, deps)) = line.split_once(": ") else {
+            continue;
+        };
+        let mut current = String::new();
+        let mut chars = deps.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' if chars.peek() == Some(&' ') => {
+                    current.push(' ');
+                    chars.next();
+                }
+                ' ' => {
+                    if !current.is_empty() && !out.contains(&current) {
+                        out.push(std::mem::take(&mut current));
+                    }
+                    current.clear();
+                }
+                _ => current.push(c),
+            }
+        }
+        if !current.is_empty() && !out.contains(&current) {
+            out.push(current);
+        }
+    }
+    out
+}
+
+/// Prints `cargo:rerun-if-changed` for the crate's manifest and sources
+/// (when the build left no dep-info to read).
 fn rerun_if_changed_tree(crate_dir: &Path) {
     println!(
         "cargo:rerun-if-changed={}",
@@ -316,6 +362,21 @@ fn rerun_if_changed_tree(crate_dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dep_info_lists_every_source_once_with_escaped_spaces() {
+        let text = "/t/k.ptx: /a/src/lib.rs /b/gpu-kernel/src/heap.rs /c/my\\ dir/x.rs\n\
+                    /t/k.d: /a/src/lib.rs /b/gpu-kernel/src/heap.rs\n\n";
+        assert_eq!(
+            dep_info_sources(text),
+            [
+                "/a/src/lib.rs",
+                "/b/gpu-kernel/src/heap.rs",
+                "/c/my dir/x.rs"
+            ]
+        );
+        assert!(dep_info_sources("").is_empty());
+    }
 
     #[test]
     fn lib_name_prefers_lib_section() {
