@@ -27,8 +27,10 @@ impl HeapConfig {
     /// Share of free GPU memory a default heap takes.
     pub const DEFAULT_FREE_FRACTION: f64 = 0.8;
 
-    /// A heap of `bytes` with the checks of this build profile: both on in
-    /// debug builds, off in release builds.
+    /// A heap of `bytes` with the default options: no double-free bitmap,
+    /// no trap (misuse is counted), spares on. The same in debug and
+    /// release builds: checking is the caller's explicit choice
+    /// ([`HeapConfig::checked`], `trap_on_misuse`).
     pub fn with_bytes(bytes: u64) -> HeapConfig {
         HeapConfig {
             bytes: Some(bytes),
@@ -84,11 +86,14 @@ impl HeapConfig {
 }
 
 impl Default for HeapConfig {
+    /// Most of the GPU's free memory, checks off, in every build profile
+    /// (a heap that traps in a debug build but counts in a release build
+    /// surprised users).
     fn default() -> HeapConfig {
         HeapConfig {
             bytes: None,
-            check_double_free: cfg!(debug_assertions),
-            trap_on_misuse: cfg!(debug_assertions),
+            check_double_free: false,
+            trap_on_misuse: false,
             slot_spares: true,
         }
     }

@@ -33,6 +33,9 @@ pub mod thread_cuda;
 
 pub use config::HeapConfig;
 pub use cpu_heap::CpuHeap;
+/// The CUDA driver bindings the host API is written against (streams,
+/// events, buffers), so users need not match our cudarc version and features.
+pub use cudarc;
 pub use device_heap::DeviceHeap;
 pub use error::{Error, Result};
 pub use gpu::Gpu;
