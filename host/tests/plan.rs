@@ -34,6 +34,14 @@ fn gpt2_b16() -> Trace {
     replay::load(&path).expect("the repository's GPT-2 trace")
 }
 
+/// The plan of `trace` with the default profile and synthesis settings.
+fn default_plan(trace: &Trace) -> Plan {
+    Plan::synthesize(
+        &Profile::of(trace, &ProfileConfig::default()),
+        &SynthConfig::default(),
+    )
+}
+
 /// Builds a trace from (step, alloc-or-free, size, addr) in order.
 struct Builder {
     events: Vec<Event>,
@@ -366,10 +374,7 @@ fn recorded_gpt2_plan_is_sound_tight_and_fast() {
 #[test]
 fn deviating_runs_fall_back_without_overlap() {
     let trace = gpt2_b16();
-    let plan = Plan::synthesize(
-        &Profile::of(&trace, &ProfileConfig::default()),
-        &SynthConfig::default(),
-    );
+    let plan = default_plan(&trace);
     let strayed = strayed(&trace);
     let stats = checked_replay(&plan, &strayed);
     assert!(stats.fallbacks > 0 && stats.plan_hits > 0, "{stats:?}");
@@ -398,10 +403,7 @@ fn deviating_runs_fall_back_without_overlap() {
 #[test]
 fn arena_serves_planned_offsets_and_refuses_bad_frees() {
     let trace = random_trace(5, 3, 30, 2);
-    let plan = Plan::synthesize(
-        &Profile::of(&trace, &ProfileConfig::default()),
-        &SynthConfig::default(),
-    );
+    let plan = default_plan(&trace);
     let first = plan.requests[0];
     let mut arena = PlannedArena::new(plan.clone());
     let (off, how) = arena.alloc(first.request.size, first.request.stream);
@@ -414,10 +416,7 @@ fn arena_serves_planned_offsets_and_refuses_bad_frees() {
 #[test]
 fn plan_file_round_trips_and_refuses_damage() {
     let trace = random_trace(11, 4, 60, 3);
-    let plan = Plan::synthesize(
-        &Profile::of(&trace, &ProfileConfig::default()),
-        &SynthConfig::default(),
-    );
+    let plan = default_plan(&trace);
     let mut bytes = Vec::new();
     plan.write_to(&mut bytes).unwrap();
     let text = String::from_utf8(bytes).unwrap();
@@ -523,10 +522,7 @@ fn checked_pool_replay(plan: &Plan, trace: &Trace) -> RuntimeStats {
 #[test]
 fn planned_pool_replays_recorded_gpt2_on_the_model_driver() {
     let trace = gpt2_b16();
-    let plan = Plan::synthesize(
-        &Profile::of(&trace, &ProfileConfig::default()),
-        &SynthConfig::default(),
-    );
+    let plan = default_plan(&trace);
     let r = host::plan::pool::replay(&plan, &trace, 80 << 30).unwrap();
     assert_eq!(r.stats.fallbacks, 0, "{r:?}");
     assert!(
@@ -541,10 +537,7 @@ fn planned_pool_replays_recorded_gpt2_on_the_model_driver() {
 #[test]
 fn planned_pool_serves_strayed_runs_and_other_streams_from_the_lake() {
     let trace = gpt2_b16();
-    let plan = Plan::synthesize(
-        &Profile::of(&trace, &ProfileConfig::default()),
-        &SynthConfig::default(),
-    );
+    let plan = default_plan(&trace);
     let stats = checked_pool_replay(&plan, &strayed(&trace));
     assert!(stats.fallbacks > 0 && stats.plan_hits > 0, "{stats:?}");
     // Every other allocation moved to a second stream: those go to the
@@ -566,10 +559,7 @@ fn planned_pool_serves_strayed_runs_and_other_streams_from_the_lake() {
 #[test]
 fn planned_pool_refuses_an_arena_over_the_lake_limit() {
     let trace = gpt2_b16();
-    let plan = Plan::synthesize(
-        &Profile::of(&trace, &ProfileConfig::default()),
-        &SynthConfig::default(),
-    );
+    let plan = default_plan(&trace);
     let lake = Lake::new(
         ModelVmm::without_data(2 << 20, ChunkOptions::default()),
         LakeConfig::with_limit(1 << 30),
