@@ -25,6 +25,9 @@
 //! and replayed on another shows how it serves sequence lengths it never
 //! saw.
 
+#[path = "common/usage.rs"]
+mod usage;
+
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -86,13 +89,7 @@ fn run() -> Result<(), String> {
             "--no-dynamic-slots" => sconf.plan_dynamic = false,
             "--headroom" => sconf.dynamic_headroom_pct = count(value("a percent")?)? as u64,
             "-h" | "--help" => {
-                let usage: Vec<&str> = include_str!("plan.rs")
-                    .lines()
-                    .map_while(|l| l.strip_prefix("//!"))
-                    .map(|l| l.strip_prefix(' ').unwrap_or(l))
-                    .filter(|l| !l.starts_with("```"))
-                    .collect();
-                println!("{}", usage.join("\n"));
+                println!("{}", usage::from_module_doc(include_str!("plan.rs")));
                 return Ok(());
             }
             path if trace_path.is_none() => trace_path = Some(path.to_string()),

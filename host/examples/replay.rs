@@ -23,6 +23,9 @@
 //!                                 STEPS steps drawn from its later ones
 //! ```
 
+#[path = "common/usage.rs"]
+mod usage;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -89,13 +92,7 @@ fn run() -> Result<(), String> {
             "--save" => save = Some(PathBuf::from(value("a path")?)),
             "--loop" => loop_steps = Some(value("steps")?.parse().map_err(|e| format!("{e}"))?),
             "-h" | "--help" => {
-                let usage: Vec<&str> = include_str!("replay.rs")
-                    .lines()
-                    .map_while(|l| l.strip_prefix("//!"))
-                    .map(|l| l.strip_prefix(' ').unwrap_or(l))
-                    .filter(|l| !l.starts_with("```"))
-                    .collect();
-                println!("{}", usage.join("\n"));
+                println!("{}", usage::from_module_doc(include_str!("replay.rs")));
                 return Ok(());
             }
             path => {
