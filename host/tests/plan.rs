@@ -59,22 +59,17 @@ impl Builder {
     fn alloc(&mut self, step: u32, size: u64) -> (u64, u64) {
         let addr = self.next_addr;
         self.next_addr += 1 << 40 >> 10;
-        self.events.push(Event {
-            kind: EventKind::Alloc,
-            size,
-            addr,
-            site: Site {
-                stream: 0,
-                phase: step,
-            },
-            time_ns: self.events.len() as u64,
-        });
+        self.push(EventKind::Alloc, step, (addr, size));
         (addr, size)
     }
 
-    fn free(&mut self, step: u32, (addr, size): (u64, u64)) {
+    fn free(&mut self, step: u32, allocation: (u64, u64)) {
+        self.push(EventKind::Free, step, allocation);
+    }
+
+    fn push(&mut self, kind: EventKind, step: u32, (addr, size): (u64, u64)) {
         self.events.push(Event {
-            kind: EventKind::Free,
+            kind,
             size,
             addr,
             site: Site {
