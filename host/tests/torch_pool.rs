@@ -198,6 +198,49 @@ fn empty_cache_of_a_lone_stream_waits_and_releases_everything() {
 }
 
 #[test]
+fn reuse_cache_serves_a_freed_size_without_the_lake_and_never_grows_the_pool() {
+    let p = pool(16, ModelEvents::completing());
+    let a = p.alloc(3 * G, S1).unwrap();
+    let b = p.alloc(3 * G, S1).unwrap();
+    p.free(a, S1).unwrap();
+    p.free(b, S1).unwrap();
+    let stats = p.stats();
+    assert_eq!(stats.reuse_free_bytes, 6 * G, "both blocks wait whole");
+    // A lone stream's frees have no event: idle, but waiting for others.
+    assert_eq!(stats.breakdown.reuse_free_bytes, 0);
+    assert_eq!(stats.breakdown.waiting_bytes, 6 * G);
+    assert_eq!(stats.breakdown.total(), stats.reserved_bytes);
+    // The same size comes back from the cache: the lake sees nothing.
+    let lake_live = p.lake().stats().live_allocations;
+    let c = p.alloc(3 * G, S1).unwrap();
+    assert_eq!(c, b, "the newest block of that capacity");
+    assert_eq!(p.lake().stats().live_allocations, lake_live);
+    p.free(c, S1).unwrap();
+    // Another size: the cache goes back to the lake first, which then finds
+    // the two blocks side by side instead of growing.
+    let reserved = p.stats().reserved_bytes;
+    let d = p.alloc(6 * G, S1).unwrap();
+    assert_eq!(p.stats().reserved_bytes, reserved, "no growth for a miss");
+    assert_eq!(p.stats().reuse_free_bytes, 0);
+    p.free(d, S1).unwrap();
+    p.check().unwrap();
+    // empty_cache gives what the cache holds back to the driver.
+    p.empty_cache().unwrap();
+    assert_eq!(p.stats().reserved_bytes, 0);
+    assert_eq!(p.lake().driver().census(), Default::default());
+}
+
+#[test]
+fn reuse_cache_off_leaves_every_free_to_the_lake() {
+    let p = pool(16, ModelEvents::completing());
+    p.set_reuse_entries(0).unwrap();
+    let a = p.alloc(3 * G, S1).unwrap();
+    p.free(a, S1).unwrap();
+    assert_eq!(p.stats().reuse_free_bytes, 0);
+    assert_eq!(p.lake().stats().live_allocations, 0);
+}
+
+#[test]
 fn zero_size_is_null_and_counts_nothing() {
     let p = pool(4, ModelEvents::new());
     assert_eq!(p.alloc(0, S1).unwrap(), 0);

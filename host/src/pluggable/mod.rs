@@ -20,7 +20,8 @@
 //!
 //! Files: `block` (blocks, their origins and homes), `event` (the boundary
 //! and its model), `cuda_event` (its CUDA side), `split` (the small-request
-//! cache, whose free pieces carry fences), `private` (graph pools
+//! cache, whose free pieces carry fences), `reuse` (freed large blocks kept
+//! for requests of their size), `private` (graph pools
 //! and windows), `pool` (the thread-safe [`StreamPool`] over all of them),
 //! `stats`, `error`, `registry` (one pool per device).
 
@@ -32,6 +33,7 @@ pub mod pool;
 pub mod private;
 pub mod registry;
 pub mod replay;
+pub mod reuse;
 pub mod split;
 pub mod stats;
 

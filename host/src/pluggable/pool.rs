@@ -27,6 +27,11 @@
 //! - **split chunks**: a general split-cache chunk whose pieces are all
 //!   free goes back to the lake at once (one spare kept), where it serves
 //!   any size;
+//! - **reuse cache** ([`ReuseCache`]): a freed large block of the general
+//!   pool waits, whole and behind its fence, for a request of the same
+//!   capacity; before the lake places any request (a miss), when memory
+//!   runs short and on `empty_cache`, the cache is emptied into the lake,
+//!   so it never makes the pool reserve more;
 //! - **no event work while a window is open** ([`PrivatePools`]): while
 //!   any allocation window is open (a graph may be being captured), frees
 //!   that would need events are *parked* and nothing is polled; when the
@@ -54,6 +59,7 @@ use super::block::{Block, Home, Origin, PoolId};
 use super::error::{PoolError, PoolResult};
 use super::event::{EventId, EventSource, StreamId};
 use super::private::PrivatePools;
+use super::reuse::{self, ReuseCache};
 use super::split::SplitCache;
 use super::stats::{PoolBreakdown, PoolStats};
 use crate::lake::{
@@ -126,6 +132,7 @@ struct Counters {
 /// Everything behind the pool's mutex.
 struct State {
     split: SplitCache,
+    reuse: ReuseCache,
     live: HashMap<u64, Live>,
     /// Per stream, the events recorded at its frees with the frees'
     /// numbers, oldest first.
@@ -197,6 +204,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             events,
             state: Mutex::new(State {
                 split: SplitCache::new(chunk),
+                reuse: ReuseCache::new(reuse::DEFAULT_ENTRIES),
                 live: HashMap::new(),
                 events: HashMap::new(),
                 frees: HashMap::new(),
@@ -219,6 +227,16 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// The event source.
     pub fn events(&self) -> &E {
         &self.events
+    }
+
+    /// Sets how many freed large blocks the reuse cache keeps (0: none;
+    /// the default is [`reuse::DEFAULT_ENTRIES`]); what it held goes to the
+    /// lake.
+    pub fn set_reuse_entries(&self, entries: usize) -> PoolResult<()> {
+        let mut s = self.state();
+        self.drain_reuse(&mut s)?;
+        s.reuse = ReuseCache::new(entries);
+        Ok(())
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -553,8 +571,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         let lake = self.lake.stats_with(&s.progress);
         let c = s.counters;
         let split_waiting = s.split.pending_bytes(&s.progress);
+        let reuse_waiting = s.reuse.pending_bytes(&s.progress);
         let parked: u64 = s.parked.iter().map(|p| p.live.block.capacity).sum();
-        let waiting = parked + split_waiting + lake.breakdown.waiting_bytes;
+        let waiting = parked + split_waiting + reuse_waiting + lake.breakdown.waiting_bytes;
         let (mut small_rounding, mut large_rounding) = (0, 0);
         for l in s.live.values() {
             match l.block.origin {
@@ -568,6 +587,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             small_rounding_bytes: small_rounding,
             large_rounding_bytes: large_rounding,
             split_free_bytes: s.split.free_bytes() - split_waiting,
+            reuse_free_bytes: s.reuse.bytes() - reuse_waiting,
             private_free_bytes: private_free,
             waiting_bytes: waiting,
             lake_free_bytes: lake.breakdown.free_bytes,
@@ -584,7 +604,11 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             split_free_bytes: s.split.free_bytes(),
             private_free_bytes: private_free,
             private_pools: s.private.count() as u64,
-            largest_free_bytes: lake.largest_free_bytes.max(s.split.largest_free()),
+            largest_free_bytes: lake
+                .largest_free_bytes
+                .max(s.split.largest_free())
+                .max(s.reuse.largest()),
+            reuse_free_bytes: s.reuse.bytes(),
             limit_bytes: self.lake.limit_bytes(),
             live_allocations: s.live.len() as u64,
             allocs: c.allocs,
@@ -629,7 +653,15 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// them), with the out-of-memory retry.
     fn alloc_general(&self, s: &mut State, size: u64, stream: StreamId) -> PoolResult<Block> {
         if !s.split.is_small(size) {
-            let range = self.lake_alloc(s, size, size, stream)?;
+            let req = Requester {
+                stream: stream.0,
+                progress: &s.progress,
+            };
+            let capacity = self.capacity_for(s, size);
+            let range = match s.reuse.take(capacity, &req) {
+                Some(range) => range,
+                None => self.lake_alloc(s, size, size, stream)?,
+            };
             return Ok(self.large_block(range));
         }
         let req = Requester {
@@ -708,6 +740,11 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             };
             self.lake.alloc_for(bytes, site, &req)
         };
+        // The lake places nothing while the reuse cache holds blocks: they
+        // go back first, so that the lake sees every free chunk, as if they
+        // had been freed to it (a placement made beside cached blocks would
+        // leave them as holes that later requests stitch over).
+        self.drain_reuse(s)?;
         let mut out = try_once(s);
         if matches!(&out, Err(e) if e.is_out_of_memory()) {
             // First what nobody uses any more (waiting memory, empty split
@@ -744,8 +781,14 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             reserved: lake.reserved_bytes,
             active: s.counters.active,
             limit: self.lake.limit_bytes(),
-            largest_free: lake.largest_free_bytes.max(s.split.largest_free()),
-            waiting: lake.breakdown.waiting_bytes + s.split.pending_bytes(&s.progress) + parked,
+            largest_free: lake
+                .largest_free_bytes
+                .max(s.split.largest_free())
+                .max(s.reuse.largest()),
+            waiting: lake.breakdown.waiting_bytes
+                + s.split.pending_bytes(&s.progress)
+                + s.reuse.pending_bytes(&s.progress)
+                + parked,
             cause: cause.to_string(),
         }
     }
@@ -755,6 +798,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// complete, and gives released graphs' memory back; then returns
     /// wholly free split chunks to the lake.
     fn reclaim(&self, s: &mut State) -> PoolResult<()> {
+        self.drain_reuse(s)?;
         if !s.private.any_window() {
             self.flush_parked(s)?;
             self.synchronize(s, false)?;
@@ -947,11 +991,26 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 debug_assert!(freed.is_some(), "piece {:#x} was in use", block.addr);
                 self.release_empty_chunks(s, SplitCache::SPARE_EMPTY)
             }
-            (Home::General, Origin::Large(range)) => self
-                .lake
-                .free_fenced(range, Site::default(), fence)
-                .map_err(PoolError::Lake),
+            (Home::General, Origin::Large(range)) => {
+                match s.reuse.put(range, block.capacity, fence.clone()) {
+                    Some((old, old_fence)) => self
+                        .lake
+                        .free_fenced(old, Site::default(), &old_fence)
+                        .map_err(PoolError::Lake),
+                    None => Ok(()),
+                }
+            }
         }
+    }
+
+    /// Gives every block of the reuse cache to the lake.
+    fn drain_reuse(&self, s: &mut State) -> PoolResult<()> {
+        for (range, fence) in s.reuse.drain() {
+            self.lake
+                .free_fenced(range, Site::default(), &fence)
+                .map_err(PoolError::Lake)?;
+        }
+        Ok(())
     }
 
     /// Gives wholly free general split chunks beyond `keep` to the lake.

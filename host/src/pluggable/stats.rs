@@ -16,6 +16,9 @@ pub struct PoolBreakdown {
     pub large_rounding_bytes: u64,
     /// Free pieces of chunks the split cache holds.
     pub split_free_bytes: u64,
+    /// Freed large blocks the reuse cache keeps for requests of their size
+    /// (fences settled for every stream).
+    pub reuse_free_bytes: u64,
     /// Free memory that CUDA graph (private) pools keep for their replays.
     pub private_free_bytes: u64,
     /// Freed blocks not yet reusable by every stream: their event has not
@@ -32,18 +35,20 @@ impl PoolBreakdown {
             + self.small_rounding_bytes
             + self.large_rounding_bytes
             + self.split_free_bytes
+            + self.reuse_free_bytes
             + self.private_free_bytes
             + self.waiting_bytes
             + self.lake_free_bytes
     }
 
     /// The parts with their names, in the order of the fields.
-    pub fn parts(&self) -> [(&'static str, u64); 7] {
+    pub fn parts(&self) -> [(&'static str, u64); 8] {
         [
             ("active", self.active_bytes),
             ("small rounding (512 B)", self.small_rounding_bytes),
             ("large rounding (chunk)", self.large_rounding_bytes),
             ("split cache free", self.split_free_bytes),
+            ("reuse cache free", self.reuse_free_bytes),
             ("graph pools free", self.private_free_bytes),
             ("waiting on events", self.waiting_bytes),
             ("lake free chunks", self.lake_free_bytes),
@@ -78,6 +83,8 @@ pub struct PoolStats {
     pub split_free_bytes: u64,
     /// Free bytes held by private (CUDA graph) pools.
     pub private_free_bytes: u64,
+    /// Bytes of freed large blocks the reuse cache keeps.
+    pub reuse_free_bytes: u64,
     /// Private pools that exist.
     pub private_pools: u64,
     /// The largest free extent: a free lake block or a free piece of the
