@@ -88,7 +88,7 @@ def largest_batch(results):
     out = {}
     plain = [r for r in results if "batch" in r and "+lora" not in str(r.get("model", ""))
              and r.get("status") != "skipped" and not str(r.get("run", "")).startswith("trace-")]
-    for a in ALLOCATORS:
+    for a in ALLOCATORS + tuple(sorted({str(r.get("allocator")) for r in plain} - set(ALLOCATORS))):
         ok = [r["batch"] for r in plain if r.get("allocator") == a and r.get("status") == "ok"]
         bad = [r["batch"] for r in plain if r.get("allocator") == a and r.get("status") != "ok"]
         if ok or bad:
@@ -100,6 +100,11 @@ def markdown(results):
     """The README table: per model and batch, reserved GiB, efficiency, tokens/s."""
     main = [r for r in results if is_main(r) and "batch" in r]
     allocs = [a for a in ALLOCATORS if any(r.get("allocator") == a for r in results)]
+    # Variants such as `ours-c16` (ours with 16 MiB chunks), in order met.
+    for r in results:
+        a = r.get("allocator")
+        if a and a not in allocs:
+            allocs.append(a)
     keys = []
     for r in main:
         k = (r.get("model", "gpt2"), r["batch"])
@@ -108,7 +113,7 @@ def markdown(results):
     gpu = next((r["gpu"] for r in results if r.get("gpu")), "unknown GPU")
     lines = [f"GPU: {gpu}. Cells: peak reserved GiB, efficiency (peak active / peak reserved), "
              "tokens/s over steps 2-5 (change against PyTorch default).", "",
-             "| model | batch | peak active GiB | " + " | ".join(LABEL[a] for a in allocs) + " |",
+             "| model | batch | peak active GiB | " + " | ".join(LABEL.get(a, a) for a in allocs) + " |",
              "|---|---|---|" + "---|" * len(allocs)]
     for model, batch in keys:
         by = {a: next((r for r in main if r.get("allocator") == a and r.get("model", "gpt2") == model
@@ -135,7 +140,7 @@ def markdown(results):
             lines.append(f"- {r.get('model')} b{r['batch']} (at {sample.get('label')}): " + ", ".join(parts))
     lb = largest_batch(results)
     if lb:
-        lines += ["", "| largest batch that fits (no LoRA) | " + " | ".join(LABEL[a] for a in lb) + " |",
+        lines += ["", "| largest batch that fits (no LoRA) | " + " | ".join(LABEL.get(a, a) for a in lb) + " |",
                   "|---|" + "---|" * len(lb),
                   "| batch (first failing) | " + " | ".join(
                       f"{ok} ({bad if bad is not None else 'none failed'})" for ok, bad in lb.values())

@@ -21,8 +21,9 @@ starting runs after that many seconds):
               is not ok (OOM, crash, timeout): the largest batch that fits.
   ddp         two-GPU data-parallel loss check, ours vs default (train_ddp.py;
               needs two GPUs).
-  throughput  tokens/s without probes, 30 steps measured from step 5, at
-              batch 16 (twice, allocators interleaved) and 32: ours' time in
+  throughput  tokens/s without probes, 40 steps whose first 8 lengths repeat,
+              at batch 16 (3 repetitions, allocators interleaved) and 32 (2):
+              new-length and repeated-length windows; ours' time in
               malloc/free and in VMM calls per step -> throughput.md.
   full        main + sweep + ddp in one command (about 15-20 minutes).
   smoke       CPU-only check of this runner (tiny model, --device cpu).
@@ -111,11 +112,12 @@ class Runner:
             self.record(res)
             return res
         timeout = max(20, min(timeout, self.left()))
-        cmd = [PY, str(HERE / "train_gpt2.py"), "--allocator", allocator, "--batch", str(batch),
+        base, env = allocator_variant(allocator)
+        cmd = [PY, str(HERE / "train_gpt2.py"), "--allocator", base, "--batch", str(batch),
                "--tag", name] + (["--lora"] if lora else []) + list(args) + self.extra
         if self.device != "cuda":
             cmd += ["--device", self.device]
-        rc, text = self.subprocess(name, cmd, timeout)
+        rc, text = self.subprocess(name, cmd, timeout, env_extra=env)
         res = None
         for line in text.splitlines():
             if line.startswith("RESULT "):
@@ -128,6 +130,7 @@ class Runner:
                    "tag": name, "status": "timeout" if rc == "timeout" else "crash", "rc": str(rc),
                    "oom": "out of memory" in text.lower(), "tail": text[-1500:]}
         res["run"] = name
+        res["allocator"] = allocator
         self.record(res)
         log(f"  -> {report.one_line(res)}", self.logf)
         return res
@@ -259,44 +262,66 @@ def suite_ddp(r, allocs):
 def window_tokens_per_s(res, lo, hi, batch):
     """Tokens/s over steps lo..hi (inclusive) from the per-step times (each
     step ends synchronised, so their sum is the window's wall time)."""
-    ms, lens = res.get("step_ms", []), res.get("seq_lens", [])
-    if len(ms) <= hi or len(lens) <= hi:
-        return None
-    return batch * sum(lens[lo:hi + 1]) / (sum(ms[lo:hi + 1]) / 1000.0)
+    tm = window_tokens_ms(res, lo, hi, batch)
+    return tm[0] / (tm[1] / 1000.0) if tm and tm[1] else None
 
 
-def suite_throughput(r, allocs, steps=30, measure_from=5, plan=((16, 3), (32, 2))):
+def suite_throughput(r, allocs, steps=40, cycle=8, plan=((16, 3), (32, 2))):
     """Tokens/s with no probes inside the step, allocators interleaved per
     repetition, and where ours spends host time (malloc/free, VMM calls) per
-    measured step. Two windows: steps 2-5 (where a longer sequence than
-    before still grows the pool) and steps measure_from..steps-1."""
-    args = ["--steps", str(steps), "--measure-from", str(measure_from), "--no-probes"]
+    step. The first `cycle` sequence lengths repeat (`--length-cycle`), so
+    each run has two windows: steps 1..cycle-1, where every length is new
+    (PyTorch and cuBLAS set up each new shape on the host, the pools grow),
+    and steps cycle..steps-1, where every length has been seen before, as in
+    a long run whose lengths repeat: the steady state, bound by the GPU.
+    Steps 2-5 (the main suite's window) are reported too."""
+    args = ["--steps", str(steps), "--measure-from", str(cycle), "--no-probes",
+            "--length-cycle", str(cycle)]
+    windows = ((1, cycle - 1, "new lengths"), (2, 5, "2-5"), (cycle, steps - 1, "repeated"))
     runs = []
     for batch, reps in plan:
         for rep in range(1, reps + 1):
-            for alloc in allocs:
+            # Rotate the order per repetition so that no allocator always runs first.
+            order = list(allocs[rep - 1:]) + list(allocs[:rep - 1]) if allocs else []
+            for alloc in order:
                 res = r.train(f"tp-{alloc}-b{batch}-r{rep}", alloc, batch, timeout=150, args=args)
                 runs.append((batch, rep, alloc, res))
-    late = f"{measure_from}-{steps - 1}"
-    lines = [f"Tokens/s (no probes; each step ends synchronised), allocators interleaved per "
-             f"repetition; change against PyTorch's default of the same repetition. Ours: host ms "
-             f"per step inside malloc/free and in VMM driver calls, mean over steps {late}.", "",
-             f"| batch | rep | allocator | tok/s steps 2-5 | vs default | tok/s steps {late} | "
-             "vs default | median step ms | ours alloc ms/step | ours driver ms/step |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    ratios = {}
+    text = throughput_report(runs, windows, cycle)
+    (r.out / "throughput.md").write_text(text)
+    log("throughput:\n" + text, r.logf)
+
+
+def throughput_report(runs, windows, measure_from):
+    """Markdown: per run tokens/s in each window and the change against the
+    default of the same repetition; ours' host ms per step; then per batch,
+    allocator and window the median of those ratios and the pooled ratio
+    (all repetitions' tokens over all their time)."""
+    names = [w[2] for w in windows]
+    lines = ["Tokens/s (no probes; each step ends synchronised), allocators interleaved per "
+             "repetition; change against PyTorch's default of the same repetition. Ours: host ms "
+             f"per step inside malloc/free and in VMM driver calls, mean over steps {measure_from}-.",
+             "",
+             "| batch | rep | allocator | " + " | ".join(f"tok/s {n} | vs default" for n in names)
+             + " | median step ms (repeated) | ours alloc ms/step | ours driver ms/step |",
+             "|---|---|---|" + "---|---|" * len(windows) + "---|---|---|"]
+    ratios, pooled = {}, {}
     for batch, rep, alloc, res in runs:
         base = next((x for b, rp, a, x in runs if (b, rp, a) == (batch, rep, "default")), None)
         cells = []
-        for lo, hi in ((2, 5), (measure_from, steps - 1)):
+        for lo, hi, name in windows:
             t = window_tokens_per_s(res, lo, hi, batch)
             t0 = window_tokens_per_s(base, lo, hi, batch) if base else None
             cells.append(f"{t:.0f}" if t else "-")
             if t and t0:
                 cells.append(f"{100 * (t / t0 - 1):+.1f}%")
-                ratios.setdefault((batch, alloc, lo), []).append(t / t0)
+                ratios.setdefault((batch, alloc, name), []).append(t / t0)
             else:
                 cells.append("-")
+            tok_ms = window_tokens_ms(res, lo, hi, batch)
+            if tok_ms:
+                acc = pooled.setdefault((batch, alloc, name), [0.0, 0.0])
+                acc[0] += tok_ms[0]
+                acc[1] += tok_ms[1]
         ms = sorted(res.get("step_ms", [])[measure_from:])
         med = f"{ms[len(ms) // 2]:.0f}" if ms else "-"
         am = res.get("step_alloc_ms", [])[measure_from:]
@@ -304,17 +329,26 @@ def suite_throughput(r, allocs, steps=30, measure_from=5, plan=((16, 3), (32, 2)
         a = f"{sum(am) / len(am):.1f}" if am else "-"
         d = f"{sum(dm) / len(dm):.1f}" if dm else "-"
         lines.append(f"| {batch} | {rep} | {alloc} | {' | '.join(cells)} | {med} | {a} | {d} |")
-    lines += ["", "Median over repetitions of the ratio to the default:", ""]
-    for (batch, alloc, lo), rs in sorted(ratios.items()):
+    lines += ["", "Against the default: median over repetitions of the ratio, and the pooled "
+              "ratio (all repetitions' tokens over all their time):", ""]
+    for (batch, alloc, name), rs in sorted(ratios.items()):
         if alloc == "default":
             continue
         rs = sorted(rs)
-        window = "2-5" if lo == 2 else late
-        lines.append(f"- batch {batch}, {alloc}, steps {window}: {100 * (statistics.median(rs) - 1):+.1f}% "
-                     f"(each: {', '.join(f'{100 * (x - 1):+.1f}%' for x in rs)})")
-    text = "\n".join(lines) + "\n"
-    (r.out / "throughput.md").write_text(text)
-    log("throughput:\n" + text, r.logf)
+        p, p0 = pooled.get((batch, alloc, name)), pooled.get((batch, "default", name))
+        pooled_txt = (f", pooled {100 * ((p[0] / p[1]) / (p0[0] / p0[1]) - 1):+.1f}%"
+                      if p and p0 and p[1] and p0[1] else "")
+        lines.append(f"- batch {batch}, {alloc}, steps {name}: median {100 * (statistics.median(rs) - 1):+.1f}%"
+                     f"{pooled_txt} (each: {', '.join(f'{100 * (x - 1):+.1f}%' for x in rs)})")
+    return "\n".join(lines) + "\n"
+
+
+def window_tokens_ms(res, lo, hi, batch):
+    """(tokens, ms) over steps lo..hi inclusive, or None."""
+    ms, lens = (res or {}).get("step_ms", []), (res or {}).get("seq_lens", [])
+    if len(ms) <= hi or len(lens) <= hi:
+        return None
+    return batch * sum(lens[lo:hi + 1]), sum(ms[lo:hi + 1])
 
 
 def write_full_reports(r, results=None):
@@ -354,13 +388,23 @@ def merge(dirs, out):
 ALLOCS = ("default", "expandable", "ours")
 
 
+def allocator_variant(name):
+    """Splits an allocator name into (allocator, environment): `ours-cN` is
+    ours with the lake's chunk size set to N MiB (`GPUMALLOC_CHUNK_MIB`), so
+    chunk sizes can be compared in one run; every other name is itself."""
+    if name.startswith("ours-c") and name[len("ours-c"):].isdigit():
+        return "ours", {"GPUMALLOC_CHUNK_MIB": name[len("ours-c"):]}
+    return name, {}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--suite", choices=["milestone1", "main", "sweep", "ddp", "full", "smoke",
                                        "throughput"])
     p.add_argument("--out", required=True)
     p.add_argument("--allocators", default=",".join(ALLOCS),
-                   help="comma-separated subset of default,expandable,ours")
+                   help="comma-separated subset of default,expandable,ours; ours-cN is ours "
+                        "with N MiB chunks")
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no run after this many seconds (default: per suite)")
     p.add_argument("--sweep", default="80,88,96,104,112,120,128,144,160,192,256",
@@ -372,7 +416,7 @@ def main(argv=None):
                    help="only combine the results.jsonl of these folders into --out")
     args = p.parse_args(argv)
     allocs = tuple(a for a in args.allocators.split(",") if a)
-    bad = [a for a in allocs if a not in ALLOCS]
+    bad = [a for a in allocs if allocator_variant(a)[0] not in ALLOCS]
     if bad:
         p.error(f"unknown allocators {bad}")
     if args.merge:

@@ -68,6 +68,10 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--seq-jitter", type=int, default=256,
                    help="each step is shortened by a random 0..jitter-1 tokens")
+    p.add_argument("--length-cycle", type=int, default=0,
+                   help="if N > 0, step i uses the length of step i %% N: after the first N "
+                        "steps every length has been seen, as in a long run where the data "
+                        "loader's lengths repeat (PyTorch and cuBLAS cache per shape)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--lora", action="store_true", help="LoRA r=16 on attn.c_attn/attn.c_proj")
@@ -102,10 +106,12 @@ def set_allocator_env(allocator):
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 
 
-def step_lengths(seed, steps, seq, jitter):
-    """The sequence length of every step (same for every allocator)."""
+def step_lengths(seed, steps, seq, jitter, cycle=0):
+    """The sequence length of every step (same for every allocator); with
+    `cycle` > 0 the first `cycle` lengths repeat."""
     rng = random.Random(seed)
-    return [seq - (rng.randrange(jitter) if jitter > 0 else 0) for _ in range(steps)]
+    drawn = [seq - (rng.randrange(jitter) if jitter > 0 else 0) for _ in range(steps)]
+    return [drawn[i % cycle] for i in range(steps)] if cycle > 0 else drawn
 
 
 class Memory:
@@ -230,7 +236,7 @@ def run(args):
         result["history_call"] = start_history(torch, args.trace_max_entries)
         log(f"recording allocation history: {result['history_call']}")
 
-    lengths = step_lengths(args.seed, args.steps, args.seq, args.seq_jitter)
+    lengths = step_lengths(args.seed, args.steps, args.seq, args.seq_jitter, args.length_cycle)
     result["seq_lens"] = lengths
     timeline = []
     t_origin = time.perf_counter()
