@@ -4,7 +4,11 @@
 
 use std::collections::HashSet;
 
-use gpumalloc::gpu_kernel::class::{SEGMENT_BYTES, SLICE_CLASSES};
+use gpumalloc::gpu_kernel::class::{SLICE_CLASSES, segment_shift_for};
+
+/// The segment size of every heap here (all below 2 GiB): the smallest,
+/// unless the build sets `GPUMALLOC_SEGMENT_SHIFT`.
+const SEGMENT_BYTES: u64 = 1 << segment_shift_for(1 << 30);
 use gpumalloc::gpu_kernel::workload::{fill, hash64, verify};
 use gpumalloc::{CpuHeap, HeapConfig};
 

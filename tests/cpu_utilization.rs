@@ -19,15 +19,22 @@
 use std::collections::HashSet;
 
 use gpumalloc::gpu_kernel::arch::preempt_every;
-use gpumalloc::gpu_kernel::class::{Request, SEGMENT_BYTES};
+use gpumalloc::gpu_kernel::class::{MIN_SEGMENT_SHIFT, Request};
 use gpumalloc::gpu_kernel::workload::log_uniform_size;
 use gpumalloc::{CpuHeap, HeapConfig};
 
 const MIB: u64 = 1 << 20;
 
-/// Bytes the heap hands out for a request of `size` (its class's unit).
-fn rounded(size: u64) -> u64 {
-    Request::for_size(size).granted_bytes()
+/// Bytes `h` hands out for a request of `size` (its class's unit, or whole
+/// segments).
+fn rounded(h: &CpuHeap, size: u64) -> u64 {
+    h.heap().granted_bytes(size)
+}
+
+/// Bytes a heap of 2 MiB segments hands out for `size`: sizes a heap
+/// before it exists (up to 64 KiB the rounding is the same on every heap).
+fn rounded_small(size: u64) -> u64 {
+    Request::for_size(size, MIN_SEGMENT_SHIFT).granted_bytes(MIN_SEGMENT_SHIFT)
 }
 
 /// Everything freed: nothing live, every segment free, no misuse counted.
@@ -68,8 +75,8 @@ fn until_first_null(
 }
 
 /// No two allocations overlap.
-fn assert_disjoint(got: &[(u64, u64)]) {
-    let mut spans: Vec<(u64, u64)> = got.iter().map(|&(p, n)| (p, p + rounded(n))).collect();
+fn assert_disjoint(h: &CpuHeap, got: &[(u64, u64)]) {
+    let mut spans: Vec<(u64, u64)> = got.iter().map(|&(p, n)| (p, p + rounded(h, n))).collect();
     spans.sort_unstable();
     for w in spans.windows(2) {
         assert!(w[0].1 <= w[1].0, "overlap: {:x?} and {:x?}", w[0], w[1]);
@@ -84,9 +91,9 @@ fn random_sizes_until_first_null() {
         let got = until_first_null(&h, 8, &|t, step| {
             log_uniform_size(12 + round, t, step, 16, 64 << 10)
         });
-        assert_disjoint(&got);
+        assert_disjoint(&h, &got);
         let requested: u64 = got.iter().map(|g| g.1).sum();
-        let handed: u64 = got.iter().map(|g| rounded(g.1)).sum();
+        let handed: u64 = got.iter().map(|g| rounded(&h, g.1)).sum();
         let share = handed as f64 / h.bytes() as f64;
         println!(
             "random 16 B-64 KiB, 256 MiB heap, round {round}: {} allocations, \
@@ -115,7 +122,7 @@ fn random_sizes_until_first_null() {
 fn one_random_size_each_on_demand_plus_three_percent() {
     let n = 1u64 << 17;
     let size = |id: u64| log_uniform_size(20, id, 0, 1, 64 << 10);
-    let demand: u64 = (0..n).map(|id| rounded(size(id))).sum();
+    let demand: u64 = (0..n).map(|id| rounded_small(size(id))).sum();
     let bytes = (demand as f64 * 1.03) as u64;
     let h = &CpuHeap::new(HeapConfig::unchecked(bytes)).unwrap();
     let threads = 8;
@@ -134,8 +141,8 @@ fn one_random_size_each_on_demand_plus_three_percent() {
         hs.into_iter().flat_map(|t| t.join().unwrap()).collect()
     });
     let ok: Vec<(u64, u64)> = got.iter().copied().filter(|g| g.0 != 0).collect();
-    assert_disjoint(&ok);
-    let obtained: u64 = ok.iter().map(|g| rounded(g.1)).sum();
+    assert_disjoint(h, &ok);
+    let obtained: u64 = ok.iter().map(|g| rounded(h, g.1)).sum();
     let share = obtained as f64 / demand as f64;
     println!(
         "2^17 random 1 B-64 KiB, heap {} MiB = demand {} MiB + 3%: {:.1}% of the demand \
@@ -174,7 +181,7 @@ fn large_runs_next_to_small_slices() {
     };
     let large_total: u64 = (0..IDS)
         .step_by(STRIDE as usize)
-        .map(|id| rounded(size(id)))
+        .map(|id| rounded_small(size(id)))
         .sum();
     let h = &CpuHeap::new(HeapConfig::unchecked(large_total + 1024 * MIB)).unwrap();
     let start = &std::sync::Barrier::new((64 + SMALL_THREADS) as usize);
@@ -211,7 +218,7 @@ fn large_runs_next_to_small_slices() {
     let run_nulls = runs.iter().filter(|&&p| p == 0).count();
     let failed: u64 = (0..64u64)
         .filter(|&k| runs[k as usize] == 0)
-        .map(|k| rounded(size(k * STRIDE)))
+        .map(|k| rounded(h, size(k * STRIDE)))
         .sum();
     println!(
         "large runs next to small slices, heap {} MiB, {} MiB of runs: {run_nulls} of {} runs \
@@ -221,7 +228,7 @@ fn large_runs_next_to_small_slices() {
         runs.len(),
         failed >> 20,
         small.len(),
-        (h.stats().free_segments as u64 * SEGMENT_BYTES) >> 20
+        (h.stats().free_segments as u64 * h.heap().segment_bytes()) >> 20
     );
     assert_eq!(
         run_nulls, 0,
@@ -238,24 +245,25 @@ fn large_runs_next_to_small_slices() {
 fn mixed_class_exhaustion() {
     let h = CpuHeap::new(HeapConfig::checked(1024 * MIB)).unwrap();
     let whole = h.bytes();
+    let segment = h.heap().segment_bytes();
     for (what, size) in [
         ("4 KiB", 4096u64),
         ("8 KiB", 8192),
         ("4 KiB again", 4096),
-        ("runs of 3 segments", 3 * SEGMENT_BYTES),
-        ("runs of 1 segment + 1 B", SEGMENT_BYTES + 1),
+        ("runs of 3 segments", 3 * segment),
+        ("runs of 1 segment + 1 B", segment + 1),
         ("16 B", 16),
     ] {
         let got = until_first_null(&h, 4, &|_, _| size);
-        assert_disjoint(&got);
-        let handed: u64 = got.iter().map(|g| rounded(g.1)).sum();
+        assert_disjoint(&h, &got);
+        let handed: u64 = got.iter().map(|g| rounded(&h, g.1)).sum();
         let share = handed as f64 / whole as f64;
         println!(
             "mixed-class exhaustion, 1 GiB heap, {what}: {:.1}%",
             100.0 * share
         );
         // Runs of k segments can leave fewer than k segments over.
-        let floor = 1.0 - rounded(size) as f64 / whole as f64 - 0.005;
+        let floor = 1.0 - rounded(&h, size) as f64 / whole as f64 - 0.005;
         assert!(share >= floor.min(0.97), "{what}: {:.1}%", 100.0 * share);
         let distinct: HashSet<u64> = got.iter().map(|g| g.0).collect();
         assert_eq!(distinct.len(), got.len());
