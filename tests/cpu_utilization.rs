@@ -6,7 +6,9 @@
 //!   sizes 16 B–64 KiB until its first null, on a 256 MiB heap; three rounds
 //!   with everything freed between them.
 //! - `one_random_size_each_on_demand_plus_three_percent`: 2^17 requests of
-//!   log-uniform 1 B–64 KiB on a heap of the class-rounded demand + 3%.
+//!   log-uniform 1 B–64 KiB on a heap of the class-rounded demand + 3%
+//!   (1 GiB, 2 MiB segments); `two_to_the_20_…`: 2^20 of them, the GPU
+//!   test's 8.4 GiB heap (8 MiB segments).
 //! - `large_runs_next_to_small_slices`: the GPU test's requests (64 runs of
 //!   32–256 MiB among 65,472 requests of 16 B–4 KiB, heap = runs + 1 GiB),
 //!   64 + 32 threads at once; no run may fail while free segments could
@@ -19,7 +21,7 @@
 use std::collections::HashSet;
 
 use gpumalloc::gpu_kernel::arch::preempt_every;
-use gpumalloc::gpu_kernel::class::{MIN_SEGMENT_SHIFT, Request};
+use gpumalloc::gpu_kernel::class::{MAX_SEGMENT_SHIFT, MIN_SEGMENT_SHIFT, Request};
 use gpumalloc::gpu_kernel::workload::log_uniform_size;
 use gpumalloc::{CpuHeap, HeapConfig};
 
@@ -120,11 +122,72 @@ fn random_sizes_until_first_null() {
 
 #[test]
 fn one_random_size_each_on_demand_plus_three_percent() {
-    let n = 1u64 << 17;
+    demand_plus_three_percent(1 << 17, None);
+}
+
+/// The GPU workload's size: 2^20 requests on an 8.4 GiB heap, which gets
+/// 8 MiB segments (the smaller test's 1 GiB heap gets 2 MiB ones). The
+/// data is reserved, not touched.
+#[test]
+fn two_to_the_20_random_sizes_on_demand_plus_three_percent() {
+    demand_plus_three_percent(1 << 20, None);
+}
+
+/// Probes how the segment size trades utilization (`cargo test --release
+/// --test cpu_utilization segment_size_sweep -- --ignored --nocapture`):
+/// the first-null and demand + 3% workloads at every segment size, on
+/// heaps of 256 MiB and 1 GiB.
+#[test]
+#[ignore = "a probe for choosing `AUTO_MIN_SEGMENTS`; prints, asserts nothing"]
+fn segment_size_sweep() {
+    for shift in MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT {
+        for bytes in [256 * MIB, 1024 * MIB] {
+            let h = CpuHeap::new(HeapConfig {
+                segment_shift: Some(shift),
+                ..HeapConfig::unchecked(bytes)
+            })
+            .unwrap();
+            let got = until_first_null(&h, 8, &|t, step| {
+                log_uniform_size(12, t, step, 16, 64 << 10)
+            });
+            let handed: u64 = got.iter().map(|g| rounded(&h, g.1)).sum();
+            println!(
+                "sweep: {} MiB heap, {} segments of {} MiB: first null at {:.1}% of the heap",
+                bytes >> 20,
+                h.heap().segments(),
+                h.heap().segment_bytes() >> 20,
+                100.0 * handed as f64 / h.bytes() as f64
+            );
+        }
+        for n in [1u64 << 17, 1 << 18] {
+            let share = demand_plus_three_percent_share(n, Some(shift));
+            println!(
+                "sweep: 2^{} requests on demand + 3%, segments of {} MiB: {:.1}% of the demand",
+                n.trailing_zeros(),
+                1 << (shift - 20),
+                100.0 * share
+            );
+        }
+    }
+}
+
+/// `n` requests of log-uniform 1 B-64 KiB on a heap of their class-rounded
+/// demand + 3% (segments of `1 << shift` bytes, or the automatic size):
+/// at least 97% of the demand obtained.
+fn demand_plus_three_percent(n: u64, shift: Option<u32>) {
+    let share = demand_plus_three_percent_share(n, shift);
+    assert!(share >= 0.97, "{:.1}%", 100.0 * share);
+}
+
+fn demand_plus_three_percent_share(n: u64, shift: Option<u32>) -> f64 {
     let size = |id: u64| log_uniform_size(20, id, 0, 1, 64 << 10);
     let demand: u64 = (0..n).map(|id| rounded_small(size(id))).sum();
     let bytes = (demand as f64 * 1.03) as u64;
-    let h = &CpuHeap::new(HeapConfig::unchecked(bytes)).unwrap();
+    let h = &CpuHeap::new(HeapConfig {
+        segment_shift: shift,
+        ..HeapConfig::unchecked(bytes)
+    })
+    .unwrap();
     let threads = 8;
     let got: Vec<(u64, u64)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
@@ -145,10 +208,12 @@ fn one_random_size_each_on_demand_plus_three_percent() {
     let obtained: u64 = ok.iter().map(|g| rounded(h, g.1)).sum();
     let share = obtained as f64 / demand as f64;
     println!(
-        "2^17 random 1 B-64 KiB, heap {} MiB = demand {} MiB + 3%: {:.1}% of the demand \
-         obtained, {} nulls",
+        "2^{} random 1 B-64 KiB, heap {} MiB = demand {} MiB + 3% ({} MiB segments): {:.1}% \
+         of the demand obtained, {} nulls",
+        n.trailing_zeros(),
         h.bytes() >> 20,
         demand >> 20,
+        h.heap().segment_bytes() >> 20,
         100.0 * share,
         got.len() - ok.len()
     );
@@ -156,7 +221,7 @@ fn one_random_size_each_on_demand_plus_three_percent() {
         h.heap().free(p as *mut u8);
     }
     assert_whole(h, "demand + 3%");
-    assert!(share >= 0.97, "{:.1}%", 100.0 * share);
+    share
 }
 
 #[test]
