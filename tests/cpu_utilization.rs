@@ -13,6 +13,8 @@
 //!   32–256 MiB among 65,472 requests of 16 B–4 KiB, heap = runs + 1 GiB),
 //!   64 + 32 threads at once; no run may fail while free segments could
 //!   hold it.
+//! - `runs_from_256_threads_at_once_fill_the_heap`: 256 runs of 32 MiB at
+//!   once exactly fill an 8 GiB heap, three rounds; none may fail.
 //! - `mixed_class_exhaustion`: fill with 4 KiB, free, fill with 8 KiB, free,
 //!   then runs of segments, on a 1 GiB heap.
 //!
@@ -304,6 +306,53 @@ fn large_runs_next_to_small_slices() {
         h.heap().free(p as *mut u8);
     }
     assert_whole(h, "large next to small");
+}
+
+#[test]
+fn runs_from_256_threads_at_once_fill_the_heap() {
+    // `gpumalloc bench single`'s 32 MiB point, scaled so the runs fill the
+    // heap exactly: 256 threads each ask 32 MiB of an 8 GiB heap (8 MiB
+    // segments, runs of 4), all released by one barrier, every thread
+    // yielding at every second RMW. No run may fail: runs that each take
+    // their own stretch below the run cursor pack without gaps, and any
+    // that falls back to the run lock finds what is left. Three rounds,
+    // freed in a shuffled order between them (the cursor wraps to the
+    // top).
+    const THREADS: u64 = 256;
+    let h = &CpuHeap::new(HeapConfig::unchecked(THREADS * 32 * MIB)).unwrap();
+    let run = h.bytes() / THREADS;
+    for round in 0..3u64 {
+        let start = &std::sync::Barrier::new(THREADS as usize);
+        let got: Vec<u64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    s.spawn(move || {
+                        preempt_every(2);
+                        start.wait();
+                        h.heap().malloc(run) as u64
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let nulls = got.iter().filter(|&&p| p == 0).count();
+        println!(
+            "{THREADS} runs of {} MiB at once on {} MiB ({} MiB segments), round {round}: \
+             {nulls} null",
+            run >> 20,
+            h.bytes() >> 20,
+            h.heap().segment_bytes() >> 20
+        );
+        assert_eq!(nulls, 0, "round {round}");
+        let spans: Vec<(u64, u64)> = got.iter().map(|&p| (p, run)).collect();
+        assert_disjoint(h, &spans);
+        let mut order: Vec<u64> = got;
+        order.sort_by_key(|&p| gpumalloc::gpu_kernel::workload::hash64(p ^ round));
+        for p in order {
+            h.heap().free(p as *mut u8);
+        }
+        assert_whole(h, "runs");
+    }
 }
 
 #[test]
