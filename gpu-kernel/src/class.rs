@@ -37,10 +37,15 @@ pub const AUTO_MIN_SEGMENTS: u64 = 1024;
 /// geometries. 0 (unset): chosen per heap from its size.
 pub const BUILD_SEGMENT_SHIFT: u32 = build_knob(option_env!("GPUMALLOC_SEGMENT_SHIFT"), 0);
 const _: () = assert!(
-    BUILD_SEGMENT_SHIFT == 0
-        || (BUILD_SEGMENT_SHIFT >= MIN_SEGMENT_SHIFT && BUILD_SEGMENT_SHIFT <= MAX_SEGMENT_SHIFT),
+    BUILD_SEGMENT_SHIFT == 0 || is_segment_shift(BUILD_SEGMENT_SHIFT),
     "GPUMALLOC_SEGMENT_SHIFT must be 21..=24"
 );
+
+/// Whether a heap may have segments of `1 << shift` bytes
+/// (`MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT`).
+pub const fn is_segment_shift(shift: u32) -> bool {
+    shift >= MIN_SEGMENT_SHIFT && shift <= MAX_SEGMENT_SHIFT
+}
 
 /// The segment shift of a heap of `bytes` whose configuration names none:
 /// the build's `GPUMALLOC_SEGMENT_SHIFT` if set, else the largest shift in

@@ -19,8 +19,8 @@
 
 use crate::block::CHECK_WORDS_PER_BLOCK;
 use crate::class::{
-    CLASSES, MAX_SEGMENT_SHIFT, MIN_SEGMENT_SHIFT, SLICE_CLASSES, bitmap_words_per_segment,
-    segment_shift_for, slice_blocks_per_segment,
+    CLASSES, SLICE_CLASSES, bitmap_words_per_segment, is_segment_shift, segment_shift_for,
+    slice_blocks_per_segment,
 };
 use crate::slot::{MAX_SLOT_BLOCK, SLOTS_PER_CLASS, SPARES_PER_SLOT};
 use crate::veb::TreeShape;
@@ -199,7 +199,7 @@ impl Heap {
         segment_shift: u32,
         flags: u32,
     ) -> Result<HeapLayout, LayoutError> {
-        if !(MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT).contains(&segment_shift) {
+        if !is_segment_shift(segment_shift) {
             return Err(LayoutError::BadSegmentShift);
         }
         if segments == 0 {
@@ -313,7 +313,7 @@ impl Heap {
         flags: u32,
     ) -> Result<HeapLayout, LayoutError> {
         let shift = segment_shift.unwrap_or(segment_shift_for(bytes));
-        if !(MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT).contains(&shift) {
+        if !is_segment_shift(shift) {
             return Err(LayoutError::BadSegmentShift);
         }
         Heap::layout(bytes >> shift, shift, flags)
