@@ -378,8 +378,9 @@ impl Heap {
     }
 
     /// Claims up to `want` (1..=64) free segments for a slice class whose
-    /// block fills a segment (1 KiB … 4 KiB slices at 2 MiB segments, and
-    /// 512 B), with one RMW on the segment tree, and formats each with its
+    /// block fills a segment (512 B … 4 KiB slices at 2 MiB segments, only
+    /// 4 KiB at 16 MiB), with one RMW on the segment tree, and formats each
+    /// with its
     /// block taken. Returns the first id of the tree word they came from and
     /// the mask of the segments claimed (bit `k`: segment `first + k`).
     ///

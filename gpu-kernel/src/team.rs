@@ -28,10 +28,12 @@ const SLOT_BUDGET_SHIFT: u32 =
 /// Slot and spare blocks of one class stay within heap / 2^this.
 const SPARE_BUDGET_SHIFT: u32 = 3;
 /// Slot and spare blocks of a class whose block fills a segment, counted for
-/// every slot it could use, stay within heap / 2^this: 6 (with 2 MiB
-/// segments, heaps of 16 GiB and more keep 3 spare segments per slot for
-/// these classes; the issue 12 workloads, 256 MiB and about 8 GiB, keep
-/// none) unless `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT` is set at build time.
+/// every slot it could use, stay within heap / 2^this: 6 unless
+/// `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT` is set at build time. So such
+/// spares need a heap of 8192 segments or more: with the segment size each
+/// heap chooses (`class::segment_shift_for`) that is 128 GiB (16 MiB
+/// segments), and the issue 12 workloads and the 16 GiB bench heaps keep
+/// none.
 const SEGMENT_SPARE_BUDGET_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"), 6);
 
@@ -276,9 +278,8 @@ impl Heap {
         // A class whose block fills a segment holds whole segments idle, so
         // its budget is tighter, and counts every slot the class could have
         // (the slot count grows with the heap, which would keep the share
-        // the same on every heap): 2 MiB segments keep these spares on heaps
-        // of 16 GiB and more, not on the utilization workloads' 256 MiB
-        // and ~8 GiB.
+        // the same on every heap): heaps of 8192 segments and more keep
+        // these spares (see `SEGMENT_SPARE_BUDGET_SHIFT`).
         let whole_segments = class.blocks_per_segment(self.segment_shift) == 1;
         let (budget, slots) = if whole_segments {
             (SEGMENT_SPARE_BUDGET_SHIFT, SLOTS_PER_CLASS)
