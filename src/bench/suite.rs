@@ -101,7 +101,17 @@ impl Bench {
         let mut allocators: Vec<Box<dyn Allocator>> = Vec::new();
         for name in &opts.allocators {
             match name.as_str() {
-                "ours" => allocators.push(Box::new(Ours::new(gpu, opts.heap)?)),
+                "ours" => {
+                    let ours = Ours::new(gpu, opts.heap)?;
+                    // The segment size is chosen per heap: say which one
+                    // this run measured.
+                    eprintln!(
+                        "ours: {} MiB heap of {} MiB segments",
+                        ours.heap().bytes() >> 20,
+                        ours.heap().handle().segment_bytes() >> 20
+                    );
+                    allocators.push(Box::new(ours));
+                }
                 "ours-nospares" => allocators.push(Box::new(Ours::with_config(
                     gpu,
                     HeapConfig {
