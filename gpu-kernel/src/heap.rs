@@ -5,7 +5,11 @@
 //! - Block classes (8 KiB … one segment): one block per call, claimed from the
 //!   class tree or from a freshly formatted segment.
 //! - Above a segment: a run of segments claimed from the top of the segment
-//!   tree.
+//!   tree ([`crate::run`]).
+//!
+//! Segment, block and slice geometry follow the heap's segment shift
+//! (`Heap::segment_shift`, fixed when the heap is laid out), a field of the
+//! handle rather than a constant: `docs/PERF.md` has what that costs.
 //!
 //! Claiming a block: take the lowest segment of the class tree and reserve one
 //! of its free blocks in the segment table, then take a bit of its bitmap; if

@@ -12,7 +12,8 @@
 //! out `&Heap` (tied to its own lifetime) and opaque images for launches.
 //!
 //! Metadata is one array of 64-bit words, in this order: statistics, slot
-//! words, locks (one format lock per class, then the run lock), spare
+//! words, locks (one format lock per class, then the run lock and the run
+//! cursor), spare
 //! blocks, segment
 //! states, block bitmaps, block counters, trees (the segment
 //! tree, then one per class), and, on checked heaps, double-free bits.
