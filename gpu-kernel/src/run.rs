@@ -37,7 +37,7 @@
 //!
 //! # Lock word
 //! Bit 0: held. Bits 1..64: optimistic claims in flight, in units of
-//! [`OPTIMIST`]. Every change to it is one RMW, so its modification order
+//! `OPTIMIST`. Every change to it is one RMW, so its modification order
 //! decides between a holder and a claim that starts: the claim's add comes
 //! either before the holder's CAS (and the holder sees it counted) or after
 //! it (and the claim sees the lock held).
