@@ -7,10 +7,15 @@
 # registers (scripts/ptxas-report.sh over the PTX that build embeds).
 #
 # Variants (issue 12's speed work; predictions in docs/PERF.md):
-#   claim          the defaults of this tree
+#   auto           the defaults of this tree: each heap's segment size from
+#                  its size (16 MiB for bench's 16 GiB heaps, 2 MiB for 256 MiB)
+#   s21            every heap 2 MiB segments (GPUMALLOC_SEGMENT_SHIFT=21, the
+#                  geometry of main before heap-shift)
+#   s24            every heap 16 MiB segments (GPUMALLOC_SEGMENT_SHIFT=24)
+#   claim          the defaults (the name of the earlier run, = auto)
 #   claim-b2       + launch bounds: two 256-thread blocks of heap_alloc per SM
 #   claim-slots128 + 128 slots per class, slot blocks within 1/64 of the heap
-#   claim-s24      + 16 MiB segments (the be7ddc7 geometry)
+#   claim-s24      + 16 MiB segments (= s24)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
 # when a setting changes, and cargo tracks the `option_env!` reads.
@@ -20,7 +25,9 @@ DEST=${DEST:-.gpu-var}
 
 settings() {
   case $1 in
-    claim) echo "" ;;
+    claim | auto) echo "" ;;
+    s21) echo "GPUMALLOC_SEGMENT_SHIFT=21" ;;
+    s24) echo "GPUMALLOC_SEGMENT_SHIFT=24" ;;
     claim-b2) echo "GPUMALLOC_ALLOC_BLOCKS_PER_SM=2" ;;
     claim-slots128)
       echo "GPUMALLOC_SLOTS=128 GPUMALLOC_SLOT_BUDGET_SHIFT=6 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=4" ;;
@@ -29,7 +36,7 @@ settings() {
   esac
 }
 
-for name in "${@:-claim claim-b2 claim-slots128 claim-s24}"; do
+for name in "${@:-auto s21 s24}"; do
   for v in $name; do
     set_env=$(settings "$v")
     echo "== $v: ${set_env:-defaults}"

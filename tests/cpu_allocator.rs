@@ -4,7 +4,11 @@
 
 use std::collections::HashSet;
 
-use gpumalloc::gpu_kernel::class::{SEGMENT_BYTES, SLICE_CLASSES};
+use gpumalloc::gpu_kernel::class::{SLICE_CLASSES, segment_shift_for};
+
+/// The segment size of every heap here (all below 2 GiB): the smallest,
+/// unless the build sets `GPUMALLOC_SEGMENT_SHIFT`.
+const SEGMENT_BYTES: u64 = 1 << segment_shift_for(1 << 30);
 use gpumalloc::gpu_kernel::workload::{fill, hash64, verify};
 use gpumalloc::{CpuHeap, HeapConfig};
 
@@ -238,6 +242,67 @@ fn heap_sizes_that_cannot_be_laid_out_are_errors() {
         .err()
         .expect("too small");
     assert!(e.to_string().contains("smaller than one segment"), "{e}");
+}
+
+#[test]
+fn a_bad_segment_shift_is_an_error() {
+    for shift in [20, 25] {
+        let e = CpuHeap::new(HeapConfig {
+            segment_shift: Some(shift),
+            ..HeapConfig::unchecked(256 * MIB)
+        })
+        .err()
+        .expect("a shift outside 21..=24");
+        assert!(e.to_string().contains("segment shift"), "{e}");
+    }
+}
+
+/// Heaps of 256 MiB … 16 GiB get 2 … 16 MiB segments (unless the build or
+/// the configuration names one), and every class, a run and a whole-heap
+/// run work at each size. The data of the large heaps is reserved, not
+/// touched: each class writes one allocation.
+#[test]
+fn the_segment_size_follows_the_heap_and_the_configuration() {
+    let auto = gpumalloc::gpu_kernel::class::BUILD_SEGMENT_SHIFT == 0;
+    for (bytes, shift, configured) in [
+        (256 * MIB, 21, None),
+        (4096 * MIB, 22, None),
+        (8192 * MIB, 23, None),
+        (16384 * MIB, 24, None),
+        (512 * MIB, 24, Some(24)),
+        (16384 * MIB, 21, Some(21)),
+    ] {
+        let h = CpuHeap::new(HeapConfig {
+            segment_shift: configured,
+            ..HeapConfig::checked(bytes)
+        })
+        .unwrap();
+        if auto || configured.is_some() {
+            assert_eq!(h.heap().segment_shift(), shift, "{} MiB", bytes >> 20);
+        }
+        let segment = h.heap().segment_bytes();
+        assert_eq!(h.bytes(), bytes / segment * segment);
+        let mut ptrs = Vec::new();
+        let mut size = 1;
+        while size <= 2 * segment {
+            ptrs.push(alloc_checked(&h, size, size));
+            ptrs.push(alloc_checked(&h, size + 1, size));
+            size *= 2;
+        }
+        let distinct: HashSet<_> = ptrs.iter().collect();
+        assert_eq!(distinct.len(), ptrs.len());
+        for p in ptrs {
+            h.heap().free(p);
+        }
+        h.flush();
+        let s = h.stats();
+        assert_eq!(s.live_bytes, 0, "{s:?}");
+        assert_eq!(s.free_segments, s.segments, "{s:?}");
+        assert_eq!(s.invalid_frees + s.double_frees, 0, "{s:?}");
+        let whole = h.heap().malloc(h.bytes());
+        assert!(!whole.is_null(), "{} MiB in one run", bytes >> 20);
+        h.heap().free(whole);
+    }
 }
 
 /// Workload: 8 threads (8 slots) allocate 256 B until each sees null; the

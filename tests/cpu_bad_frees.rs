@@ -13,7 +13,6 @@
 //! | block never handed out | invalid | double |
 //! | block or run freed twice (also after its segment came back) | double | double |
 
-use gpumalloc::gpu_kernel::class::SEGMENT_BYTES;
 use gpumalloc::gpu_kernel::workload::{fill, verify};
 use gpumalloc::{CpuHeap, HeapConfig};
 
@@ -120,7 +119,7 @@ fn kinds() -> Vec<Kind> {
             checked: (0, 1),
             unchecked: (0, 1),
             run: |h| {
-                let p = alloc(h, 3 * SEGMENT_BYTES);
+                let p = alloc(h, 3 * h.heap().segment_bytes());
                 h.heap().free(p);
                 h.heap().free(p);
                 vec![]
@@ -131,9 +130,10 @@ fn kinds() -> Vec<Kind> {
             checked: (2, 0),
             unchecked: (2, 0),
             run: |h| {
-                let p = alloc(h, 3 * SEGMENT_BYTES);
+                let p = alloc(h, 3 * h.heap().segment_bytes());
                 h.heap().free(p.wrapping_add(4096));
-                h.heap().free(p.wrapping_add(SEGMENT_BYTES as usize));
+                h.heap()
+                    .free(p.wrapping_add(h.heap().segment_bytes() as usize));
                 vec![p]
             },
         },

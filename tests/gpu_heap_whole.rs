@@ -20,7 +20,7 @@
 
 use gpumalloc::bench::allocator::{Allocator, Ours, Sizes};
 use gpumalloc::gpu::Arg;
-use gpumalloc::gpu_kernel::class::{Request, SEGMENT_BYTES};
+use gpumalloc::gpu_kernel::class::{Request, segment_shift_for};
 use gpumalloc::gpu_kernel::workload::log_uniform_size;
 use gpumalloc::{Gpu, HeapConfig};
 
@@ -38,9 +38,17 @@ fn threads(default: u64) -> u64 {
         .map_or(default, |t: u64| t.min(default))
 }
 
-/// Bytes the heap hands out for a request of `size`.
+/// Segment size of the 1 GiB heaps of `mixed_class_exhaustion` and
+/// `bad_frees_checked_and_unchecked`.
+const SEGMENT_BYTES: u64 = 1 << segment_shift_for(GIB);
+
+/// Bytes a heap of 1 GiB hands out for a request of `size`: its class's
+/// unit (the same on every heap up to 64 KiB) or whole segments. Larger
+/// heaps may have larger segments: for their runs (`large_requests_next_to_
+/// small`) this is a lower bound, which the overlap check can use.
 fn rounded(size: u64) -> u64 {
-    Request::for_size(size).granted_bytes()
+    let shift = segment_shift_for(GIB);
+    Request::for_size(size, shift).granted_bytes(shift)
 }
 
 /// Everything freed: nothing live, every segment free.

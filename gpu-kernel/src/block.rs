@@ -27,7 +27,7 @@
 //!   states: a stale one can only turn an "invalid" into a "double" count.
 
 use crate::arch::{self, Word};
-use crate::class::{SLICES_PER_BLOCK, SizeClass};
+use crate::class::SLICES_PER_BLOCK;
 
 /// Mask of a counter's position within the current lifetime of a block of
 /// `per_block` slices.
@@ -61,17 +61,16 @@ impl<'a> BlockBitmap<'a> {
 
     #[inline(always)]
     fn word(&self, i: u32) -> &'a Word {
-        // SAFETY: block ids are below MAX_BLOCKS_PER_SEGMENT, so i is below
-        // BITMAP_WORDS_PER_SEGMENT, the slice's length.
+        // SAFETY: block ids are below the heap's `max_blocks_per_segment`,
+        // so i is below its `bitmap_words_per_segment`, the slice's length.
         unsafe { self.words.get_unchecked(i as usize) }
     }
 
-    /// Formats the bitmap for `class` with blocks `0..taken` taken by the
-    /// caller. Relaxed stores: the segment table's release store publishes
-    /// them.
+    /// Formats the bitmap for a class of `blocks` blocks per segment with
+    /// blocks `0..taken` taken by the caller. Relaxed stores: the segment
+    /// table's release store publishes them.
     #[inline]
-    pub fn format(&self, class: SizeClass, taken: u32) {
-        let blocks = class.blocks_per_segment();
+    pub fn format(&self, blocks: u32, taken: u32) {
         for i in 0..blocks.div_ceil(64) {
             let low = i * 64;
             let n = (blocks - low).min(64);
@@ -86,13 +85,13 @@ impl<'a> BlockBitmap<'a> {
         }
     }
 
-    /// Takes a free block, scanning from word `start` (mod the word count)
+    /// Takes a free block of a class of `blocks` blocks per segment, scanning from word `start` (mod the word count)
     /// so that threads of one team spread over the bitmap. The caller holds
     /// a reservation, so a free block exists; a bit found set may be taken
     /// by another reserver first, so rescan.
     #[inline]
-    pub fn take(&self, class: SizeClass, start: u32) -> u32 {
-        let words = class.blocks_per_segment().div_ceil(64);
+    pub fn take(&self, blocks: u32, start: u32) -> u32 {
+        let words = blocks.div_ceil(64);
         loop {
             for k in 0..words {
                 let i = (start + k) % words;
@@ -181,7 +180,7 @@ pub enum CheckedFree {
 #[inline(always)]
 fn state_at(states: &[Word], unit: u32) -> (&Word, u32) {
     // SAFETY: callers pass units below SLICES_PER_BLOCK (slices) or
-    // MAX_BLOCKS_PER_SEGMENT (blocks), so the word is below
+    // `max_blocks_per_segment` (blocks, at most 2048), so the word is below
     // CHECK_WORDS_PER_BLOCK, the length of every check region.
     let w = unsafe { states.get_unchecked((unit >> 5) as usize) };
     (w, (unit & 31) * 2)

@@ -2,23 +2,66 @@
 //!
 //! - Classes `0..SLICE_CLASSES` are *slice classes*: slices of 16 B … 4 KiB;
 //!   a block holds [`SLICES_PER_BLOCK`] slices, or as many as fit in one
-//!   segment if fewer (4 KiB slices: 512 per 2 MiB block), so a block is
-//!   64 KiB … one segment.
+//!   segment if fewer (4 KiB slices: 512 per 2 MiB segment, 4096 per
+//!   16 MiB), so a block is 64 KiB … one segment.
 //! - The following classes are *block classes*: one allocation is one whole
 //!   block of 8 KiB … one segment, for requests above 4 KiB.
 //! - Requests above a segment take several contiguous segments.
 //!
 //! A segment is formatted for one class at a time and holds
-//! `SEGMENT_BYTES >> block_shift` blocks of it.
+//! `segment bytes >> block_shift` blocks of it.
+//!
+//! The segment size is a property of each heap, fixed when it is laid out
+//! (2 MiB … 16 MiB, [`segment_shift_for`]), so every function here whose
+//! answer depends on it takes the heap's `segment_shift`.
 
-/// log2 of the segment size. Set `GPUMALLOC_SEGMENT_SHIFT` at compile time to
-/// change it (21 = 2 MiB, the default; 16..=28 are accepted). Small segments
-/// keep a small heap usable by every class at once: each class strands at
-/// most part of one segment (see `docs/device-heap-reclaim.md`); 2 MiB is
-/// also the VMM granularity a growing heap maps in.
-pub const SEGMENT_SHIFT: u32 = build_knob(option_env!("GPUMALLOC_SEGMENT_SHIFT"), 21);
-/// Bytes in a segment.
-pub const SEGMENT_BYTES: u64 = 1 << SEGMENT_SHIFT;
+/// The smallest segment a heap may use: 2 MiB (log2 21), the VMM
+/// granularity a growing heap maps in.
+pub const MIN_SEGMENT_SHIFT: u32 = 21;
+/// The largest segment a heap may use: 16 MiB (log2 24). A block-class
+/// segment then holds at most 2048 blocks, whose misuse states fit in the
+/// check words of one slice block (`block::CHECK_WORDS_PER_BLOCK`).
+pub const MAX_SEGMENT_SHIFT: u32 = 24;
+/// Segments a heap should have at least: the automatic segment size
+/// ([`segment_shift_for`]) is the largest in
+/// `MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT` that still cuts the heap into
+/// this many. Each class strands at most part of one segment, and about 20
+/// classes can be in use at once, so 1024 segments keep what classes strand
+/// near 2% of the heap: 256 MiB … 2 GiB heaps get 2 MiB segments, 4 GiB
+/// 4 MiB, 8 GiB 8 MiB, 16 GiB and more 16 MiB (fewer, larger segments make
+/// the 512 B … 4 KiB classes claim segments less often; see
+/// `docs/PERF.md`).
+pub const AUTO_MIN_SEGMENTS: u64 = 1024;
+/// A build-time segment shift every heap uses unless its configuration
+/// names one: `GPUMALLOC_SEGMENT_SHIFT` (21..=24), for builds that compare
+/// geometries. 0 (unset): chosen per heap from its size.
+pub const BUILD_SEGMENT_SHIFT: u32 = build_knob(option_env!("GPUMALLOC_SEGMENT_SHIFT"), 0);
+const _: () = assert!(
+    BUILD_SEGMENT_SHIFT == 0 || is_segment_shift(BUILD_SEGMENT_SHIFT),
+    "GPUMALLOC_SEGMENT_SHIFT must be 21..=24"
+);
+
+/// Whether a heap may have segments of `1 << shift` bytes
+/// (`MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT`).
+pub const fn is_segment_shift(shift: u32) -> bool {
+    shift >= MIN_SEGMENT_SHIFT && shift <= MAX_SEGMENT_SHIFT
+}
+
+/// The segment shift of a heap of `bytes` whose configuration names none:
+/// the build's `GPUMALLOC_SEGMENT_SHIFT` if set, else the largest shift in
+/// `MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT` that gives at least
+/// [`AUTO_MIN_SEGMENTS`] segments (the smallest if none does).
+pub const fn segment_shift_for(bytes: u64) -> u32 {
+    if BUILD_SEGMENT_SHIFT != 0 {
+        return BUILD_SEGMENT_SHIFT;
+    }
+    let mut shift = MAX_SEGMENT_SHIFT;
+    while shift > MIN_SEGMENT_SHIFT && bytes >> shift < AUTO_MIN_SEGMENTS {
+        shift -= 1;
+    }
+    shift
+}
+
 /// log2 of the most slices in a block.
 pub const SLICES_PER_BLOCK_SHIFT: u32 = 12;
 /// The most slices in a block (classes whose 4096 slices would not fit in a
@@ -32,20 +75,39 @@ pub const MAX_SLICE_SHIFT: u32 = 12;
 pub const SLICE_CLASSES: u32 = MAX_SLICE_SHIFT - MIN_SLICE_SHIFT + 1;
 /// log2 of the smallest block class (8 KiB).
 pub const MIN_BLOCK_CLASS_SHIFT: u32 = MAX_SLICE_SHIFT + 1;
-/// Number of block classes (8 KiB … one segment).
-pub const BLOCK_CLASSES: u32 = SEGMENT_SHIFT - MIN_BLOCK_CLASS_SHIFT + 1;
-/// Number of classes of both kinds.
+/// Number of block classes on a heap of the largest segments (8 KiB …
+/// 16 MiB); a heap uses those up to its own segment size.
+pub const BLOCK_CLASSES: u32 = MAX_SEGMENT_SHIFT - MIN_BLOCK_CLASS_SHIFT + 1;
+/// Number of classes of both kinds on a heap of the largest segments: what
+/// the metadata (format locks, class trees, statistics) is laid out for.
 pub const CLASSES: u32 = SLICE_CLASSES + BLOCK_CLASSES;
-/// The most blocks a segment can hold (the smallest block class).
-pub const MAX_BLOCKS_PER_SEGMENT: u32 = 1 << (SEGMENT_SHIFT - MIN_BLOCK_CLASS_SHIFT);
-/// Words of a segment's free-block bitmap.
-pub const BITMAP_WORDS_PER_SEGMENT: u32 = MAX_BLOCKS_PER_SEGMENT / 64;
-/// The most blocks of a slice class a segment can hold (16 B slices).
-pub const SLICE_BLOCKS_PER_SEGMENT: u32 =
-    1 << (SEGMENT_SHIFT - MIN_SLICE_SHIFT - SLICES_PER_BLOCK_SHIFT);
 
-const _: () = assert!(SEGMENT_SHIFT >= MIN_SLICE_SHIFT + SLICES_PER_BLOCK_SHIFT);
-const _: () = assert!(SEGMENT_SHIFT <= 28);
+/// Classes a heap of `1 << segment_shift`-byte segments uses.
+#[inline(always)]
+pub const fn classes(segment_shift: u32) -> u32 {
+    segment_shift - MIN_SLICE_SHIFT + 1
+}
+
+/// The most blocks a segment can hold (the smallest block class).
+#[inline(always)]
+pub const fn max_blocks_per_segment(segment_shift: u32) -> u32 {
+    1 << (segment_shift - MIN_BLOCK_CLASS_SHIFT)
+}
+
+/// Words of a segment's free-block bitmap.
+#[inline(always)]
+pub const fn bitmap_words_per_segment(segment_shift: u32) -> u32 {
+    max_blocks_per_segment(segment_shift) / 64
+}
+
+/// The most blocks of a slice class a segment can hold (16 B slices).
+#[inline(always)]
+pub const fn slice_blocks_per_segment(segment_shift: u32) -> u32 {
+    1 << (segment_shift - MIN_SLICE_SHIFT - SLICES_PER_BLOCK_SHIFT)
+}
+
+const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_SLICE_SHIFT + SLICES_PER_BLOCK_SHIFT);
+const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_BLOCK_CLASS_SHIFT + 6);
 
 /// A build-time setting (`GPUMALLOC_SEGMENT_SHIFT`, `GPUMALLOC_SLOTS`,
 /// `GPUMALLOC_SLOT_BUDGET_SHIFT`, `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT`):
@@ -79,26 +141,28 @@ pub enum Request {
 }
 
 impl Request {
-    /// The request for `size` bytes.
+    /// The request for `size` bytes on a heap of `1 << segment_shift`-byte
+    /// segments.
     #[inline(always)]
-    pub fn for_size(size: u64) -> Request {
+    pub fn for_size(size: u64, segment_shift: u32) -> Request {
         if size == 0 {
             Request::Empty
-        } else if size <= SEGMENT_BYTES {
+        } else if size <= 1 << segment_shift {
             let shift = ceil_log2(size).max(MIN_SLICE_SHIFT);
             Request::Class(SizeClass::from_unit_shift(shift))
         } else {
-            Request::Segments(size.div_ceil(SEGMENT_BYTES))
+            Request::Segments(size.div_ceil(1 << segment_shift))
         }
     }
 
     /// Bytes the heap hands out for this request (its class's unit, or
-    /// whole segments; 0 for an empty request).
-    pub fn granted_bytes(self) -> u64 {
+    /// whole segments of `1 << segment_shift` bytes; 0 for an empty
+    /// request).
+    pub fn granted_bytes(self, segment_shift: u32) -> u64 {
         match self {
             Request::Empty => 0,
             Request::Class(c) => 1 << c.unit_shift(),
-            Request::Segments(n) => n * SEGMENT_BYTES,
+            Request::Segments(n) => n << segment_shift,
         }
     }
 }
@@ -145,10 +209,10 @@ impl SizeClass {
     }
 
     /// log2 of the slices in a block of this slice class: 4096, or as many
-    /// as fill one segment.
+    /// as fill one segment of `1 << segment_shift` bytes.
     #[inline(always)]
-    pub fn slices_shift(self) -> u32 {
-        let fit = SEGMENT_SHIFT - self.unit_shift();
+    pub fn slices_shift(self, segment_shift: u32) -> u32 {
+        let fit = segment_shift - self.unit_shift();
         if fit < SLICES_PER_BLOCK_SHIFT {
             fit
         } else {
@@ -156,26 +220,28 @@ impl SizeClass {
         }
     }
 
-    /// Slices in a block of this slice class.
+    /// Slices in a block of this slice class (segments of
+    /// `1 << segment_shift` bytes).
     #[inline(always)]
-    pub fn slices_per_block(self) -> u32 {
-        1 << self.slices_shift()
+    pub fn slices_per_block(self, segment_shift: u32) -> u32 {
+        1 << self.slices_shift(segment_shift)
     }
 
-    /// log2 of this class's block size.
+    /// log2 of this class's block size (segments of `1 << segment_shift`
+    /// bytes).
     #[inline(always)]
-    pub fn block_shift(self) -> u32 {
+    pub fn block_shift(self, segment_shift: u32) -> u32 {
         if self.is_slice() {
-            self.unit_shift() + self.slices_shift()
+            self.unit_shift() + self.slices_shift(segment_shift)
         } else {
             self.unit_shift()
         }
     }
 
-    /// Blocks of this class in one segment.
+    /// Blocks of this class in one segment of `1 << segment_shift` bytes.
     #[inline(always)]
-    pub fn blocks_per_segment(self) -> u32 {
-        1 << (SEGMENT_SHIFT - self.block_shift())
+    pub fn blocks_per_segment(self, segment_shift: u32) -> u32 {
+        1 << (segment_shift - self.block_shift(segment_shift))
     }
 }
 
@@ -185,23 +251,49 @@ mod tests {
 
     #[test]
     fn boundaries() {
-        assert_eq!(Request::for_size(0), Request::Empty);
-        let class = |s| match Request::for_size(s) {
-            Request::Class(c) => c,
-            r => panic!("{s}: {r:?}"),
-        };
-        assert_eq!(class(1).unit_shift(), 4);
-        assert_eq!(class(16).unit_shift(), 4);
-        assert_eq!(class(17).unit_shift(), 5);
-        assert_eq!(class(4096).unit_shift(), 12);
-        assert!(class(4096).is_slice());
-        assert_eq!(class(4097).unit_shift(), 13);
-        assert!(!class(4097).is_slice());
-        assert_eq!(class(SEGMENT_BYTES).index(), CLASSES - 1);
-        assert_eq!(class(SEGMENT_BYTES).blocks_per_segment(), 1);
-        assert_eq!(Request::for_size(SEGMENT_BYTES + 1), Request::Segments(2));
-        assert_eq!(class(16).blocks_per_segment(), SLICE_BLOCKS_PER_SEGMENT);
-        assert_eq!(class(4096).blocks_per_segment(), 1);
-        assert_eq!(class(8192).blocks_per_segment(), MAX_BLOCKS_PER_SEGMENT);
+        for shift in MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT {
+            let segment = 1u64 << shift;
+            assert_eq!(Request::for_size(0, shift), Request::Empty);
+            let class = |s| match Request::for_size(s, shift) {
+                Request::Class(c) => c,
+                r => panic!("{s}: {r:?}"),
+            };
+            assert_eq!(class(1).unit_shift(), 4);
+            assert_eq!(class(16).unit_shift(), 4);
+            assert_eq!(class(17).unit_shift(), 5);
+            assert_eq!(class(4096).unit_shift(), 12);
+            assert!(class(4096).is_slice());
+            assert_eq!(class(4097).unit_shift(), 13);
+            assert!(!class(4097).is_slice());
+            assert_eq!(class(segment).index(), classes(shift) - 1);
+            assert_eq!(class(segment).blocks_per_segment(shift), 1);
+            assert_eq!(Request::for_size(segment + 1, shift), Request::Segments(2));
+            assert_eq!(
+                class(16).blocks_per_segment(shift),
+                slice_blocks_per_segment(shift)
+            );
+            assert_eq!(class(4096).slices_per_block(shift), 1 << (shift - 12));
+            assert_eq!(
+                class(8192).blocks_per_segment(shift),
+                max_blocks_per_segment(shift)
+            );
+        }
+        assert_eq!(classes(MAX_SEGMENT_SHIFT), CLASSES);
+    }
+
+    #[test]
+    fn segment_size_follows_the_heap_size() {
+        if BUILD_SEGMENT_SHIFT != 0 {
+            return;
+        }
+        const MIB: u64 = 1 << 20;
+        assert_eq!(segment_shift_for(MIB), 21);
+        assert_eq!(segment_shift_for(256 * MIB), 21);
+        assert_eq!(segment_shift_for(2048 * MIB), 21);
+        assert_eq!(segment_shift_for(4096 * MIB - 1), 21);
+        assert_eq!(segment_shift_for(4096 * MIB), 22);
+        assert_eq!(segment_shift_for(8428 * MIB), 23);
+        assert_eq!(segment_shift_for(16384 * MIB), 24);
+        assert_eq!(segment_shift_for(u64::MAX), 24);
     }
 }

@@ -5,7 +5,11 @@
 //! - Block classes (8 KiB … one segment): one block per call, claimed from the
 //!   class tree or from a freshly formatted segment.
 //! - Above a segment: a run of segments claimed from the top of the segment
-//!   tree.
+//!   tree ([`crate::run`]).
+//!
+//! Segment, block and slice geometry follow the heap's segment shift
+//! (`Heap::segment_shift`, fixed when the heap is laid out), a field of the
+//! handle rather than a constant: `docs/PERF.md` has what that costs.
 //!
 //! Claiming a block: take the lowest segment of the class tree and reserve one
 //! of its free blocks in the segment table, then take a bit of its bitmap; if
@@ -24,7 +28,7 @@ use core::ptr;
 use crate::arch::{self, Word};
 use crate::block::{self, BlockBitmap, CHECK_WORDS_PER_BLOCK, CheckedFree};
 use crate::class::{
-    BITMAP_WORDS_PER_SEGMENT, CLASSES, Request, SEGMENT_SHIFT, SLICE_BLOCKS_PER_SEGMENT, SizeClass,
+    CLASSES, MIN_SLICE_SHIFT, Request, SLICES_PER_BLOCK_SHIFT, SizeClass, bitmap_words_per_segment,
 };
 use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
 use crate::segment::{Previous, Reservation, Return, SegmentState, SegmentTable};
@@ -39,24 +43,10 @@ pub(crate) struct BlockId {
 }
 
 impl BlockId {
-    /// The id slot words and counters use for slice blocks.
-    #[inline(always)]
-    pub(crate) fn global(self) -> u64 {
-        self.segment as u64 * SLICE_BLOCKS_PER_SEGMENT as u64 + self.block as u64
-    }
-
     /// The only block of a segment (classes whose block fills a segment).
     #[inline(always)]
     pub(crate) fn whole_segment(segment: u32) -> BlockId {
         BlockId { segment, block: 0 }
-    }
-
-    #[inline(always)]
-    pub(crate) fn from_global(g: u64) -> BlockId {
-        BlockId {
-            segment: (g / SLICE_BLOCKS_PER_SEGMENT as u64) as u32,
-            block: (g % SLICE_BLOCKS_PER_SEGMENT as u64) as u32,
-        }
     }
 }
 
@@ -95,17 +85,12 @@ impl Claim {
         let block = if self.0 & Claim::FORMATTED != 0 {
             rank
         } else {
-            heap.bitmap(segment).take(class, rank)
+            heap.bitmap(segment)
+                .take(class.blocks_per_segment(heap.segment_shift), rank)
         };
         BlockId { segment, block }
     }
 }
-
-/// The run lock's held bit (bit 0 of its word).
-const RUN_LOCKED: u64 = 1;
-/// Where the run lock's word keeps the first segment of the last run
-/// claimed (0: none yet); the next run search starts below it.
-const RUN_HINT_SHIFT: u32 = 32;
 
 impl Heap {
     #[inline(always)]
@@ -122,7 +107,7 @@ impl Heap {
     }
 
     #[inline(always)]
-    fn segment_tree(&self) -> VebTree<'_> {
+    pub(crate) fn segment_tree(&self) -> VebTree<'_> {
         VebTree::new(
             self.region(self.trees_at, self.tree.words as u64),
             &self.tree,
@@ -140,15 +125,37 @@ impl Heap {
         SegmentTable::new(self.region(self.states_at, self.segments as u64))
     }
 
+    /// log2 of the slice blocks a segment can hold (16 B slices): what
+    /// global block ids count in.
+    #[inline(always)]
+    fn slice_blocks_shift(&self) -> u32 {
+        self.segment_shift - MIN_SLICE_SHIFT - SLICES_PER_BLOCK_SHIFT
+    }
+
+    /// The id slot words and counters use for slice block `b`.
+    #[inline(always)]
+    pub(crate) fn global(&self, b: BlockId) -> u64 {
+        ((b.segment as u64) << self.slice_blocks_shift()) + b.block as u64
+    }
+
+    /// The block of global id `g` (see [`Heap::global`]).
+    #[inline(always)]
+    pub(crate) fn block_id(&self, g: u64) -> BlockId {
+        BlockId {
+            segment: (g >> self.slice_blocks_shift()) as u32,
+            block: (g & ((1 << self.slice_blocks_shift()) - 1)) as u32,
+        }
+    }
+
     #[inline(always)]
     fn bitmap(&self, segment: u32) -> BlockBitmap<'_> {
-        let per = BITMAP_WORDS_PER_SEGMENT as u64;
+        let per = bitmap_words_per_segment(self.segment_shift) as u64;
         BlockBitmap::new(self.region(self.bitmaps_at + segment as u64 * per, per))
     }
 
     #[inline(always)]
     pub(crate) fn counter(&self, global_block: u64) -> &Word {
-        let b = BlockId::from_global(global_block);
+        let b = self.block_id(global_block);
         &self.region(self.counters_at + self.counter_index(b.segment, b.block), 1)[0]
     }
 
@@ -171,11 +178,18 @@ impl Heap {
         &self.region(self.locks_at + class.index() as u64, 1)[0]
     }
 
-    /// The lock every claim from the top of the segment tree holds, and the
-    /// start of the last run claimed (see [`Heap::claim_run`]).
+    /// The run lock and the count of optimistic run claims in flight (see
+    /// `run`).
     #[inline(always)]
-    fn run_lock(&self) -> &Word {
+    pub(crate) fn run_lock(&self) -> &Word {
         &self.region(self.locks_at + CLASSES as u64, 1)[0]
+    }
+
+    /// The run cursor: segments counted down from the top that optimistic
+    /// run claims have been given (see `run`).
+    #[inline(always)]
+    pub(crate) fn run_cursor(&self) -> &Word {
+        &self.region(self.locks_at + CLASSES as u64 + 1, 1)[0]
     }
 
     #[inline(always)]
@@ -190,12 +204,13 @@ impl Heap {
 
     #[inline(always)]
     fn segment_address(&self, segment: u32) -> u64 {
-        self.data + ((segment as u64) << SEGMENT_SHIFT)
+        self.data + ((segment as u64) << self.segment_shift)
     }
 
     #[inline(always)]
     pub(crate) fn block_address(&self, class: SizeClass, b: BlockId) -> u64 {
-        self.segment_address(b.segment) + ((b.block as u64) << class.block_shift())
+        self.segment_address(b.segment)
+            + ((b.block as u64) << class.block_shift(self.segment_shift))
     }
 
     /// Allocates `size` bytes. Returns null for size 0 and when the request
@@ -206,7 +221,7 @@ impl Heap {
     /// runs to a segment.
     #[inline]
     pub fn malloc(&self, size: u64) -> *mut u8 {
-        let address = match Request::for_size(size) {
+        let address = match Request::for_size(size, self.segment_shift) {
             Request::Empty => return ptr::null_mut(),
             Request::Class(class) if class.is_slice() => self.malloc_slice(class),
             Request::Class(class) => self.malloc_block(class),
@@ -285,7 +300,7 @@ impl Heap {
                 }
                 continue;
             }
-            let blocks = class.blocks_per_segment();
+            let blocks = class.blocks_per_segment(self.segment_shift);
             if blocks <= want || (class.is_slice() && blocks <= 2 * want) {
                 // The caller takes the whole segment: nothing to scatter. Or
                 // a slot installer takes half of it: installers of a class
@@ -345,7 +360,7 @@ impl Heap {
         let Some(segment) = self.segment_tree().claim_lowest() else {
             return Claim(0);
         };
-        let taken = want.min(class.blocks_per_segment());
+        let taken = want.min(class.blocks_per_segment(self.segment_shift));
         if self.format_claimed(segment, class, taken) > 0 {
             self.class_tree(class).insert(segment);
         }
@@ -356,8 +371,8 @@ impl Heap {
     /// blocks taken; returns how many are left free.
     #[inline]
     fn format_claimed(&self, segment: u32, class: SizeClass, taken: u32) -> u32 {
-        let blocks = class.blocks_per_segment();
-        self.bitmap(segment).format(class, taken);
+        let blocks = class.blocks_per_segment(self.segment_shift);
+        self.bitmap(segment).format(blocks, taken);
         if class.is_slice() {
             self.restart_counters(segment, blocks);
         }
@@ -367,8 +382,9 @@ impl Heap {
     }
 
     /// Claims up to `want` (1..=64) free segments for a slice class whose
-    /// block fills a segment (1 KiB … 4 KiB slices at 2 MiB segments, and
-    /// 512 B), with one RMW on the segment tree, and formats each with its
+    /// block fills a segment (512 B … 4 KiB slices at 2 MiB segments, only
+    /// 4 KiB at 16 MiB), with one RMW on the segment tree, and formats each
+    /// with its
     /// block taken. Returns the first id of the tree word they came from and
     /// the mask of the segments claimed (bit `k`: segment `first + k`).
     ///
@@ -380,7 +396,7 @@ impl Heap {
     /// several segments, which the caller keeps as its slot's spares.
     #[inline(never)]
     pub(crate) fn claim_whole_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u64)> {
-        debug_assert!(class.is_slice() && class.blocks_per_segment() == 1);
+        debug_assert!(class.is_slice() && class.blocks_per_segment(self.segment_shift) == 1);
         let (first, taken) = self.segment_tree().claim_lowest_many(want)?;
         let mut rest = taken;
         while rest != 0 {
@@ -407,7 +423,7 @@ impl Heap {
     /// Checked heaps: the check bits of a block-class segment's blocks.
     #[inline(always)]
     fn block_bits(&self, segment: u32) -> &[Word] {
-        self.slice_bits(BlockId { segment, block: 0 }.global())
+        self.slice_bits(self.global(BlockId { segment, block: 0 }))
     }
 
     /// Counters count in lifetimes of a class's slices per block; the
@@ -420,7 +436,7 @@ impl Heap {
     #[inline(never)]
     fn restart_counters(&self, segment: u32, blocks: u32) {
         for b in 0..blocks {
-            arch::store_relaxed(self.counter(BlockId { segment, block: b }.global()), 0);
+            arch::store_relaxed(self.counter(self.global(BlockId { segment, block: b })), 0);
         }
     }
 
@@ -430,7 +446,7 @@ impl Heap {
     /// live again when its slice is handed out.
     #[inline(never)]
     pub(crate) fn release_block(&self, class: SizeClass, b: BlockId) {
-        let global = b.global();
+        let global = self.global(b);
         // On an unchecked heap an undetected bad free can end a block's
         // lifetime early, even after its segment changed hands: never give a
         // block back to a segment that is not formatted for its class.
@@ -502,7 +518,8 @@ impl Heap {
     /// and moves the segment between trees as its state says.
     #[inline(never)]
     fn return_blocks(&self, class: SizeClass, segment: u32, count: u32) {
-        match self.table().return_blocks(segment, class, count) {
+        let total = class.blocks_per_segment(self.segment_shift);
+        match self.table().return_blocks(segment, class, count, total) {
             Return::FirstFree => self.class_tree(class).insert(segment),
             Return::Partial => {}
             Return::Retired => {
@@ -532,58 +549,6 @@ impl Heap {
         Some(self.segment_address(head))
     }
 
-    /// Claims the highest run of `count` free segments, holding the run lock.
-    ///
-    /// Claims from the top are serialised; claims of single segments from
-    /// the bottom (`claim_lowest`, for classes) are not. A run is claimed
-    /// one segment at a time, so two unserialised run claims that pick
-    /// overlapping stretches each take part of it; the loser gives its part
-    /// back, but meanwhile every other run search has seen those segments
-    /// taken and settled lower. Of 64 runs of 32-256 MiB started at once on
-    /// a heap 19% larger than their sum, 5 came back null on an H100 (and
-    /// 7-10 on the CPU, with 1.9 GiB in free segments after, in stretches no
-    /// search looked at again). Under the lock, runs pack downward from the top with no gaps between them, and
-    /// the only race left is with a class claim where the two ends meet
-    /// (the tree search then starts over from the top).
-    ///
-    /// Runs are rare (requests above a segment), and a claim under the lock
-    /// is short: the search starts below the last run claimed (kept in the
-    /// lock word's high half, `RUN_HINT_SHIFT`), falling back to the top
-    /// only if nothing fits there, and removes the run with one RMW per
-    /// tree word. (Searching from the top every time walked down past every
-    /// run already taken: 256 threads asking 32 MiB took 12 ms on an H100,
-    /// against 0.3 ms at be7ddc7.) Allocations of classes never touch the
-    /// lock.
-    #[inline(never)]
-    fn claim_run(&self, count: u32) -> Option<u32> {
-        let lock = self.run_lock();
-        let mut round = 0;
-        let held = loop {
-            // Relaxed: only a guess at the unlocked value; the CAS decides.
-            let seen = arch::load_relaxed(lock) & !RUN_LOCKED;
-            // Acquire: this claim's tree loads see every removal the
-            // previous holder made (its release below), so it never picks
-            // segments another run already holds.
-            if arch::compare_exchange_acq_rel(lock, seen, seen | RUN_LOCKED).is_ok() {
-                break seen;
-            }
-            arch::backoff(round);
-            round += 1;
-        };
-        let tree = self.segment_tree();
-        let hint = (held >> RUN_HINT_SHIFT) as u32;
-        let head = match hint {
-            0 => None,
-            below => tree.claim_run_below(below, count),
-        }
-        .or_else(|| tree.claim_run_from_top(count));
-        let next = head.map_or(held, |h| u64::from(h) << RUN_HINT_SHIFT);
-        // Release: publishes this claim's removals (and the hint) to the
-        // next holder.
-        arch::store_release(lock, next);
-        head
-    }
-
     /// Publishes an *absent* segment (one the heap was created without, or
     /// that [`Heap::withdraw_free_segment`] took out): inserts it into the
     /// segment tree, where allocations find it. Safe while other threads
@@ -609,8 +574,9 @@ impl Heap {
     /// segment is withdrawn or allocated, never both. `None` when no segment
     /// is wholly free (flush the slots first to return partly used blocks).
     pub fn withdraw_free_segment(&self) -> Option<u32> {
-        // Under the run lock, as every claim from the top.
-        self.claim_run(1)
+        // Under the run lock, as every claim that must not fail while a
+        // free segment exists.
+        self.claim_run_locked(1)
     }
 
     /// Frees memory returned by [`Heap::malloc`]. Null is ignored. A pointer
@@ -630,8 +596,8 @@ impl Heap {
                 p as u64,
             );
         }
-        let segment = (offset >> SEGMENT_SHIFT) as u32;
-        let within = offset & ((1u64 << SEGMENT_SHIFT) - 1);
+        let segment = (offset >> self.segment_shift) as u32;
+        let within = offset & ((1u64 << self.segment_shift) - 1);
         match self.table().load(segment) {
             SegmentState::Active { class, .. } => {
                 let unit_mask = (1u64 << class.unit_shift()) - 1;
@@ -644,11 +610,11 @@ impl Heap {
                 }
                 let b = BlockId {
                     segment,
-                    block: (within >> class.block_shift()) as u32,
+                    block: (within >> class.block_shift(self.segment_shift)) as u32,
                 };
                 if class.is_slice() {
-                    let slice =
-                        (within >> class.unit_shift()) as u32 & (class.slices_per_block() - 1);
+                    let slice = (within >> class.unit_shift()) as u32
+                        & (class.slices_per_block(self.segment_shift) - 1);
                     self.free_slice(class, b, slice);
                 } else {
                     self.free_block(class, b);
@@ -697,7 +663,7 @@ impl Heap {
     /// block add together.
     #[inline]
     fn free_slice(&self, class: SizeClass, b: BlockId, slice: u32) {
-        let global = b.global();
+        let global = self.global(b);
         if self.checked() {
             match self.check_unit_free(self.slice_bits(global), slice) {
                 CheckedFree::Freed => {}
@@ -730,7 +696,7 @@ impl Heap {
             && block::count_freed_slices(
                 self.counter(global),
                 team.count_ones() as u64,
-                class.slices_per_block(),
+                class.slices_per_block(self.segment_shift),
             )
         {
             self.release_block(class, b);

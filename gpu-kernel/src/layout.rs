@@ -12,14 +12,16 @@
 //! out `&Heap` (tied to its own lifetime) and opaque images for launches.
 //!
 //! Metadata is one array of 64-bit words, in this order: statistics, slot
-//! words, locks (one format lock per class, then the run lock), spare
+//! words, locks (one format lock per class, then the run lock and the run
+//! cursor), spare
 //! blocks, segment
 //! states, block bitmaps, block counters, trees (the segment
 //! tree, then one per class), and, on checked heaps, double-free bits.
 
 use crate::block::CHECK_WORDS_PER_BLOCK;
 use crate::class::{
-    BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_BLOCKS_PER_SEGMENT, SLICE_CLASSES,
+    CLASSES, SLICE_CLASSES, bitmap_words_per_segment, is_segment_shift, segment_shift_for,
+    slice_blocks_per_segment,
 };
 use crate::slot::{MAX_SLOT_BLOCK, SLOTS_PER_CLASS, SPARES_PER_SLOT};
 use crate::veb::TreeShape;
@@ -67,12 +69,17 @@ pub struct Heap {
     pub(crate) segments: u32,
     /// `CHECK_DOUBLE_FREE`, `TRAP_ON_MISUSE`, `NO_SPARES`.
     pub(crate) flags: u32,
+    /// log2 of the segment size (`MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT`),
+    /// fixed when the heap is laid out.
+    pub(crate) segment_shift: u32,
+    /// Zero: keeps the handle a whole number of words with no padding.
+    pub(crate) _reserved: u32,
     /// Word offset of the statistics.
     pub(crate) stats_at: u64,
     /// Word offset of the slot words.
     pub(crate) slots_at: u64,
     /// Word offset of the per-class format locks, followed by the run lock
-    /// (word `locks_at + CLASSES`).
+    /// (word `locks_at + CLASSES`) and the run cursor (the next word).
     pub(crate) locks_at: u64,
     /// Word offset of the slots' spare blocks.
     pub(crate) spares_at: u64,
@@ -152,6 +159,11 @@ impl HeapLayout {
         self.0.segments
     }
 
+    /// log2 of the segment size.
+    pub fn segment_shift(&self) -> u32 {
+        self.0.segment_shift
+    }
+
     /// See [`Heap::write_initial_metadata`].
     pub fn write_initial_metadata(&self, words: &mut [u64]) {
         self.0.write_initial_metadata(words);
@@ -170,32 +182,46 @@ pub enum LayoutError {
     TooSmall,
     /// More segments than slot words can name.
     TooLarge,
+    /// A segment shift outside `MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT`.
+    BadSegmentShift,
 }
 
 impl Heap {
-    /// The most segments one heap can have.
-    pub const MAX_SEGMENTS: u64 = (MAX_SLOT_BLOCK + 1) / SLICE_BLOCKS_PER_SEGMENT as u64;
+    /// The most segments one heap of `1 << segment_shift`-byte segments can
+    /// have (slot words name 2^24 slice blocks: 1 TiB whatever the shift).
+    pub const fn max_segments(segment_shift: u32) -> u64 {
+        (MAX_SLOT_BLOCK + 1) / slice_blocks_per_segment(segment_shift) as u64
+    }
 
-    /// The layout of a heap of `segments` segments (addresses left zero).
-    pub fn layout(segments: u64, flags: u32) -> Result<HeapLayout, LayoutError> {
+    /// The layout of a heap of `segments` segments of `1 << segment_shift`
+    /// bytes (addresses left zero).
+    pub fn layout(
+        segments: u64,
+        segment_shift: u32,
+        flags: u32,
+    ) -> Result<HeapLayout, LayoutError> {
+        if !is_segment_shift(segment_shift) {
+            return Err(LayoutError::BadSegmentShift);
+        }
         if segments == 0 {
             return Err(LayoutError::TooSmall);
         }
-        if segments > Heap::MAX_SEGMENTS {
+        if segments > Heap::max_segments(segment_shift) {
             return Err(LayoutError::TooLarge);
         }
+        let slice_blocks = slice_blocks_per_segment(segment_shift) as u64;
         let tree = TreeShape::new(segments as u32);
         let stats_at = 0;
         let slots_at = stats_at + STAT_WORDS;
         let locks_at = slots_at + (SLICE_CLASSES * SLOTS_PER_CLASS) as u64;
-        let spares_at = locks_at + CLASSES as u64 + 1;
+        let spares_at = locks_at + CLASSES as u64 + 2;
         let states_at = spares_at + (SLICE_CLASSES * SLOTS_PER_CLASS * SPARES_PER_SLOT) as u64;
         let bitmaps_at = states_at + segments;
-        let counters_at = bitmaps_at + segments * BITMAP_WORDS_PER_SEGMENT as u64;
-        let trees_at = counters_at + segments * SLICE_BLOCKS_PER_SEGMENT as u64;
+        let counters_at = bitmaps_at + segments * bitmap_words_per_segment(segment_shift) as u64;
+        let trees_at = counters_at + segments * slice_blocks;
         let slice_bits_at = trees_at + (1 + CLASSES as u64) * tree.words as u64;
         let slice_bits = if flags & CHECK_DOUBLE_FREE != 0 {
-            segments * SLICE_BLOCKS_PER_SEGMENT as u64 * CHECK_WORDS_PER_BLOCK as u64
+            segments * slice_blocks * CHECK_WORDS_PER_BLOCK as u64
         } else {
             0
         };
@@ -205,6 +231,8 @@ impl Heap {
             metadata_words: slice_bits_at + slice_bits,
             segments: segments as u32,
             flags,
+            segment_shift,
+            _reserved: 0,
             stats_at,
             slots_at,
             locks_at,
@@ -259,9 +287,37 @@ impl Heap {
         self.flags
     }
 
-    /// The layout of the largest heap whose data fits in `bytes`.
-    pub fn layout_for_bytes(bytes: u64, flags: u32) -> Result<HeapLayout, LayoutError> {
-        Heap::layout(bytes / SEGMENT_BYTES, flags)
+    /// log2 of the segment size, fixed when the heap was laid out.
+    #[inline(always)]
+    pub fn segment_shift(&self) -> u32 {
+        self.segment_shift
+    }
+
+    /// Bytes in a segment.
+    #[inline(always)]
+    pub fn segment_bytes(&self) -> u64 {
+        1 << self.segment_shift
+    }
+
+    /// Bytes this heap hands out for a request of `size` bytes (its
+    /// class's unit, or whole segments; 0 for size 0).
+    pub fn granted_bytes(&self, size: u64) -> u64 {
+        crate::class::Request::for_size(size, self.segment_shift).granted_bytes(self.segment_shift)
+    }
+
+    /// The layout of the largest heap whose data fits in `bytes`, with
+    /// segments of `1 << segment_shift` bytes, or (`None`) of the size
+    /// [`segment_shift_for`] chooses for `bytes`.
+    pub fn layout_for_bytes(
+        bytes: u64,
+        segment_shift: Option<u32>,
+        flags: u32,
+    ) -> Result<HeapLayout, LayoutError> {
+        let shift = segment_shift.unwrap_or(segment_shift_for(bytes));
+        if !is_segment_shift(shift) {
+            return Err(LayoutError::BadSegmentShift);
+        }
+        Heap::layout(bytes >> shift, shift, flags)
     }
 
     /// Word offset of spare `i` of `slot` of slice class `class`.
@@ -282,7 +338,7 @@ impl Heap {
 
     /// Bytes of data (whole segments).
     pub fn data_bytes(&self) -> u64 {
-        self.segments as u64 * SEGMENT_BYTES
+        (self.segments as u64) << self.segment_shift
     }
 
     /// Bytes of metadata.

@@ -2,8 +2,9 @@
 //! kernels, after the Gallatin design (Hunt & Johnson, PPoPP 2024).
 //!
 //! # Glossary
-//! - **Segment**: 2 MiB of heap (see [`class::SEGMENT_SHIFT`]); free segments
-//!   are ids in the segment tree.
+//! - **Segment**: 2 MiB … 16 MiB of heap, a size each heap fixes when it is
+//!   laid out (see [`class::segment_shift_for`]); free segments are ids in
+//!   the segment tree.
 //! - **Class**: a slice class (16 B … 4 KiB slices) or a block class (8 KiB …
 //!   one segment); a segment is formatted for one class at a time.
 //! - **Block**: a class's unit of segment space: 4096 slices of a slice class
@@ -34,6 +35,7 @@ pub mod class;
 pub mod graph;
 pub mod heap;
 pub mod layout;
+pub mod run;
 pub mod segment;
 pub mod selftest;
 pub mod slot;

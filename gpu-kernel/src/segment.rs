@@ -216,10 +216,9 @@ impl<'a> SegmentTable<'a> {
 
     /// Counts `count` blocks of an active segment as free again (their
     /// bitmap bits are already set); retires the segment if they were the
-    /// last ones out.
+    /// last ones out (`total`: the class's blocks per segment).
     #[inline]
-    pub fn return_blocks(&self, segment: u32, class: SizeClass, count: u32) -> Return {
-        let total = class.blocks_per_segment();
+    pub fn return_blocks(&self, segment: u32, class: SizeClass, count: u32, total: u32) -> Return {
         let w = self.word(segment);
         let mut current = arch::load_relaxed(w);
         loop {
@@ -296,9 +295,10 @@ mod tests {
         let states = [Word::new(0)];
         let t = SegmentTable::new(&states);
         let c16 = SizeClass::new(0).unwrap();
+        let shift = crate::class::MIN_SEGMENT_SHIFT;
         let c2k = (0..crate::class::SLICE_CLASSES)
             .filter_map(SizeClass::new)
-            .find(|c| c.blocks_per_segment() == 2)
+            .find(|c| c.blocks_per_segment(shift) == 2)
             .expect("a slice class with two blocks per segment");
         t.publish_active(0, c2k, 1);
         assert_eq!(t.reserve_blocks(0, c16, 1), Reservation::Stale);
@@ -310,8 +310,8 @@ mod tests {
             }
         );
         assert_eq!(t.reserve_blocks(0, c2k, 1), Reservation::Stale);
-        assert_eq!(t.return_blocks(0, c2k, 1), Return::FirstFree);
-        assert_eq!(t.return_blocks(0, c2k, 1), Return::Retired);
+        assert_eq!(t.return_blocks(0, c2k, 1, 2), Return::FirstFree);
+        assert_eq!(t.return_blocks(0, c2k, 1, 2), Return::Retired);
         assert_eq!(t.load(0), SegmentState::Free);
     }
 }

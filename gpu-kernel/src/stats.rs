@@ -7,7 +7,7 @@
 //! issued `min(reserved, slices per block)`.
 
 use crate::block::dead_in_lifetime;
-use crate::class::{BITMAP_WORDS_PER_SEGMENT, CLASSES, SEGMENT_BYTES, SLICE_CLASSES, SizeClass};
+use crate::class::{CLASSES, SLICE_CLASSES, SizeClass, bitmap_words_per_segment};
 use crate::layout::{Heap, Stat};
 use crate::segment::SegmentState;
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
@@ -55,19 +55,20 @@ impl HeapStats {
         s.free_segments = (0..leaves)
             .map(|w| at(heap.trees_at + w).count_ones())
             .sum();
+        let shift = heap.segment_shift;
+        let bitmap_words = bitmap_words_per_segment(shift) as u64;
         for segment in 0..heap.segments as u64 {
             match SegmentState::decode(at(heap.states_at + segment)) {
                 SegmentState::Active { class, .. } => {
-                    let bitmap = &words
-                        [(heap.bitmaps_at + segment * BITMAP_WORDS_PER_SEGMENT as u64) as usize..]
-                        [..BITMAP_WORDS_PER_SEGMENT as usize];
-                    for block in 0..class.blocks_per_segment() {
+                    let bitmap = &words[(heap.bitmaps_at + segment * bitmap_words) as usize..]
+                        [..bitmap_words as usize];
+                    for block in 0..class.blocks_per_segment(shift) {
                         if bitmap[(block / 64) as usize] & 1 << (block % 64) != 0 {
                             continue;
                         }
                         let live = if class.is_slice() {
                             let g = heap.counter_index(segment as u32, block);
-                            let per = class.slices_per_block();
+                            let per = class.slices_per_block(shift);
                             (per as u64)
                                 .saturating_sub(dead_in_lifetime(at(heap.counters_at + g), per))
                         } else {
@@ -88,7 +89,7 @@ impl HeapStats {
         // on an unchecked heap a block in a slot can be free already, and a
         // snapshot must still never wrap.
         for class in (0..SLICE_CLASSES).filter_map(SizeClass::new) {
-            let (c, per) = (class.index(), class.slices_per_block());
+            let (c, per) = (class.index(), class.slices_per_block(shift));
             for slot in 0..SLOTS_PER_CLASS {
                 let word = SlotWord(at(heap.slots_at + (c * SLOTS_PER_CLASS + slot) as u64));
                 let live = &mut s.live_per_class[c as usize];
@@ -105,7 +106,7 @@ impl HeapStats {
             .filter_map(SizeClass::new)
             .map(|c| s.live_per_class[c.index() as usize] << c.unit_shift())
             .sum::<u64>()
-            + s.run_segments * SEGMENT_BYTES;
+            + (s.run_segments << shift);
         s
     }
 }

@@ -28,10 +28,12 @@ const SLOT_BUDGET_SHIFT: u32 =
 /// Slot and spare blocks of one class stay within heap / 2^this.
 const SPARE_BUDGET_SHIFT: u32 = 3;
 /// Slot and spare blocks of a class whose block fills a segment, counted for
-/// every slot it could use, stay within heap / 2^this: 6 (with 2 MiB
-/// segments, heaps of 16 GiB and more keep 3 spare segments per slot for
-/// these classes; the issue 12 workloads, 256 MiB and about 8 GiB, keep
-/// none) unless `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT` is set at build time.
+/// every slot it could use, stay within heap / 2^this: 6 unless
+/// `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT` is set at build time. So such
+/// spares need a heap of 8192 segments or more: with the segment size each
+/// heap chooses (`class::segment_shift_for`) that is 128 GiB (16 MiB
+/// segments), and the issue 12 workloads and the 16 GiB bench heaps keep
+/// none.
 const SEGMENT_SPARE_BUDGET_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"), 6);
 
@@ -58,7 +60,7 @@ impl Heap {
     #[inline]
     pub(crate) fn malloc_slice(&self, class: SizeClass) -> Option<u64> {
         let slots = self.slots_for(class);
-        let per_block = class.slices_per_block();
+        let per_block = class.slices_per_block(self.segment_shift);
         let home = arch::sm_id() & (slots - 1);
         let mut slot = home;
         // After the home slot found the heap exhausted, visit every other
@@ -155,7 +157,8 @@ impl Heap {
     /// (64 KiB blocks).
     #[inline(always)]
     pub(crate) fn slots_for(&self, class: SizeClass) -> u32 {
-        let budget = self.data_bytes() >> (SLOT_BUDGET_SHIFT + class.block_shift());
+        let budget =
+            self.data_bytes() >> (SLOT_BUDGET_SHIFT + class.block_shift(self.segment_shift));
         let slots = budget.clamp(1, SLOTS_PER_CLASS as u64) as u32;
         1 << (31 - slots.leading_zeros())
     }
@@ -167,8 +170,7 @@ impl Heap {
         if self.checked() {
             self.mark_live(global, slice);
         }
-        self.block_address(class, BlockId::from_global(global))
-            + ((slice as u64) << class.unit_shift())
+        self.block_address(class, self.block_id(global)) + ((slice as u64) << class.unit_shift())
     }
 
     /// Out of line: checked heaps only, and it would cost the hot path
@@ -211,7 +213,7 @@ impl Heap {
                 self.reclaim();
                 self.claim_for_slot(class, &mut extra)
             })
-            .map(BlockId::global);
+            .map(|b| self.global(b));
         let reserved = if fresh.is_some() { taken } else { 0 };
         // A new generation relative to the version this team installs for
         // (`generation`), so that threads waiting on it see the change.
@@ -257,7 +259,7 @@ impl Heap {
                 // produced the block happens before this thread uses it.
                 let g = arch::swap_acq_rel(self.spare(class, slot, i as u32), 0);
                 if g != 0 {
-                    return Some(BlockId::from_global(g - 1));
+                    return Some(self.block_id(g - 1));
                 }
             }
         }
@@ -276,17 +278,16 @@ impl Heap {
         // A class whose block fills a segment holds whole segments idle, so
         // its budget is tighter, and counts every slot the class could have
         // (the slot count grows with the heap, which would keep the share
-        // the same on every heap): 2 MiB segments keep these spares on heaps
-        // of 16 GiB and more, not on the utilization workloads' 256 MiB
-        // and ~8 GiB.
-        let whole_segments = class.blocks_per_segment() == 1;
+        // the same on every heap): heaps of 8192 segments and more keep
+        // these spares (see `SEGMENT_SPARE_BUDGET_SHIFT`).
+        let whole_segments = class.blocks_per_segment(self.segment_shift) == 1;
         let (budget, slots) = if whole_segments {
             (SEGMENT_SPARE_BUDGET_SHIFT, SLOTS_PER_CLASS)
         } else {
             (SPARE_BUDGET_SHIFT, self.slots_for(class))
         };
         let cached = (slots * (1 + SPARES_PER_SLOT)) as u64;
-        let room = self.data_bytes() >> (budget + class.block_shift());
+        let room = self.data_bytes() >> (budget + class.block_shift(self.segment_shift));
         let spares = if self.flags & NO_SPARES != 0 || room < cached {
             0
         } else {
@@ -336,7 +337,7 @@ impl Heap {
     fn park_spare(&self, class: SizeClass, slot: u32, start: u32, b: BlockId) {
         let parked = (0..SPARES_PER_SLOT).any(|k| {
             let w = self.spare(class, slot, (start + k) % SPARES_PER_SLOT);
-            arch::compare_exchange_acq_rel(w, 0, b.global() + 1).is_ok()
+            arch::compare_exchange_acq_rel(w, 0, self.global(b) + 1).is_ok()
         });
         if !parked {
             self.release_block(class, b);
@@ -349,12 +350,12 @@ impl Heap {
         let Some(global) = displaced.block() else {
             return;
         };
-        let per_block = class.slices_per_block();
+        let per_block = class.slices_per_block(self.segment_shift);
         let unissued = displaced.unissued(per_block);
         if unissued > 0
             && block::count_dead_slices(self.counter(global), unissued as u64, per_block)
         {
-            self.release_block(class, BlockId::from_global(global));
+            self.release_block(class, self.block_id(global));
         }
     }
 
@@ -402,7 +403,7 @@ impl Heap {
         let Some(global) = seen.block() else {
             return;
         };
-        let per_block = class.slices_per_block();
+        let per_block = class.slices_per_block(self.segment_shift);
         if seen.reserved() >= seen.capacity(per_block) {
             // Exhausted: its installer is replacing it.
             return;

@@ -342,16 +342,17 @@ impl<'a> VebTree<'a> {
         let end = end.min(self.shape.universe);
         loop {
             let start = self.find_run_below(end, count)?;
-            if self.remove_range(start, count) {
+            if self.try_remove_range(start, count) {
                 return Some(start);
             }
         }
     }
 
-    /// Removes ids `start..start + count`, one RMW per word (not per id):
-    /// true if this call removed them all; otherwise the ones it removed
-    /// are put back and nothing changed for good.
-    fn remove_range(&self, start: u32, count: u32) -> bool {
+    /// Removes ids `start..start + count` (all below the universe), one
+    /// RMW per word (not per id): true if this call removed them all;
+    /// otherwise the ones it removed are put back (acq_rel RMWs, before
+    /// this returns) and nothing changed for good.
+    pub fn try_remove_range(&self, start: u32, count: u32) -> bool {
         let end = start + count;
         let mut i = start;
         while i < end {

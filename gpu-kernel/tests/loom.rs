@@ -18,7 +18,13 @@
 //!   allocation racing a reclaim. Each ends with every slice back and the
 //!   segment free.
 //! - Runs: two claims of two segments racing on a four-segment heap both
-//!   succeed (the run lock) and the heap comes back whole.
+//!   succeed (each takes its own stretch below the run cursor) and the heap
+//!   comes back whole; a run whose optimistic stretch a class claim took
+//!   part of falls back to the run lock and still finds the free stretch,
+//!   however the two interleave; a run claim racing a trim (which holds the
+//!   run lock) gets the run the trim leaves; a trim racing a run claim that
+//!   must fail still finds the free segment the claim held for a moment
+//!   (the lock holder waits for optimistic claims in flight).
 //! - A team of two lanes (a two-lane host warp, `arch::HostWarp`) allocates,
 //!   writes and frees its slices while a third thread flushes the slot and
 //!   allocates again: the slices' memory is a loom cell, so a recycled slice
@@ -30,7 +36,11 @@
 use gpu_kernel::Heap;
 use gpu_kernel::arch::{HostWarp, Word, join_host_warp};
 use gpu_kernel::block;
-use gpu_kernel::class::{Request, SEGMENT_BYTES, SLICE_CLASSES, SLICES_PER_BLOCK, SizeClass};
+use gpu_kernel::class::{MIN_SEGMENT_SHIFT, Request, SLICE_CLASSES, SLICES_PER_BLOCK, SizeClass};
+
+/// The models' heaps have the smallest segments (2 MiB).
+const SHIFT: u32 = MIN_SEGMENT_SHIFT;
+const SEGMENT_BYTES: u64 = 1 << SHIFT;
 use gpu_kernel::layout::NO_SPARES;
 use gpu_kernel::segment::{Reservation, Return, SegmentState, SegmentTable};
 use gpu_kernel::veb::{TreeShape, VebTree};
@@ -160,7 +170,7 @@ fn exactly_one_thread_completes_a_block() {
 fn two_block_class() -> SizeClass {
     (0..SLICE_CLASSES)
         .filter_map(SizeClass::new)
-        .find(|c| c.blocks_per_segment() == 2)
+        .find(|c| c.blocks_per_segment(SHIFT) == 2)
         .expect("a slice class with two blocks per segment")
 }
 
@@ -173,7 +183,7 @@ fn reservation_racing_the_last_return() {
         )]);
         let s1 = states.clone();
         let t = thread::spawn(move || SegmentTable::new(&s1).reserve_blocks(0, class, 1));
-        let returned = SegmentTable::new(&states).return_blocks(0, class, 1);
+        let returned = SegmentTable::new(&states).return_blocks(0, class, 1, 2);
         let reserved = t.join().unwrap();
         let end = SegmentTable::new(&states).load(0);
         match (reserved, returned) {
@@ -200,8 +210,8 @@ fn the_last_two_returns_retire_once() {
             SegmentState::Active { class, free: 0 }.encode(),
         )]);
         let s1 = states.clone();
-        let t = thread::spawn(move || SegmentTable::new(&s1).return_blocks(0, class, 1));
-        let mine = SegmentTable::new(&states).return_blocks(0, class, 1);
+        let t = thread::spawn(move || SegmentTable::new(&s1).return_blocks(0, class, 1, 2));
+        let mine = SegmentTable::new(&states).return_blocks(0, class, 1, 2);
         let theirs = t.join().unwrap();
         let retired = [mine, theirs]
             .iter()
@@ -225,7 +235,7 @@ impl Tiny {
     }
 
     fn with_segments(segments: u64) -> Arc<Tiny> {
-        let layout = Heap::layout(segments, NO_SPARES).unwrap();
+        let layout = Heap::layout(segments, SHIFT, NO_SPARES).unwrap();
         let mut image = vec![0u64; layout.metadata_words() as usize];
         layout.write_initial_metadata(&mut image);
         let metadata: Vec<Word> = image.into_iter().map(Word::new).collect();
@@ -262,7 +272,7 @@ impl Tiny {
 }
 
 fn class_4k() -> SizeClass {
-    match Request::for_size(4096) {
+    match Request::for_size(4096, SHIFT) {
         Request::Class(c) => c,
         r => panic!("{r:?}"),
     }
@@ -322,7 +332,8 @@ fn two_runs_race_for_the_top() {
     model_long(|| {
         // Four segments hold both runs of two exactly: whichever claims
         // second must find the other two segments, however the claims
-        // interleave (they take the run lock in turn).
+        // interleave (each takes its own stretch below the run cursor; a
+        // claim that fails takes the run lock and searches).
         let tiny = Tiny::with_segments(4);
         let t1 = tiny.clone();
         let t = thread::spawn(move || t1.heap.malloc(2 * SEGMENT_BYTES) as u64);
@@ -336,6 +347,96 @@ fn two_runs_race_for_the_top() {
         tiny.heap.free(theirs as *mut u8);
         let whole = tiny.heap.malloc(4 * SEGMENT_BYTES);
         assert!(!whole.is_null(), "the runs did not come back whole");
+        tiny.heap.free(whole);
+    });
+}
+
+#[test]
+fn a_run_falls_back_to_the_lock_when_a_class_takes_its_stretch() {
+    model_long(|| {
+        // A run of two claimed and freed leaves the run cursor two segments
+        // down: the next optimistic stretch is segments 0-1, where a class
+        // claim (4 KiB slices fill a 2 MiB segment) takes the lowest free
+        // segment. Whichever wins segment 0, the run must succeed: with the
+        // optimistic stretch, or under the lock with segments 2-3.
+        let tiny = Tiny::with_segments(4);
+        let first = tiny.heap.malloc(2 * SEGMENT_BYTES);
+        assert!(!first.is_null());
+        tiny.heap.free(first);
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.malloc(4096) as u64);
+        let run = tiny.heap.malloc(2 * SEGMENT_BYTES) as u64;
+        let slice = t.join().unwrap();
+        assert!(run != 0 && slice != 0, "{run:x} {slice:x}");
+        let base = tiny.heap.data();
+        assert!(
+            slice - base >= run - base + 2 * SEGMENT_BYTES || run - base >= slice - base + 4096,
+            "the run overlaps the slice: {run:x} {slice:x}"
+        );
+        tiny.heap.free(run as *mut u8);
+        tiny.heap.free(slice as *mut u8);
+        tiny.heap.flush_slots();
+        let whole = tiny.heap.malloc(4 * SEGMENT_BYTES);
+        assert!(!whole.is_null(), "the heap did not come back whole");
+        tiny.heap.free(whole);
+    });
+}
+
+#[test]
+fn a_run_races_a_trim() {
+    model_long(|| {
+        // Three segments: a trim withdraws the highest free segment under
+        // the run lock while a run of two claims optimistically (segments
+        // 1-2). Either the run gets 1-2 and the trim 0, or the trim gets
+        // 2 first and the run, failing, finds 0-1 under the lock.
+        let tiny = Tiny::with_segments(3);
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.withdraw_free_segment());
+        let run = tiny.heap.malloc(2 * SEGMENT_BYTES) as u64;
+        let trimmed = t.join().unwrap();
+        assert!(run != 0, "a run of two failed next to one trim");
+        let trimmed = trimmed.expect("a trim found no free segment");
+        let head = ((run - tiny.heap.data()) / SEGMENT_BYTES) as u32;
+        assert!(
+            trimmed < head || trimmed >= head + 2,
+            "segment {trimmed} both trimmed and in the run at {head}"
+        );
+        tiny.heap.free(run as *mut u8);
+        assert!(tiny.heap.add_segment(trimmed));
+        let whole = tiny.heap.malloc(3 * SEGMENT_BYTES);
+        assert!(!whole.is_null(), "the heap did not come back whole");
+        tiny.heap.free(whole);
+    });
+}
+
+#[test]
+fn a_trim_waits_for_a_failing_optimistic_run_claim() {
+    model_long(|| {
+        // Two segments, segment 1 in use: a run of two can only fail, but
+        // its optimistic claim (stretch 0-1) holds segment 0 for a moment
+        // before it gives it back. A trim (under the run lock) that
+        // searched just then would find no free segment; it must wait for
+        // the claims in flight and find segment 0.
+        let tiny = Tiny::with_segments(2);
+        let first = tiny.heap.malloc(SEGMENT_BYTES);
+        let second = tiny.heap.malloc(SEGMENT_BYTES);
+        assert!(!first.is_null() && !second.is_null());
+        let (first, second) = if first < second {
+            (first, second)
+        } else {
+            (second, first)
+        };
+        tiny.heap.free(first);
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.malloc(2 * SEGMENT_BYTES) as u64);
+        let trimmed = tiny.heap.withdraw_free_segment();
+        let run = t.join().unwrap();
+        assert_eq!(run, 0, "a run of two on a heap with one free segment");
+        assert_eq!(trimmed, Some(0), "the trim missed the free segment");
+        assert!(tiny.heap.add_segment(0));
+        tiny.heap.free(second);
+        let whole = tiny.heap.malloc(2 * SEGMENT_BYTES);
+        assert!(!whole.is_null(), "the heap did not come back whole");
         tiny.heap.free(whole);
     });
 }

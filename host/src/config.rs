@@ -21,6 +21,13 @@ pub struct HeapConfig {
     /// Let each slot keep spare claimed blocks (faster installs; up to
     /// three idle blocks per slot). A tuning knob; on by default.
     pub slot_spares: bool,
+    /// log2 of the segment size (21..=24: 2 … 16 MiB). `None`: chosen from
+    /// the heap's size when it is created
+    /// ([`gpu_kernel::class::segment_shift_for`]: 2 MiB up to 2 GiB, 16 MiB
+    /// from 16 GiB, or the build's `GPUMALLOC_SEGMENT_SHIFT`). Small
+    /// segments strand less of a small heap; large ones make the 512 B …
+    /// 4 KiB classes claim segments less often.
+    pub segment_shift: Option<u32>,
 }
 
 impl HeapConfig {
@@ -45,6 +52,7 @@ impl HeapConfig {
             check_double_free: false,
             trap_on_misuse: false,
             slot_spares: true,
+            segment_shift: None,
         }
     }
 
@@ -60,12 +68,15 @@ impl HeapConfig {
     /// The layout (addresses left zero) of a heap of `bytes` with these
     /// options.
     pub fn layout(&self, bytes: u64) -> Result<HeapLayout> {
-        Heap::layout_for_bytes(bytes, self.flags()).map_err(|e| Error::HeapSize {
-            bytes,
-            why: match e {
-                LayoutError::TooSmall => "smaller than one segment (2 MiB by default)",
-                LayoutError::TooLarge => "more segments than the heap supports",
-            },
+        Heap::layout_for_bytes(bytes, self.segment_shift, self.flags()).map_err(|e| {
+            Error::HeapSize {
+                bytes,
+                why: match e {
+                    LayoutError::TooSmall => "smaller than one segment (2 MiB unless chosen)",
+                    LayoutError::TooLarge => "more segments than the heap supports",
+                    LayoutError::BadSegmentShift => "segment shift outside 21..=24",
+                },
+            }
         })
     }
 
@@ -95,6 +106,7 @@ impl Default for HeapConfig {
             check_double_free: false,
             trap_on_misuse: false,
             slot_spares: true,
+            segment_shift: None,
         }
     }
 }

@@ -4,15 +4,11 @@
 
 use cudarc::driver::CudaSlice;
 use gpu_kernel::Heap;
-use gpu_kernel::class::SEGMENT_BYTES;
 use gpu_kernel::stats::HeapStats;
 
 use crate::config::HeapConfig;
 use crate::error::{DriverCall, Result};
 use crate::gpu::{Arg, Gpu, HeapParam};
-
-/// Alignment of the data region (a segment's start is aligned to this).
-const DATA_ALIGN: u64 = 2 << 20;
 
 /// A heap in GPU memory.
 pub struct DeviceHeap {
@@ -30,10 +26,14 @@ impl DeviceHeap {
             None => (gpu.memory()?.0 as f64 * HeapConfig::DEFAULT_FREE_FRACTION) as u64,
         };
         let layout = config.layout(bytes)?;
+        // Segments start aligned to their size, so blocks and runs are
+        // aligned to theirs (`Heap::malloc`): the data region starts at the
+        // first multiple of a segment in the allocation.
+        let align = 1u64 << layout.segment_shift();
         // SAFETY: the data region is written by its users before it is read.
         let data = unsafe {
             gpu.stream()
-                .alloc::<u8>((layout.data_bytes() + DATA_ALIGN) as usize)
+                .alloc::<u8>((layout.data_bytes() + align) as usize)
         }
         .call("cuMemAlloc(heap data)")?;
         let mut image = vec![0u64; layout.metadata_words() as usize];
@@ -46,7 +46,7 @@ impl DeviceHeap {
         // as `&Heap` or as images passed to launches on that stream.
         let heap = unsafe {
             layout.bind(
-                gpu.address(&data).next_multiple_of(DATA_ALIGN),
+                gpu.address(&data).next_multiple_of(align),
                 gpu.address(&metadata),
             )
         };
@@ -76,7 +76,7 @@ impl DeviceHeap {
 
     /// Segments in the heap.
     pub fn segments(&self) -> u64 {
-        self.heap.data_bytes() / SEGMENT_BYTES
+        self.heap.segments() as u64
     }
 
     /// Empties the per-class slots so partly used blocks go back to their

@@ -23,7 +23,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::allocator::{Allocator, Bump, CudaMalloc, Ours, Sizes};
 use super::measure::{self, Buffers, Summary};
 use super::report::Record;
-use gpu_kernel::class::SEGMENT_BYTES;
+use gpu_kernel::class::MAX_SEGMENT_SHIFT;
 
 /// What the tests run with.
 #[derive(Clone, Debug)]
@@ -57,7 +57,7 @@ impl Default for Options {
         let mut sizes: Vec<u64> = (4..=13).map(|s| 1u64 << s).collect();
         // A multi-segment request: 32 MiB, fixed so that builds with
         // different segment sizes time the same request.
-        sizes.push((32 << 20).max(2 * SEGMENT_BYTES));
+        sizes.push((32 << 20).max(2 << MAX_SEGMENT_SHIFT));
         Options {
             threads: 1 << 20,
             iters: 10,
@@ -101,7 +101,17 @@ impl Bench {
         let mut allocators: Vec<Box<dyn Allocator>> = Vec::new();
         for name in &opts.allocators {
             match name.as_str() {
-                "ours" => allocators.push(Box::new(Ours::new(gpu, opts.heap)?)),
+                "ours" => {
+                    let ours = Ours::new(gpu, opts.heap)?;
+                    // The segment size is chosen per heap: say which one
+                    // this run measured.
+                    eprintln!(
+                        "ours: {} MiB heap of {} MiB segments",
+                        ours.heap().bytes() >> 20,
+                        ours.heap().handle().segment_bytes() >> 20
+                    );
+                    allocators.push(Box::new(ours));
+                }
                 "ours-nospares" => allocators.push(Box::new(Ours::with_config(
                     gpu,
                     HeapConfig {
