@@ -10,7 +10,8 @@
 //!   [`recorded`]: traces recorded from PyTorch (`python/remat/record.py`).
 //! - [`policy`]: the `EvictionPolicy` trait, DTR, DTE, Coop.
 //! - [`executor`]: replay, measurements, minimum-budget bisection.
-//! - [`compare`]: the three policies over a trace, as a table.
+//! - [`compare`]: the three policies over a trace, as a table; [`sweep`]: the
+//!   budget sweep of `gpumalloc remat` (CSV, and a PNG drawn by [`plot`]).
 //!
 //! Everything here is single-threaded and CPU-only.
 
@@ -18,9 +19,11 @@ pub mod compare;
 pub mod error;
 pub mod executor;
 pub mod neighbourhood;
+pub mod plot;
 pub mod policy;
 pub mod pool;
 pub mod recorded;
+pub mod sweep;
 pub mod synth;
 pub mod tensor;
 pub mod trace;
