@@ -3,7 +3,8 @@
 `BertConfig`), ResNet-50 (torchvision, or the local definition below when
 torchvision is missing) and Swin-T (timm). Each comes with a batch, a loss and
 an optimizer (AdamW for the transformers, SGD with momentum for ResNet-50, as
-they are usually trained). Defaults fit an 80 GB H100 in fp32; `tiny` gives a
+they are usually trained; `foreach=True`, PyTorch's default on CUDA, also on
+the CPU so that CPU recordings have the same ops). Defaults fit an 80 GB H100 in fp32; `tiny` gives a
 two-layer version of each that records in seconds on a CPU. Nothing is
 downloaded.
 """
@@ -37,7 +38,7 @@ def gpt2(tiny, batch, seq, device, **_):
     model = GPT2LMHeadModel(config).to(device).train()
     ids = _tokens(config.vocab_size, batch, seq, device)
     return Built(model, ids, lambda m, x: m(input_ids=x, labels=x).loss,
-                 torch.optim.AdamW(model.parameters(), lr=1e-4),
+                 torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True),
                  f"GPT-2 layers={config.n_layer} hidden={config.n_embd} batch={batch} seq={seq} "
                  f"eager-attention fp32 AdamW")
 
@@ -54,7 +55,7 @@ def bert(tiny, batch, seq, device, **_):
     model = BertForMaskedLM(config).to(device).train()
     ids = _tokens(config.vocab_size, batch, seq, device)
     return Built(model, ids, lambda m, x: m(input_ids=x, labels=x).loss,
-                 torch.optim.AdamW(model.parameters(), lr=1e-4),
+                 torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True),
                  f"BERT layers={config.num_hidden_layers} hidden={config.hidden_size} "
                  f"batch={batch} seq={seq} eager-attention fp32 AdamW")
 
@@ -83,7 +84,7 @@ def resnet50(tiny, batch, image, device, **_):
     model = model.to(device).train()
     classes = model.fc.out_features
     return Built(model, _images(batch, side, classes, device), _classify,
-                 torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                 torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True),
                  f"ResNet-50 ({source}{', stages 1-2 only' if tiny else ''}) batch={batch} "
                  f"image={side} fp32 SGD-momentum")
 
@@ -97,7 +98,7 @@ def swin_t(tiny, batch, image, device, **_):
                               **extra).to(device).train()
     classes = model.num_classes
     return Built(model, _images(batch, side, classes, device), _classify,
-                 torch.optim.AdamW(model.parameters(), lr=1e-4),
+                 torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True),
                  f"Swin-T (timm{', tiny' if tiny else ''}) batch={batch} image={side} fp32 AdamW")
 
 

@@ -37,6 +37,7 @@ seed; nothing is downloaded.
 import argparse
 import gzip
 import sys
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -72,8 +73,11 @@ class Recorder(TorchDispatchMode):
         self.pinned = []     # tensor id -> bool
         self.live = {}       # storage key -> id of its current version
         self.versions = {}   # storage key -> ids of all its versions
-        self.events = []     # (op index, share, start, end) on the GPU
+        self.events = []     # (op, share, start, end) on the GPU
         self.seen_ops = 0
+        # Backward ops run on autograd's device thread and storages may die
+        # on any thread: the bookkeeping (not the ops) runs under this lock.
+        self.lock = threading.RLock()
 
     # -- storages -----------------------------------------------------------
 
@@ -101,10 +105,11 @@ class Recorder(TorchDispatchMode):
         weakref.finalize(storage, self._died, key)
 
     def _died(self, key):
-        tid = self.live.pop(key, None)
-        self.versions.pop(key, None)
-        if tid is not None and self.ops:
-            self.ops[-1].frees.append(tid)
+        with self.lock:
+            tid = self.live.pop(key, None)
+            self.versions.pop(key, None)
+            if tid is not None and self.ops:
+                self.ops[-1].frees.append(tid)
 
     def leaf(self, t):
         """Registers an existing tensor's storage as pinned, made by a cost-0
@@ -123,15 +128,17 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.seen_ops += 1
-        pieces = self._pieces(func, args, kwargs)
-        for piece in pieces:
-            for t in piece["reads"]:
-                self.leaf(t)
+        with self.lock:
+            self.seen_ops += 1
+            pieces = self._pieces(func, args, kwargs)
+            for piece in pieces:
+                for t in piece["reads"]:
+                    self.leaf(t)
         start = self._clock()
         out = func(*args, **kwargs)
         end = self._clock()
-        self._emit(str(func._schema.name) + _overload(func), pieces, out, start, end)
+        with self.lock:
+            self._emit(str(func._schema.name) + _overload(func), pieces, out, start, end)
         return out
 
     def _clock(self):
@@ -167,7 +174,6 @@ class Recorder(TorchDispatchMode):
 
     def _emit(self, name, pieces, out, start, end):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        share = 1.0 / len(pieces)
         foreach = len(pieces) > 1 or pieces[0]["index"] is not None
         if foreach and isinstance(out, (list, tuple)) and len(out) == len(pieces):
             per_piece = [[t] if isinstance(t, torch.Tensor) else [] for t in out]
