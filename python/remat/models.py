@@ -32,7 +32,8 @@ def _tokens(vocab, batch, seq, device):
 def gpt2(tiny, batch, seq, device, **_):
     from transformers import GPT2Config, GPT2LMHeadModel
     batch, seq = batch or (2 if tiny else 8), seq or (32 if tiny else 512)
-    shape = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=1000) if tiny else \
+    shape = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, bos_token_id=0, eos_token_id=0) \
+        if tiny else \
         dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)
     config = GPT2Config(n_positions=max(seq, 1024), attn_implementation="eager", **shape)
     model = GPT2LMHeadModel(config).to(device).train()

@@ -18,7 +18,9 @@ optimizer) after autograd. For each op it records:
   per list element (cost shared evenly), and an op that writes several
   storages into one op per written storage;
 * its time: CUDA events around the op on the GPU, `time.perf_counter_ns` on
-  the CPU;
+  the CPU. On the GPU a short spin kernel (`torch.cuda._sleep`) goes before
+  the start event, so that the device is still busy while the CPU dispatches
+  the op and the events time the op's kernels, not the launch gap;
 * lifetimes: a `weakref.finalize` on each storage (PyTorch keeps a storage's
   Python object alive as long as the storage) says when the program drops it;
   the drop goes after the last recorded op.
@@ -50,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
 
 MAGIC = "gpumalloc-remat-trace 1"
+# About 50-100 µs of spinning at 1-2 GHz: longer than dispatching one op.
+SLEEP_CYCLES = 100_000
 
 
 class _Op:
@@ -64,10 +68,11 @@ class Recorder(TorchDispatchMode):
     """Records the ops of the code run under it. Holds no tensor (so it does
     not change lifetimes), only storage keys, tensor numbers and timing."""
 
-    def __init__(self, device):
+    def __init__(self, device, sleep_cycles=SLEEP_CYCLES):
         super().__init__()
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.sleep_cycles = sleep_cycles
         self.ops = []
         self.sizes = []      # tensor id -> bytes
         self.pinned = []     # tensor id -> bool
@@ -134,6 +139,8 @@ class Recorder(TorchDispatchMode):
             for piece in pieces:
                 for t in piece["reads"]:
                     self.leaf(t)
+        if self.cuda and self.sleep_cycles:
+            torch.cuda._sleep(self.sleep_cycles)
         start = self._clock()
         out = func(*args, **kwargs)
         end = self._clock()
@@ -290,7 +297,7 @@ def _unique(keys):
     return out
 
 
-def record_step(model, batch, loss_fn, optimizer, device):
+def record_step(model, batch, loss_fn, optimizer, device, sleep_cycles=SLEEP_CYCLES):
     """Runs one step untraced, then records the next; returns the recorder
     and the measured wall time of the recorded step in seconds."""
     def step():
@@ -304,7 +311,7 @@ def record_step(model, batch, loss_fn, optimizer, device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    recorder = Recorder(device)
+    recorder = Recorder(device, sleep_cycles)
     for t in list(model.parameters()) + list(model.buffers()) + _state_tensors(optimizer) \
             + [t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)]:
         recorder.leaf(t)
@@ -337,6 +344,8 @@ def main(argv=None):
     p.add_argument("--tiny", action="store_true", help="a few-layer model for CPU tests")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sleep-cycles", type=int, default=SLEEP_CYCLES,
+                   help="GPU spin before each op, so events time kernels only (0: off)")
     a = p.parse_args(argv)
 
     torch.manual_seed(a.seed)
@@ -344,12 +353,12 @@ def main(argv=None):
     built = models.build(a.model, tiny=a.tiny, batch=a.batch, seq=a.seq, image=a.image,
                          device=device)
     recorder, seconds = record_step(built.model, built.batch, built.loss_fn, built.optimizer,
-                                    device)
+                                    device, a.sleep_cycles)
     meta = {"model": a.model, "config": built.describe, "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "seed": a.seed, "unit": "ns",
             "step_wall_s": f"{seconds:.3f}", "aten_ops_seen": recorder.seen_ops,
-            "pinned_count": sum(recorder.pinned)}
+            "pinned_count": sum(recorder.pinned), "sleep_cycles": a.sleep_cycles}
     if device.type == "cuda":
         meta["peak_allocated"] = torch.cuda.max_memory_allocated(device)
     size = recorder.write(a.out, meta)
