@@ -4,13 +4,13 @@
 # machine with an NVIDIA GPU and PyTorch (transformers, timm; torchvision if
 # present). Needs no cargo and no network. docs/remat.md says how to replay
 # the traces.
-#   scripts/remat-record.sh [OUT_DIR]      # default traces/remat
+#   scripts/remat-record.sh [OUT_DIR]      # default docs/results/remat
 # Environment: MODELS (default "gpt2 bert resnet50 swin_t"), TIMEOUT seconds
 # per model (130, so that four fit in 10 minutes), PYTHON (python3), ARGS
 # (more options for record.py, e.g. "--batch 4").
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-traces/remat}
+OUT=${1:-docs/results/remat}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1

@@ -205,7 +205,10 @@ pub fn run_command(command: &Command) -> Result<(), String> {
     let trace = &recorded.trace;
     let name = trace_name(&command.trace);
     let config = recorded.meta("config").unwrap_or("");
-    let title = format!("{name} ({config}): {}", summary(trace));
+    let mut title = format!("{name} ({config}): {}", summary(trace));
+    if let Some(bytes) = recorded.meta("peak_allocated").and_then(|p| p.parse::<f64>().ok()) {
+        let _ = write!(title, "; PyTorch's peak allocated {:.1} MiB", bytes / (1u64 << 20) as f64);
+    }
     if command.sweep_dir.is_none() || !command.budgets.is_empty() {
         println!("{title}");
     }
