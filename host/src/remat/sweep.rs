@@ -97,28 +97,42 @@ pub fn run(trace: &Trace, step: f64) -> Sweep {
 }
 
 impl Sweep {
+    /// The lowest ratio of the sweep at which `policy` finished. Finishing is
+    /// not monotone in the budget, so this can lie below the bisected minimum.
+    pub fn lowest_finished(&self, policy: &str) -> Option<f64> {
+        self.rows
+            .iter()
+            .filter(|(_, r)| r.policy == policy && r.finished())
+            .map(|(ratio, _)| *ratio)
+            .reduce(f64::min)
+    }
+
     /// The rows as a table, then the minimum ratios.
     pub fn text(&self, title: &str) -> String {
         let mut out = table(title, &self.rows);
         for (policy, ratio) in &self.min_ratios {
             let _ = match ratio {
-                Some(r) => writeln!(out, "minimum budget ratio {policy:>4}: {r:.3}"),
-                None => writeln!(
+                Some(r) => write!(out, "minimum budget ratio {policy:>4}: {r:.3} (bisection)"),
+                None => write!(
                     out,
                     "minimum budget ratio {policy:>4}: does not finish at 1.2"
                 ),
+            };
+            let _ = match self.lowest_finished(policy) {
+                Some(r) => writeln!(out, "; lowest finished in the sweep {r:.3}"),
+                None => writeln!(out),
             };
         }
         out
     }
 
-    /// CSV, one row per ratio per policy; `min_ratio` repeats the policy's
-    /// bisected minimum on each of its rows.
+    /// CSV, one row per ratio per policy; `min_ratio` (the policy's bisected
+    /// minimum) and `lowest_finished` repeat on each of its rows.
     pub fn csv(&self) -> String {
         let mut out = String::from(
             "ratio,policy,budget_bytes,finished,ops_done,overhead,fragmentation_mean,\
              fragmentation_max,evictions,recomputations,search_us_per_evicting_alloc,\
-             search_us_per_eviction,min_ratio\n",
+             search_us_per_eviction,min_ratio,lowest_finished\n",
         );
         for (ratio, r) in &self.rows {
             let min = self
@@ -127,11 +141,14 @@ impl Sweep {
                 .find(|(p, _)| *p == r.policy)
                 .and_then(|(_, m)| *m)
                 .map_or(String::new(), |m| format!("{m:.4}"));
+            let lowest = self
+                .lowest_finished(r.policy)
+                .map_or(String::new(), |l| format!("{l:.4}"));
             let search_total: u64 = r.search_ns.iter().sum();
             let per_eviction = search_total as f64 / 1e3 / r.evictions.max(1) as f64;
             let _ = writeln!(
                 out,
-                "{ratio},{},{},{},{},{:.6},{:.6},{:.6},{},{},{:.3},{:.3},{min}",
+                "{ratio:.4},{},{},{},{},{:.6},{:.6},{:.6},{},{},{:.3},{:.3},{min},{lowest}",
                 r.policy,
                 r.budget,
                 r.finished(),
@@ -206,8 +223,15 @@ pub fn run_command(command: &Command) -> Result<(), String> {
     let name = trace_name(&command.trace);
     let config = recorded.meta("config").unwrap_or("");
     let mut title = format!("{name} ({config}): {}", summary(trace));
-    if let Some(bytes) = recorded.meta("peak_allocated").and_then(|p| p.parse::<f64>().ok()) {
-        let _ = write!(title, "; PyTorch's peak allocated {:.1} MiB", bytes / (1u64 << 20) as f64);
+    if let Some(bytes) = recorded
+        .meta("peak_allocated")
+        .and_then(|p| p.parse::<f64>().ok())
+    {
+        let _ = write!(
+            title,
+            "; PyTorch's peak allocated {:.1} MiB",
+            bytes / (1u64 << 20) as f64
+        );
     }
     if command.sweep_dir.is_none() || !command.budgets.is_empty() {
         println!("{title}");
