@@ -87,7 +87,8 @@ class Recorder(TorchDispatchMode):
     # -- storages -----------------------------------------------------------
 
     def _storage(self, t):
-        """(key, bytes) of a tensor's storage on the recorded device, or None."""
+        """(storage, key, bytes) of a tensor's storage on the recorded device,
+        or None (another device, no storage, or an empty one)."""
         if not isinstance(t, torch.Tensor) or t.device.type != self.device.type:
             return None
         try:
@@ -202,7 +203,9 @@ class Recorder(TorchDispatchMode):
         """Appends the piece's ops: one per written storage (in place) or,
         when it writes nothing, one op making its new storages."""
         reads = _unique(self._key(t) for t in piece["reads"])
-        written = _unique(self._key(t) for t in piece["writes"])
+        # A written storage that was empty before the op (an `out=` tensor
+        # resized by it) is not known yet: it is a new output, not a version.
+        written = [k for k in _unique(self._key(t) for t in piece["writes"]) if k in self.live]
         new = []
         for t in outs:
             info = self._storage(t)

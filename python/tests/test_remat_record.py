@@ -101,3 +101,21 @@ def test_each_model_records_a_tiny_step(model, tmp_path):
 def test_local_resnet50_matches_torchvision_in_parameters():
     model = models.LocalResNet50()
     assert sum(p.numel() for p in model.parameters()) == 25_557_032
+
+
+def test_out_variant_into_an_empty_tensor_is_a_new_tensor(tmp_path):
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    rec = record.Recorder("cpu")
+    rec.leaf(a)
+    rec.leaf(b)
+    with rec:
+        out = torch.empty(0)
+        torch.mm(a, b, out=out)     # resizes the empty storage: a new tensor
+        out.add_(1.0)               # then an in-place version of it
+    path = tmp_path / "out.remat"
+    rec.write(path, {})
+    _, ops = parse(path)
+    mm = next(op for op in ops if op[0] == "aten::mm.out")
+    assert not mm[2] and mm[4] == [(8 * 8 * 4, False)] and mm[3] == [0, 1]
+    add = next(op for op in ops if op[0] == "aten::add_.Tensor")
+    assert add[2] and add[3][0] == 2
