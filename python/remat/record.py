@@ -80,6 +80,7 @@ class Recorder(TorchDispatchMode):
         self.versions = {}   # storage key -> ids of all its versions
         self.events = []     # (op, share, start, end) on the GPU
         self.seen_ops = 0
+        self.phases = {}     # ops (leaves included) per phase of the step
         # Backward ops run on autograd's device thread and storages may die
         # on any thread: the bookkeeping (not the ops) runs under this lock.
         self.lock = threading.RLock()
@@ -321,9 +322,12 @@ def record_step(model, batch, loss_fn, optimizer, device, sleep_cycles=SLEEP_CYC
     started = time.perf_counter()
     with recorder:
         loss = loss_fn(model, batch)
+        recorder.phases["forward_ops"] = len(recorder.ops)
         loss.backward()
+        recorder.phases["backward_ops"] = len(recorder.ops) - recorder.phases["forward_ops"]
         optimizer.step()
         del loss
+    recorder.phases["optimizer_ops"] = len(recorder.ops) - sum(recorder.phases.values())
     recorder.finish()
     seconds = time.perf_counter() - started
     recorder.pin([p.grad for p in model.parameters() if p.grad is not None]
@@ -362,8 +366,13 @@ def main(argv=None):
             "torch": torch.__version__, "seed": a.seed, "unit": "ns",
             "step_wall_s": f"{seconds:.3f}", "aten_ops_seen": recorder.seen_ops,
             "pinned_count": sum(recorder.pinned), "sleep_cycles": a.sleep_cycles}
+    meta.update(recorder.phases)
     if device.type == "cuda":
         meta["peak_allocated"] = torch.cuda.max_memory_allocated(device)
+    if recorder.phases["backward_ops"] == 0:
+        # The dispatch mode did not reach autograd's thread: a forward-only
+        # trace would look valid and mean nothing.
+        sys.exit(f"{a.model}: no backward op was recorded; not writing {a.out}")
     size = recorder.write(a.out, meta)
     print(f"{a.model}: {len(recorder.ops)} ops ({recorder.seen_ops} aten ops seen), "
           f"{len(recorder.sizes)} tensors, step {seconds:.2f} s, {size / 1e6:.2f} MB -> {a.out}")

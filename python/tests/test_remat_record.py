@@ -92,6 +92,8 @@ def test_each_model_records_a_tiny_step(model, tmp_path):
     record.main(["--model", model, "--tiny", "--device", "cpu", "--out", str(out)])
     meta, ops = parse(out)
     assert meta["model"] == model and meta["device"] == "cpu"
+    phases = [int(meta[k]) for k in ("forward_ops", "backward_ops", "optimizer_ops")]
+    assert all(n > 0 for n in phases) and sum(phases) == len(ops), phases
     assert len(ops) > 100
     assert any(op[2] for op in ops), "in-place ops (optimizer updates at least)"
     assert sum(op[1] for op in ops) > 0
