@@ -23,6 +23,7 @@ class Built:
     loss_fn: Callable
     optimizer: torch.optim.Optimizer
     describe: str
+    batch_size: int
 
 
 def _tokens(vocab, batch, seq, device):
@@ -41,7 +42,7 @@ def gpt2(tiny, batch, seq, device, **_):
     return Built(model, ids, lambda m, x: m(input_ids=x, labels=x).loss,
                  torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True),
                  f"GPT-2 layers={config.n_layer} hidden={config.n_embd} batch={batch} seq={seq} "
-                 f"eager-attention fp32 AdamW")
+                 f"eager-attention fp32 AdamW", batch)
 
 
 def bert(tiny, batch, seq, device, **_):
@@ -58,7 +59,7 @@ def bert(tiny, batch, seq, device, **_):
     return Built(model, ids, lambda m, x: m(input_ids=x, labels=x).loss,
                  torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True),
                  f"BERT layers={config.num_hidden_layers} hidden={config.hidden_size} "
-                 f"batch={batch} seq={seq} eager-attention fp32 AdamW")
+                 f"batch={batch} seq={seq} eager-attention fp32 AdamW", batch)
 
 
 def _images(batch, side, classes, device):
@@ -87,7 +88,7 @@ def resnet50(tiny, batch, image, device, **_):
     return Built(model, _images(batch, side, classes, device), _classify,
                  torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True),
                  f"ResNet-50 ({source}{', stages 1-2 only' if tiny else ''}) batch={batch} "
-                 f"image={side} fp32 SGD-momentum")
+                 f"image={side} fp32 SGD-momentum", batch)
 
 
 def swin_t(tiny, batch, image, device, **_):
@@ -100,7 +101,8 @@ def swin_t(tiny, batch, image, device, **_):
     classes = model.num_classes
     return Built(model, _images(batch, side, classes, device), _classify,
                  torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True),
-                 f"Swin-T (timm{', tiny' if tiny else ''}) batch={batch} image={side} fp32 AdamW")
+                 f"Swin-T (timm{', tiny' if tiny else ''}) batch={batch} image={side} fp32 AdamW",
+                 batch)
 
 
 MODELS = {"gpt2": gpt2, "bert": bert, "resnet50": resnet50, "swin_t": swin_t}

@@ -37,6 +37,7 @@ seed; nothing is downloaded.
 """
 
 import argparse
+import gc
 import gzip
 import sys
 import threading
@@ -54,6 +55,8 @@ import models  # noqa: E402
 MAGIC = "gpumalloc-remat-trace 1"
 # About 50-100 µs of spinning at 1-2 GHz: longer than dispatching one op.
 SLEEP_CYCLES = 100_000
+# Out of GPU memory: halve the batch and try again, this many times.
+OOM_RETRIES = 2
 
 
 class _Op:
@@ -355,12 +358,26 @@ def main(argv=None):
                    help="GPU spin before each op, so events time kernels only (0: off)")
     a = p.parse_args(argv)
 
-    torch.manual_seed(a.seed)
     device = torch.device(a.device)
-    built = models.build(a.model, tiny=a.tiny, batch=a.batch, seq=a.seq, image=a.image,
-                         device=device)
-    recorder, seconds = record_step(built.model, built.batch, built.loss_fn, built.optimizer,
-                                    device, a.sleep_cycles)
+    batch = a.batch
+    for attempt in range(OOM_RETRIES + 1):
+        torch.manual_seed(a.seed)
+        built = None
+        try:
+            built = models.build(a.model, tiny=a.tiny, batch=batch, seq=a.seq, image=a.image,
+                                 device=device)
+            recorder, seconds = record_step(built.model, built.batch, built.loss_fn,
+                                            built.optimizer, device, a.sleep_cycles)
+            break
+        except torch.cuda.OutOfMemoryError:
+            # Out of memory while building: a smaller batch does not help.
+            if attempt == OOM_RETRIES or built is None or built.batch_size == 1:
+                raise
+            batch = built.batch_size // 2
+            print(f"{a.model}: out of GPU memory, trying batch {batch}", file=sys.stderr)
+            built = None
+            gc.collect()
+            torch.cuda.empty_cache()
     meta = {"model": a.model, "config": built.describe, "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "seed": a.seed, "unit": "ns",
