@@ -5,6 +5,8 @@
 //! gpumalloc bench single --threads 1048576 --iters 10
 //! gpumalloc selftest               # the architecture self-test on the GPU
 //! gpumalloc plot results           # PNG figures from a results folder
+//! gpumalloc remat TRACE --budget 0.5 # DTR, DTE, Coop on a recorded step
+//! gpumalloc remat TRACE --sweep      # ratios 0.9 down to the lowest: CSV, PNG
 //! ```
 //! With no GPU, `bench` runs our allocator on the CPU and says so.
 
@@ -42,6 +44,30 @@ enum Cmd {
         /// The folder `bench` wrote.
         dir: PathBuf,
     },
+    /// Replays a training step recorded by python/remat/record.py under a
+    /// memory budget with DTR, DTE and Coop (rematerialization, issue 16).
+    Remat(RematArgs),
+}
+
+#[derive(Args, Clone)]
+struct RematArgs {
+    /// Trace files (`.remat.gz`).
+    #[arg(required = true)]
+    traces: Vec<PathBuf>,
+    /// Budget ratio of the step's peak live bytes (repeatable; 0.5 when
+    /// neither --budget nor --sweep is given).
+    #[arg(long)]
+    budget: Vec<f64>,
+    /// Each policy's minimum ratio (bisection), then every policy from 0.9
+    /// down to the lowest minimum: NAME.sweep.csv, .sweep.txt, .overhead.png.
+    #[arg(long)]
+    sweep: bool,
+    /// Ratio step of the sweep.
+    #[arg(long, default_value_t = 0.05)]
+    step: f64,
+    /// Where the sweep's files go.
+    #[arg(long, default_value = "results/remat")]
+    out: PathBuf,
 }
 
 const TESTS: [&str; 8] = [
@@ -109,6 +135,7 @@ fn main() -> ExitCode {
         Cmd::Bench(args) => bench(args),
         Cmd::Selftest { threads } => selftest(threads),
         Cmd::Plot { dir } => plot_dir(&dir),
+        Cmd::Remat(args) => remat(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -117,6 +144,23 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn remat(args: RematArgs) -> Result<(), String> {
+    let budgets = if args.budget.is_empty() && !args.sweep {
+        vec![0.5]
+    } else {
+        args.budget
+    };
+    for trace in args.traces {
+        host::remat::sweep::run_command(&host::remat::sweep::Command {
+            trace,
+            budgets: budgets.clone(),
+            sweep_dir: args.sweep.then(|| args.out.clone()),
+            step: args.step,
+        })?;
+    }
+    Ok(())
 }
 
 fn selftest(threads: u64) -> Result<(), String> {

@@ -1,20 +1,82 @@
-//! Compares DTR, DTE and Coop on the seeded synthetic traces of
-//! `host::remat::synth` (a transformer-like and a ResNet-like training step):
-//! overhead, fragmentation, evictions and search latency at several budget
-//! ratios, each policy's minimum budget ratio (bisection), and an ablation of
-//! Coop's cheap-tensor partitioning and recomputable in-place.
+//! Rematerialization under a memory budget (issue 16): DTR, DTE and Coop
+//! replay a training step recorded from PyTorch (`python/remat/record.py`)
+//! at budget ratios of its peak live bytes; with no trace, they run on the
+//! seeded synthetic steps of `host::remat::synth` (a transformer-like and a
+//! ResNet-like one) with an ablation of Coop's layout modules.
 //!
 //! ```text
-//! cargo run -p host --release --example remat
+//! cargo run -p host --release --example remat -- [OPTIONS] [TRACE.remat.gz]...
+//!   --budget R     replay the three policies at budget ratio R (repeatable;
+//!                  0.5 when neither --budget nor --sweep is given)
+//!   --sweep        each policy's minimum ratio (bisection), then every policy
+//!                  from 0.9 down to the lowest minimum; writes NAME.sweep.csv,
+//!                  NAME.overhead.png and NAME.sweep.txt
+//!   --step S       ratio step of the sweep (0.05)
+//!   --out DIR      where the sweep's files go (results/remat)
 //! ```
+//! The same runs as `gpumalloc remat TRACE --budget R` / `--sweep`.
+
+#[path = "common/usage.rs"]
+mod usage;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
 
 use host::remat::compare::{min_ratios, sweep, table};
+use host::remat::sweep::{Command, run_command};
 use host::remat::synth;
 use host::remat::{Coop, RematResult, ReplayOptions, Trace, budget_for, replay};
 
 const RATIOS: [f64; 6] = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4];
 
-fn main() -> RematResult<()> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("remat: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let (mut traces, mut budgets, mut do_sweep) = (Vec::new(), Vec::new(), false);
+    let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |what: &str| args.next().ok_or(format!("{a} needs {what}"));
+        let number = |s: String| s.parse::<f64>().map_err(|e| format!("{a} {s:?}: {e}"));
+        match a.as_str() {
+            "--budget" => budgets.push(number(value("a ratio")?)?),
+            "--sweep" => do_sweep = true,
+            "--step" => step = number(value("a ratio step")?)?,
+            "--out" => out = PathBuf::from(value("a folder")?),
+            "-h" | "--help" => {
+                println!("{}", usage::from_module_doc(include_str!("remat.rs")));
+                return Ok(());
+            }
+            flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
+            path => traces.push(PathBuf::from(path)),
+        }
+    }
+    if traces.is_empty() {
+        return synthetic().map_err(|e| e.to_string());
+    }
+    if budgets.is_empty() && !do_sweep {
+        budgets.push(0.5);
+    }
+    for trace in traces {
+        run_command(&Command {
+            trace,
+            budgets: budgets.clone(),
+            sweep_dir: do_sweep.then(|| out.clone()),
+            step,
+        })?;
+    }
+    Ok(())
+}
+
+fn synthetic() -> RematResult<()> {
     let traces: [(&str, Trace); 2] = [
         (
             "transformer-like, 8 layers, 8 MiB hidden, seed 1",
@@ -40,7 +102,6 @@ fn main() -> RematResult<()> {
     }
     Ok(())
 }
-
 /// Coop with each of its two layout modules switched off.
 fn ablation(trace: &Trace) {
     println!("  Coop ablation (overhead / mean fragmentation / evictions):");

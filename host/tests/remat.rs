@@ -4,8 +4,10 @@
 //! in-place; seeded random traces replayed with every policy under invariant
 //! checks (no pinned tensor evicted, every recomputation has its inputs
 //! resident, no two live tensors overlap); the window search's linear step
-//! count; and the policy comparison on the synthetic traces (printed, with
-//! only invariants asserted). Fixed seeds throughout.
+//! count; the policy comparison on the synthetic traces (printed, with
+//! only invariants asserted); and the tiny CPU recordings of PyTorch steps in
+//! tests/data (read, replayed under every policy with the invariant checks,
+//! swept). Fixed seeds throughout.
 
 use gpu_kernel::workload::SplitMix64;
 use host::remat::compare::{sweep, table};
@@ -14,7 +16,7 @@ use host::remat::policy::{Coop, Dte, Dtr, EvictionPolicy, SearchContext};
 use host::remat::pool::Pool;
 use host::remat::tensor::{Residency, TensorTable};
 use host::remat::{
-    OutputSpec, RematError, ReplayOptions, Trace, TraceBuilder, budget_for, replay, synth,
+    OutputSpec, Recorded, RematError, ReplayOptions, Trace, TraceBuilder, budget_for, replay, synth,
 };
 
 fn all_policies() -> Vec<Box<dyn EvictionPolicy>> {
@@ -410,4 +412,106 @@ fn cheap_threshold_splits_element_wise_from_matmul_ops() {
     let threshold = host::remat::executor::cheap_threshold(&trace);
     let per_mib = threshold * (1u64 << 20) as f64;
     assert!((1.5..8.0).contains(&per_mib), "threshold {per_mib} per MiB");
+}
+
+/// The tiny CPU recordings of `python/remat/record.py` committed under
+/// tests/data (two-layer GPT-2, batch 8, sequence 128; the first two stages
+/// of ResNet-50, batch 8, 96×96 images).
+fn recorded_traces() -> Vec<(&'static str, Recorded)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    ["gpt2-tiny", "resnet50-tiny"]
+        .into_iter()
+        .map(|name| {
+            let path = dir.join(format!("{name}.remat.gz"));
+            (name, Recorded::read(&path).expect("committed trace reads"))
+        })
+        .collect()
+}
+
+#[test]
+fn recorded_traces_hold_what_a_real_step_has() {
+    for (name, r) in recorded_traces() {
+        let ops = &r.trace.ops;
+        assert!(
+            r.meta("model").is_some() && r.meta("torch").is_some(),
+            "{name}"
+        );
+        assert!(ops.len() > 300, "{name}: {} ops", ops.len());
+        assert_eq!(r.names.len(), ops.len());
+        assert!(ops.iter().any(|op| op.in_place), "{name}: in-place ops");
+        assert_eq!(r.names[0], "leaf", "{name}: parameters come first");
+        let first_real = r.names.iter().position(|n| n != "leaf").expect("ops");
+        assert!(
+            ops[..first_real]
+                .iter()
+                .all(|op| op.outputs[0].pinned && op.cost == 0.0),
+            "{name}: leaves are pinned and free"
+        );
+        assert!(ops.iter().any(|op| op.outputs.iter().any(|o| !o.pinned)));
+        // Every tensor the program does not free by the end is pinned
+        // (parameters, gradients, optimizer state, the batch).
+        let mut freed = vec![false; r.trace.tensor_count()];
+        ops.iter()
+            .flat_map(|op| &op.frees)
+            .for_each(|&t| freed[t] = true);
+        let outputs: Vec<_> = ops.iter().flat_map(|op| &op.outputs).collect();
+        let unpinned_alive = (0..outputs.len())
+            .filter(|&t| !freed[t] && !outputs[t].pinned)
+            .count();
+        assert_eq!(unpinned_alive, 0, "{name}: activations all die");
+        assert!(r.trace.total_cost() > 0.0 && r.trace.peak_live_bytes() > 1 << 20);
+    }
+}
+
+#[test]
+fn recorded_traces_replay_under_every_policy_with_invariants_checked() {
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    for (name, r) in recorded_traces() {
+        let trace = &r.trace;
+        for ratio in [1.0, 0.9, 0.7, 0.5] {
+            for mut policy in all_policies() {
+                let report = replay(trace, budget_for(trace, ratio), policy.as_mut(), options);
+                let label = format!("{name} at {ratio}, {}", report.policy);
+                match &report.error {
+                    None => {}
+                    Some(RematError::OutOfMemory { .. }) if ratio < 0.9 => {}
+                    Some(other) => panic!("{label}: {other}"),
+                }
+                if ratio < 1.0 && report.finished() {
+                    assert!(
+                        report.evictions > 0,
+                        "{label}: under the peak, something is evicted"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sweep_of_a_recorded_trace_writes_csv_text_and_png() {
+    let (name, r) = recorded_traces().remove(0);
+    let sweep = host::remat::sweep::run(&r.trace, 0.1);
+    assert_eq!(sweep.min_ratios.len(), 3);
+    let lowest = sweep
+        .min_ratios
+        .iter()
+        .filter_map(|m| m.1)
+        .fold(f64::INFINITY, f64::min);
+    assert!(lowest < 0.9, "{name}: some policy finishes below 0.9");
+    let ratios: Vec<f64> = sweep.rows.iter().map(|(ratio, _)| *ratio).collect();
+    assert_eq!(ratios[0], 0.9);
+    assert_eq!(*ratios.last().expect("rows"), lowest);
+    let dir = std::env::temp_dir().join(format!("remat-sweep-{}", std::process::id()));
+    let files = sweep
+        .write(&dir, name, "test")
+        .expect("temp dir is writable");
+    let csv = std::fs::read_to_string(&files[0]).expect("written");
+    assert_eq!(csv.lines().count(), sweep.rows.len() + 1);
+    assert!(csv.starts_with("ratio,policy,") && csv.contains(",Coop,"));
+    let png = std::fs::read(&files[1]).expect("written");
+    assert_eq!(&png[1..4], b"PNG");
+    std::fs::remove_dir_all(&dir).expect("temp dir");
 }

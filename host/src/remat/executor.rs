@@ -10,6 +10,15 @@
 //! A recomputation recomputes only the tensor asked for, at the full cost of
 //! its op (multi-output ops are not recomputed as a unit).
 //!
+//! In-place ops: under DTR and DTE the output is a copy (copy-on-write, as
+//! DTR's prototype rewrites in-place ops) and the input dies after it; Coop
+//! writes at the input's address. An in-place op over a *pinned* tensor (an
+//! optimizer updating a parameter or its state, a gradient accumulating)
+//! writes in place under every policy: a pinned tensor is never evicted, so
+//! keeping its old version for recomputation buys nothing, and a copy of a
+//! large parameter at the end of a step, when almost everything resident is
+//! pinned, would decide a baseline's minimum budget by itself.
+//!
 //! One executor owns its pool, table and policy; single-threaded.
 
 use std::time::Instant;
@@ -180,7 +189,7 @@ impl<'p> Executor<'p> {
                 self.lock(out, 1)?;
             }
             let in_place = match outputs.first() {
-                Some(&out) if op.in_place && self.policy.recomputes_in_place() => {
+                Some(&out) if op.in_place && self.writes_in_place(op.inputs[0]) => {
                     self.try_in_place(op.inputs[0], out)?
                 }
                 _ => false,
@@ -258,6 +267,12 @@ impl<'p> Executor<'p> {
             self.tensors.get_mut(input)?.last_access = self.now;
         }
         Ok(())
+    }
+
+    /// Whether an in-place op over `input` writes at its address: under
+    /// a policy with recomputable in-place (Coop), or when `input` is pinned.
+    fn writes_in_place(&self, input: TensorId) -> bool {
+        self.policy.recomputes_in_place() || self.tensors.get(input).is_ok_and(|t| t.pinned)
     }
 
     /// Coop's recomputable in-place: `out` takes the address of `input`, which

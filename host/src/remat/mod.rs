@@ -6,10 +6,12 @@
 //! - [`pool`]: the pool as intervals (free or one resident tensor), `check()`.
 //! - [`tensor`]: tensor metadata and residency; [`neighbourhood`]: DTR's
 //!   evicted equivalence classes.
-//! - [`trace`]: the in-memory op trace; [`synth`]: seeded synthetic traces.
+//! - [`trace`]: the in-memory op trace; [`synth`]: seeded synthetic traces;
+//!   [`recorded`]: traces recorded from PyTorch (`python/remat/record.py`).
 //! - [`policy`]: the `EvictionPolicy` trait, DTR, DTE, Coop.
 //! - [`executor`]: replay, measurements, minimum-budget bisection.
-//! - [`compare`]: the three policies over a trace, as a table.
+//! - [`compare`]: the three policies over a trace, as a table; [`sweep`]: the
+//!   budget sweep of `gpumalloc remat` (CSV, and a PNG drawn by [`plot`]).
 //!
 //! Everything here is single-threaded and CPU-only.
 
@@ -17,8 +19,11 @@ pub mod compare;
 pub mod error;
 pub mod executor;
 pub mod neighbourhood;
+pub mod plot;
 pub mod policy;
 pub mod pool;
+pub mod recorded;
+pub mod sweep;
 pub mod synth;
 pub mod tensor;
 pub mod trace;
@@ -26,4 +31,5 @@ pub mod trace;
 pub use error::{RematError, RematResult};
 pub use executor::{ReplayOptions, Report, budget_for, min_budget_ratio, replay};
 pub use policy::{Coop, Dte, Dtr, EvictionPolicy};
+pub use recorded::Recorded;
 pub use trace::{Op, OutputSpec, Trace, TraceBuilder};
