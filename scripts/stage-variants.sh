@@ -12,6 +12,9 @@
 #   s21            every heap 2 MiB segments (GPUMALLOC_SEGMENT_SHIFT=21, the
 #                  geometry of main before heap-shift)
 #   s24            every heap 16 MiB segments (GPUMALLOC_SEGMENT_SHIFT=24)
+#   spare3         + spare segments for whole-segment classes (512 B - 4 KiB)
+#                  within 1/8 of the heap (GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3):
+#                  16 GiB bench heaps keep spares again
 #   claim          the defaults (the name of the earlier run, = auto)
 #   claim-b2       + launch bounds: two 256-thread blocks of heap_alloc per SM
 #   claim-slots128 + 128 slots per class, slot blocks within 1/64 of the heap
@@ -28,6 +31,7 @@ settings() {
     claim | auto) echo "" ;;
     s21) echo "GPUMALLOC_SEGMENT_SHIFT=21" ;;
     s24) echo "GPUMALLOC_SEGMENT_SHIFT=24" ;;
+    spare3) echo "GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     claim-b2) echo "GPUMALLOC_ALLOC_BLOCKS_PER_SM=2" ;;
     claim-slots128)
       echo "GPUMALLOC_SLOTS=128 GPUMALLOC_SLOT_BUDGET_SHIFT=6 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=4" ;;

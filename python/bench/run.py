@@ -388,13 +388,23 @@ def merge(dirs, out):
 ALLOCS = ("default", "expandable", "ours")
 
 
+VARIANT_ENV = {"c": "GPUMALLOC_CHUNK_MIB", "r": "GPUMALLOC_REUSE_ENTRIES"}
+
+
 def allocator_variant(name):
-    """Splits an allocator name into (allocator, environment): `ours-cN` is
-    ours with the lake's chunk size set to N MiB (`GPUMALLOC_CHUNK_MIB`), so
-    chunk sizes can be compared in one run; every other name is itself."""
-    if name.startswith("ours-c") and name[len("ours-c"):].isdigit():
-        return "ours", {"GPUMALLOC_CHUNK_MIB": name[len("ours-c"):]}
-    return name, {}
+    """Splits an allocator name into (allocator, environment), so settings
+    can be compared in one run: `ours-c16` is ours with 16 MiB chunks
+    (`GPUMALLOC_CHUNK_MIB`), `ours-r0` without the reuse cache
+    (`GPUMALLOC_REUSE_ENTRIES`), `ours-c16-r0` both; every other name is
+    itself (an unknown suffix leaves the name as it is, and is refused)."""
+    base, *parts = name.split("-")
+    env = {}
+    for part in parts:
+        key, value = part[:1], part[1:]
+        if key not in VARIANT_ENV or not value.isdigit():
+            return name, {}
+        env[VARIANT_ENV[key]] = value
+    return (base, env) if base == "ours" else (name, {})
 
 
 def main(argv=None):
@@ -410,6 +420,8 @@ def main(argv=None):
     p.add_argument("--sweep", default="80,88,96,104,112,120,128,144,160,192,256",
                    help="batches of the OOM sweep, in order (batch 64 is in the main suite)")
     p.add_argument("--sweep-timeout", type=float, default=150)
+    p.add_argument("--throughput-plan", default="16:3,32:2",
+                   help="throughput suite: batch:repetitions, comma-separated")
     p.add_argument("--precision", choices=["bf16", "autocast"], default="bf16",
                    help="passed to every train_gpt2.py run")
     p.add_argument("--merge", nargs="+", metavar="DIR",
@@ -437,7 +449,9 @@ def main(argv=None):
         if args.suite == "milestone1":
             suite_milestone1(r)
         elif args.suite == "throughput":
-            suite_throughput(r, allocs)
+            plan = tuple((int(b), int(n)) for b, n in
+                         (x.split(":") for x in args.throughput_plan.split(",") if x))
+            suite_throughput(r, allocs, plan=plan)
         else:
             if args.suite in ("main", "full"):
                 suite_main(r, allocs)

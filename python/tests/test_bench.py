@@ -287,3 +287,21 @@ def test_markdown_lists_ours_breakdown_at_peak():
                                     "fragmentation": 0.08, "driver_calls": 12345}
     md = report.markdown([r])
     assert "- gpt2 b16 (at attn3): active 11.00, driver_calls 12345, fragmentation 0.08, reserved 12.00" in md
+
+
+def test_allocator_variants_set_the_pool_environment():
+    import run
+    assert run.allocator_variant("ours") == ("ours", {})
+    assert run.allocator_variant("ours-c16") == ("ours", {"GPUMALLOC_CHUNK_MIB": "16"})
+    assert run.allocator_variant("ours-c16-r0") == (
+        "ours", {"GPUMALLOC_CHUNK_MIB": "16", "GPUMALLOC_REUSE_ENTRIES": "0"})
+    # Unknown suffixes and other allocators are left as they are (and refused by main()).
+    assert run.allocator_variant("ours-x1") == ("ours-x1", {})
+    assert run.allocator_variant("default-c16") == ("default-c16", {})
+
+
+def test_step_lengths_cycle():
+    import train_gpt2
+    a = train_gpt2.step_lengths(1234, 20, 1024, 256, cycle=8)
+    assert a[:8] == train_gpt2.step_lengths(1234, 8, 1024, 256)
+    assert all(a[i] == a[i % 8] for i in range(20))

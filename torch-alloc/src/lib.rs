@@ -16,7 +16,9 @@
 //! Environment: `GPUMALLOC_LIMIT_BYTES` caps the physical memory of each
 //! device's pool (default: the device's total memory);
 //! `GPUMALLOC_CHUNK_MIB` sets the lake's chunk size (default: the driver's
-//! minimum granularity, 2 MiB on H100).
+//! minimum granularity, 2 MiB on H100); `GPUMALLOC_REUSE_ENTRIES` sets how
+//! many freed large blocks the pool keeps for requests of their size
+//! (default 32; 0 turns the reuse cache off).
 //!
 //! Concurrency: the registry of pools is a process-wide static; each pool
 //! is thread-safe (see `host::pluggable::pool`).
@@ -53,6 +55,9 @@ const LIMIT_ENV: &str = "GPUMALLOC_LIMIT_BYTES";
 
 /// Environment variable setting the lake's chunk size, in MiB.
 const CHUNK_ENV: &str = "GPUMALLOC_CHUNK_MIB";
+
+/// Environment variable setting the reuse cache's entries.
+const REUSE_ENV: &str = "GPUMALLOC_REUSE_ENTRIES";
 
 /// What a forked child is told when it asks for memory.
 const IN_CHILD: &str = "gpumalloc: CUDA memory cannot be used in a process forked after CUDA \
@@ -193,8 +198,16 @@ fn make_device(device: i32) -> Result<Device, String> {
         Err(_) => total_bytes,
     };
     let events = CudaEvents::open(ordinal).map_err(|e| e.to_string())?;
+    let pool = StreamPool::new(Lake::new(vmm, LakeConfig::with_limit(limit)), events);
+    if let Ok(v) = std::env::var(REUSE_ENV) {
+        let entries = v
+            .parse::<usize>()
+            .map_err(|e| format!("{REUSE_ENV}={v:?} is not a number of blocks: {e}"))?;
+        pool.set_reuse_entries(entries)
+            .map_err(|e| format!("{REUSE_ENV}: {e}"))?;
+    }
     Ok(Device {
-        pool: StreamPool::new(Lake::new(vmm, LakeConfig::with_limit(limit)), events),
+        pool,
         total_bytes,
         fraction: Mutex::new(1.0),
         call_nanos: AtomicU64::new(0),
