@@ -16,6 +16,7 @@ fn main() {
         "GPUMALLOC_SLOTS",
         "GPUMALLOC_SLOT_BUDGET_SHIFT",
         "GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT",
+        "GPUMALLOC_AUTO_MIN_SEGMENTS",
         ALLOC_BLOCKS_ENV,
     ] {
         println!("cargo:rerun-if-env-changed={knob}");

@@ -15,6 +15,9 @@
 #   spare3         + spare segments for whole-segment classes (512 B - 4 KiB)
 #                  within 1/8 of the heap (GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3):
 #                  16 GiB bench heaps keep spares again
+#   m2048s3        spare3 + at least 2048 segments per heap (8 GiB: 4 MiB
+#                  segments; 16 GiB: 8 MiB)
+#   m4096s3        spare3 + at least 4096 segments (8 GiB: 2 MiB; 16 GiB: 4 MiB)
 #   claim          the defaults (the name of the earlier run, = auto)
 #   claim-b2       + launch bounds: two 256-thread blocks of heap_alloc per SM
 #   claim-slots128 + 128 slots per class, slot blocks within 1/64 of the heap
@@ -32,6 +35,8 @@ settings() {
     s21) echo "GPUMALLOC_SEGMENT_SHIFT=21" ;;
     s24) echo "GPUMALLOC_SEGMENT_SHIFT=24" ;;
     spare3) echo "GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
+    m2048s3) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=2048 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
+    m4096s3) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=4096 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     claim-b2) echo "GPUMALLOC_ALLOC_BLOCKS_PER_SM=2" ;;
     claim-slots128)
       echo "GPUMALLOC_SLOTS=128 GPUMALLOC_SLOT_BUDGET_SHIFT=6 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=4" ;;

@@ -31,7 +31,10 @@ pub const MAX_SEGMENT_SHIFT: u32 = 24;
 /// 4 MiB, 8 GiB 8 MiB, 16 GiB and more 16 MiB (fewer, larger segments make
 /// the 512 B … 4 KiB classes claim segments less often; see
 /// `docs/PERF.md`).
-pub const AUTO_MIN_SEGMENTS: u64 = 1024;
+/// `GPUMALLOC_AUTO_MIN_SEGMENTS` sets it at build time (for builds that
+/// compare rules).
+pub const AUTO_MIN_SEGMENTS: u64 =
+    build_knob(option_env!("GPUMALLOC_AUTO_MIN_SEGMENTS"), 1024) as u64;
 /// A build-time segment shift every heap uses unless its configuration
 /// names one: `GPUMALLOC_SEGMENT_SHIFT` (21..=24), for builds that compare
 /// geometries. 0 (unset): chosen per heap from its size.
