@@ -13,6 +13,8 @@
 //!   --limit-gib G                 the lake's limit (80)
 //!   --max-stitch N                the lake's max_stitch_chunks (unlimited)
 //!   --max-cached N                the lake's max_cached_stitched (256)
+//!   --reuse N                     entries of the pool's reuse cache (0: off,
+//!                                 the default)
 //!   --evict-mib N                 touch N MiB of other memory between pool
 //!                                 calls (cold caches, as in training)
 //!   --chunk-mib N                 chunk size of the lake (the trace's, 2);
@@ -66,6 +68,9 @@ fn run() -> Result<(), String> {
             }
             "--max-cached" => {
                 config.max_cached_stitched = value("views")?.parse().map_err(|e| format!("{e}"))?
+            }
+            "--reuse" => {
+                config.reuse_entries = value("entries")?.parse().map_err(|e| format!("{e}"))?
             }
             "--evict-mib" => {
                 let mib: usize = value("MiB")?.parse().map_err(|e| format!("{e}"))?;

@@ -448,3 +448,41 @@ fn gpt2_full_trace_replay_matches_the_gpu_figure() {
         );
     }
 }
+
+/// The repository's six-step GPT-2 trace (batch 16, the run's sequence
+/// lengths).
+const GPT2_B16_6STEPS: &str = "tests/data/gpt2-b16-6steps.trace.gz";
+
+/// Peak reserved bytes of ours on the H100 for that workload, by chunk
+/// size (`python/bench/run.py --suite throughput --allocators
+/// default,ours,ours-c16`, docs/results/h100-pool-host/throughput-cycle-c16.jsonl,
+/// steps 0-39 of which 0-5 are the trace's).
+const H100_B16_PEAK_RESERVED: [(u64, u64); 2] =
+    [(2 << 20, 12_901_679_104), (16 << 20, 13_203_668_992)];
+
+#[test]
+fn gpt2_trace_replay_predicts_the_h100_peak_reserved_at_each_chunk_size() {
+    let Some(trace) = load_trace(GPT2_B16_6STEPS) else {
+        return;
+    };
+    for (chunk, gpu_bytes) in H100_B16_PEAK_RESERVED {
+        let report = replay::replay(
+            &trace,
+            &ReplayConfig {
+                timing: EventTiming::AtOnce,
+                chunk_bytes: Some(chunk),
+                ..ReplayConfig::default()
+            },
+        )
+        .unwrap();
+        let error = report.peak_reserved as f64 / gpu_bytes as f64 - 1.0;
+        assert!(
+            error.abs() < 0.005,
+            "{} MiB chunks: replay {} bytes, H100 {gpu_bytes} ({:+.2}%)",
+            chunk >> 20,
+            report.peak_reserved,
+            100.0 * error
+        );
+        assert!(report.efficiency() >= 0.95, "{}", report.efficiency());
+    }
+}

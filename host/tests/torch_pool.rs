@@ -200,6 +200,8 @@ fn empty_cache_of_a_lone_stream_waits_and_releases_everything() {
 #[test]
 fn reuse_cache_serves_a_freed_size_without_the_lake_and_never_grows_the_pool() {
     let p = pool(16, ModelEvents::completing());
+    p.set_reuse_entries(host::pluggable::reuse::SUGGESTED_ENTRIES)
+        .unwrap();
     let a = p.alloc(3 * G, S1).unwrap();
     let b = p.alloc(3 * G, S1).unwrap();
     p.free(a, S1).unwrap();

@@ -27,7 +27,8 @@
 //! - **split chunks**: a general split-cache chunk whose pieces are all
 //!   free goes back to the lake at once (one spare kept), where it serves
 //!   any size;
-//! - **reuse cache** ([`ReuseCache`]): a freed large block of the general
+//! - **reuse cache** ([`ReuseCache`], off unless
+//!   [`StreamPool::set_reuse_entries`] turns it on): a freed large block of the general
 //!   pool waits, whole and behind its fence, for a request of the same
 //!   capacity; before the lake places any request (a miss), when memory
 //!   runs short and on `empty_cache`, the cache is emptied into the lake,

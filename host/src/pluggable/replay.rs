@@ -212,6 +212,8 @@ pub struct ReplayConfig {
     /// the pool runs with cold caches as inside a training loop (its host
     /// time per call there is ~10x the warm loop's); 0: none.
     pub evict_bytes: usize,
+    /// Entries of the pool's reuse cache ([`StreamPool::set_reuse_entries`]).
+    pub reuse_entries: usize,
 }
 
 impl Default for ReplayConfig {
@@ -225,6 +227,7 @@ impl Default for ReplayConfig {
             max_cached_stitched: LakeConfig::DEFAULT_MAX_CACHED_STITCHED,
             chunk_bytes: None,
             evict_bytes: 0,
+            reuse_entries: super::reuse::DEFAULT_ENTRIES,
         }
     }
 }
@@ -665,7 +668,10 @@ pub fn replay_pool(granularity: u64, config: &ReplayConfig) -> ReplayPool {
         max_cached_stitched: config.max_cached_stitched,
         ..LakeConfig::with_limit(config.limit_bytes)
     };
-    StreamPool::new(Lake::new(vmm, lake), ReplayEvents::new(config.timing))
+    let pool = StreamPool::new(Lake::new(vmm, lake), ReplayEvents::new(config.timing));
+    pool.set_reuse_entries(config.reuse_entries)
+        .expect("an empty pool has nothing to give back");
+    pool
 }
 
 /// Replays `trace` through a fresh pool. Every 16384 operations and at the

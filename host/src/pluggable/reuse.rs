@@ -26,10 +26,19 @@
 
 use crate::lake::{DeviceRange, Fence, Progress, Requester};
 
-/// Entries kept by default: enough for one transformer layer's large
-/// tensors of one phase, small enough that a scan stays in a few cache
-/// lines.
-pub const DEFAULT_ENTRIES: usize = 32;
+/// Entries kept by default: none (the cache is off). On the CPU replay of
+/// the GPT-2 trace 32 entries cut the pool's time per call by 35-50%, but
+/// on the H100 the host time per training step did not fall (16 MiB
+/// chunks: a median of ~6.4 ms per step with it, ~6.0 without, with spikes
+/// where a miss empties the cache; 2 MiB chunks: ~10 against ~11.5, in
+/// different runs): `docs/PERF.md`. `GPUMALLOC_REUSE_ENTRIES=32` (or
+/// [`crate::pluggable::StreamPool::set_reuse_entries`]) turns it on for a
+/// comparison in one run.
+pub const DEFAULT_ENTRIES: usize = 0;
+
+/// Entries worth trying: one transformer layer's large tensors of one
+/// phase, few enough that a scan stays in a few cache lines.
+pub const SUGGESTED_ENTRIES: usize = 32;
 
 #[derive(Clone, Debug)]
 struct Entry {
