@@ -156,9 +156,10 @@ impl Heap {
     /// Slots in use for `class` (a power of two, 1 ..= `SLOTS_PER_CLASS`):
     /// as many as keep one block per slot within 1/256 of the heap, so the
     /// partly used blocks slots hold (which no other class can use) scale
-    /// with the heap. A 16 GiB heap uses all 32 slots for every class; a
-    /// 256 MiB heap one slot for 4 KiB slices (2 MiB blocks) and 16 for 16 B
-    /// (64 KiB blocks).
+    /// with the heap. A 16 GiB heap (8 MiB segments) uses all 32 slots for
+    /// 16 B … 512 B (blocks up to 2 MiB), 16 for 1 KiB (4 MiB blocks) and 8
+    /// for 2 and 4 KiB (8 MiB); a 256 MiB heap one slot for 4 KiB slices
+    /// (2 MiB blocks) and 16 for 16 B (64 KiB blocks).
     #[inline(always)]
     pub(crate) fn slots_for(&self, class: SizeClass) -> u32 {
         let budget =
