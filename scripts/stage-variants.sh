@@ -8,16 +8,23 @@
 #
 # Variants (issue 12's speed work; predictions in docs/PERF.md):
 #   auto           the defaults of this tree: each heap's segment size from
-#                  its size (16 MiB for bench's 16 GiB heaps, 2 MiB for 256 MiB)
+#                  its size (at least 2048 segments: 8 MiB for bench's 16 GiB
+#                  heaps, 4 MiB for the 8.4 GiB demand + 3% heap, 2 MiB for
+#                  256 MiB), spare segments for whole-segment classes within
+#                  1/8 of the heap (= m2048s3)
 #   s21            every heap 2 MiB segments (GPUMALLOC_SEGMENT_SHIFT=21, the
 #                  geometry of main before heap-shift)
 #   s24            every heap 16 MiB segments (GPUMALLOC_SEGMENT_SHIFT=24)
-#   spare3         + spare segments for whole-segment classes (512 B - 4 KiB)
-#                  within 1/8 of the heap (GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3):
-#                  16 GiB bench heaps keep spares again
-#   m2048s3        spare3 + at least 2048 segments per heap (8 GiB: 4 MiB
-#                  segments; 16 GiB: 8 MiB)
-#   m4096s3        spare3 + at least 4096 segments (8 GiB: 2 MiB; 16 GiB: 4 MiB)
+#   m1024s6        the default before m2048s3: at least 1024 segments (16 GiB:
+#                  16 MiB segments; 8 GiB: 8 MiB), spare segments for
+#                  whole-segment classes within 1/64 of the heap (none below
+#                  8192 segments)
+#   spare3         at least 1024 segments, whole-segment spares within 1/8
+#                  (the `spare3` of docs/results/h100-issue12-shift/, run
+#                  against the 1024 / 1/64 default; = m1024s3)
+#   m2048s3        at least 2048 segments, spares within 1/8 (= auto now)
+#   m4096s3        at least 4096 segments (8 GiB: 2 MiB; 16 GiB: 4 MiB),
+#                  spares within 1/8
 #   claim          the defaults (the name of the earlier run, = auto)
 #   claim-b2       + launch bounds: two 256-thread blocks of heap_alloc per SM
 #   claim-slots128 + 128 slots per class, slot blocks within 1/64 of the heap
@@ -34,7 +41,9 @@ settings() {
     claim | auto) echo "" ;;
     s21) echo "GPUMALLOC_SEGMENT_SHIFT=21" ;;
     s24) echo "GPUMALLOC_SEGMENT_SHIFT=24" ;;
-    spare3) echo "GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
+    m1024s6) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=1024 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=6" ;;
+    spare3 | m1024s3)
+      echo "GPUMALLOC_AUTO_MIN_SEGMENTS=1024 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     m2048s3) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=2048 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     m4096s3) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=4096 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     claim-b2) echo "GPUMALLOC_ALLOC_BLOCKS_PER_SM=2" ;;

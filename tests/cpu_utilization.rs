@@ -8,7 +8,7 @@
 //! - `one_random_size_each_on_demand_plus_three_percent`: 2^17 requests of
 //!   log-uniform 1 B–64 KiB on a heap of the class-rounded demand + 3%
 //!   (1 GiB, 2 MiB segments); `two_to_the_20_…`: 2^20 of them, the GPU
-//!   test's 8.4 GiB heap (8 MiB segments).
+//!   test's 8.4 GiB heap (4 MiB segments).
 //! - `large_runs_next_to_small_slices`: the GPU test's requests (64 runs of
 //!   32–256 MiB among 65,472 requests of 16 B–4 KiB, heap = runs + 1 GiB),
 //!   64 + 32 threads at once; no run may fail while free segments could
@@ -128,7 +128,7 @@ fn one_random_size_each_on_demand_plus_three_percent() {
 }
 
 /// The GPU workload's size: 2^20 requests on an 8.4 GiB heap, which gets
-/// 8 MiB segments (the smaller test's 1 GiB heap gets 2 MiB ones). The
+/// 4 MiB segments (the smaller test's 1 GiB heap gets 2 MiB ones). The
 /// data is reserved, not touched.
 #[test]
 fn two_to_the_20_random_sizes_on_demand_plus_three_percent() {
@@ -311,8 +311,8 @@ fn large_runs_next_to_small_slices() {
 #[test]
 fn runs_from_256_threads_at_once_fill_the_heap() {
     // `gpumalloc bench single`'s 32 MiB point, scaled so the runs fill the
-    // heap exactly: 256 threads each ask 32 MiB of an 8 GiB heap (8 MiB
-    // segments, runs of 4), all released by one barrier, every thread
+    // heap exactly: 256 threads each ask 32 MiB of an 8 GiB heap (4 MiB
+    // segments, runs of 8), all released by one barrier, every thread
     // yielding at every second RMW. No run may fail: runs that each take
     // their own stretch below the run cursor pack without gaps, and any
     // that falls back to the run lock finds what is left. Three rounds,

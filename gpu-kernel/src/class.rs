@@ -26,15 +26,18 @@ pub const MAX_SEGMENT_SHIFT: u32 = 24;
 /// ([`segment_shift_for`]) is the largest in
 /// `MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT` that still cuts the heap into
 /// this many. Each class strands at most part of one segment, and about 20
-/// classes can be in use at once, so 1024 segments keep what classes strand
-/// near 2% of the heap: 256 MiB … 2 GiB heaps get 2 MiB segments, 4 GiB
-/// 4 MiB, 8 GiB 8 MiB, 16 GiB and more 16 MiB (fewer, larger segments make
-/// the 512 B … 4 KiB classes claim segments less often; see
-/// `docs/PERF.md`).
+/// classes can be in use at once, so 2048 segments keep what classes strand
+/// near 1% of the heap: heaps below 8 GiB (256 MiB, the 1 GiB and 6.5 GiB
+/// test heaps) get 2 MiB segments, 8 GiB up to 16 GiB (the 8.4 GiB
+/// demand + 3% heap) 4 MiB, 16 GiB up to 32 GiB (the bench's 16 GiB heaps)
+/// 8 MiB, 32 GiB and more 16 MiB. Fewer, larger segments make the
+/// 512 B … 4 KiB classes claim segments less often; 1024 (the rule before)
+/// gave the demand + 3% heap 8 MiB segments and 96.9–97.2% of its demand
+/// on the H100, 2048 98.7% at about the same speed (`docs/PERF.md`).
 /// `GPUMALLOC_AUTO_MIN_SEGMENTS` sets it at build time (for builds that
 /// compare rules).
 pub const AUTO_MIN_SEGMENTS: u64 =
-    build_knob(option_env!("GPUMALLOC_AUTO_MIN_SEGMENTS"), 1024) as u64;
+    build_knob(option_env!("GPUMALLOC_AUTO_MIN_SEGMENTS"), 2048) as u64;
 /// A build-time segment shift every heap uses unless its configuration
 /// names one: `GPUMALLOC_SEGMENT_SHIFT` (21..=24), for builds that compare
 /// geometries. 0 (unset): chosen per heap from its size.
@@ -286,17 +289,35 @@ mod tests {
 
     #[test]
     fn segment_size_follows_the_heap_size() {
+        const MIB: u64 = 1 << 20;
         if BUILD_SEGMENT_SHIFT != 0 {
             return;
         }
-        const MIB: u64 = 1 << 20;
+        // The rule for any `GPUMALLOC_AUTO_MIN_SEGMENTS`: the largest shift
+        // that still gives that many segments.
+        for mib in [1, 256, 1024, 6656, 8428, 16384, 32768, 1 << 20] {
+            let shift = segment_shift_for(mib * MIB);
+            assert!(is_segment_shift(shift));
+            if shift > MIN_SEGMENT_SHIFT {
+                assert!((mib * MIB) >> shift >= AUTO_MIN_SEGMENTS, "{mib} MiB");
+            }
+            if shift < MAX_SEGMENT_SHIFT {
+                assert!((mib * MIB) >> (shift + 1) < AUTO_MIN_SEGMENTS, "{mib} MiB");
+            }
+        }
+        if AUTO_MIN_SEGMENTS != 2048 {
+            return;
+        }
+        // The default's sizes, as the docs state them.
         assert_eq!(segment_shift_for(MIB), 21);
         assert_eq!(segment_shift_for(256 * MIB), 21);
-        assert_eq!(segment_shift_for(2048 * MIB), 21);
-        assert_eq!(segment_shift_for(4096 * MIB - 1), 21);
-        assert_eq!(segment_shift_for(4096 * MIB), 22);
-        assert_eq!(segment_shift_for(8428 * MIB), 23);
-        assert_eq!(segment_shift_for(16384 * MIB), 24);
+        assert_eq!(segment_shift_for(6656 * MIB), 21);
+        assert_eq!(segment_shift_for(8192 * MIB - 1), 21);
+        assert_eq!(segment_shift_for(8192 * MIB), 22);
+        assert_eq!(segment_shift_for(8428 * MIB), 22);
+        assert_eq!(segment_shift_for(16384 * MIB), 23);
+        assert_eq!(segment_shift_for(32768 * MIB - 1), 23);
+        assert_eq!(segment_shift_for(32768 * MIB), 24);
         assert_eq!(segment_shift_for(u64::MAX), 24);
     }
 }

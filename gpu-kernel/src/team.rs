@@ -28,14 +28,18 @@ const SLOT_BUDGET_SHIFT: u32 =
 /// Slot and spare blocks of one class stay within heap / 2^this.
 const SPARE_BUDGET_SHIFT: u32 = 3;
 /// Slot and spare blocks of a class whose block fills a segment, counted for
-/// every slot it could use, stay within heap / 2^this: 6 unless
-/// `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT` is set at build time. So such
-/// spares need a heap of 8192 segments or more: with the segment size each
-/// heap chooses (`class::segment_shift_for`) that is 128 GiB (16 MiB
-/// segments), and the issue 12 workloads and the 16 GiB bench heaps keep
-/// none.
+/// every slot it could use, stay within heap / 2^this: 3 (the same share as
+/// other classes) unless `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT` is set at
+/// build time. So such spares need a heap of 1024 segments or more: with
+/// the segment size each heap chooses (`class::segment_shift_for`, at
+/// least 2048 segments from 4 GiB up) the 16 GiB bench heaps (8 MiB
+/// segments) and the 8.4 GiB demand + 3% heap (4 MiB) keep them, 2 GiB of
+/// 2 MiB segments just does, and the 256 MiB and 1 GiB heaps keep none.
+/// Idle spares are reclaimed before any request fails. 6 (1/64, the rule
+/// before) left every heap below 8192 segments without them, and cost the
+/// bench's 4 KiB allocations 20% on the H100 (`docs/PERF.md`).
 const SEGMENT_SPARE_BUDGET_SHIFT: u32 =
-    crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"), 6);
+    crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"), 3);
 
 /// What [`Heap::reserve_if_open`] answers for a slot with nothing left (not
 /// a valid slot word: its block field is all ones).
@@ -152,9 +156,10 @@ impl Heap {
     /// Slots in use for `class` (a power of two, 1 ..= `SLOTS_PER_CLASS`):
     /// as many as keep one block per slot within 1/256 of the heap, so the
     /// partly used blocks slots hold (which no other class can use) scale
-    /// with the heap. A 16 GiB heap uses all 32 slots for every class; a
-    /// 256 MiB heap one slot for 4 KiB slices (2 MiB blocks) and 16 for 16 B
-    /// (64 KiB blocks).
+    /// with the heap. A 16 GiB heap (8 MiB segments) uses all 32 slots for
+    /// 16 B … 512 B (blocks up to 2 MiB), 16 for 1 KiB (4 MiB blocks) and 8
+    /// for 2 and 4 KiB (8 MiB); a 256 MiB heap one slot for 4 KiB slices
+    /// (2 MiB blocks) and 16 for 16 B (64 KiB blocks).
     #[inline(always)]
     pub(crate) fn slots_for(&self, class: SizeClass) -> u32 {
         let budget =
@@ -278,7 +283,7 @@ impl Heap {
         // A class whose block fills a segment holds whole segments idle, so
         // its budget is tighter, and counts every slot the class could have
         // (the slot count grows with the heap, which would keep the share
-        // the same on every heap): heaps of 8192 segments and more keep
+        // the same on every heap): heaps of 1024 segments and more keep
         // these spares (see `SEGMENT_SPARE_BUDGET_SHIFT`).
         let whole_segments = class.blocks_per_segment(self.segment_shift) == 1;
         let (budget, slots) = if whole_segments {

@@ -23,8 +23,9 @@ pub struct HeapConfig {
     pub slot_spares: bool,
     /// log2 of the segment size (21..=24: 2 … 16 MiB). `None`: chosen from
     /// the heap's size when it is created
-    /// ([`gpu_kernel::class::segment_shift_for`]: 2 MiB up to 2 GiB, 16 MiB
-    /// from 16 GiB, or the build's `GPUMALLOC_SEGMENT_SHIFT`). Small
+    /// ([`gpu_kernel::class::segment_shift_for`]: 2 MiB below 8 GiB, 4 MiB
+    /// from 8 GiB, 8 MiB from 16 GiB, 16 MiB from 32 GiB, or the build's
+    /// `GPUMALLOC_SEGMENT_SHIFT`). Small
     /// segments strand less of a small heap; large ones make the 512 B …
     /// 4 KiB classes claim segments less often.
     pub segment_shift: Option<u32>,
