@@ -23,6 +23,9 @@
 #                  (the `spare3` of docs/results/h100-issue12-shift/, run
 #                  against the 1024 / 1/64 default; = m1024s3)
 #   m2048s3        at least 2048 segments, spares within 1/8 (= auto now)
+#   m2048s3b6      m2048s3 with slot blocks within 1/64 of the heap instead of
+#                  1/256 (GPUMALLOC_SLOT_BUDGET_SHIFT=6): 2 and 4 KiB get 32 slots
+#                  on a 16 GiB heap instead of 8 (issue 12: 2 KiB is +12%)
 #   m4096s3        at least 4096 segments (8 GiB: 2 MiB; 16 GiB: 4 MiB),
 #                  spares within 1/8
 #   claim          the defaults (the name of the earlier run, = auto)
@@ -45,6 +48,7 @@ settings() {
     spare3 | m1024s3)
       echo "GPUMALLOC_AUTO_MIN_SEGMENTS=1024 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     m2048s3) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=2048 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
+    m2048s3b6) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=2048 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3 GPUMALLOC_SLOT_BUDGET_SHIFT=6" ;;
     m4096s3) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=4096 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     claim-b2) echo "GPUMALLOC_ALLOC_BLOCKS_PER_SM=2" ;;
     claim-slots128)
