@@ -329,6 +329,13 @@ def throughput_report(runs, windows, measure_from):
         a = f"{sum(am) / len(am):.1f}" if am else "-"
         d = f"{sum(dm) / len(dm):.1f}" if dm else "-"
         lines.append(f"| {batch} | {rep} | {alloc} | {' | '.join(cells)} | {med} | {a} | {d} |")
+    detail = [call_detail_line(batch, rep, alloc, res, measure_from) for batch, rep, alloc, res in runs]
+    detail = [d for d in detail if d]
+    if detail:
+        lines += ["", f"Ours' calls, steps {measure_from}- (per step: where the host time goes):", "",
+                  "| batch | rep | allocator | alloc µs/call | free µs/call | calls/step | "
+                  "slow (>10 µs) calls/step | slow ms/step | thread switches/step |",
+                  "|---|---|---|---|---|---|---|---|---|"] + detail
     lines += ["", "Against the default: median over repetitions of the ratio, and the pooled "
               "ratio (all repetitions' tokens over all their time):", ""]
     for (batch, alloc, name), rs in sorted(ratios.items()):
@@ -341,6 +348,20 @@ def throughput_report(runs, windows, measure_from):
         lines.append(f"- batch {batch}, {alloc}, steps {name}: median {100 * (statistics.median(rs) - 1):+.1f}%"
                      f"{pooled_txt} (each: {', '.join(f'{100 * (x - 1):+.1f}%' for x in rs)})")
     return "\n".join(lines) + "\n"
+
+
+def call_detail_line(batch, rep, alloc, res, lo):
+    """A Markdown row of ours' per-call detail over steps lo.., or None."""
+    d = (res or {}).get("step_call_detail")
+    if not d or len(d.get("alloc_calls", [])) <= lo:
+        return None
+    tot = {k: sum(v[lo:]) for k, v in d.items()}
+    steps = len(d["alloc_calls"]) - lo
+    per_call = lambda ns, n: f"{ns / n / 1000:.2f}" if n else "-"  # noqa: E731
+    return (f"| {batch} | {rep} | {alloc} | {per_call(tot['alloc_call_ns'], tot['alloc_calls'])} | "
+            f"{per_call(tot['free_call_ns'], tot['free_calls'])} | "
+            f"{(tot['alloc_calls'] + tot['free_calls']) / steps:.0f} | {tot['slow_calls'] / steps:.1f} | "
+            f"{tot['slow_call_ns'] / steps / 1e6:.2f} | {tot['thread_switches'] / steps:.0f} |")
 
 
 def window_tokens_ms(res, lo, hi, batch):

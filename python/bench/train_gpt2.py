@@ -285,6 +285,11 @@ def run(args):
     # Ours: host time inside malloc/free and in VMM driver calls, per step.
     alloc_ms, driver_ms = [], []
     last_ns = [0, 0]
+    # Where that host time goes, per step: deltas of these stats() keys.
+    detail_keys = ("alloc_call_ns", "free_call_ns", "alloc_calls", "free_calls", "slow_calls",
+                   "slow_call_ns", "thread_switches")
+    call_detail = {k: [] for k in detail_keys}
+    last_detail = {k: 0 for k in detail_keys}
 
     def alloc_times():
         if mem.gm is None:
@@ -294,6 +299,10 @@ def run(args):
         alloc_ms.append(round((call - last_ns[0]) / 1e6, 2))
         driver_ms.append(round((drv - last_ns[1]) / 1e6, 2))
         last_ns[:] = [call, drv]
+        for k in detail_keys:
+            v = int(st.get(k, 0))
+            call_detail[k].append(v - last_detail[k])
+            last_detail[k] = v
 
     t_measure = None
     tokens_measured = 0
@@ -367,6 +376,7 @@ def run(args):
     if alloc_ms:
         result["step_alloc_ms"] = alloc_ms
         result["step_driver_ms"] = driver_ms
+        result["step_call_detail"] = call_detail
     peak_active, peak_reserved = mem.peaks()
     result["peak_active"] = peak_active
     result["peak_reserved"] = peak_reserved

@@ -56,6 +56,13 @@ class GmStats(ctypes.Structure):
         ("lake_free", ctypes.c_uint64),
         ("driver_ns", ctypes.c_uint64),
         ("call_ns", ctypes.c_uint64),
+        ("alloc_call_ns", ctypes.c_uint64),
+        ("free_call_ns", ctypes.c_uint64),
+        ("alloc_calls", ctypes.c_uint64),
+        ("free_calls", ctypes.c_uint64),
+        ("slow_calls", ctypes.c_uint64),
+        ("slow_call_ns", ctypes.c_uint64),
+        ("thread_switches", ctypes.c_uint64),
     ]
 
 

@@ -305,3 +305,21 @@ def test_step_lengths_cycle():
     a = train_gpt2.step_lengths(1234, 20, 1024, 256, cycle=8)
     assert a[:8] == train_gpt2.step_lengths(1234, 8, 1024, 256)
     assert all(a[i] == a[i % 8] for i in range(20))
+
+
+def test_throughput_report_shows_ours_call_detail():
+    import run
+
+    def result(detail):
+        r = {"step_ms": [100.0] * 12, "seq_lens": [1000] * 12}
+        if detail:
+            r["step_call_detail"] = {
+                "alloc_call_ns": [2000] * 12, "free_call_ns": [1000] * 12, "alloc_calls": [2] * 12,
+                "free_calls": [1] * 12, "slow_calls": [0] * 12, "slow_call_ns": [0] * 12,
+                "thread_switches": [1] * 12}
+        return r
+    runs = [(16, 1, "default", result(False)), (16, 1, "ours", result(True))]
+    text = run.throughput_report(runs, ((1, 3, "new lengths"), (4, 11, "repeated")), 4)
+    # 2000 ns over 2 allocations = 1.00 µs; 1000 ns over 1 free = 1.00 µs; 3 calls per step.
+    assert "| 16 | 1 | ours | 1.00 | 1.00 | 3 | 0.0 | 0.00 | 1 |" in text
+    assert run.call_detail_line(16, 1, "default", result(False), 4) is None

@@ -24,13 +24,14 @@
 //! is thread-safe (see `host::pluggable::pool`).
 
 mod boundary;
+mod call_stats;
 
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use boundary::{ErrorKind, enter, set_error, take_error};
+use call_stats::{CallKind, CallStats};
 use cudarc::driver::CudaContext;
 use host::lake::{ChunkOptions, CudaVmm, Lake, LakeConfig};
 use host::pluggable::{CudaEvents, PoolEntry, PoolId, PoolStats, Registry, StreamId, StreamPool};
@@ -45,9 +46,9 @@ struct Device {
     total_bytes: u64,
     /// The fraction set with `gm_set_memory_fraction` (1.0 at first).
     fraction: Mutex<f64>,
-    /// Nanoseconds spent inside `gm_malloc`/`gm_free` for this device: the
-    /// host time the allocator costs the program (relaxed: a statistic).
-    call_nanos: AtomicU64,
+    /// Host time spent inside `gm_malloc`/`gm_free` for this device: what
+    /// the allocator costs the program, by kind of call.
+    calls: CallStats,
 }
 
 /// Environment variable capping each pool's physical memory, in bytes.
@@ -132,6 +133,20 @@ pub struct GmStats {
     /// Nanoseconds spent inside `gm_malloc`/`gm_free` (driver calls
     /// included).
     pub call_ns: u64,
+    /// Of `call_ns`, nanoseconds inside allocations.
+    pub alloc_call_ns: u64,
+    /// Of `call_ns`, nanoseconds inside frees.
+    pub free_call_ns: u64,
+    /// Timed allocation calls (zero-size and forked-child calls are not).
+    pub alloc_calls: u64,
+    /// Timed free calls.
+    pub free_calls: u64,
+    /// Calls longer than 10 µs.
+    pub slow_calls: u64,
+    /// Nanoseconds of those calls.
+    pub slow_call_ns: u64,
+    /// Calls made from another thread than the call before.
+    pub thread_switches: u64,
 }
 
 impl From<PoolStats> for GmStats {
@@ -163,16 +178,14 @@ impl From<PoolStats> for GmStats {
             lake_free: s.breakdown.lake_free_bytes,
             driver_ns: s.driver_nanos,
             call_ns: 0,
+            alloc_call_ns: 0,
+            free_call_ns: 0,
+            alloc_calls: 0,
+            free_calls: 0,
+            slow_calls: 0,
+            slow_call_ns: 0,
+            thread_switches: 0,
         }
-    }
-}
-
-impl Device {
-    /// Adds the time since `started` to the time spent in allocation calls.
-    fn add_call_time(&self, started: Instant) {
-        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        // Relaxed: a statistic; no other memory depends on it.
-        self.call_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 }
 
@@ -220,7 +233,7 @@ fn make_device(device: i32) -> Result<Device, String> {
         pool,
         total_bytes,
         fraction: Mutex::new(1.0),
-        call_nanos: AtomicU64::new(0),
+        calls: CallStats::default(),
     })
 }
 
@@ -296,7 +309,7 @@ pub extern "C" fn gm_malloc_in(
         let result = d
             .pool
             .alloc_in(size, stream_id(stream), PoolId(pool_hi, pool_lo));
-        d.add_call_time(started);
+        d.calls.record(CallKind::Alloc, started);
         match result {
             Ok(addr) => addr as *mut c_void,
             Err(e) => {
@@ -344,7 +357,7 @@ pub extern "C" fn gm_free(ptr: *mut c_void, _size: isize, device_index: i32, str
         };
         let started = Instant::now();
         let result = d.pool.free(ptr as u64, stream_id(stream));
-        d.add_call_time(started);
+        d.calls.record(CallKind::Free, started);
         if let Err(e) = result {
             set_error(
                 ErrorKind::Other,
@@ -644,9 +657,19 @@ pub unsafe extern "C" fn gm_stats(device_index: i32, out: *mut GmStats) -> i32 {
         return -1;
     }
     let stats = enter(None, Some(IN_CHILD), || {
-        device(device_index).map(|d| GmStats {
-            call_ns: d.call_nanos.load(Ordering::Relaxed),
-            ..GmStats::from(d.pool.stats())
+        device(device_index).map(|d| {
+            let c = d.calls.counts();
+            GmStats {
+                call_ns: c.alloc_nanos + c.free_nanos,
+                alloc_call_ns: c.alloc_nanos,
+                free_call_ns: c.free_nanos,
+                alloc_calls: c.allocs,
+                free_calls: c.frees,
+                slow_calls: c.slow_calls,
+                slow_call_ns: c.slow_nanos,
+                thread_switches: c.thread_switches,
+                ..GmStats::from(d.pool.stats())
+            }
         })
     });
     match stats {
@@ -733,5 +756,47 @@ mod tests {
         assert_eq!(kind, ErrorKind::OutOfMemory as i32);
         assert_eq!(buf[7], 0);
         assert!(buf[..7].iter().all(|&c| c == b'x' as c_char));
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::GmStats;
+
+    /// Field names of the `GmStats` mirror in `text`, between `start` and
+    /// the first `end` after it, for `split` separated declarations.
+    fn mirror_fields(text: &str, start: &str, end: &str) -> Vec<String> {
+        let from = text.find(start).expect("the mirror is there") + start.len();
+        let body = &text[from..from + text[from..].find(end).expect("it ends")];
+        body.split([',', ';', '\n'])
+            .map(|f| f.split_whitespace().last().unwrap_or("").to_string())
+            .map(|f| f.trim_matches(|c| c == '(' || c == '"').to_string())
+            .filter(|f| !f.is_empty() && f.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .collect()
+    }
+
+    /// The C++ extension and the Python ctypes binding copy `GmStats` whole:
+    /// a mirror with fewer fields would be overrun by `gm_stats`. Both must
+    /// have one 8-byte field per field of the Rust struct.
+    #[test]
+    fn gm_stats_mirrors_have_every_field() {
+        let fields = std::mem::size_of::<GmStats>() / 8;
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../python/gpumalloc_torch");
+        let cpp = std::fs::read_to_string(format!("{root}/csrc/gpumalloc_ext.cpp")).unwrap();
+        let cpp_fields = mirror_fields(&cpp, "struct GmStats {", "};");
+        // `uint64_t`/`double` type words are followed by names; drop them.
+        let cpp_fields: Vec<_> = cpp_fields
+            .into_iter()
+            .filter(|f| f != "uint64_t" && f != "double")
+            .collect();
+        assert_eq!(cpp_fields.len(), fields, "C++ mirror: {cpp_fields:?}");
+        let py = std::fs::read_to_string(format!("{root}/__init__.py")).unwrap();
+        let py_fields = py[py.find("class GmStats").unwrap()..]
+            .lines()
+            .skip_while(|l| !l.contains("_fields_"))
+            .take_while(|l| !l.trim_start().starts_with(']'))
+            .filter(|l| l.contains("ctypes.c_"))
+            .count();
+        assert_eq!(py_fields, fields, "Python mirror");
     }
 }

@@ -50,7 +50,9 @@ struct GmStats {
   uint64_t driver_calls, allocated, peak_allocated, waiting, split_free,
       private_free, largest_free, limit, live_allocations, allocs, frees,
       alloc_retries, ooms, event_calls, split_chunks, private_pools, small_rounding,
-      large_rounding, lake_free, driver_ns, call_ns;
+      large_rounding, lake_free, driver_ns, call_ns, alloc_call_ns,
+      free_call_ns, alloc_calls, free_calls, slow_calls, slow_call_ns,
+      thread_switches;
 };
 
 // Mirror of `#[repr(C)] PoolEntry` in host/src/pluggable/pool.rs.
