@@ -24,7 +24,7 @@
 use std::time::Instant;
 
 use super::error::{RematError, RematResult};
-use super::policy::{EvictionPolicy, SearchContext};
+use super::policy::{EvictionPolicy, Request, SearchContext};
 use super::pool::Pool;
 use super::tensor::{Residency, TensorId, TensorTable};
 use super::trace::Trace;
@@ -297,12 +297,21 @@ impl<'p> Executor<'p> {
     /// Finds space for `t`, evicting as the policy says.
     fn allocate(&mut self, t: TensorId) -> RematResult<u64> {
         let tensor = self.tensors.get(t)?;
-        let (size, cheap) = (tensor.size, tensor.cost_density() < self.cheap_below);
-        if let Some(addr) = self.policy.place(&self.pool, size, cheap) {
-            self.pool.place(t, addr, size)?;
+        let request = Request {
+            size: tensor.size,
+            cheap: tensor.cost_density() < self.cheap_below,
+            pinned: tensor.pinned,
+        };
+        let ctx = SearchContext {
+            pool: &self.pool,
+            tensors: &self.tensors,
+            now: self.now,
+        };
+        if let Some(addr) = self.policy.place(&ctx, &request) {
+            self.pool.place(t, addr, request.size)?;
             return Ok(addr);
         }
-        let mut search_ns = 0u64;
+        let (mut search_ns, mut evicted) = (0u64, 0usize);
         loop {
             let ctx = SearchContext {
                 pool: &self.pool,
@@ -310,30 +319,32 @@ impl<'p> Executor<'p> {
                 now: self.now,
             };
             let started = Instant::now();
-            let eviction = self.policy.next_eviction(&ctx, size);
+            let eviction = self.policy.next_eviction(&ctx, &request);
             search_ns += started.elapsed().as_nanos() as u64;
-            let out_of_memory = RematError::OutOfMemory {
-                request: size,
-                free: self.pool.free_bytes(),
+            let Some(eviction) = eviction.filter(|e| !e.victims.is_empty() || e.addr.is_some())
+            else {
+                return Err(RematError::OutOfMemory {
+                    request: request.size,
+                    free: self.pool.free_bytes(),
+                });
             };
-            let eviction = eviction.ok_or(out_of_memory.clone())?;
-            if eviction.victims.is_empty() {
-                return Err(out_of_memory);
-            }
             for &victim in &eviction.victims {
                 self.evict(victim)?;
             }
-            let addr = match eviction.window {
-                Some((start, bytes)) if bytes >= size => {
-                    Some(if cheap { start + bytes - size } else { start })
-                }
-                _ => self.policy.place(&self.pool, size, cheap),
+            evicted += eviction.victims.len();
+            let ctx = SearchContext {
+                pool: &self.pool,
+                tensors: &self.tensors,
+                now: self.now,
             };
+            let addr = eviction.addr.or_else(|| self.policy.place(&ctx, &request));
             if let Some(addr) = addr {
-                self.pool.place(t, addr, size)?;
-                self.report.search_ns.push(search_ns);
-                let free = self.pool.free_bytes() as f64 / self.pool.capacity().max(1) as f64;
-                self.report.fragmentation.push(free);
+                self.pool.place(t, addr, request.size)?;
+                if evicted > 0 {
+                    self.report.search_ns.push(search_ns);
+                    let free = self.pool.free_bytes() as f64 / self.pool.capacity().max(1) as f64;
+                    self.report.fragmentation.push(free);
+                }
                 return Ok(addr);
             }
         }

@@ -112,10 +112,10 @@ impl Sweep {
         let mut out = table(title, &self.rows);
         for (policy, ratio) in &self.min_ratios {
             let _ = match ratio {
-                Some(r) => write!(out, "minimum budget ratio {policy:>4}: {r:.3} (bisection)"),
+                Some(r) => write!(out, "minimum budget ratio {policy:>6}: {r:.3} (bisection)"),
                 None => write!(
                     out,
-                    "minimum budget ratio {policy:>4}: does not finish at 1.2"
+                    "minimum budget ratio {policy:>6}: does not finish at 1.2"
                 ),
             };
             let _ = match self.lowest_finished(policy) {
