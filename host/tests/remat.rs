@@ -187,6 +187,40 @@ fn coop_recomputes_in_place_where_copy_on_write_runs_out() {
     );
 }
 
+#[test]
+fn coop_recomputes_an_in_place_op_over_its_recomputed_input() {
+    let out = |size| OutputSpec {
+        size,
+        pinned: false,
+    };
+    let mut b = TraceBuilder::new();
+    let x = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    let y = b.op_in_place(&[x], &[out(100)], 1.0).expect("valid")[0];
+    // Never read, so dropped at once: it only pushes `y` out.
+    b.op(&[], &[out(200)], 1.0).expect("valid");
+    let k = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    let e = b.op(&[k, y], &[out(10)], 1.0).expect("valid")[0];
+    b.keep(e);
+    let trace = b.finish();
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    // Recomputing `y` needs `x` (overwritten by the first run) and then `y`
+    // itself: over `x`, 100 bytes beside the locked `k`; in a second buffer,
+    // 200.
+    let coop = replay(&trace, 210, &mut Coop::default(), options);
+    assert!(coop.finished() && coop.recomputations == 2, "{coop:?}");
+    let mut copying = Coop {
+        in_place: false,
+        ..Coop::default()
+    };
+    let copy = replay(&trace, 210, &mut copying, options);
+    assert!(
+        matches!(copy.error, Some(RematError::OutOfMemory { .. })),
+        "{copy:?}"
+    );
+}
+
 /// A random DAG: each op reads up to three recent tensors, makes one or two
 /// outputs of random size (some pinned), and is in-place now and then.
 fn random_trace(seed: u64, ops: usize) -> Trace {

@@ -12,7 +12,8 @@
 //!
 //! In-place ops: under DTR and DTE the output is a copy (copy-on-write, as
 //! DTR's prototype rewrites in-place ops) and the input dies after it; Coop
-//! writes at the input's address. An in-place op over a *pinned* tensor (an
+//! writes at the input's address, and does so again when it recomputes the
+//! op over a recomputed input that the program had dropped. An in-place op over a *pinned* tensor (an
 //! optimizer updating a parameter or its state, a gradient accumulating)
 //! writes in place under every policy: a pinned tensor is never evicted, so
 //! keeping its old version for recomputation buys nothing, and a copy of a
@@ -144,6 +145,10 @@ struct Executor<'p> {
     pool: Pool,
     policy: &'p mut dyn EvictionPolicy,
     first_output: Vec<TensorId>,
+    /// For the in-place output of an op, the input it overwrote.
+    overwrites: Vec<Option<TensorId>>,
+    /// Tensors the program has dropped (a recomputed one is still dead).
+    dead: Vec<bool>,
     cheap_below: f64,
     now: u64,
     report: Report,
@@ -157,10 +162,12 @@ impl<'p> Executor<'p> {
     ) -> RematResult<Executor<'p>> {
         let mut tensors = TensorTable::default();
         let mut first_output = Vec::with_capacity(trace.ops.len());
+        let mut overwrites = Vec::with_capacity(trace.tensor_count());
         for op in &trace.ops {
             first_output.push(tensors.len());
-            for out in &op.outputs {
+            for (k, out) in op.outputs.iter().enumerate() {
                 tensors.add(out.size, op.cost, op.inputs.clone(), out.pinned)?;
+                overwrites.push((op.in_place && k == 0).then(|| op.inputs[0]));
             }
         }
         let mut report = Report::new(policy.name(), budget);
@@ -170,6 +177,8 @@ impl<'p> Executor<'p> {
             pool: Pool::new(budget),
             policy,
             first_output,
+            dead: vec![false; overwrites.len()],
+            overwrites,
             cheap_below: cheap_threshold(trace),
             now: 0,
             report,
@@ -241,7 +250,9 @@ impl<'p> Executor<'p> {
                 }
                 continue;
             }
-            self.compute(t)?;
+            if !self.recompute_in_place(t)? {
+                self.compute(t)?;
+            }
             self.report.recompute_cost += self.tensors.get(t)?.cost;
             self.report.recomputations += 1;
             for &input in &inputs {
@@ -291,6 +302,41 @@ impl<'p> Executor<'p> {
         self.pool.place(out, addr, size)?;
         self.tensors.set_resident(out, addr, self.now)?;
         self.lock(out, 1)?;
+        Ok(true)
+    }
+
+    /// Recomputable in-place during recomputation: an in-place op that is
+    /// recomputed writes over its input again when the program has dropped
+    /// that input (it was overwritten the first time too) and nothing else
+    /// holds it, so that recomputing it needs no second buffer. Returns false
+    /// (and does nothing) when that does not apply.
+    fn recompute_in_place(&mut self, t: TensorId) -> RematResult<bool> {
+        let Some(input) = self.overwrites[t] else {
+            return Ok(false);
+        };
+        if !self.policy.recomputes_in_place() || !self.dead[input] {
+            return Ok(false);
+        }
+        let source = self.tensors.get(input)?;
+        let Residency::Resident(addr) = source.residency else {
+            return Ok(false);
+        };
+        let size = self.tensors.get(t)?.size;
+        // One lock: the one this recomputation took on its input.
+        if source.locks != 1 || size > source.size || source.pinned {
+            return Ok(false);
+        }
+        let inputs = self.tensors.get(t)?.inputs.clone();
+        if inputs.iter().any(|&i| !self.tensors.is_resident(i)) {
+            return Ok(false);
+        }
+        self.pool.release(input)?;
+        self.tensors.drop_value(input, Residency::Released)?;
+        self.pool.place(t, addr, size)?;
+        self.tensors.set_resident(t, addr, self.now)?;
+        for i in inputs.into_iter().filter(|&i| i != input) {
+            self.tensors.get_mut(i)?.last_access = self.now;
+        }
         Ok(true)
     }
 
@@ -362,6 +408,7 @@ impl<'p> Executor<'p> {
 
     /// The program drops `t`: its space is freed; its metadata stays.
     fn release(&mut self, t: TensorId) -> RematResult<()> {
+        self.dead[t] = true;
         match self.tensors.get(t)?.residency {
             Residency::Resident(_) => {
                 self.pool.release(t)?;
