@@ -1,4 +1,4 @@
-//! Runs the three policies over one trace at several budget ratios and formats
+//! Runs the policies (DTR, DTE, Coop, Coop-G) over one trace at several budget ratios and formats
 //! the results as a table (used by the `remat` example and the tests). Plain
 //! functions; no shared state.
 

@@ -13,7 +13,7 @@
 //! the highest free block that fits; an expensive one goes to the left end of
 //! the lowest. Inside an evicted window, expensive tensors go left and cheap
 //! ones right (Algorithm 1). Recomputable in-place: an in-place op's output
-//! takes its input's address.
+//! takes its input's address, and again when the executor recomputes it.
 //!
 //! Unevictable tensors grouped (`pinned_at_ends`, off in the paper's Coop,
 //! on in "Coop-G"): the paper allocates the parameters at the two ends of
