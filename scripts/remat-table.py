@@ -52,7 +52,8 @@ def main():
             if mins[p] and mins["DTR"]:
                 d = 1 - mins[p] / mins["DTR"]
                 ok = "✓" if d >= 0.2 else "✗"
-                rel.append(f"{100 * d:+.0f}% lower {ok if m in TRANSFORMERS else ''}".strip())
+                word = "lower" if d >= 0 else "higher"
+                rel.append(f"{100 * abs(d):.0f}% {word} {ok if m in TRANSFORMERS else ''}".strip())
             else:
                 rel.append("—")
         print(f"| {m} | " + " | ".join(cells + rel) + " |")
@@ -70,7 +71,7 @@ def main():
             print(f"| {m} | {r:.3f} | " + " | ".join(cells) + " |")
 
     print("\n### Done-when per model, over every ratio of the sweep (0.9 down to the lowest minimum)\n")
-    print("| model | policy | overhead ≤ DTR and DTE | mean fragmentation (max over ratios) | search latency DTR / it (min, median) |")
+    print("| model | policy | overhead ≤ DTR and DTE | mean fragmentation (max over ratios) | DTR's search time / its, per evicting allocation: median (range) |")
     print("| --- | --- | --- | --- | --- |")
     for m, (rows, mins, ratios) in data.items():
         for p in COOPS:
@@ -102,7 +103,7 @@ def main():
                     if not won:
                         losses.append(f"{r:g}")
             frag = f"{pct(max(frags))} {'✓' if max(frags) < 0.05 else '✗'}" if frags else "—"
-            sp = (f"{min(speedups):.1f}×, {statistics.median(speedups):.1f}× "
+            sp = (f"{statistics.median(speedups):.1f}× ({min(speedups):.1f}–{max(speedups):.1f}×) "
                   f"{'✓' if min(speedups) >= 10 else '✗'}") if speedups else "—"
             lost = f" (not at {', '.join(losses)})" if losses else ""
             print(f"| {m} | {p} | {wins}/{total} ratios {'✓' if wins == total else '✗'}{lost} | {frag} | {sp} |")
