@@ -454,26 +454,45 @@ impl<'p> Executor<'p> {
 
 /// Cost density (cost per output byte) below which an op counts as cheap.
 /// The paper observes that super-linear ops (matmul, conv) are about an order
-/// of magnitude denser than element-wise ones, so op densities form two
-/// clusters on a log scale; the threshold is the middle of the widest gap
-/// between consecutive sorted log densities, looking only at the middle 80% of
-/// ops so that a few outliers (a loss on a tiny tensor) do not set it.
+/// of magnitude denser than element-wise ones (its Table 1), so the densities
+/// of the tensors the partitioning places form two clusters on a log scale.
+/// The threshold splits them where the two classes are best separated
+/// (Otsu's criterion: the largest between-class variance), over the ops whose
+/// outputs may be evicted, each weighted by its output bytes. Pinned outputs
+/// are left out, and the weighting keeps launch-bound ops on tiny tensors
+/// from setting it: on a real step the optimizer's per-parameter ops are
+/// thousands of such points, and an unweighted split over all ops lands
+/// among them, calling every activation cheap.
 pub fn cheap_threshold(trace: &Trace) -> f64 {
-    let mut logs: Vec<f64> = trace
+    let mut points: Vec<(f64, f64)> = trace
         .ops
         .iter()
-        .filter(|op| op.cost > 0.0)
+        .filter(|op| op.cost > 0.0 && !op.outputs.is_empty())
+        .filter(|op| op.outputs.iter().all(|o| !o.pinned))
         .map(|op| {
             let bytes: u64 = op.outputs.iter().map(|o| o.size).sum();
-            (op.cost / bytes.max(1) as f64).ln()
+            ((op.cost / bytes.max(1) as f64).ln(), bytes as f64)
         })
         .collect();
-    logs.sort_by(f64::total_cmp);
-    let middle = &logs[logs.len() / 10..logs.len() - logs.len() / 10];
-    middle
-        .windows(2)
-        .max_by(|a, b| (a[1] - a[0]).total_cmp(&(b[1] - b[0])))
-        .map_or(0.0, |pair| ((pair[0] + pair[1]) / 2.0).exp())
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = points.iter().map(|p| p.1).sum();
+    let moment: f64 = points.iter().map(|p| p.0 * p.1).sum();
+    let (mut weight, mut sum) = (0.0, 0.0);
+    let mut best: Option<(f64, f64)> = None;
+    for pair in points.windows(2) {
+        weight += pair[0].1;
+        sum += pair[0].0 * pair[0].1;
+        let rest = total - weight;
+        if pair[1].0 == pair[0].0 || rest <= 0.0 {
+            continue;
+        }
+        let gap = sum / weight - (moment - sum) / rest;
+        let between = weight * rest * gap * gap;
+        if best.is_none_or(|(b, _)| between > b) {
+            best = Some((between, (pair[0].0 + pair[1].0) / 2.0));
+        }
+    }
+    best.map_or(0.0, |(_, log)| log.exp())
 }
 
 /// Pool capacity for a budget ratio of the trace's peak live bytes.
