@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run -p host --release --example remat -- [OPTIONS] [TRACE.remat.gz]...
-//!   --budget R     replay the three policies at budget ratio R (repeatable;
+//!   --budget R     replay the four policies at budget ratio R (repeatable;
 //!                  0.5 when neither --budget nor --sweep is given)
 //!   --sweep        each policy's minimum ratio (bisection), then every policy
 //!                  from 0.9 down to the lowest minimum; writes NAME.sweep.csv,

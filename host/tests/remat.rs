@@ -11,8 +11,8 @@
 
 use gpu_kernel::workload::SplitMix64;
 use host::remat::compare::{sweep, table};
-use host::remat::policy::coop::{WindowItem, cheapest_window};
-use host::remat::policy::{Coop, Dte, Dtr, EvictionPolicy, SearchContext};
+use host::remat::policy::coop::{Side, WindowItem, cheapest_anchored_window, cheapest_window};
+use host::remat::policy::{Coop, Dte, Dtr, EvictionPolicy, Request, SearchContext};
 use host::remat::pool::Pool;
 use host::remat::tensor::{Residency, TensorTable};
 use host::remat::{
@@ -20,7 +20,12 @@ use host::remat::{
 };
 
 fn all_policies() -> Vec<Box<dyn EvictionPolicy>> {
-    vec![Box::new(Dtr), Box::new(Dte), Box::new(Coop::default())]
+    vec![
+        Box::new(Dtr),
+        Box::new(Dte),
+        Box::new(Coop::default()),
+        Box::new(Coop::grouped()),
+    ]
 }
 
 #[test]
@@ -77,6 +82,11 @@ fn motivating_layout() -> (Pool, TensorTable) {
 #[test]
 fn motivating_example_dtr_scatters_coop_evicts_one_window() {
     const REQUEST: u64 = 100;
+    let request = Request {
+        size: REQUEST,
+        cheap: false,
+        pinned: false,
+    };
     let (mut pool, mut table) = motivating_layout();
     let mut dtr = Dtr;
     let mut evicted = Vec::new();
@@ -87,7 +97,7 @@ fn motivating_example_dtr_scatters_coop_evicts_one_window() {
             now: 2,
         };
         let step = dtr
-            .next_eviction(&ctx, REQUEST)
+            .next_eviction(&ctx, &request)
             .expect("something evictable");
         for victim in step.victims {
             pool.release(victim).expect("resident");
@@ -118,7 +128,7 @@ fn motivating_example_dtr_scatters_coop_evicts_one_window() {
         now: 2,
     };
     let step = Coop::default()
-        .next_eviction(&ctx, REQUEST)
+        .next_eviction(&ctx, &request)
         .expect("a window fits");
     assert_eq!(
         step.victims.len(),
@@ -174,6 +184,40 @@ fn coop_recomputes_in_place_where_copy_on_write_runs_out() {
             Some(RematError::OutOfMemory { request: 100, .. })
         ),
         "{dtr:?}"
+    );
+}
+
+#[test]
+fn coop_recomputes_an_in_place_op_over_its_recomputed_input() {
+    let out = |size| OutputSpec {
+        size,
+        pinned: false,
+    };
+    let mut b = TraceBuilder::new();
+    let x = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    let y = b.op_in_place(&[x], &[out(100)], 1.0).expect("valid")[0];
+    // Never read, so dropped at once: it only pushes `y` out.
+    b.op(&[], &[out(200)], 1.0).expect("valid");
+    let k = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    let e = b.op(&[k, y], &[out(10)], 1.0).expect("valid")[0];
+    b.keep(e);
+    let trace = b.finish();
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    // Recomputing `y` needs `x` (overwritten by the first run) and then `y`
+    // itself: over `x`, 100 bytes beside the locked `k`; in a second buffer,
+    // 200.
+    let coop = replay(&trace, 210, &mut Coop::default(), options);
+    assert!(coop.finished() && coop.recomputations == 2, "{coop:?}");
+    let mut copying = Coop {
+        in_place: false,
+        ..Coop::default()
+    };
+    let copy = replay(&trace, 210, &mut copying, options);
+    assert!(
+        matches!(copy.error, Some(RematError::OutOfMemory { .. })),
+        "{copy:?}"
     );
 }
 
@@ -281,7 +325,8 @@ fn random_items(rng: &mut SplitMix64, count: usize) -> Vec<WindowItem> {
     (0..count)
         .map(|_| {
             let size = 1 + rng.below(100);
-            let score = match rng.below(10) {
+            let draw = rng.below(10);
+            let score = match draw {
                 0 => None,
                 1 | 2 => Some(0.0),
                 _ => Some(rng.unit() * 10.0),
@@ -291,6 +336,7 @@ fn random_items(rng: &mut SplitMix64, count: usize) -> Vec<WindowItem> {
                 addr: addr - size,
                 size,
                 score,
+                pinned: draw == 0 && rng.below(2) == 0,
             }
         })
         .collect()
@@ -346,6 +392,110 @@ fn window_search_is_cheapest_and_linear() {
             "{steps} steps for {count} intervals"
         );
     }
+}
+
+/// The cheapest window that touches an end or a pinned item, by brute force:
+/// every start, growing until it fits, kept if its left or right neighbour
+/// anchors.
+fn brute_force_anchored(items: &[WindowItem], request: u64) -> Option<f64> {
+    let n = items.len();
+    let anchor_before = |first: usize| first == 0 || items[first - 1].pinned;
+    let anchor_after = |last: usize| last + 1 == n || items[last + 1].pinned;
+    let mut best: Option<f64> = None;
+    for first in 0..n {
+        let (mut bytes, mut score) = (0, 0.0);
+        for (last, item) in items.iter().enumerate().skip(first) {
+            let Some(s) = item.score else { break };
+            bytes += item.size;
+            score += s;
+            // A window that fits and touches an anchor; shrinking from the far
+            // side would be cheaper, so also try every fitting suffix/prefix.
+            if bytes >= request && (anchor_before(first) || anchor_after(last)) {
+                best = Some(best.map_or(score, |b: f64| b.min(score)));
+            }
+        }
+    }
+    best
+}
+
+#[test]
+fn anchored_window_search_is_cheapest_and_linear() {
+    let mut rng = SplitMix64(61);
+    for _ in 0..300 {
+        let items = random_items(&mut rng, 40);
+        let request = 1 + rng.below(300);
+        let (found, steps) = cheapest_anchored_window(&items, request);
+        let expected = brute_force_anchored(&items, request);
+        assert_eq!(found.is_some(), expected.is_some(), "{items:?} {request}");
+        if let (Some((w, side)), Some(e)) = (found, expected) {
+            assert!(
+                (w.score - e).abs() < 1e-6,
+                "sweep {} against brute force {e}",
+                w.score
+            );
+            assert!(w.bytes >= request);
+            assert!(items[w.first..=w.last].iter().all(|i| i.score.is_some()));
+            let touches = match side {
+                Side::Right => w.last + 1 == items.len() || items[w.last + 1].pinned,
+                Side::Left => w.first == 0 || items[w.first - 1].pinned,
+            };
+            assert!(touches, "{side:?} window {w:?} touches no anchor");
+        }
+        assert!(steps <= 4 * items.len());
+    }
+}
+
+/// A pool of 1000 bytes: a pinned parameter at the right end (900..1000),
+/// evictable activations of 100 bytes at 0..800 with a free hole at 300..400
+/// and free space at 800..900.
+fn layout_with_a_hole() -> (Pool, TensorTable) {
+    let mut table = TensorTable::default();
+    let mut pool = Pool::new(1000);
+    for (id, addr) in [0u64, 100, 200, 400, 500, 600, 700].into_iter().enumerate() {
+        table.add(100, 10.0, vec![], false).expect("ordered");
+        pool.place(id, addr, 100).expect("free");
+        table.set_resident(id, addr, 1).expect("known");
+    }
+    let param = table.add(100, 0.0, vec![], true).expect("ordered");
+    pool.place(param, 900, 100).expect("free");
+    table.set_resident(param, 900, 1).expect("known");
+    (pool, table)
+}
+
+#[test]
+fn grouped_coop_puts_pinned_tensors_against_the_pinned_end() {
+    let (pool, table) = layout_with_a_hole();
+    let ctx = SearchContext {
+        pool: &pool,
+        tensors: &table,
+        now: 5,
+    };
+    let pinned = |size| Request {
+        size,
+        cheap: false,
+        pinned: true,
+    };
+    // A gradient of 100 bytes: the paper's Coop takes the lowest free block
+    // (the hole at 300, which cuts the activations in two), Coop-G the free
+    // block next to the parameter.
+    assert_eq!(Coop::default().place(&ctx, &pinned(100)), Some(300));
+    assert_eq!(Coop::grouped().place(&ctx, &pinned(100)), Some(800));
+    // 200 bytes fit no free block: Coop-G evicts the activation next to the
+    // free block by the parameter and ends against the parameter.
+    let mut grouped = Coop::grouped();
+    assert_eq!(grouped.place(&ctx, &pinned(200)), None);
+    let step = grouped
+        .next_eviction(&ctx, &pinned(200))
+        .expect("a window fits");
+    assert_eq!(step.victims, [6]);
+    assert_eq!(step.addr, Some(700));
+    // An unpinned request is placed as before.
+    let plain = Request {
+        size: 100,
+        cheap: false,
+        pinned: false,
+    };
+    assert_eq!(grouped.place(&ctx, &plain), Some(300));
 }
 
 #[test]
@@ -494,7 +644,7 @@ fn recorded_traces_replay_under_every_policy_with_invariants_checked() {
 fn sweep_of_a_recorded_trace_writes_csv_text_and_png() {
     let (name, r) = recorded_traces().remove(0);
     let sweep = host::remat::sweep::run(&r.trace, 0.1);
-    assert_eq!(sweep.min_ratios.len(), 3);
+    assert_eq!(sweep.min_ratios.len(), 4);
     let lowest = sweep
         .min_ratios
         .iter()
@@ -510,7 +660,7 @@ fn sweep_of_a_recorded_trace_writes_csv_text_and_png() {
         .expect("temp dir is writable");
     let csv = std::fs::read_to_string(&files[0]).expect("written");
     assert_eq!(csv.lines().count(), sweep.rows.len() + 1);
-    assert!(csv.starts_with("ratio,policy,") && csv.contains(",Coop,"));
+    assert!(csv.starts_with("ratio,policy,") && csv.contains(",Coop,") && csv.contains(",Coop-G,"));
     let png = std::fs::read(&files[1]).expect("written");
     assert_eq!(&png[1..4], b"PNG");
     std::fs::remove_dir_all(&dir).expect("temp dir");

@@ -1,4 +1,4 @@
-//! Runs the three policies over one trace at several budget ratios and formats
+//! Runs the policies (DTR, DTE, Coop, Coop-G) over one trace at several budget ratios and formats
 //! the results as a table (used by the `remat` example and the tests). Plain
 //! functions; no shared state.
 
@@ -11,12 +11,14 @@ use super::trace::Trace;
 /// A named way to make a fresh policy.
 pub type PolicyMaker = (&'static str, fn() -> Box<dyn EvictionPolicy>);
 
-/// DTR, DTE and Coop (partitioning and in-place on).
+/// DTR, DTE, Coop (partitioning and in-place on, as published) and Coop-G
+/// (Coop with unevictable tensors grouped at the ends of the pool).
 pub fn all_policies() -> Vec<PolicyMaker> {
     vec![
         ("DTR", || Box::new(Dtr)),
         ("DTE", || Box::new(Dte)),
         ("Coop", || Box::new(Coop::default())),
+        ("Coop-G", || Box::new(Coop::grouped())),
     ]
 }
 
@@ -51,13 +53,13 @@ pub fn min_ratios(trace: &Trace) -> Vec<(&'static str, Option<f64>)> {
 /// The sweep as a text table.
 pub fn table(title: &str, rows: &[(f64, Report)]) -> String {
     let mut out = format!(
-        "{title}\n{:>5} {:>5} {:>4} {:>9} {:>9} {:>9} {:>8} {:>11}\n",
+        "{title}\n{:>5} {:>6} {:>4} {:>9} {:>9} {:>9} {:>8} {:>11}\n",
         "ratio", "pol", "done", "overhead", "frag avg", "frag max", "evicts", "search µs"
     );
     for (ratio, r) in rows {
         let _ = writeln!(
             out,
-            "{ratio:>5.2} {:>5} {:>4} {:>8.1}% {:>8.1}% {:>8.1}% {:>8} {:>11.2}",
+            "{ratio:>5.2} {:>6} {:>4} {:>8.1}% {:>8.1}% {:>8.1}% {:>8} {:>11.2}",
             r.policy,
             if r.finished() { "yes" } else { "no" },
             100.0 * r.overhead(),

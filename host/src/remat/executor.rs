@@ -12,7 +12,8 @@
 //!
 //! In-place ops: under DTR and DTE the output is a copy (copy-on-write, as
 //! DTR's prototype rewrites in-place ops) and the input dies after it; Coop
-//! writes at the input's address. An in-place op over a *pinned* tensor (an
+//! writes at the input's address, and does so again when it recomputes the
+//! op over a recomputed input that the program had dropped. An in-place op over a *pinned* tensor (an
 //! optimizer updating a parameter or its state, a gradient accumulating)
 //! writes in place under every policy: a pinned tensor is never evicted, so
 //! keeping its old version for recomputation buys nothing, and a copy of a
@@ -24,7 +25,7 @@
 use std::time::Instant;
 
 use super::error::{RematError, RematResult};
-use super::policy::{EvictionPolicy, SearchContext};
+use super::policy::{EvictionPolicy, Request, SearchContext};
 use super::pool::Pool;
 use super::tensor::{Residency, TensorId, TensorTable};
 use super::trace::Trace;
@@ -144,6 +145,10 @@ struct Executor<'p> {
     pool: Pool,
     policy: &'p mut dyn EvictionPolicy,
     first_output: Vec<TensorId>,
+    /// For the in-place output of an op, the input it overwrote.
+    overwrites: Vec<Option<TensorId>>,
+    /// Tensors the program has dropped (a recomputed one is still dead).
+    dead: Vec<bool>,
     cheap_below: f64,
     now: u64,
     report: Report,
@@ -157,10 +162,12 @@ impl<'p> Executor<'p> {
     ) -> RematResult<Executor<'p>> {
         let mut tensors = TensorTable::default();
         let mut first_output = Vec::with_capacity(trace.ops.len());
+        let mut overwrites = Vec::with_capacity(trace.tensor_count());
         for op in &trace.ops {
             first_output.push(tensors.len());
-            for out in &op.outputs {
+            for (k, out) in op.outputs.iter().enumerate() {
                 tensors.add(out.size, op.cost, op.inputs.clone(), out.pinned)?;
+                overwrites.push((op.in_place && k == 0).then(|| op.inputs[0]));
             }
         }
         let mut report = Report::new(policy.name(), budget);
@@ -170,6 +177,8 @@ impl<'p> Executor<'p> {
             pool: Pool::new(budget),
             policy,
             first_output,
+            dead: vec![false; overwrites.len()],
+            overwrites,
             cheap_below: cheap_threshold(trace),
             now: 0,
             report,
@@ -241,7 +250,9 @@ impl<'p> Executor<'p> {
                 }
                 continue;
             }
-            self.compute(t)?;
+            if !self.recompute_in_place(t)? {
+                self.compute(t)?;
+            }
             self.report.recompute_cost += self.tensors.get(t)?.cost;
             self.report.recomputations += 1;
             for &input in &inputs {
@@ -294,15 +305,59 @@ impl<'p> Executor<'p> {
         Ok(true)
     }
 
+    /// Recomputable in-place during recomputation: an in-place op that is
+    /// recomputed writes over its input again when the program has dropped
+    /// that input (it was overwritten the first time too) and nothing else
+    /// holds it, so that recomputing it needs no second buffer. Returns false
+    /// (and does nothing) when that does not apply.
+    fn recompute_in_place(&mut self, t: TensorId) -> RematResult<bool> {
+        let Some(input) = self.overwrites[t] else {
+            return Ok(false);
+        };
+        if !self.policy.recomputes_in_place() || !self.dead[input] {
+            return Ok(false);
+        }
+        let source = self.tensors.get(input)?;
+        let Residency::Resident(addr) = source.residency else {
+            return Ok(false);
+        };
+        let size = self.tensors.get(t)?.size;
+        // One lock: the one this recomputation took on its input.
+        if source.locks != 1 || size > source.size || source.pinned {
+            return Ok(false);
+        }
+        let inputs = self.tensors.get(t)?.inputs.clone();
+        if inputs.iter().any(|&i| !self.tensors.is_resident(i)) {
+            return Ok(false);
+        }
+        self.pool.release(input)?;
+        self.tensors.drop_value(input, Residency::Released)?;
+        self.pool.place(t, addr, size)?;
+        self.tensors.set_resident(t, addr, self.now)?;
+        for i in inputs.into_iter().filter(|&i| i != input) {
+            self.tensors.get_mut(i)?.last_access = self.now;
+        }
+        Ok(true)
+    }
+
     /// Finds space for `t`, evicting as the policy says.
     fn allocate(&mut self, t: TensorId) -> RematResult<u64> {
         let tensor = self.tensors.get(t)?;
-        let (size, cheap) = (tensor.size, tensor.cost_density() < self.cheap_below);
-        if let Some(addr) = self.policy.place(&self.pool, size, cheap) {
-            self.pool.place(t, addr, size)?;
+        let request = Request {
+            size: tensor.size,
+            cheap: tensor.cost_density() < self.cheap_below,
+            pinned: tensor.pinned,
+        };
+        let ctx = SearchContext {
+            pool: &self.pool,
+            tensors: &self.tensors,
+            now: self.now,
+        };
+        if let Some(addr) = self.policy.place(&ctx, &request) {
+            self.pool.place(t, addr, request.size)?;
             return Ok(addr);
         }
-        let mut search_ns = 0u64;
+        let (mut search_ns, mut evicted) = (0u64, 0usize);
         loop {
             let ctx = SearchContext {
                 pool: &self.pool,
@@ -310,30 +365,32 @@ impl<'p> Executor<'p> {
                 now: self.now,
             };
             let started = Instant::now();
-            let eviction = self.policy.next_eviction(&ctx, size);
+            let eviction = self.policy.next_eviction(&ctx, &request);
             search_ns += started.elapsed().as_nanos() as u64;
-            let out_of_memory = RematError::OutOfMemory {
-                request: size,
-                free: self.pool.free_bytes(),
+            let Some(eviction) = eviction.filter(|e| !e.victims.is_empty() || e.addr.is_some())
+            else {
+                return Err(RematError::OutOfMemory {
+                    request: request.size,
+                    free: self.pool.free_bytes(),
+                });
             };
-            let eviction = eviction.ok_or(out_of_memory.clone())?;
-            if eviction.victims.is_empty() {
-                return Err(out_of_memory);
-            }
             for &victim in &eviction.victims {
                 self.evict(victim)?;
             }
-            let addr = match eviction.window {
-                Some((start, bytes)) if bytes >= size => {
-                    Some(if cheap { start + bytes - size } else { start })
-                }
-                _ => self.policy.place(&self.pool, size, cheap),
+            evicted += eviction.victims.len();
+            let ctx = SearchContext {
+                pool: &self.pool,
+                tensors: &self.tensors,
+                now: self.now,
             };
+            let addr = eviction.addr.or_else(|| self.policy.place(&ctx, &request));
             if let Some(addr) = addr {
-                self.pool.place(t, addr, size)?;
-                self.report.search_ns.push(search_ns);
-                let free = self.pool.free_bytes() as f64 / self.pool.capacity().max(1) as f64;
-                self.report.fragmentation.push(free);
+                self.pool.place(t, addr, request.size)?;
+                if evicted > 0 {
+                    self.report.search_ns.push(search_ns);
+                    let free = self.pool.free_bytes() as f64 / self.pool.capacity().max(1) as f64;
+                    self.report.fragmentation.push(free);
+                }
                 return Ok(addr);
             }
         }
@@ -351,6 +408,7 @@ impl<'p> Executor<'p> {
 
     /// The program drops `t`: its space is freed; its metadata stays.
     fn release(&mut self, t: TensorId) -> RematResult<()> {
+        self.dead[t] = true;
         match self.tensors.get(t)?.residency {
             Residency::Resident(_) => {
                 self.pool.release(t)?;
@@ -396,26 +454,45 @@ impl<'p> Executor<'p> {
 
 /// Cost density (cost per output byte) below which an op counts as cheap.
 /// The paper observes that super-linear ops (matmul, conv) are about an order
-/// of magnitude denser than element-wise ones, so op densities form two
-/// clusters on a log scale; the threshold is the middle of the widest gap
-/// between consecutive sorted log densities, looking only at the middle 80% of
-/// ops so that a few outliers (a loss on a tiny tensor) do not set it.
+/// of magnitude denser than element-wise ones (its Table 1), so the densities
+/// of the tensors the partitioning places form two clusters on a log scale.
+/// The threshold splits them where the two classes are best separated
+/// (Otsu's criterion: the largest between-class variance), over the ops whose
+/// outputs may be evicted, each weighted by its output bytes. Pinned outputs
+/// are left out, and the weighting keeps launch-bound ops on tiny tensors
+/// from setting it: on a real step the optimizer's per-parameter ops are
+/// thousands of such points, and an unweighted split over all ops lands
+/// among them, calling every activation cheap.
 pub fn cheap_threshold(trace: &Trace) -> f64 {
-    let mut logs: Vec<f64> = trace
+    let mut points: Vec<(f64, f64)> = trace
         .ops
         .iter()
-        .filter(|op| op.cost > 0.0)
+        .filter(|op| op.cost > 0.0 && !op.outputs.is_empty())
+        .filter(|op| op.outputs.iter().all(|o| !o.pinned))
         .map(|op| {
             let bytes: u64 = op.outputs.iter().map(|o| o.size).sum();
-            (op.cost / bytes.max(1) as f64).ln()
+            ((op.cost / bytes.max(1) as f64).ln(), bytes as f64)
         })
         .collect();
-    logs.sort_by(f64::total_cmp);
-    let middle = &logs[logs.len() / 10..logs.len() - logs.len() / 10];
-    middle
-        .windows(2)
-        .max_by(|a, b| (a[1] - a[0]).total_cmp(&(b[1] - b[0])))
-        .map_or(0.0, |pair| ((pair[0] + pair[1]) / 2.0).exp())
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = points.iter().map(|p| p.1).sum();
+    let moment: f64 = points.iter().map(|p| p.0 * p.1).sum();
+    let (mut weight, mut sum) = (0.0, 0.0);
+    let mut best: Option<(f64, f64)> = None;
+    for pair in points.windows(2) {
+        weight += pair[0].1;
+        sum += pair[0].0 * pair[0].1;
+        let rest = total - weight;
+        if pair[1].0 == pair[0].0 || rest <= 0.0 {
+            continue;
+        }
+        let gap = sum / weight - (moment - sum) / rest;
+        let between = weight * rest * gap * gap;
+        if best.is_none_or(|(b, _)| between > b) {
+            best = Some((between, (pair[0].0 + pair[1].0) / 2.0));
+        }
+    }
+    best.map_or(0.0, |(_, log)| log.exp())
 }
 
 /// Pool capacity for a budget ratio of the trace's peak live bytes.

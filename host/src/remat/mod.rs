@@ -10,7 +10,7 @@
 //!   [`recorded`]: traces recorded from PyTorch (`python/remat/record.py`).
 //! - [`policy`]: the `EvictionPolicy` trait, DTR, DTE, Coop.
 //! - [`executor`]: replay, measurements, minimum-budget bisection.
-//! - [`compare`]: the three policies over a trace, as a table; [`sweep`]: the
+//! - [`compare`]: the policies (with Coop-G) over a trace, as a table; [`sweep`]: the
 //!   budget sweep of `gpumalloc remat` (CSV, and a PNG drawn by [`plot`]).
 //!
 //! Everything here is single-threaded and CPU-only.

@@ -1,8 +1,8 @@
 //! What `gpumalloc remat TRACE` (and the `remat` example) prints and writes:
-//! one budget ratio for the three policies, or a sweep from 0.9 down to the
-//! lowest ratio any policy finishes at (found by bisection first), written as
-//! CSV and as a PNG of compute overhead against budget ratio, like the Coop
-//! paper's figures. Plain functions; no shared state.
+//! one budget ratio for the policies (DTR, DTE, Coop, Coop-G), or a sweep
+//! from 0.9 down to the lowest ratio any policy finishes at (found by
+//! bisection first), written as CSV and as a PNG of compute overhead against
+//! budget ratio, like the Coop paper's figures. Plain functions; no shared state.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -39,7 +39,7 @@ pub fn summary(trace: &Trace) -> String {
     )
 }
 
-/// The three policies at one budget ratio, as a table.
+/// The policies at one budget ratio, as a table.
 pub fn at_ratio(trace: &Trace, ratio: f64) -> String {
     table(&format!("budget ratio {ratio}"), &sweep(trace, &[ratio]))
 }
@@ -112,10 +112,10 @@ impl Sweep {
         let mut out = table(title, &self.rows);
         for (policy, ratio) in &self.min_ratios {
             let _ = match ratio {
-                Some(r) => write!(out, "minimum budget ratio {policy:>4}: {r:.3} (bisection)"),
+                Some(r) => write!(out, "minimum budget ratio {policy:>6}: {r:.3} (bisection)"),
                 None => write!(
                     out,
-                    "minimum budget ratio {policy:>4}: does not finish at 1.2"
+                    "minimum budget ratio {policy:>6}: does not finish at 1.2"
                 ),
             };
             let _ = match self.lowest_finished(policy) {
@@ -207,7 +207,7 @@ impl Sweep {
 pub struct Command {
     /// The recorded trace (`python/remat/record.py`).
     pub trace: PathBuf,
-    /// Budget ratios to replay the three policies at.
+    /// Budget ratios to replay the policies at.
     pub budgets: Vec<f64>,
     /// Sweep from 0.9 down to the lowest minimum ratio, writing the files
     /// into this folder.

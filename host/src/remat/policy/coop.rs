@@ -13,13 +13,27 @@
 //! the highest free block that fits; an expensive one goes to the left end of
 //! the lowest. Inside an evicted window, expensive tensors go left and cheap
 //! ones right (Algorithm 1). Recomputable in-place: an in-place op's output
-//! takes its input's address. Both can be switched off for ablations.
+//! takes its input's address, and again when the executor recomputes it.
+//!
+//! Unevictable tensors grouped (`pinned_at_ends`, off in the paper's Coop,
+//! on in "Coop-G"): the paper allocates the parameters at the two ends of
+//! the pool and updates them in place so that they never split the pool
+//! (§3.5). A parameter's gradient, made during the backward pass, is just as
+//! unevictable, but lands wherever the allocator finds room, in the middle of
+//! the activations, where it cuts every later window in two. With the switch
+//! on, a pinned request goes into a free block, or an evicted window, that
+//! touches an end of the pool or another pinned tensor, on that side, so
+//! that unevictable tensors grow as clusters from the ends. It takes a free
+//! block elsewhere only when no such window exists. The anchored search is
+//! the same two-pointer sweep, once forwards (windows whose right neighbour
+//! anchors) and once backwards (left neighbour), so still O(N).
+//!
+//! Each layout rule can be switched off (or on) for ablations.
 //!
 //! Owned by one executor; single-threaded. Keeps the step count of its last
 //! search so that tests can check that the search is linear.
 
-use super::super::pool::Pool;
-use super::{Eviction, EvictionPolicy, SearchContext};
+use super::{Eviction, EvictionPolicy, Request, SearchContext};
 
 /// One interval as the window search sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -30,6 +44,8 @@ pub struct WindowItem {
     pub size: u64,
     /// Eviction score (0 for free space), or `None` when it may not be evicted.
     pub score: Option<f64>,
+    /// A pinned tensor: a pinned request may be placed against it.
+    pub pinned: bool,
 }
 
 /// The result of a window search: items `first..=last`.
@@ -45,36 +61,98 @@ pub struct Window {
     pub bytes: u64,
 }
 
-/// The cheapest run of consecutive items with at least `request` bytes and no
-/// blocked item, and the number of pointer moves the sweep made (at most 2N).
-pub fn cheapest_window(items: &[WindowItem], request: u64) -> (Option<Window>, usize) {
+impl Window {
+    fn better_than(&self, other: Option<&Window>) -> bool {
+        other
+            .is_none_or(|b| self.score < b.score || (self.score == b.score && self.bytes < b.bytes))
+    }
+}
+
+/// The two-pointer sweep over items in the order `at(0), at(1), ...`: for
+/// each position `right` that `accept`s, the shortest window ending there
+/// with at least `request` bytes and no blocked item (with scores not
+/// negative it is also the cheapest ending there); the cheapest of those, as
+/// sweep positions, and the number of pointer moves (at most 2N).
+fn sweep<'a>(
+    count: usize,
+    at: impl Fn(usize) -> &'a WindowItem,
+    request: u64,
+    accept: impl Fn(usize) -> bool,
+) -> (Option<Window>, usize) {
     let (mut left, mut bytes, mut score, mut steps) = (0usize, 0u64, 0.0f64, 0usize);
     let mut best: Option<Window> = None;
-    for (right, item) in items.iter().enumerate() {
+    for right in 0..count {
         steps += 1;
+        let item = at(right);
         let Some(s) = item.score else {
             (left, bytes, score) = (right + 1, 0, 0.0);
             continue;
         };
         bytes += item.size;
         score += s;
-        while left < right && bytes - items[left].size >= request {
-            bytes -= items[left].size;
-            score -= items[left].score.unwrap_or(0.0);
+        while left < right && bytes - at(left).size >= request {
+            bytes -= at(left).size;
+            score -= at(left).score.unwrap_or(0.0);
             left += 1;
             steps += 1;
         }
-        let better = best.is_none_or(|b| score < b.score || (score == b.score && bytes < b.bytes));
-        if bytes >= request && better {
-            best = Some(Window {
-                first: left,
-                last: right,
-                score: score.max(0.0),
-                bytes,
-            });
+        let window = Window {
+            first: left,
+            last: right,
+            score: score.max(0.0),
+            bytes,
+        };
+        if bytes >= request && accept(right) && window.better_than(best.as_ref()) {
+            best = Some(window);
         }
     }
     (best, steps)
+}
+
+/// The cheapest run of consecutive items with at least `request` bytes and no
+/// blocked item, and the number of pointer moves the sweep made (at most 2N).
+pub fn cheapest_window(items: &[WindowItem], request: u64) -> (Option<Window>, usize) {
+    sweep(items.len(), |k| &items[k], request, |_| true)
+}
+
+/// Which side of an anchored window touches its anchor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The item after the window is pinned, or the window ends the pool.
+    Right,
+    /// The item before the window is pinned, or the window starts the pool.
+    Left,
+}
+
+/// The cheapest window (as [`cheapest_window`]) that touches an end of the
+/// pool or a pinned item, with the side it touches (right wins ties), and the
+/// pointer moves of the two sweeps (at most 4N).
+pub fn cheapest_anchored_window(
+    items: &[WindowItem],
+    request: u64,
+) -> (Option<(Window, Side)>, usize) {
+    let n = items.len();
+    let anchors = |k: usize| k + 1 >= n || items[k + 1].pinned;
+    let (right, right_steps) = sweep(n, |k| &items[k], request, anchors);
+    // Backwards: position k is item n-1-k, and the item after position k in
+    // the sweep is the one before it in the pool.
+    let (left, left_steps) = sweep(
+        n,
+        |k| &items[n - 1 - k],
+        request,
+        |k| k + 1 >= n || items[n - 2 - k].pinned,
+    );
+    let left = left.map(|w| Window {
+        first: n - 1 - w.last,
+        last: n - 1 - w.first,
+        ..w
+    });
+    let best = match (right, left) {
+        (Some(r), Some(l)) if l.better_than(Some(&r)) => Some((l, Side::Left)),
+        (Some(r), _) => Some((r, Side::Right)),
+        (None, l) => l.map(|l| (l, Side::Left)),
+    };
+    (best, right_steps + left_steps)
 }
 
 /// The Coop policy.
@@ -84,6 +162,9 @@ pub struct Coop {
     pub partition: bool,
     /// Recomputable in-place on.
     pub in_place: bool,
+    /// Unevictable tensors placed against the ends of the pool or other
+    /// unevictable tensors (not in the paper; off by default).
+    pub pinned_at_ends: bool,
     /// Pointer moves of the last search.
     pub last_steps: usize,
     /// Intervals seen by the last search.
@@ -95,6 +176,7 @@ impl Default for Coop {
         Coop {
             partition: true,
             in_place: true,
+            pinned_at_ends: false,
             last_steps: 0,
             last_items: 0,
         }
@@ -102,57 +184,122 @@ impl Default for Coop {
 }
 
 impl Coop {
+    /// Coop with unevictable tensors grouped at the ends ("Coop-G").
+    pub fn grouped() -> Coop {
+        Coop {
+            pinned_at_ends: true,
+            ..Coop::default()
+        }
+    }
+
     /// The pool as window items.
     pub fn items(ctx: &SearchContext<'_>) -> Vec<WindowItem> {
         ctx.pool
             .intervals()
             .map(|i| {
-                let score = match i.tensor {
-                    None => Some(0.0),
-                    Some(t) if ctx.tensors.is_evictable(t) => {
-                        Some(ctx.tensors.projected_cost(t) / ctx.tensors.staleness(t, ctx.now))
-                    }
-                    Some(_) => None,
+                let (score, pinned) = match i.tensor {
+                    None => (Some(0.0), false),
+                    Some(t) if ctx.tensors.is_evictable(t) => (
+                        Some(ctx.tensors.projected_cost(t) / ctx.tensors.staleness(t, ctx.now)),
+                        false,
+                    ),
+                    Some(t) => (None, ctx.tensors.get(t).is_ok_and(|t| t.pinned)),
                 };
                 WindowItem {
                     addr: i.addr,
                     size: i.size,
                     score,
+                    pinned,
                 }
             })
             .collect()
+    }
+
+    /// Where `request` goes in the span `(start, bytes)`: against the anchor
+    /// for a pinned one, else expensive left and cheap right (Algorithm 1).
+    fn addr_in(&self, (start, bytes): (u64, u64), request: &Request, side: Option<Side>) -> u64 {
+        let right = match side {
+            Some(side) => side == Side::Right,
+            None => self.partition && request.cheap,
+        };
+        if right {
+            start + bytes - request.size
+        } else {
+            start
+        }
     }
 }
 
 impl EvictionPolicy for Coop {
     fn name(&self) -> &'static str {
-        "Coop"
+        if self.pinned_at_ends {
+            "Coop-G"
+        } else {
+            "Coop"
+        }
     }
 
-    fn next_eviction(&mut self, ctx: &SearchContext<'_>, request: u64) -> Option<Eviction> {
+    fn next_eviction(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<Eviction> {
         let items = Coop::items(ctx);
-        let (window, steps) = cheapest_window(&items, request);
+        let (mut found, mut steps) = (None, 0);
+        if request.pinned && self.pinned_at_ends {
+            let (anchored, anchored_steps) = cheapest_anchored_window(&items, request.size);
+            (found, steps) = (anchored.map(|(w, side)| (w, Some(side))), anchored_steps);
+        }
+        if found.is_none() {
+            let (window, window_steps) = cheapest_window(&items, request.size);
+            found = window.map(|w| (w, None));
+            steps += window_steps;
+        }
         (self.last_steps, self.last_items) = (steps, items.len());
-        let window = window?;
-        let span = &items[window.first..=window.last];
+        let (window, side) = found?;
+        let span = (items[window.first].addr, window.bytes);
         let victims = ctx
             .pool
             .intervals()
             .skip(window.first)
-            .take(span.len())
+            .take(window.last + 1 - window.first)
             .filter_map(|i| i.tensor)
             .collect();
         Some(Eviction {
             victims,
-            window: Some((span[0].addr, window.bytes)),
+            window: Some(span),
+            addr: Some(self.addr_in(span, request, side)),
         })
     }
 
-    fn place(&self, pool: &Pool, size: u64, cheap: bool) -> Option<u64> {
-        if self.partition && cheap {
-            pool.last_fit(size)
+    fn place(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<u64> {
+        if request.pinned && self.pinned_at_ends {
+            // The highest free block that fits and touches an anchor.
+            let items: Vec<_> = ctx.pool.intervals().collect();
+            let pinned = |k: usize| {
+                items[k]
+                    .tensor
+                    .is_some_and(|t| ctx.tensors.get(t).is_ok_and(|t| t.pinned))
+            };
+            let found = (0..items.len()).rev().find_map(|k| {
+                let block = items[k];
+                if block.tensor.is_some() || block.size < request.size {
+                    return None;
+                }
+                let span = (block.addr, block.size);
+                if k + 1 == items.len() || pinned(k + 1) {
+                    Some(self.addr_in(span, request, Some(Side::Right)))
+                } else if k == 0 || pinned(k - 1) {
+                    Some(self.addr_in(span, request, Some(Side::Left)))
+                } else {
+                    None
+                }
+            });
+            // None: the executor asks for a window, which is an anchored one
+            // where one exists and else the cheapest (a free block anywhere
+            // costs nothing).
+            return found;
+        }
+        if self.partition && request.cheap {
+            ctx.pool.last_fit(request.size)
         } else {
-            pool.first_fit(size)
+            ctx.pool.first_fit(request.size)
         }
     }
 

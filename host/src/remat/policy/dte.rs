@@ -5,7 +5,7 @@
 //! swapping), with the compute-time coefficient 1, as in the paper's own DTE.
 //! Stateless; single-threaded.
 
-use super::{Eviction, EvictionPolicy, SearchContext, lowest_score};
+use super::{Eviction, EvictionPolicy, Request, SearchContext, lowest_score};
 
 /// The DTE policy.
 #[derive(Debug, Default, Clone, Copy)]
@@ -16,7 +16,7 @@ impl EvictionPolicy for Dte {
         "DTE"
     }
 
-    fn next_eviction(&mut self, ctx: &SearchContext<'_>, _request: u64) -> Option<Eviction> {
+    fn next_eviction(&mut self, ctx: &SearchContext<'_>, _request: &Request) -> Option<Eviction> {
         let victim = lowest_score(ctx, |t| {
             let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1));
             let span = (size + ctx.pool.adjacent_free(t)) as f64;
@@ -25,6 +25,7 @@ impl EvictionPolicy for Dte {
         Some(Eviction {
             victims: vec![victim],
             window: None,
+            addr: None,
         })
     }
 }

@@ -4,7 +4,7 @@
 //! size and s the staleness; repeat until the new tensor fits. New tensors go
 //! first-fit, as in a conventional allocator. Stateless; single-threaded.
 
-use super::{Eviction, EvictionPolicy, SearchContext, lowest_score};
+use super::{Eviction, EvictionPolicy, Request, SearchContext, lowest_score};
 
 /// The DTR policy.
 #[derive(Debug, Default, Clone, Copy)]
@@ -15,7 +15,7 @@ impl EvictionPolicy for Dtr {
         "DTR"
     }
 
-    fn next_eviction(&mut self, ctx: &SearchContext<'_>, _request: u64) -> Option<Eviction> {
+    fn next_eviction(&mut self, ctx: &SearchContext<'_>, _request: &Request) -> Option<Eviction> {
         let victim = lowest_score(ctx, |t| {
             let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1)) as f64;
             ctx.tensors.projected_cost(t) / (size * ctx.tensors.staleness(t, ctx.now))
@@ -23,6 +23,7 @@ impl EvictionPolicy for Dtr {
         Some(Eviction {
             victims: vec![victim],
             window: None,
+            addr: None,
         })
     }
 }

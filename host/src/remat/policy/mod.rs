@@ -29,6 +29,19 @@ pub struct SearchContext<'a> {
     pub now: u64,
 }
 
+/// What the executor asks a policy to find room for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Bytes.
+    pub size: u64,
+    /// The op that makes the tensor has a low cost density (Coop's
+    /// cheap-tensor partitioning).
+    pub cheap: bool,
+    /// The tensor can never be evicted (a parameter's gradient, optimizer
+    /// state): it will split whatever contiguous space it lands in.
+    pub pinned: bool,
+}
+
 /// One step of eviction chosen by a policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Eviction {
@@ -37,6 +50,8 @@ pub struct Eviction {
     /// For a window policy: the contiguous span `(start, bytes)` that will be
     /// free once the victims are gone and that fits the request.
     pub window: Option<(u64, u64)>,
+    /// For a window policy: where the request goes inside that span.
+    pub addr: Option<u64>,
 }
 
 /// An eviction policy.
@@ -46,13 +61,12 @@ pub trait EvictionPolicy {
 
     /// The next victims to make room for `request` bytes, or `None` when no
     /// evictable tensor is left (the request cannot be met).
-    fn next_eviction(&mut self, ctx: &SearchContext<'_>, request: u64) -> Option<Eviction>;
+    fn next_eviction(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<Eviction>;
 
-    /// Where a tensor of `size` bytes goes without evicting, if anywhere.
-    /// `cheap` says whether the op that makes it has a low cost density.
-    fn place(&self, pool: &Pool, size: u64, cheap: bool) -> Option<u64> {
-        let _ = cheap;
-        pool.first_fit(size)
+    /// Where the request goes without evicting, if anywhere. The baselines
+    /// place first-fit, as a conventional framework allocator does.
+    fn place(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<u64> {
+        ctx.pool.first_fit(request.size)
     }
 
     /// Whether an in-place op writes its output at its input's address
