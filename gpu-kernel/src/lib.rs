@@ -31,6 +31,7 @@
 
 pub mod arch;
 pub mod block;
+pub mod c_layout;
 pub mod class;
 pub mod graph;
 pub mod heap;

@@ -1,6 +1,7 @@
-//! `Gpu`: one CUDA device with one stream and the loaded PTX module, over
-//! cudarc's driver API (loaded at run time). Every failure names the driver
-//! call.
+//! `Gpu`: one CUDA device with one stream and the loaded PTX module (none
+//! for [`Gpu::open_device`], which serves heaps whose kernels the caller
+//! launches itself), over cudarc's driver API (loaded at run time). Every
+//! failure names the driver call.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,7 +43,8 @@ unsafe impl DeviceRepr for HeapParam {}
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
+    /// `None` when opened with [`Gpu::open_device`]: no kernel to launch.
+    module: Option<Arc<CudaModule>>,
     functions: Arc<Mutex<HashMap<String, CudaFunction>>>,
 }
 
@@ -61,6 +63,20 @@ impl Gpu {
 
     /// Opens device `ordinal` and loads `ptx` into it.
     pub fn open(ordinal: usize, ptx: &str) -> Result<Gpu> {
+        let mut gpu = Gpu::open_device(ordinal)?;
+        let module = gpu
+            .ctx
+            .load_module(Ptx::from_src(ptx))
+            .call("cuModuleLoadData")?;
+        gpu.module = Some(module);
+        Ok(gpu)
+    }
+
+    /// Opens device `ordinal` (its primary context, the one the CUDA
+    /// runtime uses) with no module: heaps and buffers, but no
+    /// [`Gpu::launch`]. For callers that launch their own kernels (the C
+    /// API, CUDA C++ programs).
+    pub fn open_device(ordinal: usize) -> Result<Gpu> {
         Gpu::available()?;
         let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
         // One stream, synchronised explicitly: cudarc's per-buffer events
@@ -68,13 +84,10 @@ impl Gpu {
         // SAFETY: nothing is in flight yet.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
-        let module = ctx
-            .load_module(Ptx::from_src(ptx))
-            .call("cuModuleLoadData")?;
         Ok(Gpu {
             ctx,
             stream,
-            module,
+            module: None,
             functions: Arc::new(Mutex::new(HashMap::new())),
         })
     }
@@ -144,10 +157,13 @@ impl Gpu {
         if let Some(f) = map.get(kernel) {
             return Ok(f.clone());
         }
-        let f = self
-            .module
-            .load_function(kernel)
-            .call("cuModuleGetFunction")?;
+        let Some(module) = &self.module else {
+            return Err(Error::Config(format!(
+                "kernel {kernel}: this Gpu has no module (opened with Gpu::open_device); \
+                 open it with Gpu::open(ordinal, ptx) to launch kernels"
+            )));
+        };
+        let f = module.load_function(kernel).call("cuModuleGetFunction")?;
         map.insert(kernel.to_string(), f.clone());
         Ok(f)
     }

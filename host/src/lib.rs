@@ -14,10 +14,13 @@
 //!   stream rule, one pool per device).
 //! - [`remat`]: tensor rematerialization under a memory budget (DTR, DTE,
 //!   Coop's contiguous-window eviction) replayed over op traces.
+//! - [`boundary`]: what every C entry point goes through (panic guard,
+//!   CUDA context and capture mode kept, fork refused, last error).
 //! - [`selftest`]: runs `gpumalloc_selftest` and checks every result.
 //! - [`thread_cuda`]: a caller's CUDA context and capture mode kept across
 //!   a library call, saved only if the call reaches the driver.
 
+pub mod boundary;
 pub mod config;
 pub mod cpu_heap;
 pub mod device_heap;

@@ -7,7 +7,7 @@
 //! Backed by the real CUDA driver ([`CudaVmm`] and [`CudaEvents`]), one
 //! [`StreamPool`] per device, made on first use.
 //!
-//! Every entry point goes through [`boundary::enter`]: no panic crosses the
+//! Every entry point goes through [`host::boundary::enter`]: no panic crosses the
 //! boundary, the calling thread's CUDA context and capture mode are as
 //! they were, and a forked child touches no driver. A call that fails
 //! answers null (or -1) and leaves its message as the thread's last error
@@ -23,16 +23,15 @@
 //! Concurrency: the registry of pools is a process-wide static; each pool
 //! is thread-safe (see `host::pluggable::pool`).
 
-mod boundary;
 mod call_stats;
 
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use boundary::{ErrorKind, enter, set_error, take_error};
 use call_stats::{CallKind, CallStats};
 use cudarc::driver::CudaContext;
+use host::boundary::{ErrorKind, enter, set_error};
 use host::lake::{ChunkOptions, CudaVmm, Lake, LakeConfig};
 use host::pluggable::{CudaEvents, PoolEntry, PoolId, PoolStats, Registry, StreamId, StreamPool};
 
@@ -632,17 +631,8 @@ pub extern "C" fn gm_get_memory_fraction(device_index: i32) -> f64 {
 /// bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gm_last_error(buf: *mut c_char, len: usize) -> i32 {
-    let (kind, msg) = take_error();
-    if !buf.is_null() && len > 0 {
-        let n = msg.len().min(len - 1);
-        // SAFETY: `buf` has `len` writable bytes and `n + 1 <= len`; the
-        // message is a distinct allocation, so the ranges do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(msg.as_ptr(), buf.cast::<u8>(), n);
-            buf.add(n).write(0);
-        }
-    }
-    kind as i32
+    // SAFETY: the caller's contract is `write_last_error`'s.
+    unsafe { host::boundary::write_last_error(buf, len).0 as i32 }
 }
 
 /// Fills `*out` with the statistics of `device`'s pool. Returns 0, or -1

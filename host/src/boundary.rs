@@ -1,15 +1,19 @@
-//! What every call into the library goes through (`enter`): panics are
-//! caught, the calling thread's CUDA context is restored, driver calls run
-//! in relaxed stream-capture mode, a forked child is refused, and failures
-//! are kept as the thread's last error for the caller to raise.
+//! What every call into one of the C libraries (`torch-alloc`'s PyTorch
+//! pool, `capi`'s heap API) goes through (`enter`): panics are caught, the
+//! calling thread's CUDA context is restored, driver calls run in relaxed
+//! stream-capture mode, a forked child is refused, and failures are kept as
+//! the thread's last error for the caller to raise (`write_last_error`
+//! copies it into the caller's buffer).
 //!
 //! - **context**: cudarc binds a device's primary context to the calling
 //!   thread before each driver call and leaves it bound. A free of a
 //!   `cuda:1` tensor from a thread working on `cuda:0` would move that
-//!   thread to GPU 1. `enter` opens a `host::thread_cuda::CallScope`: the
-//!   current context is read before the call's first driver call, if it
-//!   makes one, and put back afterwards (a call served from cache touches
-//!   no driver state and pays nothing).
+//!   thread to GPU 1. `enter` opens a [`crate::thread_cuda::CallScope`]:
+//!   the current context is read before the call's first driver call, if
+//!   it makes one (code that reaches the driver calls
+//!   [`crate::thread_cuda::before_driver_call`] first), and put back
+//!   afterwards (a call served from cache touches no driver state and pays
+//!   nothing).
 //! - **capture mode**: while a CUDA graph is captured in the default
 //!   (global) mode, the driver refuses "unsafe" calls such as `cuMemCreate`
 //!   from any thread. Like PyTorch's own allocator, the library switches the
@@ -18,6 +22,9 @@
 //! - **fork**: CUDA does not survive `fork`. A child process (a DataLoader
 //!   worker) that frees an inherited tensor must not touch the driver:
 //!   frees are ignored there and allocations refused with a message.
+//!
+//! Each C library links its own copy of this module, so each has its own
+//! last error per thread.
 //!
 //! Concurrency: the fork flag is a process-wide atomic set by the
 //! `pthread_atfork` child handler (which runs in the child's only thread);
@@ -45,7 +52,7 @@ thread_local! {
         const { RefCell::new((ErrorKind::None, String::new())) };
 }
 
-/// Keeps `msg` as this thread's last error.
+/// Keeps `msg` as this thread's last error (replacing any before it).
 pub fn set_error(kind: ErrorKind, msg: String) {
     LAST_ERROR.with(|e| *e.borrow_mut() = (kind, msg));
 }
@@ -88,7 +95,7 @@ pub fn enter<T>(fallback: T, in_child: Option<&str>, f: impl FnOnce() -> T) -> T
         }
         return fallback;
     }
-    let scope = host::thread_cuda::CallScope::open();
+    let scope = crate::thread_cuda::CallScope::open();
     let out = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
         set_error(
             ErrorKind::Other,
@@ -99,4 +106,56 @@ pub fn enter<T>(fallback: T, in_child: Option<&str>, f: impl FnOnce() -> T) -> T
     });
     drop(scope);
     out
+}
+
+/// Copies this thread's last error message into `buf` (`len` bytes, NUL
+/// terminated, cut to fit) and returns its kind and the message's full
+/// length in bytes (more than `len - 1`: it was cut); the error is cleared.
+/// What the C libraries' `*_last_error` functions do.
+///
+/// # Safety
+/// `buf` is null (the message is dropped) or points to `len` writable
+/// bytes.
+pub unsafe fn write_last_error(buf: *mut std::ffi::c_char, len: usize) -> (ErrorKind, usize) {
+    let (kind, msg) = take_error();
+    if !buf.is_null() && len > 0 {
+        let n = msg.len().min(len - 1);
+        // SAFETY: `buf` has `len` writable bytes and `n + 1 <= len`; the
+        // message is a distinct allocation, so the ranges do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(msg.as_ptr(), buf.cast::<u8>(), n);
+            buf.add(n).write(0);
+        }
+    }
+    (kind, msg.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_error_is_taken_once_and_cut_to_the_buffer() {
+        set_error(ErrorKind::OutOfMemory, "x".repeat(100));
+        let mut buf = [1 as std::ffi::c_char; 8];
+        // SAFETY: `buf` has 8 writable bytes.
+        let out = unsafe { write_last_error(buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(out, (ErrorKind::OutOfMemory, 100));
+        assert_eq!(buf[7], 0);
+        assert!(buf[..7].iter().all(|&c| c == b'x' as std::ffi::c_char));
+        // SAFETY: a null buffer is allowed.
+        assert_eq!(
+            unsafe { write_last_error(std::ptr::null_mut(), 0) },
+            (ErrorKind::None, 0)
+        );
+    }
+
+    #[test]
+    fn a_panic_is_answered_with_the_fallback_and_a_message() {
+        let out = enter(-1, None, || -> i32 { panic!("boom") });
+        assert_eq!(out, -1);
+        let (kind, msg) = take_error();
+        assert_eq!(kind, ErrorKind::Other);
+        assert!(msg.contains("internal panic"), "{msg}");
+    }
 }
