@@ -28,6 +28,11 @@ step "$OUT/lake.log" "$BIN/test-lake_gpu" --include-ignored --test-threads=1 --n
 step "$OUT/call-cost.log" "$BIN/test-call_cost" --include-ignored --test-threads=1 --nocapture
 step "$OUT/graph.log" "$BIN/test-graph_gpu" --include-ignored --test-threads=1 --nocapture
 step "$OUT/example.log" "$BIN/user_kernel"
+if command -v "${NVCC:-nvcc}" >/dev/null; then
+  step "$OUT/cpp-example.log" env GPU_DIR="$BIN" scripts/build-cpp-example.sh
+else
+  echo "== C++ example skipped: no nvcc"
+fi
 if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     TAIL=6 GPUMALLOC_TEST_THREADS=${SANITIZER_THREADS:-4096} step "$OUT/sanitizer-$tool.log" \

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Builds everything the GPU machine needs (it has CUDA but no Rust) and copies
 # it into .gpu/: the gpumalloc program, the GPU test binaries, the example,
-# and the PTX. Then run scripts/gpu-suite.sh there with GPUMALLOC_BIN=.gpu.
+# the PTX, and the C API (libgpumalloc_c.so, with include/gpumalloc.h from the
+# repository) that scripts/build-cpp-example.sh links the CUDA C++ example
+# against. Then run scripts/gpu-suite.sh there with GPUMALLOC_BIN=.gpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .gpu
 cargo build --release --bins --examples
-cargo build --release -p torch-alloc
-cp target/release/gpumalloc target/release/examples/user_kernel target/release/libgpumalloc_torch.so .gpu/
-for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:graph_gpu host:lake_gpu torch-alloc:call_cost; do
+cargo build --release -p torch-alloc -p capi
+cp target/release/gpumalloc target/release/examples/user_kernel target/release/libgpumalloc_torch.so \
+   target/release/libgpumalloc_c.so .gpu/
+for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:graph_gpu host:lake_gpu torch-alloc:call_cost capi:capi_gpu; do
   pkg=${spec%%:*}; t=${spec#*:}
   bin=$(cargo test --release -p "$pkg" --no-run --test "$t" --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys

@@ -354,7 +354,8 @@ mod tests {
     }
 
     fn create(device: c_int, bytes: u64, flags: u32) -> (GmStatus, *mut GmDeviceHeap) {
-        let mut heap = 1usize as *mut GmDeviceHeap;
+        // Not null: the call must set it to null on failure.
+        let mut heap = std::ptr::dangling_mut::<GmDeviceHeap>();
         // SAFETY: `heap` is writable.
         let status = unsafe { gm_heap_create(device, bytes, flags, &mut heap) };
         (status, heap)

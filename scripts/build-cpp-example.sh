@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds and runs the CUDA C++ example (examples/cpp/alloc_check.cu) on a GPU
+# machine with nvcc and no Rust, from what scripts/stage-gpu.sh put in .gpu/
+# (gpu_kernel.ptx, libgpumalloc_c.so, test-capi_gpu), then runs the C API's
+# GPU test. The build lines are the README's ("Linking from CUDA C++").
+#
+#   scripts/build-cpp-example.sh [threads]      # default 2^20 threads
+#
+# Env: GPU_DIR (default .gpu), NVCC (default nvcc), ARCH (default: the
+# GPU's compute capability from nvidia-smi, else sm_90), OUT (default
+# .gpu/cpp).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GPU_DIR=${GPU_DIR:-.gpu}
+NVCC=${NVCC:-nvcc}
+OUT=${OUT:-$GPU_DIR/cpp}
+if [[ -z "${ARCH:-}" ]]; then
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .' || true)
+  ARCH=sm_${cc:-90}
+fi
+PTX=$GPU_DIR/gpu_kernel.ptx
+for f in "$PTX" "$GPU_DIR/libgpumalloc_c.so"; do
+  [[ -f $f ]] || { echo "missing $f: run scripts/stage-gpu.sh on the build machine and copy .gpu/ here" >&2; exit 1; }
+done
+mkdir -p "$OUT"
+lib_dir=$(cd "$GPU_DIR" && pwd)
+
+echo "== nvcc $($NVCC --version | tail -1), $ARCH"
+set -x
+"$NVCC" -arch="$ARCH" -rdc=true -I include -c examples/cpp/alloc_check.cu -o "$OUT/alloc_check.o"
+if ! "$NVCC" -arch="$ARCH" -dlink "$OUT/alloc_check.o" "$PTX" -o "$OUT/alloc_check_dlink.o"; then
+  { set +x; } 2>/dev/null
+  echo "== nvcc -dlink did not take the .ptx: compiling it to a relocatable cubin with ptxas -c first"
+  set -x
+  ptxas -arch="$ARCH" -c "$PTX" -o "$OUT/gpu_kernel.cubin"
+  "$NVCC" -arch="$ARCH" -dlink "$OUT/alloc_check.o" "$OUT/gpu_kernel.cubin" -o "$OUT/alloc_check_dlink.o"
+fi
+"$NVCC" -arch="$ARCH" "$OUT/alloc_check.o" "$OUT/alloc_check_dlink.o" -L "$lib_dir" -lgpumalloc_c \
+  -Xlinker -rpath -Xlinker "$lib_dir" -o "$OUT/alloc_check"
+"$OUT/alloc_check" "${1:-1048576}"
+{ set +x; } 2>/dev/null
+
+if [[ -x $GPU_DIR/test-capi_gpu ]]; then
+  echo "== the C API's GPU test"
+  GPUMALLOC_PTX=$PTX "$GPU_DIR/test-capi_gpu" --include-ignored --nocapture
+fi
+echo "C++ example and C API test passed"
