@@ -29,15 +29,10 @@ lib_dir=$(cd "$GPU_DIR" && pwd)
 echo "== nvcc $($NVCC --version | tail -1), $ARCH"
 set -x
 "$NVCC" -arch="$ARCH" -rdc=true -I include -c examples/cpp/alloc_check.cu -o "$OUT/alloc_check.o"
-if ! "$NVCC" -arch="$ARCH" -dlink "$OUT/alloc_check.o" "$PTX" -o "$OUT/alloc_check_dlink.o"; then
-  { set +x; } 2>/dev/null
-  echo "== nvcc -dlink did not take the .ptx: compiling it to a relocatable cubin with ptxas -c first"
-  set -x
-  ptxas -arch="$ARCH" -c "$PTX" -o "$OUT/gpu_kernel.cubin"
-  "$NVCC" -arch="$ARCH" -dlink "$OUT/alloc_check.o" "$OUT/gpu_kernel.cubin" -o "$OUT/alloc_check_dlink.o"
-fi
-"$NVCC" -arch="$ARCH" "$OUT/alloc_check.o" "$OUT/alloc_check_dlink.o" -L "$lib_dir" -lgpumalloc_c \
-  -Xlinker -rpath -Xlinker "$lib_dir" -o "$OUT/alloc_check"
+"$NVCC" -arch="$ARCH" -dc "$PTX" -o "$OUT/gpu_kernel.o"
+"$NVCC" -arch="$ARCH" -dlink "$OUT/alloc_check.o" "$OUT/gpu_kernel.o" -o "$OUT/alloc_check_dlink.o"
+"$NVCC" -arch="$ARCH" "$OUT/alloc_check.o" "$OUT/gpu_kernel.o" "$OUT/alloc_check_dlink.o" \
+  -L "$lib_dir" -lgpumalloc_c -Xlinker -rpath -Xlinker "$lib_dir" -o "$OUT/alloc_check"
 "$OUT/alloc_check" "${1:-1048576}"
 { set +x; } 2>/dev/null
 

@@ -12,14 +12,20 @@
 // libgpumalloc_c.so come from scripts/stage-gpu.sh into .gpu/):
 //
 //   nvcc -arch=sm_90 -rdc=true -I include -c examples/cpp/alloc_check.cu -o alloc_check.o
-//   nvcc -arch=sm_90 -dlink alloc_check.o .gpu/gpu_kernel.ptx -o alloc_check_dlink.o
-//   nvcc -arch=sm_90 alloc_check.o alloc_check_dlink.o -L .gpu -lgpumalloc_c \
+//   nvcc -arch=sm_90 -dc .gpu/gpu_kernel.ptx -o gpu_kernel.o
+//   nvcc -arch=sm_90 -dlink alloc_check.o gpu_kernel.o -o alloc_check_dlink.o
+//   nvcc -arch=sm_90 alloc_check.o gpu_kernel.o alloc_check_dlink.o -L .gpu -lgpumalloc_c \
 //        -Xlinker -rpath -Xlinker "$PWD/.gpu" -o alloc_check
 //   ./alloc_check
 //
-// -rdc=true keeps the calls to gallatin_malloc/gallatin_free unresolved in
-// alloc_check.o; -dlink compiles gpu_kernel.ptx (ptxas) and links the device
-// code of both; the last line links the host side against the C API.
+// -rdc=true leaves the calls to gallatin_malloc/gallatin_free unresolved in
+// alloc_check.o; -dc compiles the allocator's PTX (ptxas) into an object
+// with relocatable device code and its host-side registration; -dlink links
+// the device code of both; the last line links the host side against the C
+// API. (nvcc refuses a .ptx in a whole-program build, and `-dlink` given the
+// .ptx itself leaves the registration undefined at the final link.) The
+// last two steps can be one: nvcc -arch=sm_90 -rdc=true alloc_check.o
+// gpu_kernel.o -L .gpu -lgpumalloc_c ... device-links on its own.
 
 #include <cstdio>
 #include <cstdlib>
