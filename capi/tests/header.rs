@@ -72,10 +72,17 @@ fn compiler(env: &str, default: &str) -> Option<String> {
     }
 }
 
-/// Compiles `source` with `cc` and `flags` into `dir/prog` (an object
-/// with `-c`), failing the
+/// Compiles `source` with `cc` and `flags` (and `libs` after the source)
+/// into `dir/prog` (an object with `-c`), failing the
 /// test with the compiler's output if it does not compile.
-fn compile(cc: &str, flags: &[&str], dir: &Path, file: &str, source: &str) -> PathBuf {
+fn compile(
+    cc: &str,
+    flags: &[&str],
+    libs: &[&str],
+    dir: &Path,
+    file: &str,
+    source: &str,
+) -> PathBuf {
     let src = dir.join(file);
     std::fs::write(&src, source).unwrap();
     let exe = dir.join("prog");
@@ -84,6 +91,7 @@ fn compile(cc: &str, flags: &[&str], dir: &Path, file: &str, source: &str) -> Pa
         .arg("-I")
         .arg(include_dir())
         .arg(&src)
+        .args(libs)
         .arg("-o")
         .arg(&exe)
         .output()
@@ -125,6 +133,7 @@ fn c_compiler_lays_out_gm_heap_and_gm_heap_stats_as_rust_does() {
     let exe = compile(
         &cc,
         &["-std=c11", "-Wall", "-Werror"],
+        &[],
         &dir,
         "layout.c",
         &program,
@@ -156,11 +165,11 @@ fn the_header_is_valid_cpp_and_declares_the_host_api() {
         return (create && handle && stats && destroy && last) ? 0 : 1;\n\
         }\n";
     let dir = scratch("cxx");
-    // Compile only (-c): linking needs the library, which the GPU build
-    // script links.
+    // Compile only (-c): the C test below links the library.
     compile(
         &cxx,
         &["-std=c++11", "-Wall", "-Werror", "-c"],
+        &[],
         &dir,
         "api.cpp",
         program,
@@ -196,4 +205,90 @@ fn the_header_declares_what_the_library_defines() {
         gpumalloc_c::gm_heap_stats_get;
     let _: unsafe extern "C" fn(*mut GmDeviceHeap) = gpumalloc_c::gm_heap_destroy;
     let _: unsafe extern "C" fn(*mut c_char, usize) -> usize = gpumalloc_c::gm_heap_last_error;
+}
+
+/// A C program built with the header and linked against the library cargo
+/// built for this test (`deps/libgpumalloc_c.so`, beside the test binary)
+/// calls the API as a C user would: bad arguments answer their status and
+/// message, a heap is created where there is a GPU and `GM_ERROR_NO_DRIVER`
+/// or `GM_ERROR_NO_DEVICE` is answered where there is none.
+#[test]
+fn a_c_program_links_the_library_and_reads_its_answers() {
+    let Some(cc) = compiler("CC", "cc") else {
+        return;
+    };
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    if !deps.join("libgpumalloc_c.so").exists() {
+        println!("skipped: no libgpumalloc_c.so beside {}", exe.display());
+        return;
+    }
+    let program = r#"
+#include <stdio.h>
+#include <string.h>
+#include "gpumalloc.h"
+
+static int fails = 0;
+static void expect(const char *what, gm_status got, gm_status want, const char *in_message) {
+    char msg[512];
+    size_t n = gm_heap_last_error(msg, sizeof msg);
+    if (got != want || (in_message && (n == 0 || !strstr(msg, in_message)))) {
+        printf("FAIL %s: status %d (want %d), message \"%s\"\n", what, got, want, n ? msg : "");
+        fails++;
+    }
+}
+
+int main(void) {
+    gm_device_heap *h = (gm_device_heap *)&fails;
+    expect("size 0", gm_heap_create(0, 0, 0, &h), GM_ERROR_HEAP_SIZE, "a heap of 0 bytes");
+    if (h != NULL) { printf("FAIL: *out not NULL after a failure\n"); fails++; }
+    expect("1 MiB", gm_heap_create(0, 1u << 20, 0, &h), GM_ERROR_HEAP_SIZE, "smaller than one segment");
+    expect("device -1", gm_heap_create(-1, 1u << 30, 0, &h), GM_ERROR_INVALID_ARGUMENT, "negative device");
+    expect("flag 8", gm_heap_create(0, 1u << 30, 8, &h), GM_ERROR_INVALID_ARGUMENT, "unknown flags 0x8");
+    expect("null out", gm_heap_create(0, 1u << 30, 0, NULL), GM_ERROR_INVALID_ARGUMENT, "null output");
+    gm_heap_stats s;
+    expect("stats of NULL", gm_heap_stats_get(NULL, &s), GM_ERROR_INVALID_ARGUMENT, "null heap");
+    gm_heap handle;
+    expect("handle of NULL", gm_heap_handle(NULL, &handle), GM_ERROR_INVALID_ARGUMENT, "null heap");
+    gm_heap_destroy(NULL);
+    gm_status st = gm_heap_create(0, 64u << 20, GM_HEAP_CHECKED, &h);
+    if (st == GM_OK) {
+        expect("handle", gm_heap_handle(h, &handle), GM_OK, NULL);
+        expect("stats", gm_heap_stats_get(h, &s), GM_OK, NULL);
+        if (s.live_allocations != 0 || s.segments != handle.segments || handle.data == 0) {
+            printf("FAIL: a new heap's statistics or handle\n");
+            fails++;
+        }
+        gm_heap_destroy(h);
+        printf("gpu\n");
+    } else {
+        expect("no GPU", st, st == GM_ERROR_NO_DEVICE ? GM_ERROR_NO_DEVICE : GM_ERROR_NO_DRIVER,
+               "gm_heap_create(device 0, 67108864 bytes, flags 0x1): ");
+        printf("no gpu\n");
+    }
+    printf(fails ? "FAILED\n" : "ok\n");
+    return fails != 0;
+}
+"#;
+    let dir = scratch("link");
+    let rpath = format!("-Wl,-rpath,{}", deps.display());
+    let lib_dir = format!("-L{}", deps.display());
+    let exe = compile(
+        &cc,
+        &["-std=c11", "-Wall", "-Werror", &lib_dir, &rpath],
+        &["-lgpumalloc_c"],
+        &dir,
+        "link.c",
+        program,
+    );
+    let out = Command::new(&exe).output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(printed.ends_with("ok\n"), "{printed}");
+    println!("{printed}");
+    let _ = std::fs::remove_dir_all(dir);
 }
