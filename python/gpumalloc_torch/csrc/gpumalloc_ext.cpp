@@ -50,7 +50,7 @@ struct GmStats {
   uint64_t driver_calls, allocated, peak_allocated, waiting, split_free,
       private_free, largest_free, limit, live_allocations, allocs, frees,
       alloc_retries, ooms, event_calls, split_chunks, private_pools, small_rounding,
-      large_rounding, lake_free, driver_ns, call_ns;
+      large_rounding, lake_free, driver_ns, call_ns, planned_free, planned_arena;
 };
 
 // Mirror of `#[repr(C)] PoolEntry` in host/src/pluggable/pool.rs.
