@@ -254,10 +254,12 @@ def suite_planned(r, allocs, configs, profile_steps=3, steps=6, timeout=180):
     """Per configuration: a profile run (ours records steps 0..K and synthesizes the plan),
     then a planned run from it in a fresh process; then the baselines `allocs`."""
     kept = False
-    for batch, lora in configs:
+    for n, (batch, lora) in enumerate(configs):
         tag = config_tag(batch, lora)
         plan = r.scratch / f"plan-{tag}.plan"
-        prof = r.train(f"plan-profile-{tag}", "ours", batch, lora=lora, timeout=timeout,
+        # The first run of ours may build the C++ extension (a minute or two, then cached).
+        prof = r.train(f"plan-profile-{tag}", "ours", batch, lora=lora,
+                       timeout=timeout + (150 if n == 0 else 0),
                        args=["--plan-profile", str(profile_steps), "--plan-out", str(plan),
                              "--steps", str(profile_steps + 1)])
         if prof.get("status") != "ok" or not plan.exists():
@@ -491,6 +493,17 @@ def merge(dirs, out):
     for res in results:
         r.record(res)
     write_full_reports(r)
+    planned = [x for x in results if x.get("allocator") == "planned" and "batch" in x]
+    if planned:
+        configs = []
+        for x in planned:
+            c = (x["batch"], "+lora" in str(x.get("model", "")))
+            if c not in configs:
+                configs.append(c)
+        # Baselines of the main suite are named alloc-bN / alloc-lora-bN as well.
+        text = planned_report(results, configs)
+        (r.out / "planned.md").write_text(text)
+        log("planned:\n" + text, r.logf)
     r.finish()
 
 

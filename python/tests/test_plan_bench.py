@@ -237,3 +237,31 @@ def test_bindings_synthesize_and_refuse_bad_plans_without_a_gpu(tmp_path):
     bad.write_text(plan.read_text()[:1000])
     with pytest.raises(RuntimeError, match="gm_plan_load: .*bad.plan"):
         gm.use_plan(bad)
+
+
+def test_merge_puts_planned_runs_next_to_the_main_suites(tmp_path):
+    import json
+
+    planned_dir, main_dir, out = tmp_path / "p", tmp_path / "m", tmp_path / "out"
+    planned_dir.mkdir()
+    main_dir.mkdir()
+    ok = {"status": "ok", "peak_active": 11 * GIB, "peak_reserved": 12 * GIB,
+          "tokens_per_s": 1000.0, "gpu": "H100"}
+    planned = [dict(ok, run="plan-profile-b16", allocator="ours", batch=16, model="gpt2",
+                    plan_profile={"synthesis_s": 0.2}),
+               dict(ok, run="planned-b16", allocator="planned", batch=16, model="gpt2",
+                    efficiency=0.995, plan_stats={"plan_hits": 1, "dynamic_slot": 2,
+                                                  "dynamic_idle": 0, "fallbacks": 0, "arena": GIB}),
+               dict(ok, run="planned-lora-b32", allocator="planned", batch=32, model="gpt2+lora",
+                    efficiency=0.99)]
+    main = [dict(ok, run="default-b16", allocator="default", batch=16, model="gpt2", efficiency=0.72),
+            dict(ok, run="default-lora-b32", allocator="default", batch=32, model="gpt2+lora",
+                 efficiency=0.74)]
+    (planned_dir / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in planned))
+    (main_dir / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in main))
+    run.merge([planned_dir, main_dir], out)
+    text = (out / "planned.md").read_text()
+    assert ("PLANNED b16: status ok eff 0.995 tok/s 1000 plan 1 / 2 / 0 / 0 synthesis 0.2 s; "
+            "default eff 0.72 tok/s 1000") in text
+    assert "PLANNED lora-b32: status ok eff 0.99" in text and "default eff 0.74" in text
+    assert "ours, planned" in (out / "README_table.md").read_text()
