@@ -617,6 +617,10 @@ fn planned_mode_reaches_097_by_the_pools_own_counters() {
     }
     let st = pool.stats();
     let eff = st.peak_active_bytes as f64 / st.peak_reserved_bytes as f64;
+    eprintln!(
+        "planned mode, b16: peak active {} / peak reserved {} = {eff:.4}",
+        st.peak_active_bytes, st.peak_reserved_bytes
+    );
     assert!(eff >= 0.97, "pool efficiency {eff:.4}: {st:?}");
     assert_eq!(
         st.planned_arena_bytes,
@@ -653,6 +657,7 @@ fn planned_mode_falls_back_on_mismatching_traces() {
         ("b16 grown", strayed(&gpt2_b16())),
     ] {
         let stats = checked_pool_replay(&plan, &trace);
+        eprintln!("b16 plan serving {name}: {stats:?}");
         assert!(stats.fallbacks > 0, "{name}: {stats:?}");
     }
 }
