@@ -801,3 +801,94 @@ fn plan_file_from_a_trace_file_serves_the_pool() {
     assert!(e.contains("reading the trace"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The GPU benchmark's pipeline on the CPU, step for step: a profile run
+/// (`train_gpt2.py --plan-profile 3`) records the pool's own trace from
+/// the start with a step mark before steps 1.., saves it after step 3 and
+/// synthesizes the plan from the file (`gm_plan_synthesize`); a planned
+/// run (`--plan`) loads it into a fresh pool, marks steps the same way,
+/// resets the peaks before step 2 and reads efficiency from the pool's own
+/// counters, as `train_gpt2.py` does. The recorded GPT-2 b16 trace stands
+/// in for the model's requests.
+#[test]
+fn profile_run_then_planned_run_as_the_benchmark_does() {
+    let trace = gpt2_b16();
+    let dir = std::env::temp_dir().join(format!("gm-plan-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let steps_of = |t: &Trace| {
+        let mut phases: Vec<u32> = t.events.iter().map(|e| e.site.phase).collect();
+        phases.dedup();
+        phases
+    };
+    assert_eq!(steps_of(&trace).len(), 6);
+    // Runs `trace`'s steps through `pool`, calling `at_step(step)` at the
+    // start of each and stopping after step `last`.
+    let drive =
+        |pool: &host::pluggable::StreamPool<_, _>, last: u32, at_step: &mut dyn FnMut(u32)| {
+            let mut at: HashMap<u64, u64> = HashMap::new();
+            let mut step = None;
+            for e in &trace.events {
+                if step != Some(e.site.phase) {
+                    if e.site.phase > last {
+                        break;
+                    }
+                    step = Some(e.site.phase);
+                    at_step(e.site.phase);
+                }
+                match e.kind {
+                    EventKind::Alloc => {
+                        at.insert(e.addr, pool.alloc(e.size, StreamId(0)).unwrap());
+                    }
+                    EventKind::Free => {
+                        if let Some(a) = at.remove(&e.addr) {
+                            pool.free(a, StreamId(0)).unwrap();
+                        }
+                    }
+                }
+            }
+        };
+    // Profile run: ours with 16 MiB chunks (the C ABI's default).
+    let profile_pool = model_pool(16 << 20, 80 << 30);
+    profile_pool.start_trace();
+    drive(&profile_pool, 3, &mut |s| {
+        if s > 0 {
+            profile_pool.mark_step();
+        }
+    });
+    let recorded = profile_pool.take_trace().expect("recording");
+    let trace_path = dir.join("b16.plan.trace");
+    recorded.save(&trace_path).unwrap();
+    let plan_path = dir.join("b16.plan");
+    let made = host::plan::synthesize_file(
+        &trace_path,
+        &plan_path,
+        &ProfileConfig::default(),
+        &SynthConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(made.trace_steps, 4);
+    // Planned run.
+    let pool = model_pool(16 << 20, 80 << 30);
+    pool.use_plan(Plan::load(&plan_path).unwrap()).unwrap();
+    drive(&pool, 5, &mut |s| {
+        if s > 0 {
+            pool.mark_step();
+        }
+        if s == 2 {
+            pool.reset_peaks();
+        }
+    });
+    let st = pool.stats();
+    let plan = st.plan.expect("planned");
+    let eff = st.peak_active_bytes as f64 / st.peak_reserved_bytes as f64;
+    eprintln!(
+        "benchmark pipeline, b16, 16 MiB chunks: synthesis {:.3} s, efficiency {eff:.4} \
+         (peak active {} / peak reserved {}), {plan:?}",
+        made.seconds, st.peak_active_bytes, st.peak_reserved_bytes
+    );
+    assert_eq!(plan.fallbacks, 0, "{plan:?}");
+    assert!(eff >= 0.97, "efficiency {eff:.4}");
+    assert_eq!(st.breakdown.total(), st.reserved_bytes);
+    pool.check().unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+}
