@@ -253,7 +253,7 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
         let layout = heap_config.layout(bytes.min(largest))?;
         let segment_bytes = 1u64 << layout.segment_shift();
         let granularity = driver.granularity();
-        if segment_bytes % granularity != 0 {
+        if !segment_bytes.is_multiple_of(granularity) {
             return Err(Error::Config(format!(
                 "segments of {segment_bytes} bytes are not whole chunks of the driver's \
                  {granularity}-byte granularity: choose a larger `segment_shift` or smaller chunks"
