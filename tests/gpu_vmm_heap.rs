@@ -34,7 +34,7 @@ fn a_terabyte_heap_grows_under_a_kernel_and_trims_back_to_the_driver() {
     let (free0, total) = gpu.memory().unwrap();
     let vmm = CudaVmm::open(0, ChunkOptions::default()).unwrap();
     let heap = CudaVmmHeap::on_gpu(&gpu, vmm, VmmHeapConfig::new(TIB, GIB)).unwrap();
-    let s = heap.stats();
+    let s = heap.stats().unwrap();
     let (free1, _) = gpu.memory().unwrap();
     println!(
         "issue13: 1 TiB heap on a {} GiB GPU: {} segments of {} MiB mapped ({} MiB), \
@@ -95,7 +95,7 @@ fn a_terabyte_heap_grows_under_a_kernel_and_trims_back_to_the_driver() {
         churn_threads * 64
     );
     assert_eq!(e[1], 0, "churn during growth: wrong words");
-    assert_eq!(heap.stats().mapped_bytes, 8 * GIB);
+    assert_eq!(heap.stats().unwrap().mapped_bytes, 8 * GIB);
     let errors = gpu.zeros(2).unwrap();
     churn(&errors, 14);
     assert_eq!(
@@ -169,7 +169,7 @@ fn a_terabyte_heap_grows_under_a_kernel_and_trims_back_to_the_driver() {
         (after - before) * 10 >= released * 9,
         "the driver does not show the trimmed memory free"
     );
-    let st = heap.stats();
+    let st = heap.stats().unwrap();
     println!("issue13: {st:?}");
     drop(heap);
     let (free2, _) = gpu.memory().unwrap();

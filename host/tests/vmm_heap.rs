@@ -48,7 +48,7 @@ fn pattern(tag: u64, len: usize) -> Vec<u8> {
 
 /// Mapped bytes are exactly the present segments, and the model agrees.
 fn assert_mapping_consistent(h: &ModelVmmHeap, vmm: &ModelVmm) {
-    let s = h.stats();
+    let s = h.stats().unwrap();
     assert_eq!(
         s.mapped_bytes,
         (s.present_segments + s.stranded_segments) as u64 * s.segment_bytes,
@@ -65,7 +65,7 @@ fn assert_mapping_consistent(h: &ModelVmmHeap, vmm: &ModelVmm) {
 fn a_terabyte_reservation_costs_only_what_is_mapped() {
     let vmm = model_without_data(2 * MIB);
     let h = ModelVmmHeap::on_model(vmm.clone(), VmmHeapConfig::new(TIB, 64 * MIB)).unwrap();
-    let s = h.stats();
+    let s = h.stats().unwrap();
     println!(
         "1 TiB heap: {} segments of {} MiB, {} mapped, {} MiB of metadata",
         s.virtual_bytes / s.segment_bytes,
@@ -102,13 +102,13 @@ fn a_terabyte_reservation_costs_only_what_is_mapped() {
     }
     assert_eq!(h.grow(1).unwrap(), 16 * MIB, "grow rounds up to a segment");
     assert!(!h.heap().malloc(MIB).is_null(), "the grown segment serves");
-    assert_eq!(h.stats().mapped_bytes, 80 * MIB);
+    assert_eq!(h.stats().unwrap().mapped_bytes, 80 * MIB);
     for p in ptrs {
         h.heap().free(p as *mut u8);
     }
     // One segment is still in use: trim keeps it.
     assert_eq!(h.trim().unwrap(), 64 * MIB);
-    assert_eq!(h.stats().present_segments, 1);
+    assert_eq!(h.stats().unwrap().present_segments, 1);
     assert_mapping_consistent(&h, &vmm);
     drop(h);
     assert_eq!(vmm.census(), ModelCensus::default(), "drop gives back all");
@@ -215,7 +215,7 @@ fn grow_and_trim_while_threads_allocate() {
         "{hs:?}"
     );
     h.trim().unwrap();
-    let s = h.stats();
+    let s = h.stats().unwrap();
     assert_eq!((s.present_segments, s.mapped_bytes), (0, 0), "{s:?}");
     assert_eq!(s.segments_grown, s.segments_trimmed, "{s:?}");
     assert_eq!(vmm.census().chunks, 0, "every chunk released");
@@ -242,7 +242,11 @@ fn failing_driver_calls_are_rolled_back_and_named() {
     let e = h.grow(3 * 2 * MIB).unwrap_err().to_string();
     println!("{e}");
     assert!(e.contains("cuMemMap") && e.contains("segment 2"), "{e}");
-    assert_eq!(h.stats().present_segments, 2, "the completed segment stays");
+    assert_eq!(
+        h.stats().unwrap().present_segments,
+        2,
+        "the completed segment stays"
+    );
     assert_eq!(vmm.census(), census(8), "the half-made one is undone");
 
     vmm.fail_nth(VmmCall::SetAccess, 1);
@@ -263,7 +267,7 @@ fn failing_driver_calls_are_rolled_back_and_named() {
 
     // The grown heap still works after all that.
     assert_eq!(h.grow(2 * MIB).unwrap(), 2 * MIB);
-    assert_eq!(h.stats().present_segments, 3);
+    assert_eq!(h.stats().unwrap().present_segments, 3);
     let p = h.heap().malloc(3 * MIB);
     assert!(!p.is_null(), "a 2-segment run fits");
 
@@ -271,12 +275,16 @@ fn failing_driver_calls_are_rolled_back_and_named() {
     vmm.fail_nth(VmmCall::Unmap, 1);
     let e = h.trim().unwrap_err().to_string();
     assert!(e.contains("cuMemUnmap") && e.contains("trimming"), "{e}");
-    let s = h.stats();
+    let s = h.stats().unwrap();
     assert_eq!((s.present_segments, s.stranded_segments), (2, 1), "{s:?}");
     assert_mapping_consistent(&h, &vmm);
     h.heap().free(p);
     assert_eq!(h.trim().unwrap(), 4 * MIB, "the run's segments trim");
-    assert_eq!(h.stats().mapped_bytes, 2 * MIB, "only the stranded segment");
+    assert_eq!(
+        h.stats().unwrap().mapped_bytes,
+        2 * MIB,
+        "only the stranded segment"
+    );
     // Drop gives back the stranded segment's chunks and the reservation.
     drop(h);
     assert_eq!(vmm.census(), ModelCensus::default());
@@ -302,9 +310,10 @@ fn failing_driver_calls_are_rolled_back_and_named() {
 /// Workload: 2 threads allocate 64 KiB blocks, 8 and then a 1 ms pause
 /// (about 1 MiB/ms together), 160 MiB in all, on a heap that starts with 1
 /// segment and has a service keeping 64 segments (128 MiB) free: no null.
-/// Then they allocate without pause until null: the service stops at its
-/// limit (192 segments) and the nulls come, with no hang. The heap is then
-/// dropped with the service running.
+/// Then the main thread allocates without pause until null: the service stops at its
+/// limit (192 segments) and the nulls come, with no hang. After a trim it
+/// grows back; stopped, it grows no more (nulls at what is mapped); the heap
+/// is then dropped with the service running.
 #[test]
 fn the_growth_service_feeds_a_workload_up_to_its_limit() {
     let vmm = model_without_data(2 * MIB);
@@ -319,7 +328,7 @@ fn the_growth_service_feeds_a_workload_up_to_its_limit() {
     h.start_growth(policy).unwrap();
     assert!(h.start_growth(policy).is_err(), "one service at a time");
     let start = Instant::now();
-    while h.stats().present_segments < 64 {
+    while h.stats().unwrap().present_segments < 64 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "the service never grew"
@@ -352,7 +361,7 @@ fn the_growth_service_feeds_a_workload_up_to_its_limit() {
             .collect();
         workers.into_iter().map(|w| w.join().unwrap()).collect()
     });
-    let s = h.stats();
+    let s = h.stats().unwrap();
     println!(
         "paced workload: {} segments mapped in {} steps ({} µs growing)",
         s.present_segments,
@@ -377,7 +386,7 @@ fn the_growth_service_feeds_a_workload_up_to_its_limit() {
             assert!((more.len() as u64) < cap, "the limit did not hold");
             continue;
         }
-        if h.stats().present_segments == 192 {
+        if h.stats().unwrap().present_segments == 192 {
             break;
         }
         assert!(
@@ -386,7 +395,7 @@ fn the_growth_service_feeds_a_workload_up_to_its_limit() {
         );
         std::thread::sleep(Duration::from_micros(200));
     }
-    let s = h.stats();
+    let s = h.stats().unwrap();
     assert_eq!(s.present_segments, 192, "{s:?}");
     assert_eq!(s.mapped_bytes, 384 * MIB);
     let total = ptrs.iter().map(Vec::len).sum::<usize>() + more.len();
@@ -396,19 +405,73 @@ fn the_growth_service_feeds_a_workload_up_to_its_limit() {
         "the whole limit was handed out"
     );
     assert!(h.heap().malloc(BLOCK).is_null(), "still null at the limit");
+    assert_eq!(s.segments_in_use(), 192, "{s:?}");
     for p in ptrs.into_iter().flatten().chain(more) {
         h.heap().free(p as *mut u8);
     }
     assert_eq!(h.trim_keeping(0).unwrap(), 384 * MIB);
     // The service grows back to its low mark; dropping the heap stops it.
     let start = Instant::now();
-    while h.stats().present_segments < 64 {
+    while h.stats().unwrap().present_segments < 64 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "the service stopped growing"
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+    // Stopped, it grows no more: the heap's nulls come at what is mapped.
+    assert_eq!(h.stop_growth(), None, "the service met no error");
+    let present = h.stats().unwrap().present_segments;
+    let got = std::iter::from_fn(|| Some(h.heap().malloc(BLOCK)))
+        .take_while(|p| !p.is_null())
+        .count() as u64;
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(h.heap().malloc(BLOCK).is_null());
+    assert_eq!(got * BLOCK, present as u64 * 2 * MIB);
+    assert_eq!(h.stats().unwrap().present_segments, present);
+    // Started again, then dropped while it runs: no hang.
+    h.start_growth(policy).unwrap();
+    drop(h);
+    assert_eq!(vmm.census(), ModelCensus::default());
+}
+
+/// The service on a device that fills up: it maps what fits, reports the
+/// failed `cuMemCreate`, keeps looking, and grows again once memory is
+/// there; stopping it returns the error it met.
+#[test]
+fn the_growth_service_reports_driver_failures_and_keeps_going() {
+    let vmm = model_without_data(2 * MIB);
+    vmm.set_device_bytes(Some(32 * 2 * MIB));
+    let mut h = ModelVmmHeap::on_model(vmm.clone(), VmmHeapConfig::new(GIB, 2 * MIB)).unwrap();
+    let policy = GrowthPolicy {
+        low_free_segments: 64,
+        ..GrowthPolicy::default()
+    };
+    h.start_growth(policy).unwrap();
+    let start = Instant::now();
+    let e = loop {
+        if let Some(e) = h.growth_error() {
+            break e;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no error came");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert!(e.contains("cuMemCreate") && e.contains("full"), "{e}");
+    assert_eq!(
+        h.stats().unwrap().present_segments,
+        32,
+        "it mapped what fits"
+    );
+    vmm.set_device_bytes(None);
+    while h.stats().unwrap().present_segments < 64 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "it never grew again"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let stopped = h.stop_growth().expect("the error is kept");
+    assert!(stopped.contains("cuMemCreate"), "{stopped}");
     drop(h);
     assert_eq!(vmm.census(), ModelCensus::default());
 }

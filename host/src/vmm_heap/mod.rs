@@ -104,6 +104,9 @@ pub struct VmmHeapStats {
     pub segment_bytes: u64,
     /// Segments mapped and published (in use or free).
     pub present_segments: u32,
+    /// Of those, wholly free in the segment tree (a snapshot; segments
+    /// slots hold as spares count as in use).
+    pub free_segments: u32,
     /// Segments that a failed unmap or publish left mapped but unusable;
     /// given back when the heap is dropped.
     pub stranded_segments: u32,
@@ -126,6 +129,13 @@ pub struct VmmHeapStats {
     pub trim_nanos: u64,
     /// Driver calls made so far (all of the driver's users).
     pub driver: DriverCounters,
+}
+
+impl VmmHeapStats {
+    /// Segments allocations hold now (present and not wholly free).
+    pub fn segments_in_use(&self) -> u32 {
+        self.present_segments.saturating_sub(self.free_segments)
+    }
 }
 
 /// What the driver holds for the heap. Under the ledger mutex.
@@ -386,18 +396,21 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
     }
 
     /// What the heap holds and has done (the allocator's own view:
-    /// [`VmmHeap::heap_stats`]).
-    pub fn stats(&self) -> VmmHeapStats {
+    /// [`VmmHeap::heap_stats`]). Fails only where counting the free
+    /// segments needs the GPU.
+    pub fn stats(&self) -> Result<VmmHeapStats> {
         let s = &self.shared;
         let ledger = s.ledger();
+        let free_segments = s.tree.free_segments()?;
         let c = &s.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        VmmHeapStats {
+        Ok(VmmHeapStats {
             reserved_bytes: s.reservation.1,
             virtual_bytes: (s.segments as u64) << s.segment_shift,
             mapped_bytes: ledger.mapped.len() as u64 * s.driver.granularity(),
             segment_bytes: s.segment_bytes(),
             present_segments: ledger.present,
+            free_segments,
             stranded_segments: ledger.stranded.len() as u32,
             limit_segments: s.limit_segments,
             metadata_bytes: s.metadata_bytes,
@@ -408,7 +421,7 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
             segments_trimmed: load(&c.segments_trimmed),
             trim_nanos: load(&c.trim_nanos),
             driver: s.driver.counters(),
-        }
+        })
     }
 
     /// What the allocator holds (exact when no one is using the heap).
