@@ -305,6 +305,15 @@ fn failing_driver_calls_are_rolled_back_and_named() {
         .expect("2 MiB segments on 4 MiB chunks")
         .to_string();
     assert!(e.contains("granularity"), "{e}");
+
+    // A segment size the allocator does not have is refused, not a panic.
+    let mut bad = VmmHeapConfig::new(64 * MIB, 0);
+    bad.heap.segment_shift = Some(12);
+    let e = ModelVmmHeap::on_model(model_without_data(2 * MIB), bad)
+        .err()
+        .expect("4 KiB segments")
+        .to_string();
+    assert!(e.contains("segment shift"), "{e}");
 }
 
 /// Workload: 2 threads allocate 64 KiB blocks, 8 and then a 1 ms pause

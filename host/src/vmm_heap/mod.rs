@@ -253,9 +253,12 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
             .heap
             .segment_shift
             .unwrap_or(gpu_kernel::class::segment_shift_for(bytes));
-        let largest = gpu_kernel::Heap::max_segments(shift)
-            .checked_shl(shift)
-            .unwrap_or(u64::MAX);
+        // (A shift outside 21..=24 is left to `layout` to refuse.)
+        let largest = if gpu_kernel::class::is_segment_shift(shift) {
+            gpu_kernel::Heap::max_segments(shift) << shift
+        } else {
+            bytes
+        };
         let heap_config = HeapConfig {
             segment_shift: Some(shift),
             ..config.heap
