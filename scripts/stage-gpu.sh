@@ -11,7 +11,7 @@ cargo build --release --bins --examples
 cargo build --release -p torch-alloc -p capi
 cp target/release/gpumalloc target/release/examples/user_kernel target/release/libgpumalloc_torch.so \
    target/release/libgpumalloc_c.so .gpu/
-for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:graph_gpu host:lake_gpu torch-alloc:call_cost capi:capi_gpu; do
+for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:gpu_vmm_heap gpumalloc:graph_gpu host:lake_gpu torch-alloc:call_cost capi:capi_gpu; do
   pkg=${spec%%:*}; t=${spec#*:}
   bin=$(cargo test --release -p "$pkg" --no-run --test "$t" --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys

@@ -27,6 +27,7 @@ use gpu_kernel::class::CLASSES;
 use gpu_kernel::layout::HeapImage;
 use host::boundary::{ErrorKind, enter, forked, set_error};
 use host::cudarc::driver::sys::CUresult;
+use host::lake::FailureCause;
 use host::{DeviceHeap, Error, Gpu, HeapConfig, HeapStats};
 
 /// What a call answers (`gm_status`).
@@ -141,6 +142,15 @@ fn status_of(e: &Error) -> GmStatus {
             GmStatus::OutOfMemory
         }
         Error::Driver { .. } => GmStatus::Cuda,
+        // Not made by `DeviceHeap` (the VMM heap's growth); mapped for
+        // completeness: a driver call failed.
+        Error::Vmm { source, .. } => match &source.cause {
+            FailureCause::Cuda(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                GmStatus::OutOfMemory
+            }
+            FailureCause::OutOfMemory => GmStatus::OutOfMemory,
+            _ => GmStatus::Cuda,
+        },
         Error::Check(_) | Error::Config(_) => GmStatus::Internal,
     }
 }

@@ -579,6 +579,21 @@ impl Heap {
         self.claim_run_locked(1)
     }
 
+    /// Wholly free segments in the segment tree now (a snapshot: relaxed
+    /// loads of its leaf words). Segments held as slot spares or absent are
+    /// not counted. What a growth service watches on a heap whose metadata
+    /// it can read directly (the CPU heap); the GPU one downloads the words
+    /// [`Heap::segment_tree_leaves`] names and counts their bits.
+    pub fn free_segments(&self) -> u32 {
+        self.segment_tree().count()
+    }
+
+    /// The metadata words (from word 0) that hold the segment tree's leaf
+    /// bits: one bit per present, wholly free segment.
+    pub fn segment_tree_leaves(&self) -> core::ops::Range<u64> {
+        self.trees_at..self.trees_at + self.tree.level_words[0] as u64
+    }
+
     /// Frees memory returned by [`Heap::malloc`]. Null is ignored. A pointer
     /// this heap never handed out is ignored and counted (`InvalidFrees`);
     /// a detected double free is ignored and counted (`DoubleFrees`); with

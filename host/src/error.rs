@@ -31,6 +31,14 @@ pub enum Error {
     Check(String),
     /// A setting the caller chose cannot be used; the text says which and why.
     Config(String),
+    /// A CUDA virtual memory call failed (or the CPU model refused it) while
+    /// the heap was doing something; whatever was half done was undone.
+    Vmm {
+        /// What the heap was doing, e.g. "growing the heap by segment 12".
+        doing: String,
+        /// The call and the driver's reason.
+        source: crate::lake::DriverFailure,
+    },
 }
 
 impl fmt::Display for Error {
@@ -47,6 +55,7 @@ impl fmt::Display for Error {
             }
             Error::Check(what) => write!(f, "check failed: {what}"),
             Error::Config(what) => write!(f, "bad setting: {what}"),
+            Error::Vmm { doing, source } => write!(f, "{doing}: {source}"),
         }
     }
 }
@@ -55,6 +64,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Driver { source, .. } => Some(source),
+            Error::Vmm { source, .. } => Some(source),
             _ => None,
         }
     }

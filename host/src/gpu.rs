@@ -92,6 +92,18 @@ impl Gpu {
         })
     }
 
+    /// The same device and module with a stream of its own, created
+    /// non-blocking: its work runs alongside kernels on this `Gpu`'s stream
+    /// (the legacy default stream) instead of waiting for them. What a heap
+    /// uses to grow and trim while user kernels allocate.
+    pub fn with_new_stream(&self) -> Result<Gpu> {
+        let stream = self.ctx.new_stream().call("cuStreamCreate")?;
+        Ok(Gpu {
+            stream,
+            ..self.clone()
+        })
+    }
+
     /// The device's name.
     pub fn name(&self) -> Result<String> {
         self.ctx.name().call("cuDeviceGetName")

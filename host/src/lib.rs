@@ -19,6 +19,9 @@
 //! - [`selftest`]: runs `gpumalloc_selftest` and checks every result.
 //! - [`thread_cuda`]: a caller's CUDA context and capture mode kept across
 //!   a library call, saved only if the call reaches the driver.
+//! - [`vmm_heap::VmmHeap`]: a heap on CUDA virtual memory: a large virtual
+//!   range reserved at creation, physical memory mapped per segment as it
+//!   grows (`grow`, a growth service) and given back by `trim`.
 
 pub mod boundary;
 pub mod config;
@@ -33,6 +36,7 @@ pub mod pluggable;
 pub mod remat;
 pub mod selftest;
 pub mod thread_cuda;
+pub mod vmm_heap;
 
 pub use config::HeapConfig;
 pub use cpu_heap::CpuHeap;
@@ -43,3 +47,4 @@ pub use device_heap::DeviceHeap;
 pub use error::{Error, Result};
 pub use gpu::Gpu;
 pub use gpu_kernel::stats::HeapStats;
+pub use vmm_heap::{GrowthPolicy, VmmHeap, VmmHeapConfig, VmmHeapStats};

@@ -18,16 +18,15 @@ use std::time::Instant;
 
 use gpu_kernel::workload::SplitMix64;
 use host::lake::synthetic::{Gpt2Shape, gpt2_trace};
-use host::lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};
 use host::lake::{Event, EventKind, Site, Trace};
-use host::plan::pool::{PlannedPool, PlannedPoolError};
+use host::plan::pool::model_pool;
 use host::plan::profile::peak_live;
 use host::plan::{
     Part, Placement, Plan, PlannedArena, Profile, ProfileConfig, RuntimeStats, SynthConfig,
     align_up,
 };
 use host::pluggable::replay;
-use host::pluggable::{ModelEvents, StreamId, StreamPool};
+use host::pluggable::{PoolError, StreamId};
 
 fn gpt2_b16() -> Trace {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-b16-6steps.trace.gz");
@@ -469,31 +468,27 @@ fn degenerate_traces_give_plans_that_serve_them() {
     }
 }
 
-/// Replays `trace` through a planned pool on the data-less model (64 GiB
-/// lake), checking every address handed out against every live one (arena
-/// and fallback alike) and the pool at the end; the arena's counters.
+/// Replays `trace` through the pool's planned mode on the data-less model
+/// (64 GiB lake), checking every address handed out against every live one
+/// (arena and fallback alike) with its own list, the pool's breakdown
+/// against its reserved bytes every 97 events, and the pool at the end;
+/// the plan's counters.
 fn checked_pool_replay(plan: &Plan, trace: &Trace) -> RuntimeStats {
-    let lake = Lake::new(
-        ModelVmm::without_data(2 << 20, ChunkOptions::default()),
-        LakeConfig::with_limit(64 << 30),
-    );
-    let mut pp = PlannedPool::new(
-        StreamPool::new(lake, ModelEvents::completing()),
-        plan.clone(),
-    )
-    .expect("the arena fits the lake");
+    let pool = model_pool(2 << 20, 64 << 30);
+    pool.use_plan(plan.clone())
+        .expect("the arena fits the lake");
     let mut live: Vec<(u64, u64)> = Vec::new();
     let mut at: HashMap<u64, (u64, StreamId)> = HashMap::new();
     let mut phase = None;
-    for e in &trace.events {
+    for (i, e) in trace.events.iter().enumerate() {
         if phase.is_some_and(|p| p != e.site.phase) {
-            pp.step();
+            pool.mark_step();
         }
         phase = Some(e.site.phase);
         let stream = StreamId(u64::from(e.site.stream));
         match e.kind {
             EventKind::Alloc => {
-                let addr = pp.alloc(e.size, stream).expect("served");
+                let addr = pool.alloc(e.size, stream).expect("served");
                 let end = addr + e.size.max(1);
                 if let Some(&(o, x)) = live.iter().find(|&&(o, x)| addr < x && o < end) {
                     panic!("{addr:#x}..{end:#x} overlaps the live {o:#x}..{x:#x}");
@@ -505,13 +500,29 @@ fn checked_pool_replay(plan: &Plan, trace: &Trace) -> RuntimeStats {
                 if let Some((addr, stream)) = at.remove(&e.addr) {
                     let k = live.iter().position(|l| l.0 == addr).expect("live");
                     live.swap_remove(k);
-                    pp.free(addr, stream).expect("freed");
+                    pool.free(addr, stream).expect("freed");
                 }
             }
         }
+        if i % 97 == 0 {
+            let st = pool.stats();
+            assert_eq!(
+                st.breakdown.total(),
+                st.reserved_bytes,
+                "{:?}",
+                st.breakdown
+            );
+        }
     }
-    pp.pool().check().unwrap();
-    pp.stats()
+    pool.check().unwrap();
+    let st = pool.stats();
+    assert_eq!(
+        st.breakdown.total(),
+        st.reserved_bytes,
+        "{:?}",
+        st.breakdown
+    );
+    pool.plan_stats().expect("a plan is loaded")
 }
 
 #[test]
@@ -555,13 +566,329 @@ fn planned_pool_serves_strayed_runs_and_other_streams_from_the_lake() {
 fn planned_pool_refuses_an_arena_over_the_lake_limit() {
     let trace = gpt2_b16();
     let plan = default_plan(&trace);
+    let pool = model_pool(2 << 20, 1 << 30);
+    match pool.use_plan(plan) {
+        Err(e @ PoolError::Plan(_)) => assert!(e.to_string().contains("arena"), "{e}"),
+        Err(e) => panic!("wrong error {e}"),
+        Ok(()) => panic!("a 12 GiB arena in a 1 GiB lake"),
+    }
+    // Nothing was taken, and the pool serves without a plan.
+    assert_eq!(pool.stats().reserved_bytes, 0);
+    assert!(pool.plan_stats().is_none());
+    let a = pool.alloc(3 << 20, StreamId(0)).unwrap();
+    pool.free(a, StreamId(0)).unwrap();
+}
+
+/// The b16 plan with steps 1–3 profiled (the longest sequence, 1021
+/// tokens, is step 2), through the pool's planned mode: efficiency
+/// against the pool's own counters (peak active over peak reserved, what
+/// `gpumalloc_torch.stats()` reports on the GPU), breakdown exact.
+#[test]
+fn planned_mode_reaches_097_by_the_pools_own_counters() {
+    let trace = gpt2_b16();
+    let plan = default_plan(&trace);
+    let stats = checked_pool_replay(&plan, &trace);
+    assert_eq!(stats.fallbacks, 0, "{stats:?}");
+    assert!(
+        stats.plan_hits > 4000 && stats.dynamic_slot > 4000,
+        "{stats:?}"
+    );
+    // The pool's view, as the C ABI's `gm_stats` reads it.
+    let pool = model_pool(2 << 20, 64 << 30);
+    pool.use_plan(plan.clone()).unwrap();
+    let calls = pool.stats().driver_calls;
+    let mut at: HashMap<u64, u64> = HashMap::new();
+    let mut phase = None;
+    for e in &trace.events {
+        if phase.is_some_and(|p| p != e.site.phase) {
+            pool.mark_step();
+        }
+        phase = Some(e.site.phase);
+        match e.kind {
+            EventKind::Alloc => {
+                at.insert(e.addr, pool.alloc(e.size, StreamId(0)).unwrap());
+            }
+            EventKind::Free => {
+                if let Some(a) = at.remove(&e.addr) {
+                    pool.free(a, StreamId(0)).unwrap();
+                }
+            }
+        }
+    }
+    let st = pool.stats();
+    let eff = st.peak_active_bytes as f64 / st.peak_reserved_bytes as f64;
+    eprintln!(
+        "planned mode, b16: peak active {} / peak reserved {} = {eff:.4}",
+        st.peak_active_bytes, st.peak_reserved_bytes
+    );
+    assert!(eff >= 0.97, "pool efficiency {eff:.4}: {st:?}");
+    assert_eq!(
+        st.planned_arena_bytes,
+        plan.arena.div_ceil(2 << 20) * (2 << 20)
+    );
+    assert_eq!(st.plan, pool.plan_stats());
+    // No driver call after the arena was mapped: the plan served it all.
+    assert_eq!(st.driver_calls, calls);
+}
+
+/// Another model (synthetic GPT-2 at batch 4 and at batch 32) and another
+/// run of this one with its sizes grown (a larger batch): served, never an
+/// error, no overlap, breakdown exact, counted as fallbacks.
+#[test]
+fn planned_mode_falls_back_on_mismatching_traces() {
+    let plan = default_plan(&gpt2_b16());
+    for (name, trace) in [
+        (
+            "synthetic b4",
+            gpt2_trace(Gpt2Shape {
+                batch: 4,
+                steps: 5,
+                seed: 3,
+            }),
+        ),
+        (
+            "synthetic b32",
+            gpt2_trace(Gpt2Shape {
+                batch: 32,
+                steps: 4,
+                seed: 9,
+            }),
+        ),
+        ("b16 grown", strayed(&gpt2_b16())),
+    ] {
+        let stats = checked_pool_replay(&plan, &trace);
+        eprintln!("b16 plan serving {name}: {stats:?}");
+        assert!(stats.fallbacks > 0, "{name}: {stats:?}");
+    }
+}
+
+/// The pool refuses a plan while it holds live allocations or a window is
+/// open, refuses to drop a plan whose arena is in use, and gives the arena
+/// back when dropped; private pools never see the plan.
+#[test]
+fn use_plan_and_drop_plan_keep_the_pool_consistent() {
+    use host::pluggable::PoolId;
+    let plan = default_plan(&gpt2_b16());
+    let pool = model_pool(2 << 20, 64 << 30);
+    let s0 = StreamId(0);
+    let a = pool.alloc(1 << 20, s0).unwrap();
+    let e = pool.use_plan(plan.clone()).unwrap_err();
+    assert!(e.to_string().contains("live allocations"), "{e}");
+    pool.free(a, s0).unwrap();
+    let graph = PoolId(1, 1);
+    pool.begin_allocate_to_pool(graph).unwrap();
+    let e = pool.use_plan(plan.clone()).unwrap_err();
+    assert!(e.to_string().contains("capture"), "{e}");
+    pool.end_allocate_to_pool(graph).unwrap();
+    pool.use_plan(plan.clone()).unwrap();
+    let arena = pool.stats().planned_arena_bytes;
+    assert!(arena >= plan.arena);
+    // A private pool's request leaves the plan's counters alone.
+    pool.begin_allocate_to_pool(graph).unwrap();
+    let g = pool.alloc_in(5 << 20, s0, graph).unwrap();
+    assert_eq!(pool.plan_stats().unwrap(), RuntimeStats::default());
+    pool.end_allocate_to_pool(graph).unwrap();
+    // The first general request is the plan's first (ordinal 0).
+    let first = plan
+        .requests
+        .iter()
+        .find(|r| r.request.part == Part::Prologue && !r.request.small && r.request.ordinal == 0)
+        .expect("a first large request");
+    let p = pool.alloc(first.request.size, s0).unwrap();
+    let st = pool.plan_stats().unwrap();
+    assert_eq!(st.plan_hits + st.dynamic_slot, 1, "{st:?}");
+    let e = pool.drop_plan().unwrap_err();
+    assert!(e.to_string().contains("still allocated"), "{e}");
+    pool.free(p, s0).unwrap();
+    let before = pool.stats();
+    assert_eq!(before.breakdown.total(), before.reserved_bytes);
+    let last = pool.drop_plan().unwrap().expect("a plan was loaded");
+    assert_eq!(last.plan_hits + last.dynamic_slot, 1);
+    let after = pool.stats();
+    assert_eq!(after.planned_arena_bytes, 0);
+    assert!(after.plan.is_none());
+    assert_eq!(after.breakdown.total(), after.reserved_bytes);
+    // The arena's chunks are lake memory now (free, or behind the fence of
+    // the arena's stream until its work is seen complete).
+    assert_eq!(after.reserved_bytes, before.reserved_bytes);
+    assert!(after.breakdown.lake_free_bytes + after.breakdown.waiting_bytes >= arena);
+    pool.free(g, s0).unwrap();
+    pool.check().unwrap();
+    assert!(pool.drop_plan().unwrap().is_none());
+}
+
+/// A planned block used by a second stream (`record_stream`) goes back to
+/// the arena only once that stream's event completed; meanwhile the arena
+/// keeps it live and the bytes count as waiting.
+#[test]
+fn planned_blocks_used_by_other_streams_wait_for_their_events() {
+    use host::lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};
+    use host::pluggable::{ModelEvents, StreamPool};
+    let trace = gpt2_b16();
+    let plan = default_plan(&trace);
     let lake = Lake::new(
         ModelVmm::without_data(2 << 20, ChunkOptions::default()),
-        LakeConfig::with_limit(1 << 30),
+        LakeConfig::with_limit(64 << 30),
     );
-    match PlannedPool::new(StreamPool::new(lake, ModelEvents::completing()), plan) {
-        Err(e @ PlannedPoolError::Arena(_)) => assert!(e.to_string().contains("arena")),
-        Err(e) => panic!("wrong error {e}"),
-        Ok(_) => panic!("a 12 GiB arena in a 1 GiB lake"),
-    }
+    let pool = StreamPool::new(lake, ModelEvents::new());
+    pool.use_plan(plan.clone()).unwrap();
+    let (s0, s1) = (StreamId(0), StreamId(1));
+    let first = plan
+        .requests
+        .iter()
+        .find(|r| r.request.part == Part::Prologue && !r.request.small && r.request.ordinal == 0)
+        .unwrap();
+    let a = pool.alloc(first.request.size, s0).unwrap();
+    pool.record_stream(a, s1).unwrap();
+    pool.free(a, s0).unwrap();
+    let st = pool.stats();
+    assert!(st.waiting_bytes >= align_up(first.request.size), "{st:?}");
+    assert_eq!(st.breakdown.total(), st.reserved_bytes);
+    pool.check().unwrap();
+    // Events complete: the next request may take the space again.
+    pool.events().complete_stream(s1);
+    pool.events().complete_stream(s0);
+    let b = pool.alloc(4096, s0).unwrap();
+    let st = pool.stats();
+    assert_eq!(st.waiting_bytes, 0, "{st:?}");
+    assert_eq!(st.breakdown.total(), st.reserved_bytes);
+    pool.free(b, s0).unwrap();
+    pool.check().unwrap();
+}
+
+/// Trace file → plan file (`plan::synthesize_file`, what
+/// `gm_plan_synthesize` calls) → `Plan::load` → the pool's planned mode:
+/// the same plan, served as in memory; a trace too short for a plan and a
+/// missing trace are refused in words.
+#[test]
+fn plan_file_from_a_trace_file_serves_the_pool() {
+    let dir = std::env::temp_dir().join(format!("gm-plan-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace_path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-b16-6steps.trace.gz");
+    let plan_path = dir.join("b16.plan");
+    let made = host::plan::synthesize_file(
+        &trace_path,
+        &plan_path,
+        &ProfileConfig::default(),
+        &SynthConfig::default(),
+    )
+    .unwrap();
+    assert!(made.seconds < 10.0, "synthesis {:.2} s", made.seconds);
+    assert_eq!(made.trace_steps, 6);
+    let back = Plan::load(&plan_path).unwrap();
+    assert_eq!(back.requests, made.plan.requests);
+    assert_eq!(back.arena, default_plan(&gpt2_b16()).arena);
+    let r = host::plan::pool::replay(&back, &gpt2_b16(), 80 << 30).unwrap();
+    assert!(r.efficiency() >= 0.97, "{r:?}");
+    assert_eq!(r.stats.fallbacks, 0);
+    // One step only: nothing to profile after the warm-up.
+    let short = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-b16-2steps.trace.gz");
+    let one = ProfileConfig {
+        warmup_steps: 2,
+        ..ProfileConfig::default()
+    };
+    let e = host::plan::synthesize_file(&short, &dir.join("x.plan"), &one, &SynthConfig::default())
+        .unwrap_err();
+    assert!(e.contains("at least one profiled step"), "{e}");
+    let e = host::plan::synthesize_file(
+        &dir.join("missing.trace"),
+        &dir.join("y.plan"),
+        &ProfileConfig::default(),
+        &SynthConfig::default(),
+    )
+    .unwrap_err();
+    assert!(e.contains("reading the trace"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The GPU benchmark's pipeline on the CPU, step for step: a profile run
+/// (`train_gpt2.py --plan-profile 3`) records the pool's own trace from
+/// the start with a step mark before steps 1.., saves it after step 3 and
+/// synthesizes the plan from the file (`gm_plan_synthesize`); a planned
+/// run (`--plan`) loads it into a fresh pool, marks steps the same way,
+/// resets the peaks before step 2 and reads efficiency from the pool's own
+/// counters, as `train_gpt2.py` does. The recorded GPT-2 b16 trace stands
+/// in for the model's requests.
+#[test]
+fn profile_run_then_planned_run_as_the_benchmark_does() {
+    let trace = gpt2_b16();
+    let dir = std::env::temp_dir().join(format!("gm-plan-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let steps_of = |t: &Trace| {
+        let mut phases: Vec<u32> = t.events.iter().map(|e| e.site.phase).collect();
+        phases.dedup();
+        phases
+    };
+    assert_eq!(steps_of(&trace).len(), 6);
+    // Runs `trace`'s steps through `pool`, calling `at_step(step)` at the
+    // start of each and stopping after step `last`.
+    let drive =
+        |pool: &host::pluggable::StreamPool<_, _>, last: u32, at_step: &mut dyn FnMut(u32)| {
+            let mut at: HashMap<u64, u64> = HashMap::new();
+            let mut step = None;
+            for e in &trace.events {
+                if step != Some(e.site.phase) {
+                    if e.site.phase > last {
+                        break;
+                    }
+                    step = Some(e.site.phase);
+                    at_step(e.site.phase);
+                }
+                match e.kind {
+                    EventKind::Alloc => {
+                        at.insert(e.addr, pool.alloc(e.size, StreamId(0)).unwrap());
+                    }
+                    EventKind::Free => {
+                        if let Some(a) = at.remove(&e.addr) {
+                            pool.free(a, StreamId(0)).unwrap();
+                        }
+                    }
+                }
+            }
+        };
+    // Profile run: ours with 16 MiB chunks (the C ABI's default).
+    let profile_pool = model_pool(16 << 20, 80 << 30);
+    profile_pool.start_trace();
+    drive(&profile_pool, 3, &mut |s| {
+        if s > 0 {
+            profile_pool.mark_step();
+        }
+    });
+    let recorded = profile_pool.take_trace().expect("recording");
+    let trace_path = dir.join("b16.plan.trace");
+    recorded.save(&trace_path).unwrap();
+    let plan_path = dir.join("b16.plan");
+    let made = host::plan::synthesize_file(
+        &trace_path,
+        &plan_path,
+        &ProfileConfig::default(),
+        &SynthConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(made.trace_steps, 4);
+    // Planned run.
+    let pool = model_pool(16 << 20, 80 << 30);
+    pool.use_plan(Plan::load(&plan_path).unwrap()).unwrap();
+    drive(&pool, 5, &mut |s| {
+        if s > 0 {
+            pool.mark_step();
+        }
+        if s == 2 {
+            pool.reset_peaks();
+        }
+    });
+    let st = pool.stats();
+    let plan = st.plan.expect("planned");
+    let eff = st.peak_active_bytes as f64 / st.peak_reserved_bytes as f64;
+    eprintln!(
+        "benchmark pipeline, b16, 16 MiB chunks: synthesis {:.3} s, efficiency {eff:.4} \
+         (peak active {} / peak reserved {}), {plan:?}",
+        made.seconds, st.peak_active_bytes, st.peak_reserved_bytes
+    );
+    assert_eq!(plan.fallbacks, 0, "{plan:?}");
+    assert!(eff >= 0.97, "efficiency {eff:.4}");
+    assert_eq!(st.breakdown.total(), st.reserved_bytes);
+    pool.check().unwrap();
+    std::fs::remove_dir_all(&dir).ok();
 }

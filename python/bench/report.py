@@ -10,7 +10,8 @@ import json
 
 GIB = 1024 ** 3
 ALLOCATORS = ("default", "expandable", "ours")
-LABEL = {"default": "PyTorch default", "expandable": "`expandable_segments:True`", "ours": "ours"}
+LABEL = {"default": "PyTorch default", "expandable": "`expandable_segments:True`", "ours": "ours",
+         "planned": "ours, planned"}
 LOSS_TOL = 1e-3
 CSV_COLUMNS = ["run", "allocator", "model", "batch", "status", "oom", "peak_active_gib",
                "peak_reserved_gib", "efficiency", "tokens_per_s", "measured_s", "probe_s", "losses",
@@ -32,6 +33,13 @@ def one_line(res):
         s += f" {res['tokens_per_s']:.0f} tok/s"
     if res.get("losses"):
         s += f" last loss {res['losses'][-1]:.4f}"
+    ps = res.get("plan_stats")
+    if ps:
+        s += (f" plan hits {ps.get('plan_hits')} slot {ps.get('dynamic_slot')}"
+              f" idle {ps.get('dynamic_idle')} fallbacks {ps.get('fallbacks')}")
+    pp = res.get("plan_profile")
+    if pp:
+        s += f" plan synthesized in {pp.get('synthesis_s')} s (arena {pp.get('plan_arena', 0) / GIB:.2f} GiB)"
     if res.get("error"):
         s += f" ({res['error'][:120]})"
     return s
@@ -40,7 +48,7 @@ def one_line(res):
 def is_main(res):
     """Runs that go into the main table (not sweep, timeline or trace runs)."""
     run = str(res.get("run", res.get("tag", "")))
-    return not run.startswith(("sweep-", "timeline-", "trace-", "ddp"))
+    return not run.startswith(("sweep-", "timeline-", "trace-", "ddp", "plan-profile-"))
 
 
 def rows(results):
@@ -87,7 +95,8 @@ def largest_batch(results):
     Skipped runs (time budget) count as neither."""
     out = {}
     plain = [r for r in results if "batch" in r and "+lora" not in str(r.get("model", ""))
-             and r.get("status") != "skipped" and not str(r.get("run", "")).startswith("trace-")]
+             and r.get("status") != "skipped"
+             and not str(r.get("run", "")).startswith(("trace-", "plan-profile-"))]
     for a in ALLOCATORS + tuple(sorted({str(r.get("allocator")) for r in plain} - set(ALLOCATORS))):
         ok = [r["batch"] for r in plain if r.get("allocator") == a and r.get("status") == "ok"]
         bad = [r["batch"] for r in plain if r.get("allocator") == a and r.get("status") != "ok"]
@@ -99,6 +108,8 @@ def largest_batch(results):
 def markdown(results):
     """The README table: per model and batch, reserved GiB, efficiency, tokens/s."""
     main = [r for r in results if is_main(r) and "batch" in r]
+    # Profile runs of the planned mode are steps of the planned runs, not a column.
+    results = [r for r in results if not str(r.get("run", "")).startswith("plan-profile-")]
     allocs = [a for a in ALLOCATORS if any(r.get("allocator") == a for r in results)]
     # Variants such as `ours-c16` (ours with 16 MiB chunks), in order met.
     for r in results:

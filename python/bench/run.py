@@ -25,6 +25,14 @@ starting runs after that many seconds):
               at batch 16 (3 repetitions, allocators interleaved) and 32 (2):
               new-length and repeated-length windows; ours' time in
               malloc/free and in VMM calls per step -> throughput.md.
+  planned     the planned mode (issue 14): per configuration (GPT-2 at batch
+              16/32/64, GPT-2+LoRA at batch 32; --planned-configs) ours
+              records steps 0..3 and synthesizes a plan in-process
+              (plan-profile-*), then a fresh process trains 6 steps with it
+              (planned-*); then --allocators at the same configurations as
+              long as the budget lasts -> planned.md (efficiency, tokens/s,
+              plan hits / dynamic / fallbacks, synthesis time, against
+              default/expandable/ours) and one "PLANNED" line per config.
   full        main + sweep + ddp in one command (about 15-20 minutes).
   smoke       CPU-only check of this runner (tiny model, --device cpu).
 --allocators picks a subset; --merge DIR... combines folders into one report.
@@ -103,8 +111,9 @@ class Runner:
         with open(self.results_path, "a") as f:
             f.write(json.dumps(res, sort_keys=True) + "\n")
 
-    def train(self, name, allocator, batch, timeout=150, lora=False, args=(), keep=()):
-        """One train_gpt2.py run; returns its result dict (status crash/timeout if none)."""
+    def train(self, name, allocator, batch, timeout=150, lora=False, args=(), keep=(), label=None):
+        """One train_gpt2.py run; returns its result dict (status crash/timeout if none).
+        `label` names the allocator in the result (default: `allocator`)."""
         if self.left() < 20:
             res = {"allocator": allocator, "batch": batch, "model": "gpt2" + ("+lora" if lora else ""),
                    "run": name, "status": "skipped", "why": "time budget of this command spent"}
@@ -130,7 +139,7 @@ class Runner:
                    "tag": name, "status": "timeout" if rc == "timeout" else "crash", "rc": str(rc),
                    "oom": "out of memory" in text.lower(), "tail": text[-1500:]}
         res["run"] = name
-        res["allocator"] = allocator
+        res["allocator"] = label or allocator
         self.record(res)
         log(f"  -> {report.one_line(res)}", self.logf)
         return res
@@ -220,6 +229,108 @@ def suite_sweep(r, allocs, sweep_batches, sweep_timeout):
             res = r.train(f"sweep-{alloc}-b{batch}", alloc, batch, timeout=sweep_timeout)
             if res.get("status") != "ok":
                 break
+
+
+PLANNED_CONFIGS = "16,32,64,lora32"
+
+
+def planned_configs(text):
+    """[(batch, lora)] from "16,32,lora32" (lora32: GPT-2+LoRA at batch 32)."""
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        lora = item.startswith("lora")
+        digits = item[4:] if lora else item
+        if not digits.isdigit() or int(digits) <= 0:
+            raise ValueError(f"bad planned configuration {item!r}: expected N or loraN")
+        out.append((int(digits), lora))
+    return out
+
+
+def config_tag(batch, lora):
+    return f"{'lora-' if lora else ''}b{batch}"
+
+
+def suite_planned(r, allocs, configs, profile_steps=3, steps=6, timeout=180):
+    """Per configuration: a profile run (ours records steps 0..K and synthesizes the plan),
+    then a planned run from it in a fresh process; then the baselines `allocs`."""
+    kept = False
+    for n, (batch, lora) in enumerate(configs):
+        tag = config_tag(batch, lora)
+        plan = r.scratch / f"plan-{tag}.plan"
+        # The first run of ours may build the C++ extension (a minute or two, then cached).
+        prof = r.train(f"plan-profile-{tag}", "ours", batch, lora=lora,
+                       timeout=timeout + (150 if n == 0 else 0),
+                       args=["--plan-profile", str(profile_steps), "--plan-out", str(plan),
+                             "--steps", str(profile_steps + 1)])
+        if prof.get("status") != "ok" or not plan.exists():
+            why = f"profile run {prof.get('status')}" + ("" if plan.exists() else ", no plan file")
+            res = {"allocator": "planned", "batch": batch, "model": "gpt2" + ("+lora" if lora else ""),
+                   "run": f"planned-{tag}", "status": "skipped", "why": why}
+            log(f"skip planned-{tag}: {why}", r.logf)
+            r.record(res)
+            continue
+        r.train(f"planned-{tag}", "ours", batch, lora=lora, timeout=timeout,
+                args=["--plan", str(plan), "--steps", str(steps)], label="planned")
+        if not kept:
+            kept = r.keep(plan, plan.name) is not None  # one plan file, for the record
+    for batch, lora in configs:
+        for alloc in allocs:
+            r.train(f"{alloc}-{config_tag(batch, lora)}", alloc, batch, lora=lora, timeout=timeout,
+                    args=["--steps", str(steps)])
+    text = planned_report(r.results, configs)
+    (r.out / "planned.md").write_text(text)
+    log("planned:\n" + text, r.logf)
+
+
+def planned_report(results, configs):
+    """Markdown: per configuration the planned run against the others (efficiency, tokens/s),
+    the plan's counters and synthesis time; and one "PLANNED ..." line per configuration
+    for grep."""
+    def find(prefix, tag):
+        return next((x for x in results if x.get("run") == f"{prefix}-{tag}"), None)
+
+    def eff(res):
+        if not res:
+            return "-"
+        if res.get("status") != "ok":
+            return str(res.get("status"))
+        return f"{res.get('efficiency')}"
+
+    def tps(res):
+        return f"{res['tokens_per_s']:.0f}" if res and res.get("tokens_per_s") else "-"
+
+    others = [a for a in ("default", "expandable", "ours")
+              if any(str(x.get("run", "")).startswith(f"{a}-") for x in results)]
+    lines = ["Planned mode (issue 14): efficiency = peak active / peak reserved over steps 2-5 "
+             "(the pool's own counters for ours and planned), tokens/s over steps 2-5. Plan: "
+             "hits / dynamic slot / dynamic idle / fallbacks over the whole planned run; synthesis "
+             "on the profiling run's CPU.", "",
+             "| config | planned eff | planned tok/s | " + " | ".join(f"{a} eff | {a} tok/s" for a in others)
+             + " | hits / slot / idle / fallbacks | arena GiB | synthesis s |",
+             "|---|---|---|" + "---|---|" * len(others) + "---|---|---|"]
+    summary = []
+    for batch, lora in configs:
+        tag = config_tag(batch, lora)
+        res, prof = find("planned", tag), find("plan-profile", tag)
+        ps = (res or {}).get("plan_stats") or {}
+        pp = (prof or {}).get("plan_profile") or {}
+        counts = (f"{ps.get('plan_hits')} / {ps.get('dynamic_slot')} / {ps.get('dynamic_idle')} / "
+                  f"{ps.get('fallbacks')}" if ps else "-")
+        arena = f"{ps['arena'] / report.GIB:.2f}" if ps.get("arena") else "-"
+        synth = f"{pp['synthesis_s']}" if pp.get("synthesis_s") is not None else "-"
+        cells = []
+        for a in others:
+            o = find(a, tag)
+            cells += [eff(o), tps(o)]
+        lines.append(f"| {tag} | {eff(res)} | {tps(res)} | " + " | ".join(cells)
+                     + f" | {counts} | {arena} | {synth} |")
+        line = (f"PLANNED {tag}: status {(res or {}).get('status', 'missing')} eff {eff(res)} "
+                f"tok/s {tps(res)} plan {counts} synthesis {synth} s")
+        for a in others:
+            o = find(a, tag)
+            line += f"; {a} eff {eff(o)} tok/s {tps(o)}"
+        summary.append(line)
+    return "\n".join(lines + [""] + summary) + "\n"
 
 
 def count_gpus():
@@ -403,6 +514,17 @@ def merge(dirs, out):
     for res in results:
         r.record(res)
     write_full_reports(r)
+    planned = [x for x in results if x.get("allocator") == "planned" and "batch" in x]
+    if planned:
+        configs = []
+        for x in planned:
+            c = (x["batch"], "+lora" in str(x.get("model", "")))
+            if c not in configs:
+                configs.append(c)
+        # Baselines of the main suite are named alloc-bN / alloc-lora-bN as well.
+        text = planned_report(results, configs)
+        (r.out / "planned.md").write_text(text)
+        log("planned:\n" + text, r.logf)
     r.finish()
 
 
@@ -431,7 +553,7 @@ def allocator_variant(name):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--suite", choices=["milestone1", "main", "sweep", "ddp", "full", "smoke",
-                                       "throughput"])
+                                       "throughput", "planned"])
     p.add_argument("--out", required=True)
     p.add_argument("--allocators", default=",".join(ALLOCS),
                    help="comma-separated subset of default,expandable,ours; ours-cN is ours "
@@ -445,10 +567,12 @@ def main(argv=None):
                    help="throughput suite: batch:repetitions, comma-separated")
     p.add_argument("--precision", choices=["bf16", "autocast"], default="bf16",
                    help="passed to every train_gpt2.py run")
+    p.add_argument("--planned-configs", default=PLANNED_CONFIGS,
+                   help="planned suite: comma-separated batches, loraN for GPT-2+LoRA at batch N")
     p.add_argument("--merge", nargs="+", metavar="DIR",
                    help="only combine the results.jsonl of these folders into --out")
     args = p.parse_args(argv)
-    allocs = tuple(a for a in args.allocators.split(",") if a)
+    allocs = tuple(a for a in args.allocators.split(",") if a and a != "none")
     bad = [a for a in allocs if allocator_variant(a)[0] not in ALLOCS]
     if bad:
         p.error(f"unknown allocators {bad}")
@@ -459,7 +583,11 @@ def main(argv=None):
         p.error("--suite or --merge is required")
     sweep = [int(b) for b in args.sweep.split(",") if b]
     budgets = {"milestone1": 400, "main": 540, "sweep": 540, "ddp": 560, "full": 3000, "smoke": 900,
-               "throughput": 540}
+               "throughput": 540, "planned": 540}
+    try:
+        configs = planned_configs(args.planned_configs)
+    except ValueError as e:
+        p.error(str(e))
     if args.suite == "smoke":
         r = Runner(args.out, args.budget_s or budgets["smoke"], device="cpu",
                    extra=["--model", "tiny", "--seq", "64", "--seq-jitter", "16"])
@@ -469,6 +597,9 @@ def main(argv=None):
                    extra=["--precision", args.precision] if args.precision != "bf16" else [])
         if args.suite == "milestone1":
             suite_milestone1(r)
+        elif args.suite == "planned":
+            suite_planned(r, allocs, configs)
+            write_full_reports(r)
         elif args.suite == "throughput":
             plan = tuple((int(b), int(n)) for b, n in
                          (x.split(":") for x in args.throughput_plan.split(",") if x))

@@ -33,6 +33,17 @@ allocation trace in the lake's binary format, gzip'd, plus the raw entries),
 --timeline-out (memory samples after every transformer block's forward and
 recomputation and after each step's phases, as JSON).
 
+Planned mode (ours only, issue 14): --plan-profile K --plan-out FILE records
+the pool's trace from just after set-up begins (before the model is built)
+through step K, with a step mark at the start of every step after the first,
+then synthesizes the plan in this process through the C ABI
+(gm_plan_synthesize: step 0 with the set-up is the prologue, steps 1..K the
+profiled iterations) and writes FILE; the run goes on unplanned. --plan FILE
+loads such a plan at the same point and marks steps the same way, so a run
+with the same seed, batch and model asks for what was profiled; its result
+has "plan_stats" (hits, dynamic placements, fallbacks). Both need --steps of
+at least K + 1 (profile) and use the pool's own counters for peaks.
+
 CPU smoke test of the logic (no peaks): --device cpu --model tiny.
 """
 
@@ -93,7 +104,111 @@ def parse_args(argv=None):
                    help="no memory samples inside the step (forward hooks): for throughput runs; "
                         "peaks still come from the allocator's own counters")
     p.add_argument("--tag", default="", help="free text copied into the result")
-    return p.parse_args(argv)
+    p.add_argument("--plan-profile", type=int, default=0, metavar="K",
+                   help="ours: record steps 0..K, synthesize a plan from steps 1..K into "
+                        "--plan-out (step 0 and the set-up are its prologue)")
+    p.add_argument("--plan-out", default=None, metavar="FILE",
+                   help="where --plan-profile writes the plan (the trace goes to FILE.trace)")
+    p.add_argument("--plan", default=None, metavar="FILE",
+                   help="ours: serve allocations from this plan file (planned mode)")
+    args = p.parse_args(argv)
+    err = plan_args_error(args)
+    if err:
+        p.error(err)
+    return args
+
+
+def plan_args_error(args):
+    """Why the planned-mode options do not fit together, or None."""
+    if args.plan_profile < 0:
+        return "--plan-profile K needs K >= 1"
+    if (args.plan_profile or args.plan) and args.allocator != "ours":
+        return "--plan-profile and --plan need --allocator ours"
+    if args.plan_profile and not args.plan_out:
+        return "--plan-profile needs --plan-out FILE"
+    if args.plan_out and not args.plan_profile:
+        return "--plan-out needs --plan-profile K"
+    if args.plan_profile and args.plan:
+        return "--plan-profile and --plan are separate runs (profile first, then train with the plan)"
+    if args.plan_profile and args.steps < args.plan_profile + 1:
+        return (f"--plan-profile {args.plan_profile} records steps 0..{args.plan_profile}: "
+                f"--steps must be at least {args.plan_profile + 1}")
+    return None
+
+
+class PlanHooks:
+    """What the planned-mode options do around the training loop (no torch here):
+    `start()` after the allocator is set up and before the model is built, `step(i)` at
+    the start of step i, `after_step(i)` at its end, `finish(result)` at the end."""
+
+    def __init__(self, args, gm, cuda):
+        self.args, self.gm = args, gm
+        self.active = gm is not None and cuda
+        self.info = {}
+
+    def start(self):
+        if not self.active:
+            return
+        a = self.args
+        if a.plan:
+            t0 = time.perf_counter()
+            self.gm.use_plan(a.plan, 0)
+            self.info["plan"] = {"file": a.plan, "load_s": round(time.perf_counter() - t0, 3)}
+            log(f"planned mode: serving from {a.plan}")
+        elif a.plan_profile:
+            self.gm.start_trace(0)
+            log(f"plan profile: recording steps 0..{a.plan_profile}")
+
+    def step(self, i):
+        # Step 0 and the set-up are one phase (the plan's prologue), as the profile saw them.
+        if self.active and i > 0:
+            self.gm.step(0)
+
+    def after_step(self, i):
+        a = self.args
+        if not (self.active and a.plan_profile and i == a.plan_profile):
+            return
+        trace = a.plan_out + ".trace"
+        self.gm.save_trace(trace, 0)
+        t0 = time.perf_counter()
+        synth_s = self.gm.synthesize_plan(trace, a.plan_out, a.plan_profile, 1)
+        wall = time.perf_counter() - t0
+        info = {"file": a.plan_out, "trace": trace, "profiled_steps": a.plan_profile,
+                "synthesis_s": round(synth_s, 3), "synthesis_wall_s": round(wall, 3),
+                "trace_bytes": os.path.getsize(trace), "plan_bytes": os.path.getsize(a.plan_out)}
+        info.update(plan_summary(a.plan_out))
+        self.info["plan_profile"] = info
+        log(f"plan profile: synthesized {a.plan_out} in {synth_s:.2f} s "
+            f"(with reading and writing {wall:.2f} s): {json.dumps(info, sort_keys=True)}")
+
+    def finish(self, result):
+        result.update(self.info)
+        if self.active and self.args.plan:
+            result["plan_stats"] = dict(self.gm.plan_stats(0))
+            log("planned mode: " + json.dumps(result["plan_stats"], sort_keys=True))
+
+
+def plan_summary(path):
+    """The scalar lines of a plan file's head (`arena`, `peak`, ... as written by
+    host/src/plan/file.rs) as numbers where they are numbers."""
+    out = {}
+    try:
+        with open(path) as f:
+            for n, line in enumerate(f):
+                if n > 200 or line.startswith("r "):
+                    break
+                if n == 0 or line.startswith("#"):
+                    continue  # the magic line and the summary
+                parts = line.split()
+                if len(parts) == 2:
+                    key, val = parts
+                    try:
+                        out["plan_" + key] = int(val)
+                    except ValueError:
+                        out["plan_" + key] = val
+    except OSError as e:
+        out["plan_read_error"] = repr(e)
+    return out
 
 
 def set_allocator_env(allocator):
@@ -229,6 +344,8 @@ def run(args):
             torch.cuda.set_per_process_memory_fraction(args.mem_fraction, device)
             result["mem_fraction"] = args.mem_fraction
     mem = Memory(torch, args.allocator, device, gm)
+    hooks = PlanHooks(args, gm, cuda)
+    hooks.start()
     tracing = bool(args.trace_out) and cuda
     if args.trace_out and args.allocator != "default":
         log("warning: --trace-out is meant for the default allocator")
@@ -321,6 +438,7 @@ def run(args):
                 at_peak["reserved"] = -1
                 probe_s[0] = 0.0
                 t_measure = time.perf_counter()
+            hooks.step(step)
             ts = time.perf_counter()
             step_wall.append(ts - t_origin)
             if tracing:
@@ -350,6 +468,7 @@ def run(args):
             alloc_times()
             extra = f" (allocator {alloc_ms[-1]} ms, driver {driver_ms[-1]} ms)" if alloc_ms else ""
             log(f"step {step} len {L} loss {lv:.4f} {step_times[-1] * 1000:.0f} ms{extra}")
+            hooks.after_step(step)
         sync()
         t_end = time.perf_counter()
         result["status"] = "ok"
@@ -371,6 +490,10 @@ def run(args):
         log(f"{result['status']} at step {step}: {result['error']}")
         t_end = None
 
+    try:
+        hooks.finish(result)
+    except Exception as e:  # the plan's statistics are extras
+        result["plan_error"] = repr(e)[:300]
     result["losses"] = losses
     result["step_ms"] = [round(t * 1000, 2) for t in step_times]
     if alloc_ms:

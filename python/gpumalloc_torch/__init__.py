@@ -63,6 +63,23 @@ class GmStats(ctypes.Structure):
         ("slow_calls", ctypes.c_uint64),
         ("slow_call_ns", ctypes.c_uint64),
         ("thread_switches", ctypes.c_uint64),
+        ("planned_free", ctypes.c_uint64),
+        ("planned_arena", ctypes.c_uint64),
+    ]
+
+
+class GmPlanStats(ctypes.Structure):
+    """Mirror of the `#[repr(C)] GmPlanStats` of torch-alloc/src/lib.rs."""
+
+    _fields_ = [
+        ("loaded", ctypes.c_uint64),
+        ("arena", ctypes.c_uint64),
+        ("plan_hits", ctypes.c_uint64),
+        ("dynamic_slot", ctypes.c_uint64),
+        ("dynamic_idle", ctypes.c_uint64),
+        ("fallbacks", ctypes.c_uint64),
+        ("unmatched", ctypes.c_uint64),
+        ("high_water", ctypes.c_uint64),
     ]
 
 
@@ -98,6 +115,15 @@ def _load(path):
         lib.gm_trace_start.argtypes = [ctypes.c_int]
         lib.gm_trace_step.argtypes = [ctypes.c_int]
         lib.gm_trace_save.argtypes = [ctypes.c_int, ctypes.c_char_p]
+        lib.gm_plan_synthesize.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
+                                           ctypes.c_uint32, ctypes.c_uint32]
+        lib.gm_plan_synthesize.restype = ctypes.c_int64
+        lib.gm_plan_load.argtypes = [ctypes.c_int, ctypes.c_char_p]
+        lib.gm_plan_load.restype = ctypes.c_int
+        lib.gm_plan_drop.argtypes = [ctypes.c_int]
+        lib.gm_plan_drop.restype = ctypes.c_int
+        lib.gm_plan_stats.argtypes = [ctypes.c_int, ctypes.POINTER(GmPlanStats)]
+        lib.gm_plan_stats.restype = ctypes.c_int
         _lib = lib
     return _lib
 
@@ -171,7 +197,8 @@ def stats(device=0):
     driver_ns: time in VMM driver calls; call_ns: time inside malloc/free
     (driver calls included), the host time the allocator costs.
     Where reserved bytes are: active + small_rounding + large_rounding +
-    (split_free - waiting in it) + private_free + waiting + lake_free.
+    (split_free - waiting in it) + private_free + planned_free + waiting +
+    lake_free. planned_arena: physical bytes of the plan's arena (use_plan).
     """
     lib = _lib_or_default()
     out = GmStats()
@@ -193,8 +220,59 @@ def start_trace(device=0):
 
 
 def step(device=0):
-    """Marks the start of the next training step in the recording."""
-    _lib_or_default().gm_trace_step(device)
+    """Marks the start of the next training step: in the recording
+    (start_trace) and in the plan (use_plan), which moves to its next
+    iteration. Call it at the start of every step after the first (the
+    set-up and the first step are the plan's prologue)."""
+    lib = _lib_or_default()
+    if lib.gm_trace_step(device) != 0:
+        raise RuntimeError(f"gm_trace_step failed: {_last_error(lib)}")
+
+
+def synthesize_plan(trace_path, plan_path, iterations=3, warmup=1):
+    """Makes a plan file from a trace saved with save_trace (no GPU needed):
+    `warmup` steps (set-up and the first step) planned as recorded, the next
+    `iterations` steps overlaid into the iteration every later step repeats.
+    The trace needs at least warmup + 1 steps (marked with step()). Returns
+    the synthesis time in seconds."""
+    lib = _lib_or_default()
+    ms = lib.gm_plan_synthesize(os.fsencode(str(trace_path)), os.fsencode(str(plan_path)),
+                                int(iterations), int(warmup))
+    if ms < 0:
+        raise RuntimeError(f"gm_plan_synthesize failed: {_last_error(lib)}")
+    return ms / 1000.0
+
+
+def use_plan(path, device=0):
+    """Serves `device`'s allocations from the plan file at `path` (planned
+    mode): call it after enable() and before the first CUDA tensor, at the
+    point where the profiled run started its trace, and call step() at the
+    start of every step after the first, as that run did. Requests the plan
+    does not foresee fall back to the pool; plan_stats() counts them.
+    Raises RuntimeError if the file is bad or the pool holds allocations."""
+    lib = _lib_or_default()
+    if lib.gm_plan_load(device, os.fsencode(str(path))) != 0:
+        raise RuntimeError(f"gm_plan_load failed: {_last_error(lib)}")
+
+
+def drop_plan(device=0):
+    """Turns the planned mode of `device` off (no planned tensor may be alive)."""
+    lib = _lib_or_default()
+    if lib.gm_plan_drop(device) != 0:
+        raise RuntimeError(f"gm_plan_drop failed: {_last_error(lib)}")
+
+
+def plan_stats(device=0):
+    """The planned mode's counters of `device` as a dict: loaded (0/1), arena
+    (physical bytes), plan_hits (planned offset), dynamic_slot (smaller than
+    planned, in its slot), dynamic_idle (in planned space idle during its
+    window), fallbacks (served by the pool; unmatched: no planned request at
+    that position), high_water (highest arena byte handed out)."""
+    lib = _lib_or_default()
+    out = GmPlanStats()
+    if lib.gm_plan_stats(device, ctypes.byref(out)) != 0:
+        raise RuntimeError(f"gm_plan_stats failed for device {device}: {_last_error(lib)}")
+    return {name: getattr(out, name) for name, _ in GmPlanStats._fields_}
 
 
 def save_trace(path, device=0):

@@ -20,6 +20,17 @@
 //! many freed large blocks the pool keeps for requests of their size
 //! (default 0: the reuse cache is off; 32 to try it).
 //!
+//! Planned mode (STWeaver, `host::plan`): `gm_plan_synthesize` turns a
+//! trace saved with `gm_trace_save` into a plan file (no device needed),
+//! `gm_plan_load` serves a device's general pool from it (before its
+//! first allocation), `gm_trace_step` marks iterations for the plan as for
+//! the recording, `gm_plan_stats` reads the plan's counters and
+//! `gm_plan_drop` turns it off.
+//!
+//! ABI rules: functions are only added; `GmStats` and `GmPlanStats` only
+//! grow at their end (the C++ extension and the ctypes mirror are updated
+//! with them).
+//!
 //! Concurrency: the registry of pools is a process-wide static; each pool
 //! is thread-safe (see `host::pluggable::pool`).
 
@@ -146,6 +157,11 @@ pub struct GmStats {
     pub slow_call_ns: u64,
     /// Calls made from another thread than the call before.
     pub thread_switches: u64,
+    /// Bytes of the planned arena that no live planned allocation holds
+    /// (0 without a plan); part of `reserved`.
+    pub planned_free: u64,
+    /// Physical bytes of the planned arena (0 without a plan).
+    pub planned_arena: u64,
 }
 
 impl From<PoolStats> for GmStats {
@@ -184,6 +200,49 @@ impl From<PoolStats> for GmStats {
             slow_calls: 0,
             slow_call_ns: 0,
             thread_switches: 0,
+            planned_free: s.breakdown.planned_free_bytes,
+            planned_arena: s.planned_arena_bytes,
+        }
+    }
+}
+
+/// The planned mode's counters of one device's pool, as `gm_plan_stats`
+/// fills them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GmPlanStats {
+    /// 1 while a plan is loaded, else 0 (and every other field 0).
+    pub loaded: u64,
+    /// Physical bytes of the arena.
+    pub arena: u64,
+    /// Requests served at their planned offset.
+    pub plan_hits: u64,
+    /// Requests served in their planned slot, smaller than planned.
+    pub dynamic_slot: u64,
+    /// Requests served in planned space idle during their window.
+    pub dynamic_idle: u64,
+    /// Requests the plan did not serve (served by the pool).
+    pub fallbacks: u64,
+    /// Fallbacks with no planned request at their position and stream.
+    pub unmatched: u64,
+    /// Highest offset + size handed out in the arena.
+    pub high_water: u64,
+}
+
+impl GmPlanStats {
+    fn of(pool: &host::pluggable::PoolStats) -> GmPlanStats {
+        match pool.plan {
+            None => GmPlanStats::default(),
+            Some(p) => GmPlanStats {
+                loaded: 1,
+                arena: pool.planned_arena_bytes,
+                plan_hits: p.plan_hits,
+                dynamic_slot: p.dynamic_slot,
+                dynamic_idle: p.dynamic_idle,
+                fallbacks: p.fallbacks,
+                unmatched: p.unmatched,
+                high_water: p.high_water,
+            },
         }
     }
 }
@@ -559,7 +618,8 @@ pub extern "C" fn gm_trace_start(device: i32) -> i32 {
     })
 }
 
-/// Marks the start of the next training step in `device`'s recording.
+/// Marks the start of the next training step of `device`'s pool: in the
+/// recording, and in the plan (its next iteration) when one is loaded.
 #[unsafe(no_mangle)]
 pub extern "C" fn gm_trace_step(device: i32) -> i32 {
     with_device(device, |d| {
@@ -593,6 +653,138 @@ pub unsafe extern "C" fn gm_trace_save(device: i32, path: *const c_char) -> i32 
             .save(std::path::Path::new(&path))
             .map_err(|e| format!("gm_trace_save: writing {path}: {e}"))
     })
+}
+
+/// Reads a NUL-terminated UTF-8 path; `None` (with the thread's last error
+/// set, naming `what`) for null.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+unsafe fn path_arg(path: *const c_char, what: &str) -> Option<std::path::PathBuf> {
+    if path.is_null() {
+        set_error(ErrorKind::Other, format!("{what}: null path"));
+        return None;
+    }
+    // SAFETY: `path` is NUL-terminated, by the caller's contract.
+    let text = unsafe { std::ffi::CStr::from_ptr(path) }.to_string_lossy();
+    Some(std::path::PathBuf::from(text.into_owned()))
+}
+
+/// Synthesizes a plan from the trace at `trace_path` (saved by
+/// `gm_trace_save`, plain or gzip'd) and writes it to `plan_path`:
+/// `warmup` steps (set-up and the first step: 1) are planned as recorded,
+/// the next `iterations` steps (3) are overlaid into the iteration every
+/// later step repeats; the other settings are `host::plan`'s defaults.
+/// Needs no device. Returns the synthesis time in milliseconds (profile
+/// and synthesis, not reading or writing), or -1 (see `gm_last_error`:
+/// unreadable trace, too few steps, unwritable plan).
+///
+/// # Safety
+/// Both paths are NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gm_plan_synthesize(
+    trace_path: *const c_char,
+    plan_path: *const c_char,
+    iterations: u32,
+    warmup: u32,
+) -> i64 {
+    // SAFETY: by the caller's contract.
+    let Some(trace) = (unsafe { path_arg(trace_path, "gm_plan_synthesize") }) else {
+        return -1;
+    };
+    // SAFETY: by the caller's contract.
+    let Some(plan) = (unsafe { path_arg(plan_path, "gm_plan_synthesize") }) else {
+        return -1;
+    };
+    enter(-1, None, || {
+        let profile = host::plan::ProfileConfig {
+            iterations: iterations as usize,
+            warmup_steps: warmup as usize,
+            ..host::plan::ProfileConfig::default()
+        };
+        let synth = host::plan::SynthConfig::default();
+        match host::plan::synthesize_file(&trace, &plan, &profile, &synth) {
+            Ok(made) => (made.seconds * 1000.0).round() as i64,
+            Err(e) => {
+                set_error(ErrorKind::Other, format!("gm_plan_synthesize: {e}"));
+                -1
+            }
+        }
+    })
+}
+
+/// Reads the plan file at `path` and serves `device`'s general pool from
+/// it (`StreamPool::use_plan`), replacing a plan loaded before. Call it
+/// before the device's first allocation: the plan's request order starts
+/// there. 0, or -1 (see `gm_last_error`: the file is missing, damaged or
+/// of another version; the pool holds live allocations; a capture is in
+/// progress; the arena does not fit the memory limit). The file is read
+/// before the device is touched.
+///
+/// # Safety
+/// `path` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gm_plan_load(device: i32, path: *const c_char) -> i32 {
+    // SAFETY: by the caller's contract.
+    let Some(path) = (unsafe { path_arg(path, "gm_plan_load") }) else {
+        return -1;
+    };
+    let plan = enter(None, None, || match host::plan::Plan::load(&path) {
+        Ok(plan) => Some(plan),
+        Err(e) => {
+            set_error(
+                ErrorKind::Other,
+                format!("gm_plan_load: {}: {e}", path.display()),
+            );
+            None
+        }
+    });
+    let Some(plan) = plan else {
+        return -1;
+    };
+    with_device(device, |d| {
+        d.pool
+            .use_plan(plan)
+            .map_err(|e| format!("gm_plan_load on device {device}: {e}"))
+    })
+}
+
+/// Turns `device`'s planned mode off (its arena goes back to the pool).
+/// 0 (also when no plan was loaded), or -1 while a planned allocation is
+/// live (see `gm_last_error`).
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_plan_drop(device: i32) -> i32 {
+    with_device(device, |d| {
+        d.pool
+            .drop_plan()
+            .map(|_| ())
+            .map_err(|e| format!("gm_plan_drop on device {device}: {e}"))
+    })
+}
+
+/// Fills `*out` with the planned mode's counters of `device` (all zero
+/// when no plan is loaded). 0, or -1.
+///
+/// # Safety
+/// `out` is null or points to writable memory for one `GmPlanStats`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gm_plan_stats(device_index: i32, out: *mut GmPlanStats) -> i32 {
+    if out.is_null() {
+        set_error(ErrorKind::Other, "gm_plan_stats: null output".to_string());
+        return -1;
+    }
+    let stats = enter(None, Some(IN_CHILD), || {
+        device(device_index).map(|d| GmPlanStats::of(&d.pool.stats()))
+    });
+    match stats {
+        Some(s) => {
+            // SAFETY: `out` is non-null and, by the caller's contract,
+            // points to writable memory for one `GmPlanStats`.
+            unsafe { out.write(s) };
+            0
+        }
+        None => -1,
+    }
 }
 
 /// Limits `device`'s pool to `fraction` (0 < fraction <= 1) of the
@@ -735,6 +927,106 @@ mod tests {
         gm_free(std::ptr::null_mut(), 0, 0, std::ptr::null_mut());
         // SAFETY: a null `out` is allowed and answered with -1.
         assert_eq!(unsafe { gm_stats(0, std::ptr::null_mut()) }, -1);
+    }
+
+    fn last_error() -> (i32, String) {
+        let mut buf = [0 as c_char; 4096];
+        // SAFETY: `buf` has 4096 writable bytes.
+        let kind = unsafe { gm_last_error(buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: gm_last_error NUL-terminates within the buffer.
+        let msg = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        (kind, msg.to_string_lossy().into_owned())
+    }
+
+    fn c_path(p: &std::path::Path) -> std::ffi::CString {
+        std::ffi::CString::new(p.to_str().unwrap()).unwrap()
+    }
+
+    /// Synthesis and the plan file's checks need no GPU: the repository's
+    /// GPT-2 trace becomes a plan file that reads back; a bad trace, a bad
+    /// plan file and null paths are refused with a message (a bad file
+    /// before any device is touched).
+    #[test]
+    fn plan_synthesis_and_file_checks_need_no_gpu() {
+        let dir = std::env::temp_dir().join(format!("gm-abi-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../host/tests/data/gpt2-b16-6steps.trace.gz");
+        let plan = dir.join("b16.plan");
+        // SAFETY: both are NUL-terminated strings.
+        let ms =
+            unsafe { gm_plan_synthesize(c_path(&trace).as_ptr(), c_path(&plan).as_ptr(), 3, 1) };
+        assert!((0..10_000).contains(&ms), "{ms} ms: {:?}", last_error());
+        let back = host::plan::Plan::load(&plan).unwrap();
+        assert!(
+            back.arena > 11 << 30 && back.arena < 13 << 30,
+            "{}",
+            back.arena
+        );
+        // A missing trace.
+        let missing = dir.join("missing.trace");
+        // SAFETY: both are NUL-terminated strings.
+        let r =
+            unsafe { gm_plan_synthesize(c_path(&missing).as_ptr(), c_path(&plan).as_ptr(), 3, 1) };
+        assert_eq!(r, -1);
+        let (kind, msg) = last_error();
+        assert_eq!(kind, ErrorKind::Other as i32);
+        assert!(msg.contains("reading the trace"), "{msg}");
+        // A damaged plan file: refused before the device.
+        let bad = dir.join("bad.plan");
+        let text = std::fs::read_to_string(&plan).unwrap();
+        std::fs::write(&bad, &text[..text.len() / 2]).unwrap();
+        // SAFETY: a NUL-terminated string.
+        assert_eq!(unsafe { gm_plan_load(0, c_path(&bad).as_ptr()) }, -1);
+        let (_, msg) = last_error();
+        assert!(
+            msg.starts_with("gm_plan_load: ") && msg.contains("bad.plan"),
+            "{msg}"
+        );
+        // SAFETY: a NUL-terminated string.
+        assert_eq!(unsafe { gm_plan_load(0, c_path(&missing).as_ptr()) }, -1);
+        assert!(last_error().1.contains("missing.trace"));
+        // SAFETY: null paths and outputs are allowed and refused.
+        unsafe {
+            assert_eq!(gm_plan_load(0, std::ptr::null()), -1);
+            assert!(last_error().1.contains("null path"));
+            assert_eq!(
+                gm_plan_synthesize(std::ptr::null(), std::ptr::null(), 3, 1),
+                -1
+            );
+            assert_eq!(gm_plan_stats(0, std::ptr::null_mut()), -1);
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn plan_stats_mirror_the_pools_counters() {
+        let mut pool = host::pluggable::PoolStats::default();
+        assert_eq!(GmPlanStats::of(&pool), GmPlanStats::default());
+        pool.planned_arena_bytes = 12 << 30;
+        pool.plan = Some(host::plan::RuntimeStats {
+            plan_hits: 5,
+            dynamic_slot: 4,
+            dynamic_idle: 3,
+            fallbacks: 2,
+            unmatched: 1,
+            high_water: 7,
+        });
+        let s = GmPlanStats::of(&pool);
+        assert_eq!(
+            (
+                s.loaded,
+                s.arena,
+                s.plan_hits,
+                s.dynamic_slot,
+                s.dynamic_idle
+            ),
+            (1, 12 << 30, 5, 4, 3)
+        );
+        assert_eq!((s.fallbacks, s.unmatched, s.high_water), (2, 1, 7));
+        // The C mirror: 8 u64 fields (GmStats' mirrors are checked by
+        // `layout_tests`).
+        assert_eq!(std::mem::size_of::<GmPlanStats>(), 8 * 8);
     }
 
     #[test]

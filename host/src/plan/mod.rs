@@ -19,9 +19,10 @@
 //! - [`runtime`]: [`runtime::PlannedArena`], which serves allocations by
 //!   offset in one arena (planned offsets in order, best fit into idle
 //!   planned space, fallback above the plan), and a trace replay through it.
-//! - [`pool`]: [`pool::PlannedPool`], the opt-in planned mode over the
-//!   pluggable pool: the arena is one lake range, fallbacks go to the
-//!   stream pool; a replay on the CPU model driver.
+//! - [`pool`]: a replay through the planned mode of the pluggable pool
+//!   (`StreamPool::use_plan`, whose arena route is `pluggable::planned`:
+//!   the arena is one lake range, fallbacks go to the stream pool) on the
+//!   CPU model driver.
 //!
 //! Time is counted in trace events: position `i` is the `i`-th alloc or
 //! free. The plan's timeline is the prologue (positions `0..P`) followed by
@@ -48,6 +49,55 @@ pub use synth::{Plan, PlannedRequest, SynthConfig, SynthStats};
 /// Every planned offset and size is a multiple of this (PyTorch rounds its
 /// requests to 512 bytes, so recorded sizes usually are already).
 pub const ALIGN: u64 = 512;
+
+/// What [`synthesize_file`] made.
+#[derive(Clone, Debug)]
+pub struct Synthesized {
+    /// The plan written.
+    pub plan: Plan,
+    /// Steps in the trace.
+    pub trace_steps: usize,
+    /// Seconds spent profiling and synthesizing (not reading or writing).
+    pub seconds: f64,
+}
+
+/// Reads the trace at `trace_path` (the pool's recording, plain or
+/// gzip'd), profiles it, synthesizes the plan, checks it and writes it to
+/// `plan_path`: the whole of `gpumalloc plan` without the pictures, for
+/// the C ABI (`gm_plan_synthesize`). Fails, in words, if the trace cannot
+/// be read, has fewer steps than the warm-up and one profiled iteration
+/// need, or the plan cannot be written.
+pub fn synthesize_file(
+    trace_path: &std::path::Path,
+    plan_path: &std::path::Path,
+    profile: &ProfileConfig,
+    synth: &SynthConfig,
+) -> Result<Synthesized, String> {
+    let trace = crate::pluggable::replay::load(trace_path)
+        .map_err(|e| format!("reading the trace {}: {e}", trace_path.display()))?;
+    let started = std::time::Instant::now();
+    let prof = Profile::of(&trace, profile);
+    if prof.iterations == 0 {
+        return Err(format!(
+            "the trace {} has {} steps: the plan needs {} warm-up steps and at least one \
+             profiled step after them (mark steps with gpumalloc_torch.step())",
+            trace_path.display(),
+            prof.trace_steps,
+            profile.warmup_steps
+        ));
+    }
+    let plan = Plan::synthesize(&prof, synth);
+    plan.check()
+        .map_err(|e| format!("the synthesized plan is unsound: {e}"))?;
+    let seconds = started.elapsed().as_secs_f64();
+    plan.save(plan_path)
+        .map_err(|e| format!("writing the plan {}: {e}", plan_path.display()))?;
+    Ok(Synthesized {
+        plan,
+        trace_steps: prof.trace_steps,
+        seconds,
+    })
+}
 
 /// `n` rounded up to [`ALIGN`], at least one unit.
 pub fn align_up(n: u64) -> u64 {

@@ -1,5 +1,5 @@
 //! The pool's unit of memory: a `Block` (what an allocation holds), its
-//! `Origin` (split-cache piece or lake range) and its `Home` (the general
+//! `Origin` (split-cache piece, lake range or planned arena range) and its `Home` (the general
 //! pool, or one stream's store in a private pool).
 //!
 //! Concurrency: plain values, kept in tables behind the pool's lock.
@@ -24,6 +24,9 @@ pub enum Origin {
     Small,
     /// A lake allocation (the range exactly as the lake handed it out).
     Large(DeviceRange),
+    /// A range of the planned arena (general pool only, see
+    /// `super::planned`).
+    Planned,
 }
 
 /// Memory handed out: its address, how much it really holds, its origin.
@@ -31,9 +34,10 @@ pub enum Origin {
 pub struct Block {
     /// Device address of the first byte.
     pub addr: u64,
-    /// Piece length (small) or whole chunks (large).
+    /// Piece length (small), whole chunks (large) or the request rounded
+    /// to 512 bytes (planned).
     pub capacity: u64,
-    /// Split-cache piece or lake range.
+    /// Split-cache piece, lake range or planned arena range.
     pub origin: Origin,
 }
 

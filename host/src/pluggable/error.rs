@@ -62,6 +62,10 @@ pub enum PoolError {
     Lake(LakeError),
     /// An event call failed.
     Event(EventFailure),
+    /// Loading or dropping a plan does not fit the pool's state (live
+    /// allocations, an open window, an arena the lake cannot hold), in
+    /// words.
+    Plan(String),
 }
 
 impl fmt::Display for PoolError {
@@ -96,6 +100,7 @@ impl fmt::Display for PoolError {
             ),
             PoolError::Lake(e) => write!(f, "gpumalloc pool: {e}"),
             PoolError::Event(e) => write!(f, "gpumalloc pool: {e}"),
+            PoolError::Plan(why) => write!(f, "gpumalloc plan: {why}"),
         }
     }
 }

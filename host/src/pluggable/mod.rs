@@ -22,13 +22,14 @@
 //! and its model), `cuda_event` (its CUDA side), `split` (the small-request
 //! cache, whose free pieces carry fences), `reuse` (freed large blocks kept
 //! for requests of their size), `private` (graph pools
-//! and windows), `pool` (the thread-safe [`StreamPool`] over all of them),
+//! and windows), `planned` (the planned mode's arena, `host::plan`), `pool` (the thread-safe [`StreamPool`] over all of them),
 //! `stats`, `error`, `registry` (one pool per device).
 
 pub mod block;
 pub mod cuda_event;
 pub mod error;
 pub mod event;
+pub mod planned;
 pub mod pool;
 pub mod private;
 pub mod registry;
@@ -41,6 +42,7 @@ pub use block::PoolId;
 pub use cuda_event::CudaEvents;
 pub use error::{EventFailure, PoolError, PoolResult};
 pub use event::{EventId, EventSource, ModelEvents, StreamId};
+pub use planned::PlannedRoute;
 pub use pool::{MAX_EVENTS_PER_STREAM, PoolEntry, Restored, StreamPool};
 pub use registry::Registry;
 pub use split::{Piece, SplitCache};

@@ -37,6 +37,13 @@
 //!   any allocation window is open (a graph may be being captured), frees
 //!   that would need events are *parked* and nothing is polled; when the
 //!   last window closes, parked blocks get their events;
+//! - **planned mode** ([`StreamPool::use_plan`], off unless a plan is
+//!   loaded): general requests first ask the [`PlannedRoute`] (one lake
+//!   range of the plan's arena, served by `host::plan`'s arena: planned
+//!   offsets in order, dynamic slots, idle planned space), which serves
+//!   one stream and keeps its own fences (`planned.rs`); what it does not
+//!   serve is routed as above. Private pools never see the plan. Step
+//!   marks ([`StreamPool::mark_step`]) move the plan to its next iteration;
 //! - **zero size**: `alloc(0)` answers `0` and counts nothing; `free(0)`
 //!   does nothing (what `cudaMalloc`/`cudaFree` and PyTorch's allocator do);
 //! - **out of memory**: when the lake refuses (its limit, or the driver's
@@ -59,6 +66,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::block::{Block, Home, Origin, PoolId};
 use super::error::{PoolError, PoolResult};
 use super::event::{EventId, EventSource, StreamId};
+use super::planned::PlannedRoute;
 use super::private::PrivatePools;
 use super::reuse::{self, ReuseCache};
 use super::split::SplitCache;
@@ -67,6 +75,7 @@ use crate::lake::{
     DeviceRange, EventKind, Fence, Lake, LakeError, Progress, Requester, Site, Trace,
     TraceRecorder, VmmDriver,
 };
+use crate::plan::{Plan, RuntimeStats};
 
 /// Most events kept per stream (see the stream rule).
 pub const MAX_EVENTS_PER_STREAM: usize = 64;
@@ -151,6 +160,8 @@ struct State {
     catch_up: Vec<(StreamId, u64)>,
     /// The allocation trace being recorded, if any.
     recording: Option<Recording>,
+    /// The planned mode, when a plan is loaded.
+    planned: Option<PlannedRoute>,
     counters: Counters,
 }
 
@@ -215,6 +226,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 streams: Streams::None,
                 catch_up: Vec::new(),
                 recording: None,
+                planned: None,
                 counters: Counters::default(),
             }),
         }
@@ -321,10 +333,18 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         if let Some(r) = s.recording.as_mut() {
             r.record(EventKind::Free, live.size, addr, stream);
         }
+        let planned_alone = live.block.origin == Origin::Planned
+            && live.uses.iter().all(|&u| u == stream)
+            && s.planned.as_ref().and_then(PlannedRoute::arena_stream) == Some(stream);
         match live.home {
             Home::Private(..) if live.uses.is_empty() => {
                 // Its own stream's later work is ordered after the free,
                 // and only that stream reuses the store: no event needed.
+                self.go_home(&mut s, live.block, live.home, &Fence::none())
+            }
+            // Only the arena's stream used it, and only that stream reuses
+            // the arena: no event needed, even while a window is open.
+            Home::General if planned_alone => {
                 self.go_home(&mut s, live.block, live.home, &Fence::none())
             }
             _ if s.private.any_window() => {
@@ -377,17 +397,115 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         });
     }
 
-    /// Marks the start of the next training step in the recording (the
-    /// phase tag of later events).
+    /// Marks the start of the next training step: in the recording (the
+    /// phase tag of later events) and in the plan (its next iteration).
     pub fn mark_step(&self) {
-        if let Some(r) = self.state().recording.as_mut() {
+        let mut s = self.state();
+        if let Some(r) = s.recording.as_mut() {
             r.step += 1;
+        }
+        if let Some(p) = s.planned.as_mut() {
+            p.step();
         }
     }
 
     /// Stops recording and returns the trace, if one was being recorded.
     pub fn take_trace(&self) -> Option<Trace> {
         self.state().recording.take().map(|r| r.recorder.finish())
+    }
+
+    /// Turns the planned mode on with `plan` (replacing a plan loaded
+    /// before): waits for the device, takes the plan's arena from the lake
+    /// and serves general requests from it from the next one on (see
+    /// [`PlannedRoute`]). The pool must hold no live allocation (the plan's
+    /// ordinals count from the first request after this call) and no
+    /// allocation window may be open. On failure the pool is as before
+    /// (without a plan if one was replaced).
+    pub fn use_plan(&self, plan: Plan) -> PoolResult<()> {
+        let mut s = self.state();
+        if !s.live.is_empty() {
+            return Err(PoolError::Plan(format!(
+                "cannot load a plan: the pool holds {} live allocations ({} bytes); load it \
+                 before the first CUDA tensor (the plan's request order starts there)",
+                s.live.len(),
+                s.counters.active
+            )));
+        }
+        if s.private.any_window() {
+            return Err(PoolError::Plan(
+                "cannot load a plan while a CUDA graph capture (allocation window) is open"
+                    .to_string(),
+            ));
+        }
+        self.drop_route(&mut s)?;
+        // Every earlier free completes first, so the arena may take any
+        // free chunk whatever stream freed it.
+        self.reclaim(&mut s)?;
+        let range = match plan.arena {
+            0 => None,
+            bytes => Some(
+                self.lake_alloc(&mut s, bytes, bytes, StreamId(0))
+                    .map_err(|e| {
+                        PoolError::Plan(format!(
+                            "the lake cannot hold the plan's arena of {bytes} bytes: {e}"
+                        ))
+                    })?,
+            ),
+        };
+        s.planned = Some(PlannedRoute::new(plan, range, self.lake.granularity()));
+        Ok(())
+    }
+
+    /// Turns the planned mode off: the arena goes back to the lake (behind
+    /// an event on the arena's stream). Fails while a planned allocation is
+    /// live or an allocation window is open. The plan's final counters, or
+    /// `None` if no plan was loaded.
+    pub fn drop_plan(&self) -> PoolResult<Option<RuntimeStats>> {
+        let mut s = self.state();
+        let stats = s.planned.as_ref().map(PlannedRoute::stats);
+        self.drop_route(&mut s)?;
+        Ok(stats)
+    }
+
+    /// The plan's counters, if a plan is loaded.
+    pub fn plan_stats(&self) -> Option<RuntimeStats> {
+        self.state().planned.as_ref().map(PlannedRoute::stats)
+    }
+
+    /// Gives the planned arena (if any) back to the lake.
+    fn drop_route(&self, s: &mut State) -> PoolResult<()> {
+        let Some(route) = s.planned.as_ref() else {
+            return Ok(());
+        };
+        if route.in_use() && !s.private.any_window() {
+            self.synchronize(s, false)?;
+        }
+        let route = s.planned.as_ref().expect("checked above");
+        if route.in_use() {
+            return Err(PoolError::Plan(format!(
+                "cannot drop the plan: {} bytes of its arena are still allocated",
+                route.physical_bytes() - route.free_bytes()
+            )));
+        }
+        if s.private.any_window() {
+            return Err(PoolError::Plan(
+                "cannot drop the plan while a CUDA graph capture (allocation window) is open"
+                    .to_string(),
+            ));
+        }
+        // The arena's stream reused its memory without events; the range
+        // goes to every stream only behind a free numbered on it now.
+        let fence = match route.arena_stream() {
+            Some(stream) => self.fence_free(s, stream)?,
+            None => Fence::none(),
+        };
+        let route = s.planned.take().expect("checked above");
+        if let Some(range) = route.into_range() {
+            self.lake
+                .free_fenced(range, Site::default(), &fence)
+                .map_err(PoolError::Lake)?;
+        }
+        Ok(())
     }
 
     /// Addresses of the live allocations of private pool `pool`, in
@@ -574,11 +692,14 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         let split_waiting = s.split.pending_bytes(&s.progress);
         let reuse_waiting = s.reuse.pending_bytes(&s.progress);
         let parked: u64 = s.parked.iter().map(|p| p.live.block.capacity).sum();
-        let waiting = parked + split_waiting + reuse_waiting + lake.breakdown.waiting_bytes;
+        let planned = s.planned.as_ref();
+        let planned_waiting = planned.map_or(0, PlannedRoute::waiting_bytes);
+        let waiting =
+            parked + split_waiting + reuse_waiting + planned_waiting + lake.breakdown.waiting_bytes;
         let (mut small_rounding, mut large_rounding) = (0, 0);
         for l in s.live.values() {
             match l.block.origin {
-                Origin::Small => small_rounding += l.block.capacity - l.size,
+                Origin::Small | Origin::Planned => small_rounding += l.block.capacity - l.size,
                 Origin::Large(_) => large_rounding += l.block.capacity - l.size,
             }
         }
@@ -590,6 +711,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             split_free_bytes: s.split.free_bytes() - split_waiting,
             reuse_free_bytes: s.reuse.bytes() - reuse_waiting,
             private_free_bytes: private_free,
+            planned_free_bytes: planned.map_or(0, PlannedRoute::free_bytes),
             waiting_bytes: waiting,
             lake_free_bytes: lake.breakdown.free_bytes,
         };
@@ -619,6 +741,8 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             driver_calls: lake.driver.total().calls,
             driver_nanos: lake.driver.total().nanos,
             event_calls: self.events.calls(),
+            planned_arena_bytes: planned.map_or(0, PlannedRoute::physical_bytes),
+            plan: planned.map(PlannedRoute::stats),
             breakdown,
         }
     }
@@ -629,6 +753,15 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         let s = self.state();
         s.split.check()?;
         s.private.check()?;
+        if let Some(p) = s.planned.as_ref() {
+            let live: HashMap<u64, u64> = s
+                .live
+                .iter()
+                .filter(|(_, l)| l.block.origin == Origin::Planned)
+                .map(|(&a, l)| (a, l.block.capacity))
+                .collect();
+            p.check(&live)?;
+        }
         drop(s);
         self.lake.check()
     }
@@ -653,6 +786,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// Serves a general request from the split cache or the lake (growing
     /// them), with the out-of-memory retry.
     fn alloc_general(&self, s: &mut State, size: u64, stream: StreamId) -> PoolResult<Block> {
+        if let Some(block) = s.planned.as_mut().and_then(|p| p.alloc(size, stream)) {
+            return Ok(block);
+        }
         if !s.split.is_small(size) {
             let req = Requester {
                 stream: stream.0,
@@ -872,6 +1008,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         s.catch_up.clear();
         s.split.settle(&s.progress);
         s.private.settle(&s.progress);
+        if let Some(p) = s.planned.as_mut() {
+            p.settle(&s.progress);
+        }
         Ok(())
     }
 
@@ -969,6 +1108,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         if advanced {
             s.split.settle(&s.progress);
             s.private.settle(&s.progress);
+            if let Some(p) = s.planned.as_mut() {
+                p.settle(&s.progress);
+            }
         }
         if s.events.get(&stream).is_some_and(VecDeque::is_empty) {
             s.events.remove(&stream);
@@ -991,6 +1133,14 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 let freed = s.split.give_back(block.addr, fence, &s.progress);
                 debug_assert!(freed.is_some(), "piece {:#x} was in use", block.addr);
                 self.release_empty_chunks(s, SplitCache::SPARE_EMPTY)
+            }
+            (Home::General, Origin::Planned) => {
+                let st = &mut *s;
+                match st.planned.as_mut() {
+                    Some(p) => p.give_back(block.addr, fence, &st.progress),
+                    None => debug_assert!(false, "a planned block outlived its plan"),
+                }
+                Ok(())
             }
             (Home::General, Origin::Large(range)) => {
                 match s.reuse.put(range, block.capacity, fence.clone()) {

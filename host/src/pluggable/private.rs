@@ -250,6 +250,7 @@ impl PrivatePools {
                 debug_assert!(piece.is_some(), "piece {:#x} was in use", block.addr);
             }
             Origin::Large(_) => store.large.push((block, fence.clone())),
+            Origin::Planned => debug_assert!(false, "planned blocks are never private"),
         }
         let pool = self.pools.get_mut(&id).expect("the store's pool exists");
         pool.live -= 1;
@@ -271,7 +272,7 @@ impl PrivatePools {
             for store in pool.stores.values_mut() {
                 out.extend(store.large.drain(..).filter_map(|(b, _)| match b.origin {
                     Origin::Large(range) => Some(range),
-                    Origin::Small => None,
+                    Origin::Small | Origin::Planned => None,
                 }));
                 // Fences no longer matter: the caller waits for the device.
                 let chunks = store.split.take_empty_chunks(0);

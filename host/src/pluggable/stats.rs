@@ -3,6 +3,8 @@
 //!
 //! Concurrency: a plain snapshot, taken under the pool's lock.
 
+use crate::plan::RuntimeStats;
+
 /// Where a pool's reserved bytes are, at one moment. The parts sum to the
 /// reserved bytes ([`PoolBreakdown::total`]); `tests/torch_pool.rs` checks
 /// it.
@@ -10,7 +12,8 @@
 pub struct PoolBreakdown {
     /// Bytes of live allocations, as requested.
     pub active_bytes: u64,
-    /// Small requests rounded up to whole 512-byte pieces.
+    /// Small requests (and planned ones) rounded up to whole 512-byte
+    /// pieces.
     pub small_rounding_bytes: u64,
     /// Large requests rounded up to whole lake chunks (2 MiB).
     pub large_rounding_bytes: u64,
@@ -21,6 +24,9 @@ pub struct PoolBreakdown {
     pub reuse_free_bytes: u64,
     /// Free memory that CUDA graph (private) pools keep for their replays.
     pub private_free_bytes: u64,
+    /// Bytes of the planned arena that no live planned allocation holds
+    /// (the plan's idle space and the arena's chunk rounding).
+    pub planned_free_bytes: u64,
     /// Freed blocks not yet reusable by every stream: their event has not
     /// been seen complete (or they were freed during capture).
     pub waiting_bytes: u64,
@@ -37,12 +43,13 @@ impl PoolBreakdown {
             + self.split_free_bytes
             + self.reuse_free_bytes
             + self.private_free_bytes
+            + self.planned_free_bytes
             + self.waiting_bytes
             + self.lake_free_bytes
     }
 
     /// The parts with their names, in the order of the fields.
-    pub fn parts(&self) -> [(&'static str, u64); 8] {
+    pub fn parts(&self) -> [(&'static str, u64); 9] {
         [
             ("active", self.active_bytes),
             ("small rounding (512 B)", self.small_rounding_bytes),
@@ -50,6 +57,7 @@ impl PoolBreakdown {
             ("split cache free", self.split_free_bytes),
             ("reuse cache free", self.reuse_free_bytes),
             ("graph pools free", self.private_free_bytes),
+            ("planned arena free", self.planned_free_bytes),
             ("waiting on events", self.waiting_bytes),
             ("lake free chunks", self.lake_free_bytes),
         ]
@@ -108,6 +116,11 @@ pub struct PoolStats {
     pub driver_nanos: u64,
     /// Event calls made by the event source.
     pub event_calls: u64,
+    /// Physical bytes of the planned arena (0 without a plan).
+    pub planned_arena_bytes: u64,
+    /// The plan's counters (hits, dynamic placements, fallbacks), when a
+    /// plan is loaded.
+    pub plan: Option<RuntimeStats>,
     /// Where the reserved bytes are now.
     pub breakdown: PoolBreakdown,
 }

@@ -1,0 +1,155 @@
+//! `GpuMetadata`: a VMM heap's metadata in device memory. Kernels allocate
+//! with the handle ([`GpuMetadata::arg`]); the host publishes and withdraws
+//! segments with the `heap_grow`, `heap_trim` and `heap_flush` kernels on a
+//! non-blocking stream of its own, so they run while user kernels on the
+//! `Gpu`'s stream allocate, and counts free segments by copying the
+//! segment tree's leaf words (a few KiB) on that stream.
+//!
+//! Concurrency: one mutex serialises this handle's own stream work (the
+//! heap's ledger lock and the growth service both call in); user kernels
+//! on the main stream run alongside, as the device code allows.
+//!
+//! Not yet run on a GPU (see the README's "What is not done"): the CPU
+//! tests prove the protocol with [`super::HostMetadata`].
+
+use std::sync::Mutex;
+
+use cudarc::driver::CudaSlice;
+use gpu_kernel::Heap;
+use gpu_kernel::layout::HeapLayout;
+use gpu_kernel::stats::HeapStats;
+
+use super::metadata::SegmentTree;
+use crate::error::{DriverCall, Result};
+use crate::gpu::{Arg, Gpu, HeapParam};
+
+/// A heap's metadata on a GPU.
+pub struct GpuMetadata {
+    /// The user's device and stream (kernels that allocate run there).
+    gpu: Gpu,
+    /// The same device with a non-blocking stream for growth and trims.
+    side: Gpu,
+    heap: Heap,
+    metadata: CudaSlice<u64>,
+    /// Serialises work on `side`.
+    lock: Mutex<()>,
+}
+
+impl GpuMetadata {
+    /// Metadata for `layout` with every segment absent, uploaded to `gpu`
+    /// and bound to data at `data`.
+    ///
+    /// # Safety
+    /// `data` is the start of `layout.data_bytes()` bytes of device address
+    /// space aligned to a segment that nothing else uses while this value
+    /// lives; only segments mapped with access are ever published.
+    pub unsafe fn new(gpu: &Gpu, layout: HeapLayout, data: u64) -> Result<GpuMetadata> {
+        let mut image = vec![0u64; layout.metadata_words() as usize];
+        layout.write_initial_metadata_with(&mut image, 0);
+        let metadata = gpu.upload(&image)?;
+        gpu.sync()?;
+        let side = gpu.with_new_stream()?;
+        // SAFETY: `metadata` holds the initial image in device memory owned
+        // by this value, which frees it only when dropped (after `quiesce`)
+        // and hands the handle out only as an image for launches; the
+        // caller vouches for `data`.
+        let heap = unsafe { layout.bind(data, gpu.address(&metadata)) };
+        Ok(GpuMetadata {
+            gpu: gpu.clone(),
+            side,
+            heap,
+            metadata,
+            lock: Mutex::new(()),
+        })
+    }
+
+    /// The handle as a kernel argument (the only way out: its addresses are
+    /// device addresses, so no `&Heap` is handed to host code).
+    pub fn arg(&self) -> Arg {
+        Arg::Heap(HeapParam(self.heap.image()))
+    }
+
+    fn side(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl SegmentTree for GpuMetadata {
+    fn add(&self, ids: &[u32]) -> Result<u32> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let _side = self.side();
+        let words: Vec<u64> = ids.iter().map(|&id| id as u64).collect();
+        let ids_dev = self.side.upload(&words)?;
+        let added = self.side.zeros(1)?;
+        self.side.launch(
+            "heap_grow",
+            words.len() as u64,
+            &[
+                self.arg(),
+                Arg::U64(self.side.address(&ids_dev)),
+                Arg::U64(self.side.address(&added)),
+                Arg::U64(words.len() as u64),
+            ],
+        )?;
+        self.side.sync()?;
+        Ok(self.side.download(&added)?[0] as u32)
+    }
+
+    fn withdraw(&self, max: u32) -> Result<Vec<u32>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let _side = self.side();
+        let ids = self.side.zeros(max as usize)?;
+        let count = self.side.zeros(1)?;
+        self.side.launch(
+            "heap_trim",
+            1,
+            &[
+                self.arg(),
+                Arg::U64(max as u64),
+                Arg::U64(self.side.address(&ids)),
+                Arg::U64(self.side.address(&count)),
+            ],
+        )?;
+        self.side.sync()?;
+        let n = self.side.download(&count)?[0] as usize;
+        let ids = self.side.download(&ids)?;
+        Ok(ids[..n].iter().map(|&id| id as u32).collect())
+    }
+
+    fn flush(&self) -> Result<()> {
+        let _side = self.side();
+        let threads = (gpu_kernel::class::SLICE_CLASSES * gpu_kernel::slot::SLOTS_PER_CLASS) as u64;
+        self.side.launch("heap_flush", threads, &[self.arg()])?;
+        self.side.sync()
+    }
+
+    fn free_segments(&self) -> Result<u32> {
+        let _side = self.side();
+        let leaves = self.heap.segment_tree_leaves();
+        let view = self
+            .metadata
+            .slice(leaves.start as usize..leaves.end as usize);
+        let words = self
+            .side
+            .stream()
+            .clone_dtoh(&view)
+            .call("cuMemcpyDtoH(segment tree leaves)")?;
+        Ok(words.iter().map(|w| w.count_ones()).sum())
+    }
+
+    fn stats(&self) -> Result<HeapStats> {
+        self.quiesce()?;
+        let words = self.gpu.download(&self.metadata)?;
+        Ok(HeapStats::from_snapshot(&self.heap, &words))
+    }
+
+    fn quiesce(&self) -> Result<()> {
+        self.gpu.sync()?;
+        let _side = self.side();
+        self.side.sync()
+    }
+}
