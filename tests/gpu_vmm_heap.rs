@@ -16,6 +16,7 @@
 
 use std::time::Instant;
 
+use gpumalloc::cudarc::driver::CudaSlice;
 use gpumalloc::gpu::Arg;
 use gpumalloc::lake::{ChunkOptions, CudaVmm};
 use gpumalloc::vmm_heap::{CudaVmmHeap, VmmHeapConfig};
@@ -26,6 +27,30 @@ use common::gpu;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const TIB: u64 = 1 << 40;
+
+/// Fills the `n` blocks of 1 MiB at `ptrs` with the test pattern and checks
+/// them back; `check` counts [nulls, wrong words].
+fn fill_and_verify(
+    gpu: &gpumalloc::gpu::Gpu,
+    ptrs: &CudaSlice<u64>,
+    check: &CudaSlice<u64>,
+    n: u64,
+) {
+    for kernel in ["fill_pattern", "verify_pattern"] {
+        gpu.launch(
+            kernel,
+            n,
+            &[
+                Arg::U64(gpu.address(ptrs)),
+                Arg::U64(MIB),
+                Arg::U64(0),
+                Arg::U64(gpu.address(check)),
+                Arg::U64(n),
+            ],
+        )
+        .unwrap();
+    }
+}
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
@@ -121,20 +146,7 @@ fn a_terabyte_heap_grows_under_a_kernel_and_trims_back_to_the_driver() {
         ],
     )
     .unwrap();
-    for kernel in ["fill_pattern", "verify_pattern"] {
-        gpu.launch(
-            kernel,
-            n,
-            &[
-                Arg::U64(gpu.address(&ptrs)),
-                Arg::U64(MIB),
-                Arg::U64(0),
-                Arg::U64(gpu.address(&check)),
-                Arg::U64(n),
-            ],
-        )
-        .unwrap();
-    }
+    fill_and_verify(&gpu, &ptrs, &check, n);
     assert_eq!(
         gpu.download(&check).unwrap(),
         vec![0, 0],
@@ -228,20 +240,7 @@ fn the_growth_service_feeds_kernels_eight_times_the_first_mapping() {
         let ms = start.elapsed().as_secs_f64() * 1e3;
         let got = gpu.download(&ptrs).unwrap();
         let nulls = got.iter().filter(|&&p| p == 0).count();
-        for kernel in ["fill_pattern", "verify_pattern"] {
-            gpu.launch(
-                kernel,
-                n,
-                &[
-                    Arg::U64(gpu.address(&ptrs)),
-                    Arg::U64(MIB),
-                    Arg::U64(0),
-                    Arg::U64(gpu.address(&check)),
-                    Arg::U64(n),
-                ],
-            )
-            .unwrap();
-        }
+        fill_and_verify(&gpu, &ptrs, &check, n);
         let e = gpu.download(&check).unwrap();
         assert_eq!(e[1], 0, "pass {pass}: wrong words");
         let s = heap.stats().unwrap();
