@@ -496,7 +496,10 @@ fn warp_hub_expands_and_shrinks_across_pages() {
     let graph = HostGraph::new(vertices);
     let mut reference = Reference::new(vertices);
     let mut picker = SplitMix64(11);
-    let full = Apply::Warps { warps: 2, lanes: 32 };
+    let full = Apply::Warps {
+        warps: 2,
+        lanes: 32,
+    };
     for round in 0..12 {
         // The hub gets 3 chunks' worth, a third of them repeats.
         let mut edges: Vec<(u32, u32)> = (0..96)
@@ -541,7 +544,10 @@ fn warp_hub_expands_and_shrinks_across_pages() {
     assert_eq!(graph.error(GraphError::OutOfRange), 0);
     heap.flush();
     let s = heap.stats();
-    assert_eq!(s.live_bytes, 0, "deleting every edge gives every page back: {s:?}");
+    assert_eq!(
+        s.live_bytes, 0,
+        "deleting every edge gives every page back: {s:?}"
+    );
 }
 
 #[test]
@@ -565,7 +571,10 @@ fn warp_exhausted_pool_and_bad_ids_are_counted() {
     // not fit are counted, one each.
     let pool = HostPool::new(1);
     let graph = HostGraph::new(64);
-    let how = Apply::Warps { warps: 1, lanes: 32 };
+    let how = Apply::Warps {
+        warps: 1,
+        lanes: 32,
+    };
     let edges: Vec<(u32, u32)> = (0..32).map(|t| (0, t)).collect();
     graph.apply_by(how, &pool.pool, &GroupedBatch::new(&edges), true);
     assert_eq!(graph.adjacency()[0].len(), EDGES_PER_PAGE);
@@ -573,9 +582,29 @@ fn warp_exhausted_pool_and_bad_ids_are_counted() {
         graph.error(GraphError::PageExhausted),
         (32 - EDGES_PER_PAGE) as u64
     );
-    graph.apply_by(how, &pool.pool, &GroupedBatch::new(&[(99, 0), (1, 99)]), true);
+    graph.apply_by(
+        how,
+        &pool.pool,
+        &GroupedBatch::new(&[(99, 0), (1, 99)]),
+        true,
+    );
     graph.apply_by(how, &pool.pool, &GroupedBatch::new(&[(70, 0)]), false);
     assert_eq!(graph.error(GraphError::OutOfRange), 3);
     graph.clear(&pool.pool);
     assert_eq!(pool.free_pages(), 1);
+}
+
+#[test]
+fn quick_difference_agrees_with_the_exact_check() {
+    let mut r = Reference::new(3);
+    r.insert(&[(0, 1), (0, 2), (2, 0)]).unwrap();
+    assert_eq!(r.quick_difference(&[vec![2, 1], vec![], vec![0]]), None);
+    for wrong in [
+        vec![vec![2, 2], vec![], vec![0]],
+        vec![vec![2, 1, 1], vec![], vec![0]],
+        vec![vec![2], vec![1], vec![0]],
+        vec![vec![2, 1], vec![]],
+    ] {
+        assert!(r.quick_difference(&wrong).is_some(), "{wrong:?}");
+    }
 }
