@@ -122,12 +122,17 @@ pub fn gather(mask: u32, value: u64) -> Option<[u64; WARP_SIZE as usize]> {
         // before the accesses of any lane that sees this count.
         w.phase[l.lane as usize].store(k, Ordering::Release);
         let mut all = [0u64; WARP_SIZE as usize];
-        for other in 0..w.lanes as usize {
+        for ((slot, phase), value) in all
+            .iter_mut()
+            .zip(&w.phase)
+            .zip(&w.values[parity])
+            .take(w.lanes as usize)
+        {
             // Acquire: pairs with the other lane's release of its count.
-            while w.phase[other].load(Ordering::Acquire) < k {
+            while phase.load(Ordering::Acquire) < k {
                 std::thread::yield_now();
             }
-            all[other] = w.values[parity][other].load(Ordering::Relaxed);
+            *slot = value.load(Ordering::Relaxed);
         }
         Some(all)
     })

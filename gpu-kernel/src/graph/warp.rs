@@ -13,10 +13,14 @@
 //!   it: lanes write only the edge slots of the new edges they own (distinct
 //!   slots), and only the leader (lane 0) writes page headers (`next`,
 //!   `count`), the head word, deletion fills, and calls the page source;
-//! - a [`arch::warp_sync`] separates the walk's reads from the writes, and
-//!   another ends the chunk, so one chunk's writes (by any lane) happen
-//!   before the next chunk's reads (by every lane). `ballot`, `shfl` and
-//!   `match` order no memory on the GPU; only these syncs are relied on.
+//! - a [`arch::warp_sync`] separates the walk's reads from the writes, one
+//!   follows each page the leader takes (so its take and header writes
+//!   happen before the lanes fill the page), and another ends the chunk, so
+//!   one chunk's writes (by any lane) happen before the next chunk's reads
+//!   (by every lane). `ballot`, `shfl` and `match` order no memory on the
+//!   GPU; only these syncs are relied on. A page the leader gives back was
+//!   last read by the lanes before the sync that precedes the fills, so the
+//!   source's release orders those reads before any later owner's writes.
 //!
 //! Every lane of `mask` executes every collective (`match`, `ballot`,
 //! `shfl`, `warp_sync`) in the same order: all branches around them depend
@@ -157,6 +161,10 @@ impl Graph {
                         }
                         break;
                     }
+                    // The leader's take (the source's acquire) and header
+                    // writes happen before the lanes write the page's slots;
+                    // `shfl` alone orders no memory.
+                    arch::warp_sync(mask);
                     tail = page;
                     used = 0;
                 }

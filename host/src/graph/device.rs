@@ -16,7 +16,7 @@ use crate::error::{DriverCall, Error, Result};
 use crate::gpu::{Arg, BLOCK_THREADS, Gpu};
 
 // The warp kernels need whole warps: a block is a multiple of a warp.
-const _: () = assert!(BLOCK_THREADS % gpu_kernel::arch::WARP_SIZE == 0);
+const _: () = assert!(BLOCK_THREADS.is_multiple_of(gpu_kernel::arch::WARP_SIZE));
 
 /// A pool of pages in GPU memory with its free list.
 pub struct DevicePool {
