@@ -608,3 +608,57 @@ fn quick_difference_agrees_with_the_exact_check() {
         assert!(r.quick_difference(&wrong).is_some(), "{wrong:?}");
     }
 }
+
+/// The page boundaries of one chunk of a 32-lane warp, counted in pool
+/// pages: a full tail and 32 new edges take two fresh pages; a deletion of
+/// the chain's last 32 edges (1 + 29 + 2 over three pages) empties two pages
+/// and gives them back; a deletion of 32 edges from the front fills every
+/// hole from the tail.
+#[test]
+fn warp_chunks_cross_page_boundaries() {
+    let pool = HostPool::new(16);
+    let graph = HostGraph::new(256);
+    let mut reference = Reference::new(256);
+    let full = Apply::Warps {
+        warps: 1,
+        lanes: 32,
+    };
+    let pages_in_use = |pool: &HostPool| 16 - pool.free_pages();
+    let mut step = |edges: &[(u32, u32)], insert: bool, how: Apply| {
+        if insert {
+            reference.insert(edges).unwrap();
+        } else {
+            reference.delete(edges).unwrap();
+        }
+        graph.apply_by(how, &pool.pool, &GroupedBatch::new(edges), insert);
+        if let Some(d) = reference.first_difference(&graph.adjacency()) {
+            panic!("{how:?}: {d}");
+        }
+        graph.adjacency()[0].clone()
+    };
+    let two_pages: Vec<(u32, u32)> = (0..2 * EDGES_PER_PAGE as u32).map(|t| (0, t)).collect();
+    step(&two_pages, true, Apply::Threads);
+    assert_eq!(pages_in_use(&pool), 2);
+    let next: Vec<(u32, u32)> = (100..132).map(|t| (0, t)).collect();
+    step(&next, true, full);
+    assert_eq!(pages_in_use(&pool), 4, "29 + 29 + 29 + 3 edges");
+    // 90 edges; drop 31 from the front by threads: 59 = 29 + 29 + 1.
+    let chain = step(&[], true, full);
+    let front: Vec<(u32, u32)> = chain[..31].iter().map(|&t| (0, t)).collect();
+    let chain = step(&front, false, Apply::Threads);
+    assert_eq!((chain.len(), pages_in_use(&pool)), (59, 3));
+    let tail: Vec<(u32, u32)> = chain[27..].iter().map(|&t| (0, t)).collect();
+    let chain = step(&tail, false, full);
+    assert_eq!(
+        (chain.len(), pages_in_use(&pool)),
+        (27, 1),
+        "two pages emptied"
+    );
+    let more: Vec<(u32, u32)> = (200..256).map(|t| (0, t)).collect();
+    let chain = step(&more, true, full);
+    assert_eq!((chain.len(), pages_in_use(&pool)), (83, 3));
+    let front: Vec<(u32, u32)> = chain[..32].iter().map(|&t| (0, t)).collect();
+    let chain = step(&front, false, full);
+    assert_eq!((chain.len(), pages_in_use(&pool)), (51, 2));
+    assert_eq!(graph.error(GraphError::PageExhausted), 0);
+}
