@@ -8,7 +8,8 @@
 //! Ownership (the invariant that replaces "one thread per vertex"): during
 //! a kernel each vertex belongs to one warp (a [`super::adjacency::Batch`]
 //! lists each source once, one warp per entry). Inside that warp:
-//! - the targets go in chunks of one target per lane;
+//! - the targets go in chunks of one target per lane (insertion: [`ROWS`]
+//!   such rows per chunk, appended one after the other);
 //! - a chunk first *reads* the chain (every lane walks it), then *writes*
 //!   it: lanes write only the edge slots of the new edges they own (distinct
 //!   slots), and only the leader (lane 0) writes page headers (`next`,
@@ -28,14 +29,17 @@
 //! values). `mask` is lanes `0..width` of the warp: `u32::MAX` on the GPU,
 //! `arch::ThreadWarp::mask` on the host.
 //!
-//! Insertion, per chunk: `match` drops repeats inside the chunk; each lane
-//! scans every page of the chain for its own target (a page is one 128-byte
-//! line that all lanes read at once, so the reads are broadcasts, and one
-//! walk serves up to 32 targets); a `ballot` of the lanes whose target is new
-//! gives each new edge its position after the tail (`rank_in`); the leader
-//! takes a page when the tail is full and broadcasts it with `shfl`; each
-//! lane writes its edge into its slot. With 32 lanes and 29 slots a page, a
-//! chunk needs at most two fresh pages.
+//! Insertion, per chunk of [`ROWS`] targets a lane (rows of one target a
+//! lane): `match` drops repeats inside a row; each lane scans every page of
+//! the chain for its own targets (a page is one 128-byte line that all lanes
+//! read at once, so the reads are broadcasts, and one walk serves up to
+//! `ROWS * 32` targets). Then row by row: a later row first rescans the
+//! pages the earlier rows appended to (a repeat across rows is there); a
+//! `ballot` of the lanes whose target is new gives each new edge its
+//! position after the tail (`rank_in`); the leader takes a page when the
+//! tail is full and broadcasts it with `shfl`; each lane writes its edge
+//! into its slot. With 32 lanes and 29 slots a page, a row needs at most two
+//! fresh pages.
 //!
 //! Deletion, per chunk: each lane finds its target's slot (the hole) while
 //! every lane walks the chain and remembers its last [`RING`] pages. The
@@ -57,6 +61,11 @@ const LEADER: u32 = 0;
 /// end, or an id out of range): with the lane number below it, the key
 /// matches no vertex id (< 2^32) and no other lane.
 const NOT_A_TARGET: u64 = 1 << 32;
+
+/// Targets per lane in one insertion chunk: one walk of the chain checks
+/// `ROWS * 32` targets, so a hub's walks drop by this factor; each page
+/// costs every lane `ROWS * EDGES_PER_PAGE` compares of a cached line.
+pub const ROWS: usize = 4;
 
 /// Pages of the chain's tail a deletion chunk remembers: its at most
 /// `WARP_SIZE` removed positions span at most `(WARP_SIZE - 1) /
@@ -111,84 +120,145 @@ impl Graph {
         }
         let head = self.head(v);
         let width = mask.count_ones() as usize;
-        for chunk in targets.chunks(width) {
-            let Chunk { lane, target } = self.chunk_target(mask, chunk);
+        for chunk in targets.chunks(width * ROWS) {
+            // Row `r` of the chunk: its targets `r * width ..`, one a lane.
+            let mut rows = [None; ROWS];
+            let mut lane = LEADER;
+            for (r, row) in rows.iter_mut().enumerate() {
+                let part = chunk.get(r * width..).unwrap_or(&[]);
+                let c = self.chunk_target(mask, &part[..part.len().min(width)]);
+                (lane, *row) = (c.lane, c.target);
+            }
+            let mut new = rows.map(|t| t.is_some());
             // Relaxed: only this warp touches `v`'s head during the kernel,
             // and the previous chunk's warp_sync (or the kernel boundary)
             // orders its last write before this read.
             let mut page = arch::load_relaxed(head) as *mut Page;
             let mut tail: *mut Page = core::ptr::null_mut();
-            let mut new = target.is_some();
             // SAFETY: the chain's pages are live pages owned by `v`, and only
-            // this warp touches them, writing after the sync below.
+            // this warp touches them, writing after the syncs below.
             unsafe {
                 while !page.is_null() {
-                    if let Some(t) = target
-                        && new
-                        && (*page).edges().contains(&t)
-                    {
-                        new = false;
+                    let edges = (*page).edges();
+                    for (target, new) in rows.iter().zip(&mut new) {
+                        if let Some(t) = target
+                            && *new
+                            && edges.contains(t)
+                        {
+                            *new = false;
+                        }
                     }
                     tail = page;
                     page = (*page).next as *mut Page;
                 }
             }
-            let fresh = arch::ballot(mask, new);
-            if fresh == 0 {
-                continue;
+            let walked_to = tail;
+            for (r, (&target, &new)) in rows.iter().zip(&new).enumerate() {
+                // A later row's target may repeat an earlier row's, which is
+                // now in the pages from `walked_to` on (written before the
+                // earlier row's closing sync): check those pages again.
+                let new = new && (r == 0 || !self.appended(head, walked_to, target));
+                tail = self.append_row(source, mask, head, tail, lane, target, new);
             }
-            // SAFETY: as above; `tail` is the chain's last page or null.
-            let mut used = if tail.is_null() {
-                EDGES_PER_PAGE
-            } else {
-                unsafe { (*tail).count as usize }
-            };
-            // The walk's reads (every lane) happen before the writes below.
-            arch::warp_sync(mask);
-            let total = fresh.count_ones() as usize;
-            let at = arch::rank_in(fresh, lane) as usize;
-            let mut placed = 0;
-            while placed < total {
-                if used == EDGES_PER_PAGE {
-                    let mut taken = 0u64;
-                    if lane == LEADER {
-                        taken = self.append_page(source, head, tail) as u64;
-                    }
-                    let page = arch::shfl_u64(mask, taken, LEADER) as *mut Page;
-                    if page.is_null() {
-                        if new && at >= placed {
-                            self.count_error(GraphError::PageExhausted);
-                        }
-                        break;
-                    }
-                    // The leader's take (the source's acquire) and header
-                    // writes happen before the lanes write the page's slots;
-                    // `shfl` alone orders no memory.
-                    arch::warp_sync(mask);
-                    tail = page;
-                    used = 0;
-                }
-                let n = (EDGES_PER_PAGE - used).min(total - placed);
-                // SAFETY: `tail` is the chain's live last page; each lane
-                // writes its own slot `used + at - placed < EDGES_PER_PAGE`,
-                // the leader the header.
-                unsafe {
-                    if let Some(t) = target
-                        && new
-                        && (placed..placed + n).contains(&at)
-                    {
-                        (*tail).edges[used + at - placed] = t;
-                    }
-                    if lane == LEADER {
-                        (*tail).count = (used + n) as u32;
-                    }
-                }
-                used += n;
-                placed += n;
-            }
-            // This chunk's writes happen before the next chunk's reads.
-            arch::warp_sync(mask);
         }
+    }
+
+    /// Whether `target` is in the pages from `from` to the chain's end (from
+    /// the head if `from` is null); false for no target.
+    #[inline(always)]
+    fn appended(&self, head: &arch::Word, from: *mut Page, target: Option<u32>) -> bool {
+        let Some(t) = target else { return false };
+        let mut page = if from.is_null() {
+            // Relaxed: as in `insert_warp`; an earlier row's first page was
+            // stored before that row's closing warp_sync.
+            arch::load_relaxed(head) as *mut Page
+        } else {
+            from
+        };
+        // SAFETY: as in `insert_warp`.
+        unsafe {
+            while !page.is_null() {
+                if (*page).edges().contains(&t) {
+                    return true;
+                }
+                page = (*page).next as *mut Page;
+            }
+        }
+        false
+    }
+
+    /// Appends one row of a chunk after `tail` (the chain's last page, null
+    /// for none): the lanes whose `target` is `new` write it into the next
+    /// free slots in lane order. Returns the new last page. A collective.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn append_row<S: PageSource>(
+        &self,
+        source: &S,
+        mask: u32,
+        head: &arch::Word,
+        mut tail: *mut Page,
+        lane: u32,
+        target: Option<u32>,
+        new: bool,
+    ) -> *mut Page {
+        let fresh = arch::ballot(mask, new);
+        if fresh == 0 {
+            return tail;
+        }
+        // SAFETY: `tail` is the chain's live last page or null; its count
+        // was written before the last warp_sync.
+        let mut used = if tail.is_null() {
+            EDGES_PER_PAGE
+        } else {
+            unsafe { (*tail).count as usize }
+        };
+        // The walk's reads (every lane) happen before the writes below.
+        arch::warp_sync(mask);
+        let total = fresh.count_ones() as usize;
+        let at = arch::rank_in(fresh, lane) as usize;
+        let mut placed = 0;
+        while placed < total {
+            if used == EDGES_PER_PAGE {
+                let mut taken = 0u64;
+                if lane == LEADER {
+                    taken = self.append_page(source, head, tail) as u64;
+                }
+                let page = arch::shfl_u64(mask, taken, LEADER) as *mut Page;
+                if page.is_null() {
+                    if new && at >= placed {
+                        self.count_error(GraphError::PageExhausted);
+                    }
+                    break;
+                }
+                // The leader's take (the source's acquire) and header
+                // writes happen before the lanes write the page's slots;
+                // `shfl` alone orders no memory.
+                arch::warp_sync(mask);
+                tail = page;
+                used = 0;
+            }
+            let n = (EDGES_PER_PAGE - used).min(total - placed);
+            // SAFETY: `tail` is the chain's live last page; each lane writes
+            // its own slot `used + at - placed < EDGES_PER_PAGE`, the leader
+            // the header.
+            unsafe {
+                if let Some(t) = target
+                    && new
+                    && (placed..placed + n).contains(&at)
+                {
+                    (*tail).edges[used + at - placed] = t;
+                }
+                if lane == LEADER {
+                    (*tail).count = (used + n) as u32;
+                }
+            }
+            used += n;
+            placed += n;
+        }
+        // This row's writes happen before the next row's or chunk's reads.
+        arch::warp_sync(mask);
+        tail
     }
 
     /// Leader only: takes a page, makes it the empty last page after `tail`
