@@ -35,9 +35,9 @@
 //! with the host's R-MAT generation and checks.
 //!
 //! Cost note: a chunk of targets walks its vertex's whole chain, so a hub's
-//! share of a batch costs O(degree × share / 32) page visits with warps
-//! (O(degree × share) with threads); the load of scale 22 has hubs of 10^5
-//! edges.
+//! share of a batch costs O(degree × share / 128) page visits with warps
+//! inserting, `/ 32` deleting, and O(degree × share) with threads; the load
+//! of scale 22 has hubs of 10^5 edges.
 
 use std::collections::HashSet;
 use std::time::Instant;
