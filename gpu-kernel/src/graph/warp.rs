@@ -16,9 +16,9 @@
 //!   `count`), the head word, deletion fills, and calls the page source;
 //! - a [`arch::warp_sync`] separates the walk's reads from the writes, one
 //!   follows each page the leader takes (so its take and header writes
-//!   happen before the lanes fill the page), and another ends the chunk, so
-//!   one chunk's writes (by any lane) happen before the next chunk's reads
-//!   (by every lane). `ballot`, `shfl` and `match` order no memory on the
+//!   happen before the lanes fill the page), and another ends the chunk (each
+//!   row of an insertion chunk), so its writes (by any lane) happen before
+//!   the next row's or chunk's reads (by every lane). `ballot`, `shfl` and `match` order no memory on the
 //!   GPU; only these syncs are relied on. A page the leader gives back was
 //!   last read by the lanes before the sync that precedes the fills, so the
 //!   source's release orders those reads before any later owner's writes.
