@@ -107,6 +107,10 @@ struct BenchArgs {
         default_value = "ours,cuda-malloc,bump-bound"
     )]
     allocators: Vec<String>,
+    /// Seconds after which the graph sweep starts nothing new (the rest is
+    /// recorded as skipped).
+    #[arg(long, default_value_t = gpumalloc::bench::graph::BUDGET_S)]
+    graph_budget: f64,
     /// Where CSV, JSON and PNG files go.
     #[arg(long, default_value = "results")]
     out: PathBuf,
@@ -193,6 +197,7 @@ fn options(args: &BenchArgs, on_gpu: bool) -> Options {
         hi: args.hi,
         scaling_size: args.scaling_size,
         allocators: args.allocators.clone(),
+        graph_budget_s: args.graph_budget,
         ..Options::default()
     }
 }
@@ -309,6 +314,7 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
                 &args.hi.to_string(),
             ])
             .args(["--scaling-size", &args.scaling_size.to_string()])
+            .args(["--graph-budget", &args.graph_budget.to_string()])
             .args(["--allocators", &args.allocators.join(",")])
             .arg("--out")
             .arg(&args.out);

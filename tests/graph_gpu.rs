@@ -9,11 +9,12 @@
 //! After every insert and every delete the GPU adjacency must equal the host
 //! reference and no page request may have failed. Expansion only: the whole
 //! stream inserted in 100 batches, checked every 10. Sources: our heap, the
-//! page pool and (its own test) CUDA's device malloc. At the end every page
+//! page pool and (its own test) CUDA's device malloc; each with one thread
+//! per vertex and with one warp per vertex (issue 18). At the end every page
 //! goes back: the heap is whole, the pool full.
 
 use gpumalloc::graph::batch::GroupedBatch;
-use gpumalloc::graph::device::{DeviceBatch, DeviceGraph, DevicePool, Pages};
+use gpumalloc::graph::device::{DeviceBatch, DeviceGraph, DevicePool, Pages, UpdateBy};
 use gpumalloc::graph::reference::Reference;
 use gpumalloc::graph::rmat::{Rmat, SplitMix64};
 use gpumalloc::{DeviceHeap, Gpu, HeapConfig};
@@ -38,6 +39,7 @@ const CUDA_HEAP_BYTES: u64 = 1 << 30;
 struct Run<'a> {
     gpu: &'a Gpu,
     pages: Pages<'a>,
+    by: UpdateBy,
     graph: DeviceGraph,
     reference: Reference,
 }
@@ -46,14 +48,14 @@ impl Run<'_> {
     /// Applies one batch on the GPU and in the reference, then (if `check`)
     /// compares; returns the kernel's milliseconds.
     fn step(&mut self, edges: &[(u32, u32)], insert: bool, check: bool, what: &str) -> f64 {
-        let (gpu, graph, pages) = (self.gpu, &self.graph, self.pages);
+        let (gpu, graph, pages, by) = (self.gpu, &self.graph, self.pages, self.by);
         let batch = DeviceBatch::new(gpu, &GroupedBatch::new(edges)).unwrap();
         let ms = gpu
             .time(|| {
                 if insert {
-                    graph.insert(pages, &batch)
+                    graph.insert_by(pages, by, &batch)
                 } else {
-                    graph.delete(pages, &batch)
+                    graph.delete_by(pages, by, &batch)
                 }
             })
             .unwrap();
@@ -69,7 +71,7 @@ impl Run<'_> {
                 "{what}: (pages missing, ids out of range)"
             );
             if let Some(d) = self.reference.first_difference(&graph.adjacency().unwrap()) {
-                panic!("{} pages, {what}: {d}", pages.name());
+                panic!("{} pages by {}, {what}: {d}", pages.name(), by.name());
             }
         }
         ms
@@ -78,11 +80,12 @@ impl Run<'_> {
 
 /// The update rounds (or expansion only) with `pages`; returns the mean
 /// milliseconds of one round's kernels.
-fn rounds(gpu: &Gpu, pages: Pages, expansion_only: bool) -> f64 {
+fn rounds(gpu: &Gpu, pages: Pages, by: UpdateBy, expansion_only: bool) -> f64 {
     let stream = Rmat::new(SCALE, EDGE_FACTOR, SEED).generate().unwrap();
     let mut run = Run {
         gpu,
         pages,
+        by,
         graph: DeviceGraph::new(gpu, stream.vertices as u64).unwrap(),
         reference: Reference::new(stream.vertices),
     };
@@ -122,8 +125,9 @@ fn rounds(gpu: &Gpu, pages: Pages, expansion_only: bool) -> f64 {
         total_ms += run.step(&deletes, false, true, &what);
     }
     println!(
-        "{} pages, {}: {} edges at the end, {:.3} ms per round",
+        "{} pages by {}, {}: {} edges at the end, {:.3} ms per round",
         pages.name(),
+        by.name(),
         if expansion_only {
             "expansion only"
         } else {
@@ -151,9 +155,11 @@ fn graph_updates_on_our_heap() {
     let Some(gpu) = gpu() else { return };
     let config = HeapConfig::checked(HEAP_BYTES);
     let heap = DeviceHeap::new(&gpu, config).unwrap();
-    for expansion_only in [false, true] {
-        rounds(&gpu, Pages::Heap(&heap), expansion_only);
-        assert_heap_whole(&heap, &format!("expansion only: {expansion_only}"));
+    for by in [UpdateBy::Thread, UpdateBy::Warp] {
+        for expansion_only in [false, true] {
+            rounds(&gpu, Pages::Heap(&heap), by, expansion_only);
+            assert_heap_whole(&heap, &format!("{by:?}, expansion only: {expansion_only}"));
+        }
     }
 }
 
@@ -162,13 +168,15 @@ fn graph_updates_on_our_heap() {
 fn graph_updates_on_the_page_pool() {
     let Some(gpu) = gpu() else { return };
     let pool = DevicePool::new(&gpu, POOL_PAGES).unwrap();
-    for expansion_only in [false, true] {
-        rounds(&gpu, Pages::Pool(&pool), expansion_only);
-        assert_eq!(
-            pool.free_pages().unwrap(),
-            POOL_PAGES,
-            "every page back in the pool"
-        );
+    for by in [UpdateBy::Thread, UpdateBy::Warp] {
+        for expansion_only in [false, true] {
+            rounds(&gpu, Pages::Pool(&pool), by, expansion_only);
+            assert_eq!(
+                pool.free_pages().unwrap(),
+                POOL_PAGES,
+                "every page back in the pool"
+            );
+        }
     }
 }
 
@@ -182,5 +190,7 @@ fn graph_updates_on_cuda_malloc() {
         println!("skipped: CUDA malloc heap limit could not be set ({e})");
         return;
     }
-    rounds(&gpu, Pages::Cuda, false);
+    for by in [UpdateBy::Thread, UpdateBy::Warp] {
+        rounds(&gpu, Pages::Cuda, by, false);
+    }
 }

@@ -4,10 +4,17 @@
 //! logic itself (`gpu_kernel::graph`) run by host threads over a `CpuHeap` and
 //! over a host-memory page pool, checked against the reference after every
 //! round. Fixed seeds throughout.
+//!
+//! The warp-per-vertex updates (`gpu_kernel::graph::warp`, issue 18) run the
+//! same rounds on host warps (`arch::ThreadWarp`: one std thread per lane,
+//! several warps at once, each warp owning every `warps`-th batch entry),
+//! plus a hub vertex whose chunks need two fresh pages and whose deletions
+//! span several pages, repeats inside a chunk, an exhausted pool, and the
+//! thread and warp paths taking turns on one graph.
 
 use std::io::Cursor;
 
-use gpu_kernel::arch::Word;
+use gpu_kernel::arch::{self, ThreadWarp, Word};
 use gpu_kernel::graph::adjacency::{ERROR_WORDS, Graph, GraphError};
 use gpu_kernel::graph::page::{EDGES_PER_PAGE, PAGE_BYTES};
 use gpu_kernel::graph::pool::PagePool;
@@ -228,6 +235,16 @@ struct HostGraph {
 
 const THREADS: usize = 4;
 
+/// Who applies a batch.
+#[derive(Clone, Copy, Debug)]
+enum Apply {
+    /// `THREADS` threads, one per entry (`Graph::insert`).
+    Threads,
+    /// `warps` host warps of `lanes` lanes, one warp per entry
+    /// (`Graph::insert_warp`).
+    Warps { warps: usize, lanes: u32 },
+}
+
 impl HostGraph {
     fn new(vertices: u32) -> HostGraph {
         HostGraph {
@@ -264,6 +281,57 @@ impl HostGraph {
         });
     }
 
+    /// Applies `batch` with `warps` host warps of `lanes` threads, entry `i`
+    /// on warp `i % warps` (each source once, as on the GPU).
+    fn apply_warps<S: PageSource + Sync>(
+        &self,
+        source: &S,
+        batch: &GroupedBatch,
+        insert: bool,
+        warps: usize,
+        lanes: u32,
+    ) {
+        let graph = self.graph();
+        std::thread::scope(|s| {
+            for w in 0..warps {
+                let warp = ThreadWarp::new(lanes);
+                for lane in 0..lanes {
+                    let warp = warp.clone();
+                    s.spawn(move || {
+                        let mask = warp.mask();
+                        arch::join_thread_warp(warp, lane);
+                        // Lanes of other warps run inside the page
+                        // source's protocols, as on a GPU.
+                        arch::preempt_every(3);
+                        for i in (w..batch.len() as usize).step_by(warps) {
+                            let (v, targets) = batch.entry(i);
+                            if insert {
+                                graph.insert_warp(source, mask, v, targets);
+                            } else {
+                                graph.delete_warp(source, mask, v, targets);
+                            }
+                        }
+                        arch::preempt_every(0);
+                        arch::leave_thread_warp();
+                    });
+                }
+            }
+        });
+    }
+
+    fn apply_by<S: PageSource + Sync>(
+        &self,
+        how: Apply,
+        source: &S,
+        batch: &GroupedBatch,
+        insert: bool,
+    ) {
+        match how {
+            Apply::Threads => self.apply(source, batch, insert),
+            Apply::Warps { warps, lanes } => self.apply_warps(source, batch, insert, warps, lanes),
+        }
+    }
+
     fn adjacency(&self) -> Vec<Vec<u32>> {
         let graph = self.graph();
         (0..graph.vertices)
@@ -290,17 +358,23 @@ impl HostGraph {
 
 /// Rounds of insert (fresh R-MAT edges, with duplicates) and delete (a third
 /// of the live edges plus absent ones), checked after every batch.
-fn rounds<S: PageSource + Sync>(source: &S, rounds: usize, delete: bool) -> HostGraph {
-    let g = Rmat::new(10, 16, 3).generate().unwrap();
+fn rounds<S: PageSource + Sync>(
+    source: &S,
+    how: Apply,
+    scale: u32,
+    rounds: usize,
+    delete: bool,
+) -> HostGraph {
+    let g = Rmat::new(scale, 16, 3).generate().unwrap();
     let mut reference = Reference::new(g.vertices);
     let graph = HostGraph::new(g.vertices);
     let per_round = g.edges.len() / rounds;
     let mut picker = SplitMix64(5);
     for (r, chunk) in g.edges.chunks(per_round).take(rounds).enumerate() {
         reference.insert(chunk).unwrap();
-        graph.apply(source, &GroupedBatch::new(chunk), true);
+        graph.apply_by(how, source, &GroupedBatch::new(chunk), true);
         if let Some(d) = reference.first_difference(&graph.adjacency()) {
-            panic!("round {r} insert: {d}");
+            panic!("{how:?} round {r} insert: {d}");
         }
         if delete {
             let live: Vec<(u32, u32)> = (0..g.vertices)
@@ -311,9 +385,9 @@ fn rounds<S: PageSource + Sync>(source: &S, rounds: usize, delete: bool) -> Host
                 .collect();
             doomed.extend((0..16).map(|i| (i, g.vertices - 1 - i)));
             reference.delete(&doomed).unwrap();
-            graph.apply(source, &GroupedBatch::new(&doomed), false);
+            graph.apply_by(how, source, &GroupedBatch::new(&doomed), false);
             if let Some(d) = reference.first_difference(&graph.adjacency()) {
-                panic!("round {r} delete: {d}");
+                panic!("{how:?} round {r} delete: {d}");
             }
         }
     }
@@ -334,7 +408,7 @@ fn cpu_heap() -> CpuHeap {
 fn graph_on_the_cpu_heap_matches_the_reference() {
     let heap = cpu_heap();
     for delete in [true, false] {
-        let graph = rounds(heap.heap(), 20, delete);
+        let graph = rounds(heap.heap(), Apply::Threads, 10, 20, delete);
         graph.clear(heap.heap());
         heap.flush();
         let s = heap.stats();
@@ -349,7 +423,7 @@ fn graph_on_the_page_pool_matches_the_reference() {
     let pool = HostPool::new(capacity);
     assert_eq!(pool.free_pages(), capacity);
     for delete in [true, false] {
-        let graph = rounds(&pool.pool, 20, delete);
+        let graph = rounds(&pool.pool, Apply::Threads, 10, 20, delete);
         assert!(pool.free_pages() < capacity);
         graph.clear(&pool.pool);
         assert_eq!(pool.free_pages(), capacity, "every page back in the pool");
@@ -378,4 +452,213 @@ fn exhausted_pool_and_bad_ids_are_counted() {
     graph.clear(&pool.pool);
     assert_eq!(pool.free_pages(), 2);
     assert_eq!(PAGE_BYTES, 128);
+}
+
+/// Several host warps at once (3 of 4 lanes: 12 threads on the test
+/// machine's cores, so lanes get preempted inside the protocol).
+const WARPS: Apply = Apply::Warps { warps: 3, lanes: 4 };
+
+#[test]
+fn warp_graph_on_the_cpu_heap_matches_the_reference() {
+    let heap = cpu_heap();
+    for delete in [true, false] {
+        let graph = rounds(heap.heap(), WARPS, 10, 20, delete);
+        graph.clear(heap.heap());
+        heap.flush();
+        let s = heap.stats();
+        assert_eq!(s.live_bytes, 0, "{s:?}");
+        assert_eq!(s.free_segments, s.segments, "{s:?}");
+    }
+}
+
+#[test]
+fn warp_graph_on_the_page_pool_matches_the_reference() {
+    let capacity = 1 << 16;
+    let pool = HostPool::new(capacity);
+    let how = Apply::Warps { warps: 2, lanes: 8 };
+    for delete in [true, false] {
+        let graph = rounds(&pool.pool, how, 10, 20, delete);
+        assert!(pool.free_pages() < capacity);
+        graph.clear(&pool.pool);
+        assert_eq!(pool.free_pages(), capacity, "every page back in the pool");
+    }
+}
+
+/// One hub vertex and a few small ones, with full 32-lane warps: insert
+/// chunks that need two fresh pages, repeats inside a chunk and against the
+/// graph, deletion chunks whose holes and fills span several pages (the
+/// chain's tail region, where holes fill each other, and its middle),
+/// and the thread path taking turns with the warp path on the same graph.
+#[test]
+fn warp_hub_expands_and_shrinks_across_pages() {
+    let heap = cpu_heap();
+    let vertices = 4096u32;
+    let graph = HostGraph::new(vertices);
+    let mut reference = Reference::new(vertices);
+    let mut picker = SplitMix64(11);
+    let full = Apply::Warps {
+        warps: 2,
+        lanes: 32,
+    };
+    for round in 0..12 {
+        // The hub gets 3 chunks' worth, a third of them repeats.
+        let mut edges: Vec<(u32, u32)> = (0..96)
+            .map(|i| {
+                let t = if i % 3 == 0 {
+                    (picker.below(64)) as u32
+                } else {
+                    picker.below(vertices as u64) as u32
+                };
+                (0, t)
+            })
+            .collect();
+        edges.extend((1..8).map(|s| (s, picker.below(vertices as u64) as u32)));
+        let how = if round % 4 == 3 { Apply::Threads } else { full };
+        reference.insert(&edges).unwrap();
+        graph.apply_by(how, heap.heap(), &GroupedBatch::new(&edges), true);
+        if let Some(d) = reference.first_difference(&graph.adjacency()) {
+            panic!("{how:?} round {round} insert: {d}");
+        }
+        // Delete the hub's last 40 edges in chain order (the tail region:
+        // holes that fill each other), some from its middle, repeats and
+        // absent ones.
+        let chain = graph.adjacency()[0].clone();
+        let mut doomed: Vec<(u32, u32)> = chain.iter().rev().take(40).map(|&t| (0, t)).collect();
+        doomed.extend(chain.iter().step_by(7).map(|&t| (0, t)));
+        doomed.extend([(0, chain[0]), (0, chain[0]), (3, vertices - 1)]);
+        let how = if round % 4 == 1 { Apply::Threads } else { full };
+        reference.delete(&doomed).unwrap();
+        graph.apply_by(how, heap.heap(), &GroupedBatch::new(&doomed), false);
+        if let Some(d) = reference.first_difference(&graph.adjacency()) {
+            panic!("{how:?} round {round} delete: {d}");
+        }
+    }
+    // Everything goes, by warps: the hub's chain empties from 100s of edges.
+    let all: Vec<(u32, u32)> = (0..vertices)
+        .flat_map(|v| reference.edges(v).map(move |t| (v, t)))
+        .collect();
+    reference.delete(&all).unwrap();
+    graph.apply_by(full, heap.heap(), &GroupedBatch::new(&all), false);
+    assert_eq!(reference.first_difference(&graph.adjacency()), None);
+    assert_eq!(graph.error(GraphError::PageExhausted), 0);
+    assert_eq!(graph.error(GraphError::OutOfRange), 0);
+    heap.flush();
+    let s = heap.stats();
+    assert_eq!(
+        s.live_bytes, 0,
+        "deleting every edge gives every page back: {s:?}"
+    );
+}
+
+#[test]
+fn warp_exhausted_pool_and_bad_ids_are_counted() {
+    let pool = HostPool::new(2);
+    let graph = HostGraph::new(4);
+    let how = Apply::Warps { warps: 1, lanes: 8 };
+    let edges: Vec<(u32, u32)> = (0..(3 * EDGES_PER_PAGE) as u32)
+        .map(|t| (0, t % 4))
+        .collect();
+    graph.apply_by(how, &pool.pool, &GroupedBatch::new(&edges), true);
+    assert_eq!(graph.adjacency()[0].len(), 4, "duplicates ignored");
+    let many: Vec<(u32, u32)> = (0..3).map(|s| (s, 1)).collect();
+    graph.apply_by(how, &pool.pool, &GroupedBatch::new(&many), true);
+    assert_eq!(
+        graph.error(GraphError::PageExhausted),
+        1,
+        "third vertex gets no page"
+    );
+    // A full page and a chunk that needs a second one: the edges that do
+    // not fit are counted, one each.
+    let pool = HostPool::new(1);
+    let graph = HostGraph::new(64);
+    let how = Apply::Warps {
+        warps: 1,
+        lanes: 32,
+    };
+    let edges: Vec<(u32, u32)> = (0..32).map(|t| (0, t)).collect();
+    graph.apply_by(how, &pool.pool, &GroupedBatch::new(&edges), true);
+    assert_eq!(graph.adjacency()[0].len(), EDGES_PER_PAGE);
+    assert_eq!(
+        graph.error(GraphError::PageExhausted),
+        (32 - EDGES_PER_PAGE) as u64
+    );
+    graph.apply_by(
+        how,
+        &pool.pool,
+        &GroupedBatch::new(&[(99, 0), (1, 99)]),
+        true,
+    );
+    graph.apply_by(how, &pool.pool, &GroupedBatch::new(&[(70, 0)]), false);
+    assert_eq!(graph.error(GraphError::OutOfRange), 3);
+    graph.clear(&pool.pool);
+    assert_eq!(pool.free_pages(), 1);
+}
+
+#[test]
+fn quick_difference_agrees_with_the_exact_check() {
+    let mut r = Reference::new(3);
+    r.insert(&[(0, 1), (0, 2), (2, 0)]).unwrap();
+    assert_eq!(r.quick_difference(&[vec![2, 1], vec![], vec![0]]), None);
+    for wrong in [
+        vec![vec![2, 2], vec![], vec![0]],
+        vec![vec![2, 1, 1], vec![], vec![0]],
+        vec![vec![2], vec![1], vec![0]],
+        vec![vec![2, 1], vec![]],
+    ] {
+        assert!(r.quick_difference(&wrong).is_some(), "{wrong:?}");
+    }
+}
+
+/// The page boundaries of one chunk of a 32-lane warp, counted in pool
+/// pages: a full tail and 32 new edges take two fresh pages; a deletion of
+/// the chain's last 32 edges (1 + 29 + 2 over three pages) empties two pages
+/// and gives them back; a deletion of 32 edges from the front fills every
+/// hole from the tail.
+#[test]
+fn warp_chunks_cross_page_boundaries() {
+    let pool = HostPool::new(16);
+    let graph = HostGraph::new(256);
+    let mut reference = Reference::new(256);
+    let full = Apply::Warps {
+        warps: 1,
+        lanes: 32,
+    };
+    let pages_in_use = |pool: &HostPool| 16 - pool.free_pages();
+    let mut step = |edges: &[(u32, u32)], insert: bool, how: Apply| {
+        if insert {
+            reference.insert(edges).unwrap();
+        } else {
+            reference.delete(edges).unwrap();
+        }
+        graph.apply_by(how, &pool.pool, &GroupedBatch::new(edges), insert);
+        if let Some(d) = reference.first_difference(&graph.adjacency()) {
+            panic!("{how:?}: {d}");
+        }
+        graph.adjacency()[0].clone()
+    };
+    let two_pages: Vec<(u32, u32)> = (0..2 * EDGES_PER_PAGE as u32).map(|t| (0, t)).collect();
+    step(&two_pages, true, Apply::Threads);
+    assert_eq!(pages_in_use(&pool), 2);
+    let next: Vec<(u32, u32)> = (100..132).map(|t| (0, t)).collect();
+    step(&next, true, full);
+    assert_eq!(pages_in_use(&pool), 4, "29 + 29 + 29 + 3 edges");
+    // 90 edges; drop 31 from the front by threads: 59 = 29 + 29 + 1.
+    let chain = step(&[], true, full);
+    let front: Vec<(u32, u32)> = chain[..31].iter().map(|&t| (0, t)).collect();
+    let chain = step(&front, false, Apply::Threads);
+    assert_eq!((chain.len(), pages_in_use(&pool)), (59, 3));
+    let tail: Vec<(u32, u32)> = chain[27..].iter().map(|&t| (0, t)).collect();
+    let chain = step(&tail, false, full);
+    assert_eq!(
+        (chain.len(), pages_in_use(&pool)),
+        (27, 1),
+        "two pages emptied"
+    );
+    let more: Vec<(u32, u32)> = (200..256).map(|t| (0, t)).collect();
+    let chain = step(&more, true, full);
+    assert_eq!((chain.len(), pages_in_use(&pool)), (83, 3));
+    let front: Vec<(u32, u32)> = chain[..32].iter().map(|&t| (0, t)).collect();
+    let chain = step(&front, false, full);
+    assert_eq!((chain.len(), pages_in_use(&pool)), (51, 2));
+    assert_eq!(graph.error(GraphError::PageExhausted), 0);
 }

@@ -50,6 +50,8 @@ pub struct Options {
     pub init_sizes: Vec<u64>,
     /// Allocators to run (`ours`, `cuda-malloc`, `bump-bound`).
     pub allocators: Vec<String>,
+    /// Seconds after which the graph sweep starts nothing new.
+    pub graph_budget_s: f64,
 }
 
 impl Default for Options {
@@ -70,6 +72,7 @@ impl Default for Options {
             oom_sizes: vec![256, 1024, 4096],
             init_sizes: vec![1 << 30, 4 << 30, 16 << 30],
             allocators: vec!["ours".into(), "cuda-malloc".into(), "bump-bound".into()],
+            graph_budget_s: super::graph::BUDGET_S,
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The host twin of [`crate::arch`]: the same calls over `core::sync::atomic`
 //! (or loom's atomics under `--cfg loom`), with the same orderings. A host
-//! thread is a warp of one lane.
+//! thread is a warp of one lane, unless it joined a host warp: a two-lane
+//! [`HostWarp`] under loom (`host_warp.rs`), or a [`ThreadWarp`] of up to 32
+//! std threads otherwise (`thread_warp.rs`).
 
 extern crate std;
 
@@ -9,6 +11,12 @@ extern crate std;
 mod host_warp;
 #[cfg(loom)]
 pub use host_warp::{HostWarp, join as join_host_warp};
+
+#[cfg(not(loom))]
+#[path = "thread_warp.rs"]
+mod thread_warp;
+#[cfg(not(loom))]
+pub use thread_warp::{ThreadWarp, join as join_thread_warp, leave as leave_thread_warp};
 
 #[cfg(not(loom))]
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
@@ -167,7 +175,9 @@ pub fn fence_acq_rel() {
     fence(Ordering::AcqRel)
 }
 /// A host thread is a one-lane warp (under loom, a lane of a two-lane
-/// [`HostWarp`] if it joined one).
+/// [`HostWarp`] if it joined one). A lane of a [`ThreadWarp`] is always
+/// alone here (its own bit): the warp code that runs on one names the whole
+/// warp's mask itself.
 #[inline(always)]
 #[cfg_attr(loom, track_caller)]
 pub fn active_mask() -> u32 {
@@ -178,13 +188,17 @@ pub fn active_mask() -> u32 {
             return mask;
         }
     }
-    1
+    1 << lane_id()
 }
-/// Lane 0 (under loom, the lane of the host warp this thread joined).
+/// Lane 0, or the lane of the host warp this thread joined.
 #[inline(always)]
 pub fn lane_id() -> u32 {
     #[cfg(loom)]
     if let Some(lane) = host_warp::lane() {
+        return lane;
+    }
+    #[cfg(not(loom))]
+    if let Some(lane) = thread_warp::lane() {
         return lane;
     }
     0
@@ -221,6 +235,12 @@ pub fn match_any64(mask: u32, value: u64) -> u32 {
             me
         };
     }
+    #[cfg(not(loom))]
+    if let Some(all) = thread_warp::gather(mask, value) {
+        return (0..super::WARP_SIZE)
+            .filter(|&l| mask & (1 << l) != 0 && all[l as usize] == value)
+            .fold(0, |m, l| m | 1 << l);
+    }
     let _ = value;
     mask & (1 << lane_id())
 }
@@ -233,6 +253,8 @@ pub fn warp_sync(mask: u32) {
     if mask == 0b11 {
         host_warp::exchange(0, true);
     }
+    #[cfg(not(loom))]
+    let _ = thread_warp::gather(mask, 0);
     let _ = mask;
 }
 /// The predicate of the one lane.
@@ -243,6 +265,12 @@ pub fn ballot(mask: u32, predicate: bool) -> u32 {
         let me = 1 << lane_id();
         let theirs = host_warp::exchange(predicate as u64, false) != 0;
         return (if predicate { me } else { 0 }) | (if theirs { 0b11 & !me } else { 0 });
+    }
+    #[cfg(not(loom))]
+    if let Some(all) = thread_warp::gather(mask, predicate as u64) {
+        return (0..super::WARP_SIZE)
+            .filter(|&l| mask & (1 << l) != 0 && all[l as usize] != 0)
+            .fold(0, |m, l| m | 1 << l);
     }
     mask & ((predicate as u32) << lane_id())
 }
@@ -261,6 +289,10 @@ pub fn shfl_u64(mask: u32, value: u64, src: u32) -> u64 {
         // receiver's accesses on the GPU; loom has no dependency ordering.
         let theirs = host_warp::exchange(value, true);
         return if src == lane_id() { value } else { theirs };
+    }
+    #[cfg(not(loom))]
+    if let Some(all) = thread_warp::gather(mask, value) {
+        return all[src as usize];
     }
     let _ = (mask, src);
     value

@@ -14,8 +14,10 @@
 //! run.
 //!
 //! Warp operations take the member mask explicitly. A host thread is a warp of
-//! one lane: its active mask is `1`, every vote is its own predicate, and every
-//! shuffle returns its own value.
+//! one lane: its active mask is its own bit, every vote is its own predicate,
+//! and every shuffle returns its own value. Threads that joined a host warp
+//! (`HostWarp` under loom, `ThreadWarp` otherwise) exchange values over the
+//! whole warp's mask.
 
 #[cfg(target_arch = "nvptx64")]
 mod nvptx;

@@ -3,7 +3,8 @@
 //!
 //! Concurrency: during one kernel each vertex is handled by at most one thread
 //! (a [`Batch`] lists each source vertex once), so a chain and its pages are
-//! touched by their owner only. The head words are [`Word`]s read and written
+//! touched by their owner only. (The warp-per-vertex variants in
+//! [`super::warp`] make the owner a warp and say how its lanes share.) The head words are [`Word`]s read and written
 //! relaxed: only their owner touches them inside a kernel, and a kernel
 //! boundary (a thread join on the host) orders one kernel's writes before the
 //! next kernel's reads. The page source is the only state shared between
@@ -80,8 +81,9 @@ impl Batch {
 }
 
 impl Graph {
+    /// Vertex `v`'s head word (`v < vertices`).
     #[inline(always)]
-    fn head(&self, v: u64) -> &Word {
+    pub(super) fn head(&self, v: u64) -> &Word {
         // SAFETY: `heads` points to `vertices` words alive while kernels run;
         // callers check `v < vertices`.
         unsafe { &*(self.heads as *const Word).add(v as usize) }

@@ -1,14 +1,17 @@
 //! The graph kernels, GPU only: for each page source (`_heap`: our
 //! [`Heap`]; `_cuda`: CUDA's device `malloc`/`free`; `_pool`: a
-//! [`PagePool`]) an insert, a delete and a clear kernel, plus the
-//! source-independent degree and export kernels.
+//! [`PagePool`]) an insert, a delete and a clear kernel, the warp-per-vertex
+//! insert and delete (`graph_insert_warp_heap`, …; see [`super::warp`]),
+//! plus the source-independent degree and export kernels.
 //!
 //! Parameters, in order (all `u64` but the heap, which is a [`Heap`] by
 //! value):
 //! - the source: `heap` | nothing | `pool_pages, pool_words, pool_capacity`;
 //! - the graph: `heads, vertices, errors` (see [`Graph`]);
 //! - insert and delete: the batch `sources, offsets, targets, n` (see
-//!   [`Batch`]; one thread per entry, `n` entries);
+//!   [`Batch`]; one thread per entry, `n` entries; the `_warp_` kernels take
+//!   one warp per entry, so launch `32 n` threads in blocks of a multiple of
+//!   32);
 //! - clear: `n` (= `vertices`; one thread per vertex).
 //!
 //! `graph_degrees(heads, vertices, errors, degrees, n)` writes each vertex's
@@ -61,10 +64,27 @@ unsafe fn per_entry(graph: Graph, batch: Batch, op: impl Fn(&Graph, u64, &[u64])
     }
 }
 
+/// Warp `i < n` (all its 32 lanes) applies batch entry `i` with `op`, given
+/// the full warp mask.
+///
+/// # Safety
+/// As [`per_entry`]; blocks are a multiple of 32 threads, so every warp is
+/// whole and all its lanes take the same branch here.
+#[inline(always)]
+unsafe fn per_entry_warp(graph: Graph, batch: Batch, op: impl Fn(&Graph, u32, u64, &[u64])) {
+    let i = arch::global_thread_index() / arch::WARP_SIZE as u64;
+    if i < batch.len {
+        // SAFETY: i < len and the arrays are as documented (caller).
+        let (v, targets) = unsafe { batch.entry(i) };
+        op(&graph, u32::MAX, v, targets);
+    }
+}
+
 /// Defines the insert, delete and clear kernels of one page source: the
 /// kernel names, the source's parameters and the expression that builds it.
 macro_rules! source_kernels {
-    ($insert:ident, $delete:ident, $clear:ident, ($($p:ident: $t:ty),*), $source:expr) => {
+    ($insert:ident, $delete:ident, $insert_warp:ident, $delete_warp:ident, $clear:ident,
+     ($($p:ident: $t:ty),*), $source:expr) => {
         /// Inserts a batch of edges (see the module docs for parameters).
         ///
         /// # Safety
@@ -99,6 +119,46 @@ macro_rules! source_kernels {
             unsafe { per_entry(graph, batch, |g, v, t| g.delete(&source, v, t)) }
         }
 
+        /// Inserts a batch of edges, one warp per entry (see the module docs
+        /// for parameters).
+        ///
+        /// # Safety
+        /// The addresses are live arrays as the module docs describe.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $insert_warp(
+            $($p: $t,)* heads: u64, vertices: u64, errors: u64,
+            sources: u64, offsets: u64, targets: u64, n: u64,
+        ) {
+            let graph = Graph { heads, vertices, errors };
+            let batch = Batch { sources, offsets, targets, len: n };
+            let source = $source;
+            // SAFETY: the caller's contract.
+            unsafe {
+                per_entry_warp(graph, batch, |g, m, v, t| g.insert_warp(&source, m, v, t))
+            }
+        }
+
+        /// Deletes a batch of edges, one warp per entry (see the module docs
+        /// for parameters).
+        ///
+        /// # Safety
+        /// The addresses are live arrays as the module docs describe.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $delete_warp(
+            $($p: $t,)* heads: u64, vertices: u64, errors: u64,
+            sources: u64, offsets: u64, targets: u64, n: u64,
+        ) {
+            let graph = Graph { heads, vertices, errors };
+            let batch = Batch { sources, offsets, targets, len: n };
+            let source = $source;
+            // SAFETY: the caller's contract.
+            unsafe {
+                per_entry_warp(graph, batch, |g, m, v, t| g.delete_warp(&source, m, v, t))
+            }
+        }
+
         /// Gives every page back: thread `v < n` clears vertex `v`.
         ///
         /// # Safety
@@ -120,6 +180,8 @@ macro_rules! source_kernels {
 source_kernels!(
     graph_insert_heap,
     graph_delete_heap,
+    graph_insert_warp_heap,
+    graph_delete_warp_heap,
     graph_clear_heap,
     (heap: Heap),
     heap
@@ -127,6 +189,8 @@ source_kernels!(
 source_kernels!(
     graph_insert_cuda,
     graph_delete_cuda,
+    graph_insert_warp_cuda,
+    graph_delete_warp_cuda,
     graph_clear_cuda,
     (),
     CudaMalloc
@@ -134,6 +198,8 @@ source_kernels!(
 source_kernels!(
     graph_insert_pool,
     graph_delete_pool,
+    graph_insert_warp_pool,
+    graph_delete_warp_pool,
     graph_clear_pool,
     (pool_pages: u64, pool_words: u64, pool_capacity: u64),
     PagePool {

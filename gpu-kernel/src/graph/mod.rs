@@ -12,7 +12,12 @@
 //! vertices, which an R-MAT batch has, but a lock per vertex would serialise
 //! those same hub updates anyway and add spinning threads to the warp.
 //!
-//! The logic ([`adjacency`]) is generic over the page source and builds for the
+//! [`warp`] does the same updates with a warp per vertex: the lanes check up to
+//! 32 targets in one walk of the chain and fill a page's slots together, so a
+//! hub vertex no longer serialises a batch on one thread. The kernels come in
+//! both forms (`graph_insert_heap` and `graph_insert_warp_heap`, …).
+//!
+//! The logic ([`adjacency`], [`warp`]) is generic over the page source and builds for the
 //! host as well, so a CPU test runs it with host threads over a
 //! `host::CpuHeap` and compares with a reference model.
 
@@ -20,6 +25,7 @@ pub mod adjacency;
 pub mod page;
 pub mod pool;
 pub mod source;
+pub mod warp;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod kernels;

@@ -13,7 +13,10 @@ use gpu_kernel::graph::pool::PagePool;
 use super::batch::GroupedBatch;
 use crate::device_heap::DeviceHeap;
 use crate::error::{DriverCall, Error, Result};
-use crate::gpu::{Arg, Gpu};
+use crate::gpu::{Arg, BLOCK_THREADS, Gpu};
+
+// The warp kernels need whole warps: a block is a multiple of a warp.
+const _: () = assert!(BLOCK_THREADS.is_multiple_of(gpu_kernel::arch::WARP_SIZE));
 
 /// A pool of pages in GPU memory with its free list.
 pub struct DevicePool {
@@ -101,6 +104,40 @@ impl Pages<'_> {
     }
 }
 
+/// Who applies a batch entry (one source vertex and its targets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateBy {
+    /// One thread per vertex (`graph_insert_heap`, …).
+    Thread,
+    /// One warp per vertex (`graph_insert_warp_heap`, …).
+    Warp,
+}
+
+impl UpdateBy {
+    /// The name in reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            UpdateBy::Thread => "thread",
+            UpdateBy::Warp => "warp",
+        }
+    }
+
+    /// Threads to launch for `entries` batch entries.
+    fn threads(&self, entries: u64) -> u64 {
+        match self {
+            UpdateBy::Thread => entries,
+            UpdateBy::Warp => entries * gpu_kernel::arch::WARP_SIZE as u64,
+        }
+    }
+
+    fn kernel_infix(&self) -> &'static str {
+        match self {
+            UpdateBy::Thread => "",
+            UpdateBy::Warp => "warp_",
+        }
+    }
+}
+
 /// A batch in GPU memory.
 pub struct DeviceBatch {
     sources: CudaSlice<u64>,
@@ -153,7 +190,7 @@ impl DeviceGraph {
         ]
     }
 
-    fn update(&self, op: &str, pages: Pages, batch: &DeviceBatch) -> Result<()> {
+    fn update(&self, op: &str, pages: Pages, by: UpdateBy, batch: &DeviceBatch) -> Result<()> {
         let mut args = pages.args();
         args.extend(self.graph_args());
         args.extend([
@@ -162,18 +199,30 @@ impl DeviceGraph {
             Arg::U64(self.gpu.address(&batch.targets)),
             Arg::U64(batch.len),
         ]);
-        let kernel = format!("graph_{op}_{}", pages.name());
-        self.gpu.launch(&kernel, batch.len, &args)
+        let kernel = format!("graph_{op}_{}{}", by.kernel_infix(), pages.name());
+        self.gpu.launch(&kernel, by.threads(batch.len), &args)
     }
 
-    /// Launches the insertion of `batch` (duplicates ignored).
+    /// Launches the insertion of `batch` (duplicates ignored), one thread
+    /// per vertex.
     pub fn insert(&self, pages: Pages, batch: &DeviceBatch) -> Result<()> {
-        self.update("insert", pages, batch)
+        self.insert_by(pages, UpdateBy::Thread, batch)
     }
 
-    /// Launches the deletion of `batch` (absent edges ignored).
+    /// Launches the deletion of `batch` (absent edges ignored), one thread
+    /// per vertex.
     pub fn delete(&self, pages: Pages, batch: &DeviceBatch) -> Result<()> {
-        self.update("delete", pages, batch)
+        self.delete_by(pages, UpdateBy::Thread, batch)
+    }
+
+    /// Launches the insertion of `batch` by threads or warps.
+    pub fn insert_by(&self, pages: Pages, by: UpdateBy, batch: &DeviceBatch) -> Result<()> {
+        self.update("insert", pages, by, batch)
+    }
+
+    /// Launches the deletion of `batch` by threads or warps.
+    pub fn delete_by(&self, pages: Pages, by: UpdateBy, batch: &DeviceBatch) -> Result<()> {
+        self.update("delete", pages, by, batch)
     }
 
     /// Launches the return of every page to `pages`, emptying the graph.

@@ -66,6 +66,41 @@ impl Reference {
         self.adjacency.iter().map(|s| s.len() as u64).sum()
     }
 
+    /// Like [`Reference::first_difference`], but fast when the graphs agree
+    /// (for graphs of 10^7 edges and more): first compares edge counts and
+    /// the order-independent [`fingerprint`]s, and only if they differ looks
+    /// for the first differing vertex. Equal graphs always pass; a wrong one
+    /// passes only if its fingerprint collides (a 64-bit sum of mixed
+    /// `(vertex, target)` pairs: about 2^-64 for a given error).
+    pub fn quick_difference(&self, adjacency: &[Vec<u32>]) -> Option<String> {
+        let edges: u64 = adjacency.iter().map(|l| l.len() as u64).sum();
+        if adjacency.len() == self.adjacency.len()
+            && edges == self.edge_count()
+            && fingerprint(
+                adjacency
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(v, l)| l.iter().map(move |&t| (v as u32, t))),
+            ) == self.fingerprint()
+        {
+            return None;
+        }
+        Some(
+            self.first_difference(adjacency)
+                .unwrap_or_else(|| "fingerprints differ (an edge repeated?)".into()),
+        )
+    }
+
+    /// The [`fingerprint`] of this graph.
+    pub fn fingerprint(&self) -> u64 {
+        fingerprint(
+            self.adjacency
+                .iter()
+                .enumerate()
+                .flat_map(|(v, s)| s.iter().map(move |&t| (v as u32, t))),
+        )
+    }
+
     /// The first vertex whose edges differ from `adjacency` (one sorted or
     /// unsorted list per vertex), described; `None` if all agree.
     pub fn first_difference(&self, adjacency: &[Vec<u32>]) -> Option<String> {
@@ -91,4 +126,15 @@ impl Reference {
         }
         None
     }
+}
+
+/// An order-independent fingerprint of an edge multiset: the wrapping sum of
+/// a 64-bit mix (SplitMix64's finaliser) of each `(source, target)` pair.
+pub fn fingerprint(edges: impl Iterator<Item = (u32, u32)>) -> u64 {
+    edges.fold(0u64, |sum, (s, t)| {
+        let mut z = ((s as u64) << 32 | t as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        sum.wrapping_add(z ^ (z >> 31))
+    })
 }
