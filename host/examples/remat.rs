@@ -13,6 +13,8 @@
 //!                  NAME.overhead.png and NAME.sweep.txt
 //!   --step S       ratio step of the sweep (0.05)
 //!   --out DIR      where the sweep's files go (results/remat)
+//!   --memory-ablation  each policy with recompute-memory pricing off and on
+//!                  (minimum ratio, overhead at 0.9, 0.7, 0.5)
 //! ```
 //! The same runs as `gpumalloc remat TRACE --budget R` / `--sweep`.
 
@@ -22,7 +24,7 @@ mod usage;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use host::remat::compare::{min_ratios, sweep, table};
+use host::remat::compare::{memory_ablation, min_ratios, sweep, table};
 use host::remat::sweep::{Command, run_command};
 use host::remat::synth;
 use host::remat::{Coop, RematResult, ReplayOptions, Trace, budget_for, replay};
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let (mut traces, mut budgets, mut do_sweep) = (Vec::new(), Vec::new(), false);
+    let mut do_ablation = false;
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -49,6 +52,7 @@ fn run() -> Result<(), String> {
         match a.as_str() {
             "--budget" => budgets.push(number(value("a ratio")?)?),
             "--sweep" => do_sweep = true,
+            "--memory-ablation" => do_ablation = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
             "-h" | "--help" => {
@@ -61,6 +65,13 @@ fn run() -> Result<(), String> {
     }
     if traces.is_empty() {
         return synthetic().map_err(|e| e.to_string());
+    }
+    if do_ablation {
+        for path in &traces {
+            let recorded = host::remat::Recorded::read(path).map_err(|e| e.to_string())?;
+            println!("{}\n{}", path.display(), memory_ablation(&recorded.trace));
+        }
+        return Ok(());
     }
     if budgets.is_empty() && !do_sweep {
         budgets.push(0.5);

@@ -21,8 +21,8 @@ use host::remat::{
 
 fn all_policies() -> Vec<Box<dyn EvictionPolicy>> {
     vec![
-        Box::new(Dtr),
-        Box::new(Dte),
+        Box::new(Dtr::default()),
+        Box::new(Dte::default()),
         Box::new(Coop::default()),
         Box::new(Coop::grouped()),
     ]
@@ -88,7 +88,7 @@ fn motivating_example_dtr_scatters_coop_evicts_one_window() {
         pinned: false,
     };
     let (mut pool, mut table) = motivating_layout();
-    let mut dtr = Dtr;
+    let mut dtr = Dtr::default();
     let mut evicted = Vec::new();
     while pool.first_fit(REQUEST).is_none() {
         let ctx = SearchContext {
@@ -177,7 +177,7 @@ fn coop_recomputes_in_place_where_copy_on_write_runs_out() {
     };
     let coop = replay(&trace, 100, &mut Coop::default(), options);
     assert!(coop.finished() && coop.evictions == 0, "{coop:?}");
-    let dtr = replay(&trace, 100, &mut Dtr, options);
+    let dtr = replay(&trace, 100, &mut Dtr::default(), options);
     assert!(
         matches!(
             dtr.error,
@@ -664,4 +664,87 @@ fn sweep_of_a_recorded_trace_writes_csv_text_and_png() {
     let png = std::fs::read(&files[1]).expect("written");
     assert_eq!(&png[1..4], b"PNG");
     std::fs::remove_dir_all(&dir).expect("temp dir");
+}
+
+/// GPT-2's embedding gradient in miniature: `a` (log-softmax), `n` (the
+/// loss gradient) and `g` (log-softmax backward), 100 bytes each, cost 1,
+/// have been dropped by the program; `e` (the embedding gradient, 20 bytes,
+/// cost 1, made from `g` and the pinned `h`) and `k` (20 bytes, cost 20, made
+/// from `h`) fill the pool with `h`. Evicting `e` frees 20 bytes, but
+/// bringing it back needs `a`, `n` and `g` again, 300 bytes at once.
+fn embedding_gradient_layout() -> (Pool, TensorTable, [usize; 2]) {
+    let mut table = TensorTable::default();
+    let mut pool = Pool::new(50);
+    let h = table.add(10, 0.0, vec![], true).expect("ordered");
+    let a = table.add(100, 1.0, vec![h], false).expect("ordered");
+    let n = table.add(100, 1.0, vec![a], false).expect("ordered");
+    let g = table.add(100, 1.0, vec![n, a], false).expect("ordered");
+    let e = table.add(20, 1.0, vec![g, h], false).expect("ordered");
+    let k = table.add(20, 20.0, vec![h], false).expect("ordered");
+    for t in [a, n, g] {
+        table.set_resident(t, 0, 1).expect("known");
+        table.drop_value(t, Residency::Released).expect("known");
+    }
+    for (t, addr, size) in [(e, 0, 20), (k, 20, 20), (h, 40, 10)] {
+        pool.place(t, addr, size).expect("free");
+        table.set_resident(t, addr, 1).expect("known");
+    }
+    (pool, table, [e, k])
+}
+
+#[test]
+fn recompute_peak_follows_missing_inputs() {
+    let (_, table, [e, k]) = embedding_gradient_layout();
+    assert_eq!(
+        table.recompute_peak(e, 0),
+        120,
+        "depth 0: the tensor and its missing input"
+    );
+    assert_eq!(
+        table.recompute_peak(e, 3),
+        300,
+        "recomputing g holds n, a and g at once"
+    );
+    assert_eq!(
+        table.recompute_peak(k, 3),
+        20,
+        "inputs resident: its own size"
+    );
+    assert_eq!(
+        table.projected_cost(e),
+        4.0,
+        "the compute cost already counts the dropped chain"
+    );
+}
+
+#[test]
+fn priced_recompute_memory_keeps_the_embedding_gradient() {
+    let request = Request {
+        size: 20,
+        cheap: false,
+        pinned: false,
+    };
+    let (pool, table, [e, k]) = embedding_gradient_layout();
+    let ctx = SearchContext {
+        pool: &pool,
+        tensors: &table,
+        now: 2,
+    };
+    let victims = |policy: &mut dyn EvictionPolicy| {
+        policy
+            .next_eviction(&ctx, &request)
+            .expect("something evictable")
+            .victims
+    };
+    let paper = &mut Coop {
+        price_recompute_memory: false,
+        ..Coop::default()
+    };
+    assert_eq!(victims(paper), [e], "as published, Coop evicts e");
+    assert_eq!(victims(&mut Coop::default()), [k], "priced, it keeps e");
+    assert_eq!(victims(&mut Dtr::default()), [e], "so does published DTR");
+    let priced = &mut Dtr {
+        price_recompute_memory: true,
+    };
+    assert_eq!(victims(priced), [k], "and DTR with the pricing keeps e");
 }

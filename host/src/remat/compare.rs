@@ -15,8 +15,8 @@ pub type PolicyMaker = (&'static str, fn() -> Box<dyn EvictionPolicy>);
 /// (Coop with unevictable tensors grouped at the ends of the pool).
 pub fn all_policies() -> Vec<PolicyMaker> {
     vec![
-        ("DTR", || Box::new(Dtr)),
-        ("DTE", || Box::new(Dte)),
+        ("DTR", || Box::new(Dtr::default())),
+        ("DTE", || Box::new(Dte::default())),
         ("Coop", || Box::new(Coop::default())),
         ("Coop-G", || Box::new(Coop::grouped())),
     ]
@@ -68,6 +68,71 @@ pub fn table(title: &str, rows: &[(f64, Report)]) -> String {
             r.evictions,
             r.search_us_mean()
         );
+    }
+    out
+}
+
+/// Each policy with recompute-memory pricing off and on: the bisected
+/// minimum budget ratio and the overhead at a few ratios (✗: fails). Coop
+/// and Coop-G price it by default and DTR and DTE do not; this shows what
+/// the pricing alone does to each.
+pub fn memory_ablation(trace: &Trace) -> String {
+    const RATIOS: [f64; 3] = [0.9, 0.7, 0.5];
+    let makers: [(&str, bool, fn(bool) -> Box<dyn EvictionPolicy>); 4] = [
+        ("DTR", false, |on| {
+            Box::new(Dtr {
+                price_recompute_memory: on,
+            })
+        }),
+        ("DTE", false, |on| {
+            Box::new(Dte {
+                price_recompute_memory: on,
+            })
+        }),
+        ("Coop", true, |on| {
+            Box::new(Coop {
+                price_recompute_memory: on,
+                ..Coop::default()
+            })
+        }),
+        ("Coop-G", true, |on| {
+            Box::new(Coop {
+                price_recompute_memory: on,
+                ..Coop::grouped()
+            })
+        }),
+    ];
+    let mut out = String::from("recompute-memory pricing: policy, pricing, min ratio, overhead at");
+    for r in RATIOS {
+        let _ = write!(out, " {r}");
+    }
+    out.push('\n');
+    for (name, default, make) in makers {
+        for on in [false, true] {
+            let min = min_budget_ratio(trace, &|| make(on), (0.05, 1.2), 0.005);
+            let min = min.map_or("-".to_string(), |m| format!("{m:.3}"));
+            let mark = if on == default { " (default)" } else { "" };
+            let _ = write!(
+                out,
+                "  {name:>6} {:>3}{mark:10} {min:>6}",
+                if on { "on" } else { "off" }
+            );
+            for ratio in RATIOS {
+                let r = replay(
+                    trace,
+                    budget_for(trace, ratio),
+                    make(on).as_mut(),
+                    ReplayOptions::default(),
+                );
+                let cell = if r.finished() {
+                    format!("{:.1}%", 100.0 * r.overhead())
+                } else {
+                    "✗".to_string()
+                };
+                let _ = write!(out, " {cell:>7}");
+            }
+            out.push('\n');
+        }
     }
     out
 }

@@ -139,6 +139,33 @@ impl TensorTable {
         self.tensors[id].cost + self.classes.neighbour_cost(&self.neighbours(id))
     }
 
+    /// Bytes that must be resident at once to recompute `id` from what is
+    /// resident now: the tensor, its missing (evicted or released) inputs,
+    /// and, for each of those in turn, what recomputing it needs on top of
+    /// the missing siblings recomputed before it (the executor recomputes
+    /// inputs in order and holds each until its consumer runs). Followed
+    /// `depth` levels up the graph of missing tensors; deeper ancestors count
+    /// as resident, so this is a lower bound on the true peak.
+    pub fn recompute_peak(&self, id: TensorId, depth: u32) -> u64 {
+        let tensor = &self.tensors[id];
+        let mut missing: Vec<TensorId> = Vec::new();
+        for &input in &tensor.inputs {
+            if !self.is_resident(input) && !missing.contains(&input) {
+                missing.push(input);
+            }
+        }
+        let held: u64 = missing.iter().map(|&i| self.tensors[i].size).sum();
+        let mut peak = tensor.size + held;
+        if depth > 0 {
+            let mut before = 0u64;
+            for &input in &missing {
+                peak = peak.max(before + self.recompute_peak(input, depth - 1));
+                before += self.tensors[input].size;
+            }
+        }
+        peak
+    }
+
     /// Logical time since the last use, at least 1.
     pub fn staleness(&self, id: TensorId, now: u64) -> f64 {
         (now.saturating_sub(self.tensors[id].last_access) + 1) as f64

@@ -33,7 +33,7 @@
 //! Owned by one executor; single-threaded. Keeps the step count of its last
 //! search so that tests can check that the search is linear.
 
-use super::{Eviction, EvictionPolicy, Request, SearchContext};
+use super::{Eviction, EvictionPolicy, Request, SearchContext, recompute_amplification};
 
 /// One interval as the window search sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -165,6 +165,9 @@ pub struct Coop {
     /// Unevictable tensors placed against the ends of the pool or other
     /// unevictable tensors (not in the paper; off by default).
     pub pinned_at_ends: bool,
+    /// A tensor's score is scaled by its recompute amplification (not in
+    /// the paper; on by default here, see the module docs).
+    pub price_recompute_memory: bool,
     /// Pointer moves of the last search.
     pub last_steps: usize,
     /// Intervals seen by the last search.
@@ -177,6 +180,7 @@ impl Default for Coop {
             partition: true,
             in_place: true,
             pinned_at_ends: false,
+            price_recompute_memory: true,
             last_steps: 0,
             last_items: 0,
         }
@@ -193,16 +197,15 @@ impl Coop {
     }
 
     /// The pool as window items.
-    pub fn items(ctx: &SearchContext<'_>) -> Vec<WindowItem> {
+    pub fn items(&self, ctx: &SearchContext<'_>) -> Vec<WindowItem> {
         ctx.pool
             .intervals()
             .map(|i| {
                 let (score, pinned) = match i.tensor {
                     None => (Some(0.0), false),
-                    Some(t) if ctx.tensors.is_evictable(t) => (
-                        Some(ctx.tensors.projected_cost(t) / ctx.tensors.staleness(t, ctx.now)),
-                        false,
-                    ),
+                    Some(t) if ctx.tensors.is_evictable(t) => {
+                        (Some(self.score(ctx, t, i.size)), false)
+                    }
                     Some(t) => (None, ctx.tensors.get(t).is_ok_and(|t| t.pinned)),
                 };
                 WindowItem {
@@ -213,6 +216,17 @@ impl Coop {
                 }
             })
             .collect()
+    }
+
+    /// An evictable tensor's score: h = c / s, the projected cost over
+    /// staleness, times the recompute amplification when priced.
+    fn score(&self, ctx: &SearchContext<'_>, t: usize, size: u64) -> f64 {
+        let h = ctx.tensors.projected_cost(t) / ctx.tensors.staleness(t, ctx.now);
+        if self.price_recompute_memory {
+            h * recompute_amplification(ctx, t, size)
+        } else {
+            h
+        }
     }
 
     /// Where `request` goes in the span `(start, bytes)`: against the anchor
@@ -240,7 +254,7 @@ impl EvictionPolicy for Coop {
     }
 
     fn next_eviction(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<Eviction> {
-        let items = Coop::items(ctx);
+        let items = self.items(ctx);
         let (mut found, mut steps) = (None, 0);
         if request.pinned && self.pinned_at_ends {
             let (anchored, anchored_steps) = cheapest_anchored_window(&items, request.size);

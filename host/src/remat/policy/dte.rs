@@ -5,11 +5,17 @@
 //! swapping), with the compute-time coefficient 1, as in the paper's own DTE.
 //! Stateless; single-threaded.
 
-use super::{Eviction, EvictionPolicy, Request, SearchContext, lowest_score};
+use super::{
+    Eviction, EvictionPolicy, Request, SearchContext, lowest_score, recompute_amplification,
+};
 
 /// The DTE policy.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Dte;
+pub struct Dte {
+    /// Scale the score by the recompute amplification (not in the
+    /// published policy; off by default, for the ablation only).
+    pub price_recompute_memory: bool,
+}
 
 impl EvictionPolicy for Dte {
     fn name(&self) -> &'static str {
@@ -20,7 +26,12 @@ impl EvictionPolicy for Dte {
         let victim = lowest_score(ctx, |t| {
             let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1));
             let span = (size + ctx.pool.adjacent_free(t)) as f64;
-            ctx.tensors.projected_cost(t) / (span * ctx.tensors.staleness(t, ctx.now))
+            let h = ctx.tensors.projected_cost(t) / (span * ctx.tensors.staleness(t, ctx.now));
+            if self.price_recompute_memory {
+                h * recompute_amplification(ctx, t, size)
+            } else {
+                h
+            }
         })?;
         Some(Eviction {
             victims: vec![victim],

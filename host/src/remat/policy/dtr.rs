@@ -4,11 +4,17 @@
 //! size and s the staleness; repeat until the new tensor fits. New tensors go
 //! first-fit, as in a conventional allocator. Stateless; single-threaded.
 
-use super::{Eviction, EvictionPolicy, Request, SearchContext, lowest_score};
+use super::{
+    Eviction, EvictionPolicy, Request, SearchContext, lowest_score, recompute_amplification,
+};
 
 /// The DTR policy.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Dtr;
+pub struct Dtr {
+    /// Scale the score by the recompute amplification (not in the
+    /// published policy; off by default, for the ablation only).
+    pub price_recompute_memory: bool,
+}
 
 impl EvictionPolicy for Dtr {
     fn name(&self) -> &'static str {
@@ -17,8 +23,14 @@ impl EvictionPolicy for Dtr {
 
     fn next_eviction(&mut self, ctx: &SearchContext<'_>, _request: &Request) -> Option<Eviction> {
         let victim = lowest_score(ctx, |t| {
-            let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1)) as f64;
-            ctx.tensors.projected_cost(t) / (size * ctx.tensors.staleness(t, ctx.now))
+            let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1));
+            let h =
+                ctx.tensors.projected_cost(t) / (size as f64 * ctx.tensors.staleness(t, ctx.now));
+            if self.price_recompute_memory {
+                h * recompute_amplification(ctx, t, size)
+            } else {
+                h
+            }
         })?;
         Some(Eviction {
             victims: vec![victim],

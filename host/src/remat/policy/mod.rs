@@ -76,6 +76,22 @@ pub trait EvictionPolicy {
     }
 }
 
+/// Levels of missing inputs followed when a tensor's recompute peak is
+/// priced (`TensorTable::recompute_peak`).
+pub const RECOMPUTE_DEPTH: u32 = 3;
+
+/// Recompute amplification of an evictable tensor of `size` bytes: the bytes
+/// that recomputing it from what is resident now needs at once, over the
+/// bytes that evicting it frees (at least 1; exactly 1 when its inputs are
+/// all resident). A policy that prices recompute memory multiplies its score
+/// by it, so that a small tensor whose inputs are gone (GPT-2's embedding
+/// gradient, 147 MiB, needing three 785 MiB logits-sized tensors back) is
+/// evicted only when nothing cheaper is left.
+pub fn recompute_amplification(ctx: &SearchContext<'_>, t: TensorId, size: u64) -> f64 {
+    let peak = ctx.tensors.recompute_peak(t, RECOMPUTE_DEPTH);
+    peak.max(size) as f64 / size.max(1) as f64
+}
+
 /// The resident, evictable tensor with the lowest score, if any.
 pub(crate) fn lowest_score(
     ctx: &SearchContext<'_>,
