@@ -148,22 +148,22 @@ impl TensorTable {
     /// as resident, so this is a lower bound on the true peak.
     pub fn recompute_peak(&self, id: TensorId, depth: u32) -> u64 {
         let tensor = &self.tensors[id];
-        let mut missing: Vec<TensorId> = Vec::new();
-        for &input in &tensor.inputs {
-            if !self.is_resident(input) && !missing.contains(&input) {
-                missing.push(input);
+        let inputs = &tensor.inputs;
+        // Missing inputs, each once (an op may read a tensor twice); input
+        // lists are short, so the quadratic check allocates nothing.
+        let missing = inputs
+            .iter()
+            .enumerate()
+            .filter(|&(k, &i)| !self.is_resident(i) && !inputs[..k].contains(&i))
+            .map(|(_, &i)| i);
+        let (mut held, mut chain) = (0u64, 0u64);
+        for input in missing {
+            if depth > 0 {
+                chain = chain.max(held + self.recompute_peak(input, depth - 1));
             }
+            held += self.tensors[input].size;
         }
-        let held: u64 = missing.iter().map(|&i| self.tensors[i].size).sum();
-        let mut peak = tensor.size + held;
-        if depth > 0 {
-            let mut before = 0u64;
-            for &input in &missing {
-                peak = peak.max(before + self.recompute_peak(input, depth - 1));
-                before += self.tensors[input].size;
-            }
-        }
-        peak
+        (tensor.size + held).max(chain)
     }
 
     /// Logical time since the last use, at least 1.
