@@ -78,7 +78,9 @@ pub fn table(title: &str, rows: &[(f64, Report)]) -> String {
 /// the pricing alone does to each.
 pub fn memory_ablation(trace: &Trace) -> String {
     const RATIOS: [f64; 3] = [0.9, 0.7, 0.5];
-    let makers: [(&str, bool, fn(bool) -> Box<dyn EvictionPolicy>); 4] = [
+    // (name, pricing on by default, the policy with pricing off or on)
+    type Maker = (&'static str, bool, fn(bool) -> Box<dyn EvictionPolicy>);
+    let makers: [Maker; 4] = [
         ("DTR", false, |on| {
             Box::new(Dtr {
                 price_recompute_memory: on,

@@ -28,6 +28,15 @@
 //! the same two-pointer sweep, once forwards (windows whose right neighbour
 //! anchors) and once backwards (left neighbour), so still O(N).
 //!
+//! Recompute-memory pricing (`price_recompute_memory`, not in the paper, on
+//! by default): an evictable tensor's score is multiplied by its recompute
+//! amplification (`super::recompute_amplification`), the bytes its
+//! recomputation would need at once over its own size, so that a small
+//! tensor whose inputs are gone (GPT-2's embedding gradient, 147 MiB, whose
+//! recomputation needs three 785 MiB logits-sized tensors) is not evicted
+//! while cheaper room exists. The projected cost already counts the compute
+//! time of those inputs; this prices their memory.
+//!
 //! Each layout rule can be switched off (or on) for ablations.
 //!
 //! Owned by one executor; single-threaded. Keeps the step count of its last
