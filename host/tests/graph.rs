@@ -404,17 +404,23 @@ fn cpu_heap() -> CpuHeap {
     .unwrap()
 }
 
-#[test]
-fn graph_on_the_cpu_heap_matches_the_reference() {
+/// Rounds with and without deletion on a fresh CPU heap, updated `how`;
+/// after clearing, the heap is whole.
+fn rounds_on_the_cpu_heap_leave_it_whole(how: Apply) {
     let heap = cpu_heap();
     for delete in [true, false] {
-        let graph = rounds(heap.heap(), Apply::Threads, 10, 20, delete);
+        let graph = rounds(heap.heap(), how, 10, 20, delete);
         graph.clear(heap.heap());
         heap.flush();
         let s = heap.stats();
         assert_eq!(s.live_bytes, 0, "{s:?}");
         assert_eq!(s.free_segments, s.segments, "{s:?}");
     }
+}
+
+#[test]
+fn graph_on_the_cpu_heap_matches_the_reference() {
+    rounds_on_the_cpu_heap_leave_it_whole(Apply::Threads);
 }
 
 #[test]
@@ -460,15 +466,7 @@ const WARPS: Apply = Apply::Warps { warps: 3, lanes: 4 };
 
 #[test]
 fn warp_graph_on_the_cpu_heap_matches_the_reference() {
-    let heap = cpu_heap();
-    for delete in [true, false] {
-        let graph = rounds(heap.heap(), WARPS, 10, 20, delete);
-        graph.clear(heap.heap());
-        heap.flush();
-        let s = heap.stats();
-        assert_eq!(s.live_bytes, 0, "{s:?}");
-        assert_eq!(s.free_segments, s.segments, "{s:?}");
-    }
+    rounds_on_the_cpu_heap_leave_it_whole(WARPS);
 }
 
 #[test]

@@ -19,7 +19,7 @@ use std::time::Instant;
 use gpu_kernel::workload::SplitMix64;
 use host::lake::synthetic::{Gpt2Shape, gpt2_trace};
 use host::lake::{Event, EventKind, Site, Trace};
-use host::plan::pool::model_pool;
+use host::plan::pool::{drive, model_pool};
 use host::plan::profile::peak_live;
 use host::plan::{
     Part, Placement, Plan, PlannedArena, Profile, ProfileConfig, RuntimeStats, SynthConfig,
@@ -597,24 +597,7 @@ fn planned_mode_reaches_097_by_the_pools_own_counters() {
     let pool = model_pool(2 << 20, 64 << 30);
     pool.use_plan(plan.clone()).unwrap();
     let calls = pool.stats().driver_calls;
-    let mut at: HashMap<u64, u64> = HashMap::new();
-    let mut phase = None;
-    for e in &trace.events {
-        if phase.is_some_and(|p| p != e.site.phase) {
-            pool.mark_step();
-        }
-        phase = Some(e.site.phase);
-        match e.kind {
-            EventKind::Alloc => {
-                at.insert(e.addr, pool.alloc(e.size, StreamId(0)).unwrap());
-            }
-            EventKind::Free => {
-                if let Some(a) = at.remove(&e.addr) {
-                    pool.free(a, StreamId(0)).unwrap();
-                }
-            }
-        }
-    }
+    drive(&pool, &trace).unwrap();
     let st = pool.stats();
     let eff = st.peak_active_bytes as f64 / st.peak_reserved_bytes as f64;
     eprintln!(

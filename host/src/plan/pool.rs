@@ -54,6 +54,19 @@ pub fn model_pool(granularity: u64, limit_bytes: u64) -> StreamPool<ModelVmm, Mo
 pub fn replay(plan: &Plan, trace: &Trace, limit_bytes: u64) -> Result<PoolReplay, String> {
     let pool = model_pool(trace.granularity, limit_bytes);
     pool.use_plan(plan.clone()).map_err(|e| e.to_string())?;
+    let peak_reserved = drive(&pool, trace)?;
+    pool.check()?;
+    Ok(PoolReplay {
+        stats: pool.plan_stats().unwrap_or_default(),
+        peak_live: peak_live(trace),
+        peak_reserved,
+    })
+}
+
+/// Sends `trace`'s requests and frees to `pool` on their streams, with a
+/// step mark at each change of the phase tag; the peak of the lake's
+/// physical bytes meanwhile.
+pub fn drive(pool: &StreamPool<ModelVmm, ModelEvents>, trace: &Trace) -> Result<u64, String> {
     let mut at: HashMap<u64, u64> = HashMap::new();
     let mut phase = None;
     let mut peak_reserved = pool.lake().reserved_bytes();
@@ -76,10 +89,5 @@ pub fn replay(plan: &Plan, trace: &Trace, limit_bytes: u64) -> Result<PoolReplay
         }
         peak_reserved = peak_reserved.max(pool.lake().reserved_bytes());
     }
-    pool.check()?;
-    Ok(PoolReplay {
-        stats: pool.plan_stats().unwrap_or_default(),
-        peak_live: peak_live(trace),
-        peak_reserved,
-    })
+    Ok(peak_reserved)
 }
