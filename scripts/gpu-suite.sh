@@ -11,11 +11,12 @@ BIN=$GPUMALLOC_BIN
 OUT=${OUT:-results/gpu}
 mkdir -p "$OUT"
 status=0
-# step LOG CMD...: runs CMD into LOG, shows its tail, records failure.
+# step LOG CMD...: runs CMD into LOG (killed after $STEP_TIMEOUT seconds, so one
+# hang cannot eat the run), shows its tail, records failure.
 step() {
   local log=$1; shift
   echo "== $*"
-  "$@" > "$log" 2>&1
+  timeout "${STEP_TIMEOUT:-600}" "$@" > "$log" 2>&1
   local rc=$?
   tail -n "${TAIL:-25}" "$log"
   if [ $rc -ne 0 ]; then echo "FAILED ($rc): $*"; status=1; fi
