@@ -345,7 +345,19 @@ def run(args):
             result["mem_fraction"] = args.mem_fraction
     mem = Memory(torch, args.allocator, device, gm)
     hooks = PlanHooks(args, gm, cuda)
-    hooks.start()
+    try:
+        hooks.start()
+    except RuntimeError as e:
+        # A plan whose arena the device cannot hold is this batch not fitting in planned
+        # mode (at the memory boundary), not a crash of the benchmark.
+        msg = str(e)
+        result["oom"] = "cannot hold the plan's arena" in msg
+        result["status"] = "oom" if result["oom"] else "error"
+        if result["oom"]:
+            result["oom_step"] = -1  # before step 0
+        result["error"] = msg.splitlines()[0][:300]
+        log(f"{result['status']} before step 0 (loading the plan): {result['error']}")
+        return result
     tracing = bool(args.trace_out) and cuda
     if args.trace_out and args.allocator != "default":
         log("warning: --trace-out is meant for the default allocator")
