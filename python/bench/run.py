@@ -24,15 +24,26 @@ starting runs after that many seconds):
   throughput  tokens/s without probes, 40 steps whose first 8 lengths repeat,
               at batch 16 (3 repetitions, allocators interleaved) and 32 (2):
               new-length and repeated-length windows; ours' time in
-              malloc/free and in VMM calls per step -> throughput.md.
+              malloc/free and in VMM calls per step -> throughput.md. The
+              allocator `planned` (this suite only) is ours serving a plan:
+              one profiling process per batch first (plan-profile-tp-bN),
+              then interleaved like the others; throughput.md adds its plan
+              counters per run, what the profile covered, and issue 14's
+              "within 1% of the default" verdict (repeated lengths, pooled).
   planned     the planned mode (issue 14): per configuration (GPT-2 at batch
               16/32/64, GPT-2+LoRA at batch 32; --planned-configs) ours
-              records steps 0..3 and synthesizes a plan in-process
-              (plan-profile-*), then a fresh process trains 6 steps with it
-              (planned-*); then --allocators at the same configurations as
-              long as the budget lasts -> planned.md (efficiency, tokens/s,
-              plan hits / dynamic / fallbacks, synthesis time, against
+              records steps 0..K (--plan-profile-steps, default 3; with
+              --plan-profile-with, e.g. ours-c2) and synthesizes a plan
+              in-process (plan-profile-*), then a fresh process trains 6
+              steps with it (planned-*); then --allocators at the same
+              configurations as long as the budget lasts -> planned.md
+              (efficiency, tokens/s, plan hits / dynamic / fallbacks,
+              synthesis time, how the profile ended, against
               default/expandable/ours) and one "PLANNED" line per config.
+              Per allocator, a batch larger than one that ran out of memory
+              is skipped, so `--planned-configs 112,113,114 --allocators
+              expandable` probes the largest batch that fits (README_table.md;
+              a profile that runs out of memory leaves no plan: no-plan).
   full        main + sweep + ddp in one command (about 15-20 minutes).
   smoke       CPU-only check of this runner (tiny model, --device cpu).
 --allocators picks a subset; --merge DIR... combines folders into one report.
