@@ -599,8 +599,8 @@ def planned_throughput_lines(runs, profiles, pooled, window="repeated", toleranc
     (tokens/s within `tolerance` of the default's, pooled over the `window` steps)."""
     gib = lambda v: f"{v / report.GIB:.2f}" if v else "-"  # noqa: E731
     lines = ["", "Planned runs (ours serving the plan of one profiling process per batch). Plan "
-             "counters over the whole run; unmatched: requests with no planned request at their "
-             "position (counted among the fallbacks); peaks over the measured steps:", "",
+             "counters over the whole run; unmatched: the fallbacks with no planned request at "
+             "their position; peaks and efficiency over the measured steps:", "",
              "| batch | rep | status | plan hits | dynamic slot | dynamic idle | fallbacks | "
              "unmatched | arena GiB | peak active GiB | peak reserved GiB | efficiency |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

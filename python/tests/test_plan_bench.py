@@ -347,3 +347,15 @@ def test_boundary_probe_reports_which_batches_fit(tmp_path):
     text = (r.out / "planned.md").read_text()
     assert "PLANNED b114: status no-plan (profile run (ours-c2) oom) eff no-plan" in text
     assert "| b114 | no-plan |" in text and "| oom (ours-c2) |" in text
+
+
+def test_planned_options_are_checked_before_any_run(tmp_path, capsys):
+    for argv, why in [
+        (["--suite", "main", "--allocators", "default,planned"], "belongs to --suite throughput"),
+        (["--suite", "planned", "--plan-profile-with", "default"], "ours or a variant"),
+        (["--suite", "throughput", "--plan-profile-steps", "0"], "K >= 1"),
+    ]:
+        with pytest.raises(SystemExit):
+            run.main(argv + ["--out", str(tmp_path / "x")])
+        assert why in capsys.readouterr().err, argv
+    assert not (tmp_path / "x").exists()
