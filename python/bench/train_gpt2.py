@@ -421,7 +421,7 @@ def run(args):
     last_detail = {k: 0 for k in detail_keys}
 
     def alloc_times():
-        if mem.gm is None:
+        if mem.gm is None or not cuda:  # on the CPU (smoke runs) ours is never enabled
             return
         st = mem.gm.stats(0)
         call, drv = int(st.get("call_ns", 0)), int(st.get("driver_ns", 0))
@@ -604,7 +604,9 @@ def main(argv=None):
     try:
         result = run(args)
     except Exception as e:  # report, never die silently
+        # The model too, so a LoRA run that failed is not taken for a plain one (largest batch).
         result = {"allocator": args.allocator, "batch": args.batch, "status": "error",
+                  "model": args.model + ("+lora" if args.lora else ""),
                   "oom": False, "error": repr(e)[:500], "traceback": traceback.format_exc()[-3000:]}
         log(f"error: {e!r}")
     line = json.dumps(result, sort_keys=True)
