@@ -697,7 +697,9 @@ def merge(dirs, out):
     for res in results:
         r.record(res)
     write_full_reports(r)
-    planned = [x for x in results if x.get("allocator") == "planned" and "batch" in x]
+    # The planned suite's runs (the throughput suite's tp-planned-* have their own report).
+    planned = [x for x in results if x.get("allocator") == "planned" and "batch" in x
+               and str(x.get("run", "")).startswith("planned-")]
     if planned:
         configs = []
         for x in planned:
