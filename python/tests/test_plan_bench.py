@@ -359,3 +359,16 @@ def test_planned_options_are_checked_before_any_run(tmp_path, capsys):
             run.main(argv + ["--out", str(tmp_path / "x")])
         assert why in capsys.readouterr().err, argv
     assert not (tmp_path / "x").exists()
+
+
+def test_merge_leaves_throughput_planned_runs_to_throughput_md(tmp_path):
+    import json
+
+    tp = tmp_path / "tp"
+    tp.mkdir()
+    res = {"run": "tp-planned-b16-r1", "allocator": "planned", "batch": 16, "model": "gpt2",
+           "status": "ok", "peak_active": 11 * GIB, "peak_reserved": 12 * GIB, "efficiency": 0.99}
+    (tp / "results.jsonl").write_text(json.dumps(res) + "\n")
+    run.merge([tp], tmp_path / "out")
+    assert not (tmp_path / "out" / "planned.md").exists()
+    assert "ours, planned" in (tmp_path / "out" / "README_table.md").read_text()
