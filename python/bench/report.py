@@ -153,10 +153,22 @@ def markdown(results):
     if lb:
         lines += ["", "| largest batch that fits (no LoRA) | " + " | ".join(LABEL.get(a, a) for a in lb) + " |",
                   "|---|" + "---|" * len(lb),
-                  "| batch (first failing) | " + " | ".join(
-                      f"{ok} ({bad if bad is not None else 'none failed'})" for ok, bad in lb.values())
-                  + " |"]
+                  "| batch (first failing: why) | " + " | ".join(
+                      largest_batch_cell(results, a, ok, bad) for a, (ok, bad) in lb.items()) + " |"]
     return "\n".join(lines) + "\n"
+
+
+def largest_batch_cell(results, alloc, ok, bad):
+    """'112 (120: oom)', 'none (113: no-plan)' or '64 (none failed)': the largest batch
+    tried that fits (none if every batch tried failed) and the first failing one with its
+    status (oom; no-plan where the planned mode's profile could not run; crash ...)."""
+    if bad is None:
+        return f"{ok} (none failed)"
+    status = next((str(r.get("status")) for r in results if r.get("allocator") == alloc
+                   and r.get("batch") == bad and "+lora" not in str(r.get("model", ""))
+                   and r.get("status") not in ("ok", "skipped")
+                   and not str(r.get("run", "")).startswith(("trace-", "plan-profile-"))), "?")
+    return f"{ok if ok is not None else 'none'} ({bad}: {status})"
 
 
 def loss_check(results, tol=LOSS_TOL):

@@ -24,15 +24,26 @@ starting runs after that many seconds):
   throughput  tokens/s without probes, 40 steps whose first 8 lengths repeat,
               at batch 16 (3 repetitions, allocators interleaved) and 32 (2):
               new-length and repeated-length windows; ours' time in
-              malloc/free and in VMM calls per step -> throughput.md.
+              malloc/free and in VMM calls per step -> throughput.md. The
+              allocator `planned` (this suite only) is ours serving a plan:
+              one profiling process per batch first (plan-profile-tp-bN),
+              then interleaved like the others; throughput.md adds its plan
+              counters per run, what the profile covered, and issue 14's
+              "within 1% of the default" verdict (repeated lengths, pooled).
   planned     the planned mode (issue 14): per configuration (GPT-2 at batch
               16/32/64, GPT-2+LoRA at batch 32; --planned-configs) ours
-              records steps 0..3 and synthesizes a plan in-process
-              (plan-profile-*), then a fresh process trains 6 steps with it
-              (planned-*); then --allocators at the same configurations as
-              long as the budget lasts -> planned.md (efficiency, tokens/s,
-              plan hits / dynamic / fallbacks, synthesis time, against
+              records steps 0..K (--plan-profile-steps, default 3; with
+              --plan-profile-with, e.g. ours-c2) and synthesizes a plan
+              in-process (plan-profile-*), then a fresh process trains 6
+              steps with it (planned-*); then --allocators at the same
+              configurations as long as the budget lasts -> planned.md
+              (efficiency, tokens/s, plan hits / dynamic / fallbacks,
+              synthesis time, how the profile ended, against
               default/expandable/ours) and one "PLANNED" line per config.
+              Per allocator, a batch larger than one that ran out of memory
+              is skipped, so `--planned-configs 112,113,114 --allocators
+              expandable` probes the largest batch that fits (README_table.md;
+              a profile that runs out of memory leaves no plan: no-plan).
   full        main + sweep + ddp in one command (about 15-20 minutes).
   smoke       CPU-only check of this runner (tiny model, --device cpu).
 --allocators picks a subset; --merge DIR... combines folders into one report.
@@ -53,6 +64,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402  (pure Python)
+import train_gpt2  # noqa: E402  (imports torch only inside run())
 
 PY = sys.executable
 T_START = time.time()
@@ -250,33 +262,89 @@ def config_tag(batch, lora):
     return f"{'lora-' if lora else ''}b{batch}"
 
 
-def suite_planned(r, allocs, configs, profile_steps=3, steps=6, timeout=180):
-    """Per configuration: a profile run (ours records steps 0..K and synthesizes the plan),
-    then a planned run from it in a fresh process; then the baselines `allocs`."""
+def profile_plan(r, tag, batch, lora=False, steps=3, args=(), profiler="ours", timeout=180):
+    """The planned mode's profiling process: `profiler` (ours or a variant such as
+    `ours-c2`; the requests PyTorch makes do not depend on the pool's settings) records
+    steps 0..`steps` and synthesizes a plan into the scratch folder.
+    Returns (plan path or None, the profile's result, why there is no plan)."""
+    plan = r.scratch / f"plan-{tag}.plan"
+    prof = r.train(f"plan-profile-{tag}", profiler, batch, lora=lora, timeout=timeout,
+                   args=["--plan-profile", str(steps), "--plan-out", str(plan)] + list(args)
+                   + ["--steps", str(steps + 1)])
+    if prof.get("status") == "ok" and plan.exists():
+        return plan, prof, None
+    why = f"profile run ({profiler}) {prof.get('status')}"
+    if prof.get("oom_step") is not None:
+        why += f" at step {prof['oom_step']}"
+    if prof.get("status") == "ok":
+        why += ", no plan file"
+    return None, prof, why
+
+
+def no_plan_result(tag, batch, lora, prof, why):
+    """The planned run that could not be made: "skipped" when the profile was skipped for
+    time, else "no-plan" (a batch the planned mode cannot train, e.g. ours itself runs out
+    of memory while profiling), so the largest-batch table counts it as a failure."""
+    status = "skipped" if prof.get("status") == "skipped" else "no-plan"
+    return {"allocator": "planned", "batch": batch, "model": "gpt2" + ("+lora" if lora else ""),
+            "run": tag, "status": status, "why": why, "profile_status": prof.get("status")}
+
+
+def out_of_memory(res):
+    """Whether a run failed for memory: an OOM, or a plan that could not be made because
+    its profile ran out of memory."""
+    return res.get("status") == "oom" or (res.get("status") == "no-plan"
+                                          and res.get("profile_status") == "oom")
+
+
+def suite_planned(r, allocs, configs, profile_steps=3, steps=6, timeout=180, profiler="ours"):
+    """Per configuration: a profile run (`profiler` records steps 0..K and synthesizes the
+    plan), then a planned run from it in a fresh process; then the baselines `allocs`.
+    Per allocator and model, a batch larger than one that ran out of memory is skipped
+    (so `--planned-configs 113,114` probes the boundary without wasting runs)."""
     kept = False
+    failed = {}  # (allocator, lora) -> smallest batch that ran out of memory
+
+    def already_failed(alloc, batch, lora, name):
+        b = failed.get((alloc, lora))
+        if b is None or batch <= b:
+            return False
+        why = f"batch {b} already ran out of memory"
+        log(f"skip {name}: {why}", r.logf)
+        r.record({"allocator": alloc, "batch": batch, "model": "gpt2" + ("+lora" if lora else ""),
+                  "run": name, "status": "skipped", "why": why})
+        return True
+
+    def note(alloc, batch, lora, res):
+        if out_of_memory(res):
+            failed[(alloc, lora)] = min(batch, failed.get((alloc, lora), batch))
+
     for n, (batch, lora) in enumerate(configs):
         tag = config_tag(batch, lora)
-        plan = r.scratch / f"plan-{tag}.plan"
-        # The first run of ours may build the C++ extension (a minute or two, then cached).
-        prof = r.train(f"plan-profile-{tag}", "ours", batch, lora=lora,
-                       timeout=timeout + (150 if n == 0 else 0),
-                       args=["--plan-profile", str(profile_steps), "--plan-out", str(plan),
-                             "--steps", str(profile_steps + 1)])
-        if prof.get("status") != "ok" or not plan.exists():
-            why = f"profile run {prof.get('status')}" + ("" if plan.exists() else ", no plan file")
-            res = {"allocator": "planned", "batch": batch, "model": "gpt2" + ("+lora" if lora else ""),
-                   "run": f"planned-{tag}", "status": "skipped", "why": why}
-            log(f"skip planned-{tag}: {why}", r.logf)
-            r.record(res)
+        if already_failed("planned", batch, lora, f"planned-{tag}"):
             continue
-        r.train(f"planned-{tag}", "ours", batch, lora=lora, timeout=timeout,
-                args=["--plan", str(plan), "--steps", str(steps)], label="planned")
+        # The first run of ours may build the C++ extension (a minute or two, then cached).
+        plan, prof, why = profile_plan(r, tag, batch, lora, profile_steps, profiler=profiler,
+                                       timeout=timeout + (150 if n == 0 else 0))
+        if plan is None:
+            res = no_plan_result(f"planned-{tag}", batch, lora, prof, why)
+            log(f"{res['status']} planned-{tag}: {why}", r.logf)
+            r.record(res)
+            note("planned", batch, lora, res)
+            continue
+        res = r.train(f"planned-{tag}", "ours", batch, lora=lora, timeout=timeout,
+                      args=["--plan", str(plan), "--steps", str(steps)], label="planned")
+        note("planned", batch, lora, res)
         if not kept:
             kept = r.keep(plan, plan.name) is not None  # one plan file, for the record
     for batch, lora in configs:
         for alloc in allocs:
-            r.train(f"{alloc}-{config_tag(batch, lora)}", alloc, batch, lora=lora, timeout=timeout,
-                    args=["--steps", str(steps)])
+            name = f"{alloc}-{config_tag(batch, lora)}"
+            if already_failed(alloc, batch, lora, name):
+                continue
+            res = r.train(name, alloc, batch, lora=lora, timeout=timeout,
+                          args=["--steps", str(steps)])
+            note(alloc, batch, lora, res)
     text = planned_report(r.results, configs)
     (r.out / "planned.md").write_text(text)
     log("planned:\n" + text, r.logf)
@@ -304,10 +372,12 @@ def planned_report(results, configs):
     lines = ["Planned mode (issue 14): efficiency = peak active / peak reserved over steps 2-5 "
              "(the pool's own counters for ours and planned), tokens/s over steps 2-5. Plan: "
              "hits / dynamic slot / dynamic idle / fallbacks over the whole planned run; synthesis "
-             "on the profiling run's CPU.", "",
+             "on the profiling run's CPU. Profile: that run's status (ours unplanned, steps 0..K; "
+             "where it failed there is no plan, so the planned mode cannot train the "
+             "configuration: status no-plan).", "",
              "| config | planned eff | planned tok/s | " + " | ".join(f"{a} eff | {a} tok/s" for a in others)
-             + " | hits / slot / idle / fallbacks | arena GiB | synthesis s |",
-             "|---|---|---|" + "---|---|" * len(others) + "---|---|---|"]
+             + " | hits / slot / idle / fallbacks | arena GiB | synthesis s | profile |",
+             "|---|---|---|" + "---|---|" * len(others) + "---|---|---|---|"]
     summary = []
     for batch, lora in configs:
         tag = config_tag(batch, lora)
@@ -323,14 +393,31 @@ def planned_report(results, configs):
             o = find(a, tag)
             cells += [eff(o), tps(o)]
         lines.append(f"| {tag} | {eff(res)} | {tps(res)} | " + " | ".join(cells)
-                     + f" | {counts} | {arena} | {synth} |")
-        line = (f"PLANNED {tag}: status {(res or {}).get('status', 'missing')} eff {eff(res)} "
+                     + f" | {counts} | {arena} | {synth} | {profile_cell(prof)} |")
+        status = (res or {}).get("status", "missing")
+        if (res or {}).get("why"):
+            status += f" ({res['why']})"
+        line = (f"PLANNED {tag}: status {status} eff {eff(res)} "
                 f"tok/s {tps(res)} plan {counts} synthesis {synth} s")
         for a in others:
             o = find(a, tag)
             line += f"; {a} eff {eff(o)} tok/s {tps(o)}"
         summary.append(line)
     return "\n".join(lines + [""] + summary) + "\n"
+
+
+def profile_cell(prof):
+    """A profile run in a few words: 'ok (ours, steps 0..3)', 'oom at step 2 (ours-c2)'."""
+    if not prof:
+        return "-"
+    text = str(prof.get("status"))
+    if prof.get("oom_step") is not None:
+        text += f" at step {prof['oom_step']}"
+    where = [str(prof.get("allocator", "ours"))]
+    steps = (prof.get("plan_profile") or {}).get("profiled_steps")
+    if steps:
+        where.append(f"steps 0..{steps}")
+    return f"{text} ({', '.join(where)})"
 
 
 def count_gpus():
@@ -377,7 +464,8 @@ def window_tokens_per_s(res, lo, hi, batch):
     return tm[0] / (tm[1] / 1000.0) if tm and tm[1] else None
 
 
-def suite_throughput(r, allocs, steps=40, cycle=8, plan=((16, 3), (32, 2))):
+def suite_throughput(r, allocs, steps=40, cycle=8, plan=((16, 3), (32, 2)), profile_steps=3,
+                     profiler="ours"):
     """Tokens/s with no probes inside the step, allocators interleaved per
     repetition, and where ours spends host time (malloc/free, VMM calls) per
     step. The first `cycle` sequence lengths repeat (`--length-cycle`), so
@@ -385,28 +473,70 @@ def suite_throughput(r, allocs, steps=40, cycle=8, plan=((16, 3), (32, 2))):
     (PyTorch and cuBLAS set up each new shape on the host, the pools grow),
     and steps cycle..steps-1, where every length has been seen before, as in
     a long run whose lengths repeat: the steady state, bound by the GPU.
-    Steps 2-5 (the main suite's window) are reported too."""
+    Steps 2-5 (the main suite's window) are reported too.
+
+    The allocator `planned` is ours serving a plan: per batch, before the
+    repetitions, one profiling process (as in the planned suite, with the
+    same lengths) records steps 0..K, K at least `profile_steps` and large
+    enough to include the run's longest length after step 0 (the plan's
+    dynamic slots are sized by the longest profiled step; a longer one would
+    fall back); then every repetition trains from that plan like the others."""
     args = ["--steps", str(steps), "--measure-from", str(cycle), "--no-probes",
             "--length-cycle", str(cycle)]
     windows = ((1, cycle - 1, "new lengths"), (2, 5, "2-5"), (cycle, steps - 1, "repeated"))
-    runs = []
+    runs, profiles = [], {}
     for batch, reps in plan:
+        plan_file = None
+        if "planned" in allocs:
+            k = covering_profile_steps(run_lengths(r, steps, cycle), profile_steps)
+            plan_file, prof, why = profile_plan(
+                r, f"tp-b{batch}", batch, steps=k, profiler=profiler, timeout=240,
+                args=["--no-probes", "--length-cycle", str(cycle)])
+            profiles[batch] = prof
+            if plan_file is None:
+                log(f"planned at batch {batch}: {why}", r.logf)
         for rep in range(1, reps + 1):
             # Rotate the order per repetition so that no allocator always runs first.
             order = list(allocs[rep - 1:]) + list(allocs[:rep - 1]) if allocs else []
             for alloc in order:
-                res = r.train(f"tp-{alloc}-b{batch}-r{rep}", alloc, batch, timeout=150, args=args)
+                name = f"tp-{alloc}-b{batch}-r{rep}"
+                if alloc != "planned":
+                    res = r.train(name, alloc, batch, timeout=150, args=args)
+                elif plan_file is not None:
+                    res = r.train(name, "ours", batch, timeout=150, label="planned",
+                                  args=args + ["--plan", str(plan_file)])
+                else:
+                    res = no_plan_result(name, batch, False, profiles[batch], why)
+                    r.record(res)
                 runs.append((batch, rep, alloc, res))
-    text = throughput_report(runs, windows, cycle)
+    text = throughput_report(runs, windows, cycle, profiles)
     (r.out / "throughput.md").write_text(text)
     log("throughput:\n" + text, r.logf)
 
 
-def throughput_report(runs, windows, measure_from):
+def run_lengths(r, steps, cycle):
+    """The sequence lengths train_gpt2.py will use for these runs (its own defaults and
+    the runner's extra options: seed, --seq, --seq-jitter)."""
+    a = train_gpt2.parse_args(["--allocator", "ours"] + list(getattr(r, "extra", [])))
+    return train_gpt2.step_lengths(a.seed, steps, a.seq, a.seq_jitter, cycle)
+
+
+def covering_profile_steps(lengths, k):
+    """The number of steps to profile, at least `k`: enough that steps 1..K include the
+    first step of the longest length after step 0 (step 0 is the plan's prologue)."""
+    later = lengths[1:]
+    if not later:
+        return k
+    return max(k, 1 + later.index(max(later)))
+
+
+def throughput_report(runs, windows, measure_from, profiles=None):
     """Markdown: per run tokens/s in each window and the change against the
     default of the same repetition; ours' host ms per step; then per batch,
     allocator and window the median of those ratios and the pooled ratio
-    (all repetitions' tokens over all their time)."""
+    (all repetitions' tokens over all their time). With `planned` runs, their
+    plan counters, what each batch's profile (`profiles`: {batch: result})
+    covered, and issue 14's tokens/s criterion."""
     names = [w[2] for w in windows]
     lines = ["Tokens/s (no probes; each step ends synchronised), allocators interleaved per "
              "repetition; change against PyTorch's default of the same repetition. Ours: host ms "
@@ -458,7 +588,60 @@ def throughput_report(runs, windows, measure_from):
                       if p and p0 and p[1] and p0[1] else "")
         lines.append(f"- batch {batch}, {alloc}, steps {name}: median {100 * (statistics.median(rs) - 1):+.1f}%"
                      f"{pooled_txt} (each: {', '.join(f'{100 * (x - 1):+.1f}%' for x in rs)})")
+    if any(alloc == "planned" for _, _, alloc, _ in runs):
+        lines += planned_throughput_lines(runs, profiles or {}, pooled)
     return "\n".join(lines) + "\n"
+
+
+def planned_throughput_lines(runs, profiles, pooled, window="repeated", tolerance=0.01):
+    """Markdown lines on the throughput suite's planned runs: the plan's counters and
+    memory per run, what each batch's profile covered, and issue 14's criterion
+    (tokens/s within `tolerance` of the default's, pooled over the `window` steps)."""
+    gib = lambda v: f"{v / report.GIB:.2f}" if v else "-"  # noqa: E731
+    lines = ["", "Planned runs (ours serving the plan of one profiling process per batch). Plan "
+             "counters over the whole run; unmatched: the fallbacks with no planned request at "
+             "their position; peaks and efficiency over the measured steps:", "",
+             "| batch | rep | status | plan hits | dynamic slot | dynamic idle | fallbacks | "
+             "unmatched | arena GiB | peak active GiB | peak reserved GiB | efficiency |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    longest = {}
+    for batch, rep, alloc, res in runs:
+        if alloc != "planned":
+            continue
+        ps = res.get("plan_stats") or {}
+        status = str(res.get("status")) + (f" ({res['why']})" if res.get("why") else "")
+        counts = " | ".join(str(ps.get(k, "-")) for k in
+                            ("plan_hits", "dynamic_slot", "dynamic_idle", "fallbacks", "unmatched"))
+        lines.append(f"| {batch} | {rep} | {status} | {counts} | {gib(ps.get('arena'))} | "
+                     f"{gib(res.get('peak_active'))} | {gib(res.get('peak_reserved'))} | "
+                     f"{res.get('efficiency') if res.get('efficiency') is not None else '-'} |")
+        if len(res.get("seq_lens") or []) > 1:
+            longest[batch] = max(longest.get(batch, 0), max(res["seq_lens"][1:]))
+    lines += ["", "Profiles (step 0 is the plan's prologue; steps 1..K its template):", ""]
+    for batch, prof in sorted(profiles.items()):
+        lens = prof.get("seq_lens") or []
+        info = prof.get("plan_profile") or {}
+        text = f"- batch {batch}: {profile_cell(prof)}"
+        if lens:
+            text += f", lengths {', '.join(map(str, lens))}"
+        if len(lens) > 1 and batch in longest:
+            covered = max(lens[1:]) >= longest[batch]
+            text += (f"; the runs' longest length after step 0 is {longest[batch]}: "
+                     + ("covered" if covered else "NOT covered (longer steps fall back)"))
+        if info.get("synthesis_s") is not None:
+            text += f"; synthesis {info['synthesis_s']} s, arena {gib(info.get('plan_arena'))} GiB"
+        lines.append(text)
+    lines += ["", f"Issue 14 (tokens/s within {100 * tolerance:.0f}% of PyTorch's default once "
+              f"planned), pooled over the {window} steps of every repetition:", ""]
+    for batch in sorted({b for b, _, a, _ in runs if a == "planned"}):
+        p, p0 = pooled.get((batch, "planned", window)), pooled.get((batch, "default", window))
+        if not (p and p0 and p[1] and p0[1]):
+            lines.append(f"- batch {batch}: not measured (a planned or default run missing or not ok)")
+            continue
+        change = (p[0] / p[1]) / (p0[0] / p0[1]) - 1
+        verdict = "met" if change >= -tolerance else "NOT met"
+        lines.append(f"- batch {batch}: planned {change * 100:+.1f}% against the default: {verdict}")
+    return lines
 
 
 def call_detail_line(batch, rep, alloc, res, lo):
@@ -514,7 +697,9 @@ def merge(dirs, out):
     for res in results:
         r.record(res)
     write_full_reports(r)
-    planned = [x for x in results if x.get("allocator") == "planned" and "batch" in x]
+    # The planned suite's runs (the throughput suite's tp-planned-* have their own report).
+    planned = [x for x in results if x.get("allocator") == "planned" and "batch" in x
+               and str(x.get("run", "")).startswith("planned-")]
     if planned:
         configs = []
         for x in planned:
@@ -557,7 +742,7 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--allocators", default=",".join(ALLOCS),
                    help="comma-separated subset of default,expandable,ours; ours-cN is ours "
-                        "with N MiB chunks")
+                        "with N MiB chunks; planned (throughput suite): ours serving a plan")
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no run after this many seconds (default: per suite)")
     p.add_argument("--sweep", default="80,88,96,104,112,120,128,144,160,192,256",
@@ -569,13 +754,28 @@ def main(argv=None):
                    help="passed to every train_gpt2.py run")
     p.add_argument("--planned-configs", default=PLANNED_CONFIGS,
                    help="planned suite: comma-separated batches, loraN for GPT-2+LoRA at batch N")
+    p.add_argument("--plan-profile-steps", type=int, default=3, metavar="K",
+                   help="planned mode: profile steps 0..K (step 0 is the prologue; the template "
+                        "needs the longest step, step 2 at the default seed)")
+    p.add_argument("--plan-profile-with", default="ours", metavar="VARIANT",
+                   help="planned mode: the allocator of the profiling process, ours or a variant "
+                        "(ours-c2: 2 MiB chunks reserve less, for batches at the memory boundary)")
     p.add_argument("--merge", nargs="+", metavar="DIR",
                    help="only combine the results.jsonl of these folders into --out")
     args = p.parse_args(argv)
     allocs = tuple(a for a in args.allocators.split(",") if a and a != "none")
-    bad = [a for a in allocs if allocator_variant(a)[0] not in ALLOCS]
+    if args.suite == "planned":
+        allocs = tuple(a for a in allocs if a != "planned")  # its planned runs are always made
+    elif "planned" in allocs and args.suite != "throughput":
+        p.error("the allocator planned belongs to --suite throughput (and the planned suite)")
+    bad = [a for a in allocs if a != "planned" and allocator_variant(a)[0] not in ALLOCS]
     if bad:
         p.error(f"unknown allocators {bad}")
+    if allocator_variant(args.plan_profile_with)[0] != "ours":
+        p.error("--plan-profile-with takes ours or a variant of it (ours-c2, ...)")
+    if args.plan_profile_steps < 1:
+        p.error("--plan-profile-steps needs K >= 1")
+    planning = {"profile_steps": args.plan_profile_steps, "profiler": args.plan_profile_with}
     if args.merge:
         merge(args.merge, args.out)
         return 0
@@ -598,12 +798,12 @@ def main(argv=None):
         if args.suite == "milestone1":
             suite_milestone1(r)
         elif args.suite == "planned":
-            suite_planned(r, allocs, configs)
+            suite_planned(r, allocs, configs, **planning)
             write_full_reports(r)
         elif args.suite == "throughput":
             plan = tuple((int(b), int(n)) for b, n in
                          (x.split(":") for x in args.throughput_plan.split(",") if x))
-            suite_throughput(r, allocs, plan=plan)
+            suite_throughput(r, allocs, plan=plan, **planning)
         else:
             if args.suite in ("main", "full"):
                 suite_main(r, allocs)

@@ -345,7 +345,19 @@ def run(args):
             result["mem_fraction"] = args.mem_fraction
     mem = Memory(torch, args.allocator, device, gm)
     hooks = PlanHooks(args, gm, cuda)
-    hooks.start()
+    try:
+        hooks.start()
+    except RuntimeError as e:
+        # A plan whose arena the device cannot hold is this batch not fitting in planned
+        # mode (at the memory boundary), not a crash of the benchmark.
+        msg = str(e)
+        result["oom"] = "cannot hold the plan's arena" in msg
+        result["status"] = "oom" if result["oom"] else "error"
+        if result["oom"]:
+            result["oom_step"] = -1  # before step 0
+        result["error"] = msg.splitlines()[0][:300]
+        log(f"{result['status']} before step 0 (loading the plan): {result['error']}")
+        return result
     tracing = bool(args.trace_out) and cuda
     if args.trace_out and args.allocator != "default":
         log("warning: --trace-out is meant for the default allocator")
@@ -409,7 +421,7 @@ def run(args):
     last_detail = {k: 0 for k in detail_keys}
 
     def alloc_times():
-        if mem.gm is None:
+        if mem.gm is None or not cuda:  # on the CPU (smoke runs) ours is never enabled
             return
         st = mem.gm.stats(0)
         call, drv = int(st.get("call_ns", 0)), int(st.get("driver_ns", 0))
@@ -592,7 +604,9 @@ def main(argv=None):
     try:
         result = run(args)
     except Exception as e:  # report, never die silently
+        # The model too, so a LoRA run that failed is not taken for a plain one (largest batch).
         result = {"allocator": args.allocator, "batch": args.batch, "status": "error",
+                  "model": args.model + ("+lora" if args.lora else ""),
                   "oom": False, "error": repr(e)[:500], "traceback": traceback.format_exc()[-3000:]}
         log(f"error: {e!r}")
     line = json.dumps(result, sort_keys=True)

@@ -129,7 +129,7 @@ def test_markdown_table_and_largest_batch():
     assert "| gpt2 | 16 | 11.04 | 15.03, 0.735, 100.0k tok/s | 13.25, 0.833, 100.0k tok/s (+0.0%) |" in md
     assert "sweep" not in md
     assert report.largest_batch(res) == {"default": (80, 96), "expandable": (16, None)}
-    assert "80 (96)" in md and "16 (none failed)" in md
+    assert "80 (96: oom)" in md and "16 (none failed)" in md
     text = report.csv_text(report.rows(res))
     assert text.splitlines()[0].startswith("run,allocator,model,batch")
     assert len(text.splitlines()) == 5

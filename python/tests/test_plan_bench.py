@@ -190,16 +190,18 @@ def test_planned_suite_runs_profile_then_plan_then_baselines(tmp_path):
     assert planned[1] == "ours" and planned[4][0] == "--plan" and planned[4][-2:] == ["--steps", "6"]
     assert planned[4][1] == prof[4][3]  # the plan the profile wrote
     assert r.cmds[4][3] is True  # LoRA
-    skipped = next(x for x in r.results if x["run"] == "planned-b64")
-    assert skipped["status"] == "skipped" and "profile run oom" in skipped["why"]
+    # No plan is a failure of the planned mode at that batch (not a skip for time).
+    no_plan = next(x for x in r.results if x["run"] == "planned-b64")
+    assert no_plan["status"] == "no-plan" and "profile run (ours) oom" in no_plan["why"]
     assert r.kept == ["plan-b16.plan"]
     text = (r.out / "planned.md").read_text()
     lines = [x for x in text.splitlines() if x.startswith("PLANNED ")]
     assert len(lines) == 3
     assert lines[0] == ("PLANNED b16: status ok eff 0.99 tok/s 100000 plan 4108 / 4680 / 0 / 0 "
                         "synthesis 0.2 s; default eff 0.9 tok/s 100000; ours eff 0.9 tok/s 100000")
-    assert lines[1].startswith("PLANNED b64: status skipped eff skipped")
-    assert "| lora-b32 | 0.99 | 100000 | 0.9 | 100000 | 0.9 | 100000 | 4108 / 4680 / 0 / 0 | 12.00 | 0.2 |" in text
+    assert lines[1].startswith("PLANNED b64: status no-plan (profile run (ours) oom) eff no-plan")
+    assert ("| lora-b32 | 0.99 | 100000 | 0.9 | 100000 | 0.9 | 100000 | 4108 / 4680 / 0 / 0 | 12.00 "
+            "| 0.2 | ok (ours) |") in text
 
 
 def test_report_keeps_profile_runs_out_of_the_main_table():
@@ -265,3 +267,108 @@ def test_merge_puts_planned_runs_next_to_the_main_suites(tmp_path):
             "default eff 0.72 tok/s 1000") in text
     assert "PLANNED lora-b32: status ok eff 0.99" in text and "default eff 0.74" in text
     assert "ours, planned" in (out / "README_table.md").read_text()
+
+
+def test_profile_covers_the_longest_length_after_step_0():
+    lengths = train_gpt2.step_lengths(1234, 40, 1024, 256, cycle=8)
+    assert lengths[:8] == [799, 965, 1021, 978, 1007, 982, 974, 843]
+    assert run.covering_profile_steps(lengths, 3) == 3  # 1021 is step 2
+    assert run.covering_profile_steps([500, 600, 700, 800, 900], 3) == 4
+    # Step 0 is the prologue: when it is the longest, its next occurrence must be profiled.
+    assert run.covering_profile_steps([900, 600, 700, 900, 600, 700], 1) == 3
+    assert run.covering_profile_steps([900], 3) == 3
+
+
+class FakeThroughputRunner(FakeRunner):
+    """FakeRunner whose ok runs have per-step times and lengths; planned runs take 1% longer."""
+
+    def train(self, name, allocator, batch, timeout=150, lora=False, args=(), keep=(), label=None):
+        res = super().train(name, allocator, batch, timeout, lora, args, keep, label)
+        if res["status"] == "ok":
+            steps = int(args[args.index("--steps") + 1])
+            slow = 1.01 if label == "planned" else 1.0
+            res.update(step_ms=[100.0 * slow] * steps, seq_lens=[1000] * steps)
+            if "--plan-out" in args:
+                res["plan_profile"]["profiled_steps"] = steps - 1
+            if label == "planned":
+                res["plan_stats"]["unmatched"] = 0
+        return res
+
+
+def test_throughput_suite_profiles_once_per_batch_then_interleaves_planned(tmp_path):
+    r = FakeThroughputRunner(tmp_path, lambda name: "oom" if name == "plan-profile-tp-b32" else "ok")
+    run.suite_throughput(r, ("default", "planned"), plan=((16, 2), (32, 2)))
+    names = [c[0] for c in r.cmds]
+    # The profile runs before the batch's repetitions; the order rotates per repetition.
+    assert names == ["plan-profile-tp-b16", "tp-default-b16-r1", "tp-planned-b16-r1",
+                     "tp-planned-b16-r2", "tp-default-b16-r2",
+                     "plan-profile-tp-b32", "tp-default-b32-r1", "tp-default-b32-r2"]
+    prof = r.cmds[0]
+    assert prof[1] == "ours" and prof[4][:2] == ["--plan-profile", "3"]
+    assert prof[4][4:] == ["--no-probes", "--length-cycle", "8", "--steps", "4"]
+    planned = r.cmds[2]
+    assert planned[1] == "ours" and planned[4][-2:] == ["--plan", prof[4][3]]
+    assert planned[4][:2] == ["--steps", "40"] and "--length-cycle" in planned[4]
+    # Batch 32 has no plan: each repetition's planned run says why, nothing is started.
+    no_plan = [x for x in r.results if x["run"].startswith("tp-planned-b32")]
+    assert [x["status"] for x in no_plan] == ["no-plan", "no-plan"]
+    assert "profile run (ours) oom" in no_plan[0]["why"]
+    text = (r.out / "throughput.md").read_text()
+    assert "| 16 | 1 | ok | 4108 | 4680 | 0 | 0 | 0 | 12.00 | 11.00 | 12.00 | 0.99 |" in text
+    assert "| 32 | 2 | no-plan (profile run (ours) oom) | - | - | - | - | - | - |" in text
+    assert ("- batch 16: ok (ours, steps 0..3), lengths 1000, 1000, 1000, 1000; the runs' longest "
+            "length after step 0 is 1000: covered; synthesis 0.2 s, arena 12.00 GiB") in text
+    assert "- batch 16, planned, steps repeated: median -1.0%, pooled -1.0%" in text
+    assert "- batch 16: planned -1.0% against the default: met" in text
+    assert "- batch 32: not measured" in text
+
+
+def test_boundary_probe_reports_which_batches_fit(tmp_path):
+    """`--suite planned --planned-configs 113,114 --allocators expandable`: per allocator the
+    first batch that runs out of memory ends its climb; the largest-batch table says why."""
+    import report
+
+    fails = {"plan-profile-b114", "expandable-b113"}
+    r = FakeRunner(tmp_path, lambda name: "oom" if name in fails else "ok")
+    run.suite_planned(r, ("expandable",), run.planned_configs("113,114"), profile_steps=2,
+                      profiler="ours-c2")
+    assert [c[0] for c in r.cmds] == ["plan-profile-b113", "planned-b113", "plan-profile-b114",
+                                      "expandable-b113"]
+    prof = r.cmds[0]
+    assert prof[1] == "ours-c2" and prof[4][:2] == ["--plan-profile", "2"]
+    assert prof[4][-2:] == ["--steps", "3"]
+    by_run = {x["run"]: x for x in r.results}
+    assert by_run["planned-b114"]["status"] == "no-plan"
+    assert by_run["expandable-b114"]["status"] == "skipped"
+    assert "113 already ran out of memory" in by_run["expandable-b114"]["why"]
+    assert report.largest_batch(r.results) == {"expandable": (None, 113), "planned": (113, 114)}
+    md = report.markdown(r.results)
+    assert "| batch (first failing: why) | none (113: oom) | 113 (114: no-plan) |" in md
+    text = (r.out / "planned.md").read_text()
+    assert "PLANNED b114: status no-plan (profile run (ours-c2) oom) eff no-plan" in text
+    assert "| b114 | no-plan |" in text and "| oom (ours-c2) |" in text
+
+
+def test_planned_options_are_checked_before_any_run(tmp_path, capsys):
+    for argv, why in [
+        (["--suite", "main", "--allocators", "default,planned"], "belongs to --suite throughput"),
+        (["--suite", "planned", "--plan-profile-with", "default"], "ours or a variant"),
+        (["--suite", "throughput", "--plan-profile-steps", "0"], "K >= 1"),
+    ]:
+        with pytest.raises(SystemExit):
+            run.main(argv + ["--out", str(tmp_path / "x")])
+        assert why in capsys.readouterr().err, argv
+    assert not (tmp_path / "x").exists()
+
+
+def test_merge_leaves_throughput_planned_runs_to_throughput_md(tmp_path):
+    import json
+
+    tp = tmp_path / "tp"
+    tp.mkdir()
+    res = {"run": "tp-planned-b16-r1", "allocator": "planned", "batch": 16, "model": "gpt2",
+           "status": "ok", "peak_active": 11 * GIB, "peak_reserved": 12 * GIB, "efficiency": 0.99}
+    (tp / "results.jsonl").write_text(json.dumps(res) + "\n")
+    run.merge([tp], tmp_path / "out")
+    assert not (tmp_path / "out" / "planned.md").exists()
+    assert "ours, planned" in (tmp_path / "out" / "README_table.md").read_text()
