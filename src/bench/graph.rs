@@ -76,7 +76,7 @@ pub const BATCHES: [usize; 3] = [10_000, 100_000, 1_000_000];
 pub const BUDGET_S: f64 = 450.0;
 /// Seconds of kernel time one configuration may take in one group before
 /// its remaining rounds there are dropped.
-pub const GROUP_CAP_S: f64 = 5.0;
+pub const GROUP_CAP_S: f64 = 3.0;
 /// Seconds of kernel time of one configuration's first round in a group
 /// above which it is not run again at that scale or a larger one, at that
 /// batch or a larger one.
