@@ -634,7 +634,16 @@ pub fn run(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
         return Err(host::Error::Check(format!("repeated scale in {scales:?}")));
     }
     for &scale in scales {
-        sweep.scale(gpu, &heaps, scale, opts)?;
+        // A failure (a driver error, a kernel fault) ends the sweep but keeps
+        // what it measured, so a 10-minute run is not lost to its last scale.
+        if let Err(e) = sweep.scale(gpu, &heaps, scale, opts) {
+            eprintln!("graph: scale {scale} failed, sweep stopped: {e}");
+            let g = Group::all(scale).next().expect("every scale has groups");
+            sweep
+                .records
+                .push(skipped(&g, "sweep", &format!("scale {scale} failed: {e}")));
+            break;
+        }
     }
     eprintln!(
         "graph: sweep took {:.0} s",
