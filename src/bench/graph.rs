@@ -395,6 +395,11 @@ impl Sweep {
         if active.is_empty() {
             return Ok(());
         }
+        eprintln!(
+            "graph: {label}, {} configurations, {:.0} s into the sweep",
+            active.len(),
+            self.start.elapsed().as_secs_f64()
+        );
         let mut samples: Vec<Samples> = active.iter().map(|_| Samples::default()).collect();
         let (mut batches_s, mut model_s) = (0.0, 0.0);
         let mut round = 0;
