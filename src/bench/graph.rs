@@ -9,19 +9,22 @@
 //! Sweep: R-MAT scales [`SCALES`] (`--graph-scales`) × batch sizes
 //! [`BATCHES`] × {insert/delete rounds, expansion-only rounds}. Per scale the
 //! R-MAT stream is generated once, long enough that no insert repeats the
-//! stream ([`EDGE_FACTOR`] edges a vertex plus every round's batch), and each
+//! stream ([`EDGE_FACTOR`] edges a vertex, or more: the load and every
+//! round's batch), and each
 //! configuration (source × kernel) gets one graph, loaded once with the
 //! first `EDGE_FACTOR / 2` edges a vertex (by the warp kernel, timed apart
 //! from the rounds). The groups then run one after another on those graphs,
 //! smallest batch first, update before expansion: up to [`ROUNDS`] rounds
-//! that insert the next `batch` edges of the stream and, unless expansion
+//! (fewer where they would insert more than the load: 2 at scale 18 and
+//! 10^6 edges, so a small graph does not grow to many times its size) that
+//! insert the next `batch` edges of the stream and, unless expansion
 //! only, delete `batch` edges picked from those inserted so far; each kernel
 //! is timed alone with CUDA events (batches uploaded before). So a group
 //! starts from the graph the previous one left, and one host model (an
 //! [`EdgeSet`]) is advanced once per round for every configuration in step.
 //!
 //! A configuration whose kernels take more than [`GROUP_CAP_S`] seconds in
-//! one group runs no more rounds there ("cut off after N of 10 rounds", the
+//! one group runs no more rounds there ("cut off after N of M rounds", the
 //! mean over the rounds it ran) and goes on from its own copy of the model in
 //! the next group; one whose first round alone takes over [`ROUND_CAP_S`] is
 //! not run again at that scale or at a larger scale and batch (recorded as
@@ -63,7 +66,8 @@ use super::measure::Summary;
 use super::report::Record;
 use super::suite::Options;
 
-/// Rounds per configuration and group, at most.
+/// Rounds per configuration and group, at most; fewer where `ROUNDS`
+/// batches would insert more edges than the load (see [`Group::rounds`]).
 pub const ROUNDS: usize = 10;
 /// R-MAT scales measured by default (`--graph-scales`).
 pub const SCALES: [u32; 5] = [18, 19, 20, 21, 22];
@@ -131,6 +135,8 @@ struct Group {
     scale: u32,
     batch: usize,
     expansion_only: bool,
+    /// Rounds planned.
+    rounds: usize,
 }
 
 impl Group {
@@ -150,8 +156,17 @@ impl Group {
                 scale,
                 batch,
                 expansion_only,
+                rounds: Group::rounds(scale, batch),
             })
         })
+    }
+
+    /// Rounds of `batch` edges at `scale`: [`ROUNDS`], but no more than
+    /// insert as many edges as the load (at least one), so that a group at
+    /// most doubles the graph and a small scale stays near its size (scale
+    /// 18 at 10^6 edges: 2 rounds).
+    fn rounds(scale: u32, batch: usize) -> usize {
+        ROUNDS.min(load_edges(scale) / batch).max(1)
     }
 }
 
@@ -173,9 +188,13 @@ fn skipped(g: &Group, allocator: &str, why: &str) -> Record {
 /// that no insert repeats the stream (a repeat takes no page and would time
 /// the chain walk alone).
 fn stream_edges(scale: u32) -> u64 {
-    let load = (EDGE_FACTOR as u64 / 2) << scale;
-    let inserts = 2 * ROUNDS as u64 * BATCHES.iter().sum::<usize>() as u64;
-    (load + inserts).max((EDGE_FACTOR as u64) << scale)
+    let inserts: usize = Group::all(scale).map(|g| g.rounds * g.batch).sum();
+    ((load_edges(scale) + inserts) as u64).max((EDGE_FACTOR as u64) << scale)
+}
+
+/// Edges loaded at `scale`: half the R-MAT graph's.
+fn load_edges(scale: u32) -> usize {
+    (EDGE_FACTOR as usize / 2) << scale
 }
 
 /// The sweep's state across scales.
@@ -251,8 +270,7 @@ impl Sweep {
             .generate_chunked(stream_edges(scale), threads)
             .map_err(host::Error::Check)?;
         let generate_s = clock.elapsed().as_secs_f64();
-        let load_edges = (EDGE_FACTOR as usize / 2) << scale;
-        let (load, updates) = stream.edges.split_at(load_edges);
+        let (load, updates) = stream.edges.split_at(load_edges(scale));
         let clock = Instant::now();
         let mut model = EdgeSet::new(stream.vertices);
         model.insert(load).map_err(host::Error::Check)?;
@@ -403,7 +421,7 @@ impl Sweep {
         let mut samples: Vec<Samples> = active.iter().map(|_| Samples::default()).collect();
         let (mut batches_s, mut model_s) = (0.0, 0.0);
         let mut round = 0;
-        while round < ROUNDS && samples.iter().any(|s| s.cut.is_none()) {
+        while round < g.rounds && samples.iter().any(|s| s.cut.is_none()) {
             if self.over_budget() {
                 let why = format!("{} after {round} rounds", self.budget_note());
                 for s in samples.iter_mut().filter(|s| s.cut.is_none()) {
@@ -467,12 +485,12 @@ impl Sweep {
             }
             round += 1;
             for (&i, s) in active.iter().zip(&mut samples) {
-                if s.cut.is_some() || s.kernel_s <= GROUP_CAP_S || round == ROUNDS {
+                if s.cut.is_some() || s.kernel_s <= GROUP_CAP_S || round == g.rounds {
                     continue;
                 }
                 s.cut = Some(format!(
-                    "cut off after {round} of {ROUNDS} rounds by its {GROUP_CAP_S} s cap ({:.1} s of kernels)",
-                    s.kernel_s
+                    "cut off after {round} of {} rounds by its {GROUP_CAP_S} s cap ({:.1} s of kernels)",
+                    g.rounds, s.kernel_s
                 ));
                 let run = &mut runs[i];
                 if run.behind.is_none() {
@@ -561,9 +579,10 @@ impl Sweep {
         }
         let valid = problems.is_empty();
         let mut note = format!(
-            "R-MAT scale {}, edge factor {EDGE_FACTOR}, half loaded, groups in turn on one graph; {} rounds; {edges} edges after; {}",
+            "R-MAT scale {}, edge factor {EDGE_FACTOR}, half loaded, groups in turn on one graph; {} of {} rounds; {edges} edges after; {}",
             g.scale,
             s.insert_ms.len(),
+            g.rounds,
             if valid {
                 "checked against the host model".to_string()
             } else {
@@ -672,13 +691,16 @@ mod tests {
         }
     }
 
-    /// No round inserts an edge of the stream twice, at any scale.
+    /// No round inserts an edge of the stream twice, at any scale, and no
+    /// group inserts more than the load.
     #[test]
     fn the_stream_holds_the_load_and_every_insert() {
         for scale in SCALES {
             let load = (EDGE_FACTOR as u64 / 2) << scale;
-            let inserts: u64 = Group::all(scale).map(|g| (ROUNDS * g.batch) as u64).sum();
+            let inserts: u64 = Group::all(scale).map(|g| (g.rounds * g.batch) as u64).sum();
             assert!(stream_edges(scale) >= load + inserts, "scale {scale}");
+            assert!(Group::all(scale).all(|g| (1..=ROUNDS).contains(&g.rounds)
+                && (g.rounds * g.batch <= load as usize || g.rounds == 1)));
         }
     }
 
@@ -720,6 +742,7 @@ mod tests {
                 scale,
                 batch,
                 expansion_only: false,
+                rounds: ROUNDS,
             };
             s.cut_off("cuda-malloc/warp", &g).is_some()
         };
