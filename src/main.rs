@@ -111,6 +111,13 @@ struct BenchArgs {
     /// recorded as skipped).
     #[arg(long, default_value_t = gpumalloc::bench::graph::BUDGET_S)]
     graph_budget: f64,
+    /// R-MAT scales of the graph sweep, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = gpumalloc::bench::graph::SCALES)]
+    graph_scales: Vec<u32>,
+    /// Run the graph sweep's thread-per-vertex kernels in every group (by
+    /// default only in the smallest: they take seconds per round at 10^6).
+    #[arg(long)]
+    graph_threads: bool,
     /// Where CSV, JSON and PNG files go.
     #[arg(long, default_value = "results")]
     out: PathBuf,
@@ -198,6 +205,8 @@ fn options(args: &BenchArgs, on_gpu: bool) -> Options {
         scaling_size: args.scaling_size,
         allocators: args.allocators.clone(),
         graph_budget_s: args.graph_budget,
+        graph_scales: args.graph_scales.clone(),
+        graph_threads: args.graph_threads,
         ..Options::default()
     }
 }
@@ -315,6 +324,14 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
             ])
             .args(["--scaling-size", &args.scaling_size.to_string()])
             .args(["--graph-budget", &args.graph_budget.to_string()])
+            .arg(format!(
+                "--graph-scales={}",
+                args.graph_scales
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ))
             .args(["--allocators", &args.allocators.join(",")])
             .arg("--out")
             .arg(&args.out);
@@ -323,6 +340,9 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         }
         if let (Some(h), false) = (args.heap, test == "oom") {
             cmd.args(["--heap", &h.to_string()]);
+        }
+        if args.graph_threads {
+            cmd.arg("--graph-threads");
         }
         if args.cpu {
             cmd.arg("--cpu");

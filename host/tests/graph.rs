@@ -20,9 +20,10 @@ use gpu_kernel::graph::page::{EDGES_PER_PAGE, PAGE_BYTES};
 use gpu_kernel::graph::pool::PagePool;
 use gpu_kernel::graph::source::PageSource;
 use host::graph::batch::GroupedBatch;
+use host::graph::edge_set::EdgeSet;
 use host::graph::mtx::{self, MtxError};
 use host::graph::reference::Reference;
-use host::graph::rmat::{Rmat, SplitMix64};
+use host::graph::rmat::{CHUNK_EDGES, Rmat, SplitMix64};
 use host::{CpuHeap, HeapConfig};
 
 fn read(text: &str) -> Result<host::graph::EdgeList, MtxError> {
@@ -181,6 +182,102 @@ fn reference_model_inserts_and_deletes_sets() {
     assert_eq!(r.first_difference(&same), None);
     let other = vec![vec![2], vec![], vec![], vec![3]];
     assert!(r.first_difference(&other).unwrap().starts_with("vertex 1"));
+}
+
+#[test]
+fn chunked_rmat_depends_on_seed_and_count_only() {
+    let count = CHUNK_EDGES as u64 + 1000;
+    let one = Rmat::new(10, 16, 7).generate_chunked(count, 1).unwrap();
+    let three = Rmat::new(10, 16, 7).generate_chunked(count, 3).unwrap();
+    assert_eq!(one, three);
+    assert_eq!(one.edges.len() as u64, count);
+    assert_eq!(one.vertices, 1 << 10);
+    assert!(one.edges.iter().all(|&(s, t)| s < 1 << 10 && t < 1 << 10));
+    // The second chunk is not the first again.
+    assert_ne!(one.edges[..1000], one.edges[CHUNK_EDGES..]);
+    let other = Rmat::new(10, 16, 8).generate_chunked(count, 2).unwrap();
+    assert_ne!(one.edges, other.edges);
+    let mut degree = vec![0u64; 1 << 10];
+    for &(s, _) in &one.edges {
+        degree[s as usize] += 1;
+    }
+    let mean = count as f64 / (1 << 10) as f64;
+    assert!(*degree.iter().max().unwrap() as f64 > 10.0 * mean);
+    assert!(Rmat::new(0, 16, 1).generate_chunked(10, 2).is_err());
+}
+
+/// A graph as the device exports it: degrees, then the edges vertex after
+/// vertex.
+fn export_of(r: &Reference) -> (Vec<u64>, Vec<u64>) {
+    let degrees = (0..r.vertices()).map(|v| r.degree(v) as u64).collect();
+    let edges = (0..r.vertices())
+        .flat_map(|v| r.edges(v).map(u64::from))
+        .collect();
+    (degrees, edges)
+}
+
+/// The edge set agrees with the B-tree reference through R-MAT inserts and
+/// deletes (count, degrees, fingerprint), and its check of an export fails,
+/// naming the vertex, for a missing, foreign or repeated edge.
+#[test]
+fn edge_set_follows_the_reference_and_its_check_fails() {
+    let g = Rmat::new(10, 16, 3).generate().unwrap();
+    let mut reference = Reference::new(g.vertices);
+    let mut set = EdgeSet::new(g.vertices);
+    let mut picker = SplitMix64(9);
+    for chunk in g.edges.chunks(g.edges.len() / 4) {
+        assert_eq!(set.insert(chunk), reference.insert(chunk));
+        let doomed: Vec<(u32, u32)> = (0..chunk.len() / 2)
+            .map(|_| g.edges[picker.below(g.edges.len() as u64) as usize])
+            .collect();
+        assert_eq!(set.delete(&doomed), reference.delete(&doomed));
+        assert_eq!(set.edge_count(), reference.edge_count());
+        assert_eq!(set.fingerprint(), reference.fingerprint());
+        assert!((0..g.vertices).all(|v| set.degree(v) as usize == reference.degree(v)));
+    }
+    assert!(set.insert(&[(0, g.vertices)]).is_err());
+    assert!(set.delete(&[(g.vertices, 0)]).is_err());
+    assert_eq!(
+        set.edge_count(),
+        reference.edge_count(),
+        "a rejected batch changes nothing"
+    );
+
+    let (degrees, edges) = export_of(&reference);
+    assert_eq!(set.difference(&degrees, &edges), None);
+    let mut reversed = edges.clone();
+    let v = (0..g.vertices).find(|&v| reference.degree(v) > 1).unwrap();
+    let start: u64 = degrees[..v as usize].iter().sum();
+    reversed[start as usize..(start + degrees[v as usize]) as usize].reverse();
+    assert_eq!(
+        set.difference(&degrees, &reversed),
+        None,
+        "order within a vertex is free"
+    );
+
+    let absent = (0..g.vertices).find(|&t| !set.contains(v, t)).unwrap();
+    let first = reference.edges(v).next().unwrap() as u64;
+    let second = reference.edges(v).nth(1).unwrap() as u64;
+    let at = edges
+        .iter()
+        .skip(start as usize)
+        .position(|&t| t == first)
+        .unwrap()
+        + start as usize;
+    let blame = format!("vertex {v}:");
+    for (what, wrong) in [("foreign", absent as u64), ("repeated", second)] {
+        let mut bad = edges.clone();
+        bad[at] = wrong;
+        let d = set.difference(&degrees, &bad).expect(what);
+        assert!(d.starts_with(&blame), "{what}: {d}");
+    }
+    let mut missing = (degrees.clone(), edges.clone());
+    missing.0[v as usize] -= 1;
+    missing.1.remove(at);
+    let d = set.difference(&missing.0, &missing.1).unwrap();
+    assert!(d.starts_with(&blame), "{d}");
+    assert!(set.difference(&degrees, &edges[1..]).is_some());
+    assert!(set.difference(&degrees[1..], &edges).is_some());
 }
 
 #[test]

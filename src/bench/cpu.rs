@@ -226,6 +226,11 @@ pub fn run(test: &str, opts: &Options) -> Result<Vec<Record>> {
                 }
             }
         }
+        "graph" => eprintln!(
+            "graph has no CPU run (its kernels need a GPU); `cargo run -p host --release \
+             --example graph_host_phases -- SCALE` times its host side, and \
+             `cargo test -p host --release --test graph` runs its update logic on host threads"
+        ),
         _ => {}
     }
     Ok(out)

@@ -1,38 +1,51 @@
 //! The `graph` test: dynamic-graph updates (faimGraph style, issues 5 and
 //! 18) with the page sources and update kernels compared in one run. Sources:
 //! our heap (`ours`), CUDA's device malloc (`cuda-malloc`, if chosen) and a
-//! pre-allocated page pool (`page-pool`, always); kernels: one thread per
-//! vertex (`/thread`) and one warp per vertex (`/warp`). Single-threaded host
-//! code.
+//! pre-allocated page pool (`page-pool`, always); kernels: one warp per vertex
+//! (`/warp`) everywhere, one thread per vertex (`/thread`) only in the
+//! smallest group unless `--graph-threads` (a thread walks a hub's whole chain
+//! per target: seconds per round from 10^6 edges). Single-threaded host code.
 //!
-//! Sweep: R-MAT scales [`SCALES`] (edge factor [`EDGE_FACTOR`]) × batch
-//! sizes [`BATCHES`] × {insert/delete rounds, expansion-only rounds}. For one
-//! (scale, batch, mode) every configuration (source × kernel) holds its own
-//! graph, loaded with the first half of the R-MAT stream (by the warp
-//! kernel, untimed: the load is the same chain layout whoever applies it).
-//! Then [`ROUNDS`] rounds: insert the next `batch` edges of the stream and,
-//! unless expansion only, delete `batch` edges picked from the stream; each
-//! kernel is timed alone with CUDA events (batches uploaded before). The
-//! configurations run round by round side by side, so the host reference is
-//! advanced once per round for all of them.
+//! Sweep: R-MAT scales [`SCALES`] (`--graph-scales`) × batch sizes
+//! [`BATCHES`] × {insert/delete rounds, expansion-only rounds}. Per scale the
+//! R-MAT stream is generated once, long enough that no insert repeats the
+//! stream ([`EDGE_FACTOR`] edges a vertex, or more: the load and every
+//! round's batch), and each
+//! configuration (source × kernel) gets one graph, loaded once with the
+//! first `EDGE_FACTOR / 2` edges a vertex (by the warp kernel, timed apart
+//! from the rounds). The groups then run one after another on those graphs,
+//! smallest batch first, update before expansion: up to [`ROUNDS`] rounds
+//! (fewer where they would insert more than the load: 2 at scale 18 and
+//! 10^6 edges, so a small graph does not grow to many times its size) that
+//! insert the next `batch` edges of the stream and, unless expansion
+//! only, delete `batch` edges picked from those inserted so far; each kernel
+//! is timed alone with CUDA events (batches uploaded before). So a group
+//! starts from the graph the previous one left, and one host model (an
+//! [`EdgeSet`]) is advanced once per round for every configuration in step.
 //!
-//! Records per configuration: `mean_insert_ms` and `mean_delete_ms` (the mean
-//! over rounds, in the record's median field; min and max too) and
-//! `bytes_per_edge`: memory the source holds for the graph at the end over
-//! the edges held (ours: segments in use, whole; pool: pages taken; CUDA:
-//! the bytes requested, its own overhead unseen), with the numbers in the
-//! note. Every configuration's final graph is checked against the host
-//! reference (edge count and an order-independent fingerprint, the exact
-//! per-vertex comparison if they differ) and must have counted no error;
-//! otherwise its records are invalid.
+//! A configuration whose kernels take more than [`GROUP_CAP_S`] seconds in
+//! one group runs no more rounds there ("cut off after N of M rounds", the
+//! mean over the rounds it ran) and goes on from its own copy of the model in
+//! the next group; one whose first round alone takes over [`ROUND_CAP_S`] is
+//! not run again at that scale or at a larger scale and batch (recorded as
+//! skipped).
 //!
-//! Time budget: the whole sweep stops starting work after [`BUDGET_S`]
-//! seconds (`--graph-budget`) (what is left gets `skipped` records saying so), and a
-//! configuration whose kernels took more than [`RUN_BUDGET_S`] seconds in
-//! one (scale, batch, mode) stops there (checked at that round) and is not
-//! run again at that scale and batch or any larger one (larger scale and
-//! batch both). So the sweep fits in 10 minutes
-//! with the host's R-MAT generation and checks.
+//! Records per configuration and group: `mean_insert_ms` and
+//! `mean_delete_ms` (the mean over rounds, in the record's median field; min
+//! and max too) and `bytes_per_edge`: memory the source holds for the graph
+//! at the end of the group over the edges held (ours: segments in use,
+//! whole; pool: pages taken; CUDA: the bytes requested, its own overhead
+//! unseen), with the numbers in the note. After every group each graph is
+//! exported and checked against its model (degree of every vertex, then the
+//! order-independent fingerprint of all edges; the first differing vertex
+//! named if they differ) and must have counted no error; otherwise the
+//! group's records are invalid.
+//!
+//! Time budget: the sweep starts nothing new after [`BUDGET_S`] seconds
+//! (`--graph-budget`): what is left gets `skipped` records saying so. Every
+//! scale and group logs a line of where its time went (host generation,
+//! model, batches; device load, kernels, export and check, clear), so a slow
+//! run says why.
 //!
 //! Cost note: a chunk of targets walks its vertex's whole chain, so a hub's
 //! share of a batch costs O(degree × share / 128) page visits with warps
@@ -45,7 +58,7 @@ use std::time::Instant;
 use gpu_kernel::graph::page::{EDGES_PER_PAGE, PAGE_BYTES};
 use host::graph::batch::GroupedBatch;
 use host::graph::device::{DeviceBatch, DeviceGraph, DevicePool, Pages, UpdateBy};
-use host::graph::reference::Reference;
+use host::graph::edge_set::EdgeSet;
 use host::graph::rmat::{Rmat, SplitMix64};
 use host::{DeviceHeap, Gpu, HeapConfig, Result};
 
@@ -53,24 +66,29 @@ use super::measure::Summary;
 use super::report::Record;
 use super::suite::Options;
 
-/// Timed rounds per configuration.
+/// Rounds per configuration and group, at most; fewer where `ROUNDS`
+/// batches would insert more edges than the load (see [`Group::rounds`]).
 pub const ROUNDS: usize = 10;
-/// R-MAT scales measured.
+/// R-MAT scales measured by default (`--graph-scales`).
 pub const SCALES: [u32; 5] = [18, 19, 20, 21, 22];
-/// Edges per vertex of the R-MAT stream.
+/// Edges per vertex of the R-MAT graph; half of them are loaded.
 pub const EDGE_FACTOR: u32 = 16;
-/// Update batch sizes.
+/// Update batch sizes, in sweep order.
 pub const BATCHES: [usize; 3] = [10_000, 100_000, 1_000_000];
 /// Seconds after which the sweep starts nothing new, by default
 /// (`--graph-budget`).
-pub const BUDGET_S: f64 = 540.0;
-/// Seconds of kernel time one configuration may take in one (scale, batch,
-/// mode) before it is cut off there and at every larger size.
-pub const RUN_BUDGET_S: f64 = 60.0;
+pub const BUDGET_S: f64 = 450.0;
+/// Seconds of kernel time one configuration may take in one group before
+/// its remaining rounds there are dropped.
+pub const GROUP_CAP_S: f64 = 3.0;
+/// Seconds of kernel time of one configuration's first round in a group
+/// above which it is not run again at that scale or a larger one, at that
+/// batch or a larger one.
+pub const ROUND_CAP_S: f64 = 15.0;
 /// Bytes of each of our heaps (one per kernel kind, so each graph's
 /// footprint is its own; pages are 128 bytes).
 const HEAP_BYTES: u64 = 4 << 30;
-/// The kernel kinds compared.
+/// The kernel kinds, in the order the heaps and pools are indexed.
 const KINDS: [UpdateBy; 2] = [UpdateBy::Warp, UpdateBy::Thread];
 
 /// A page source by name, with the heap or pool of one kernel kind.
@@ -82,33 +100,46 @@ struct Source<'a> {
     pool: Option<&'a DevicePool>,
 }
 
-/// One configuration's graph and samples in one (scale, batch, mode).
+/// One configuration's graph at one scale.
 struct Run<'a> {
     source: Source<'a>,
     by: UpdateBy,
     graph: DeviceGraph,
-    insert_ms: Vec<f64>,
-    delete_ms: Vec<f64>,
-    kernel_s: f64,
+    /// Its own model once it has fallen behind the group's rounds; `None`
+    /// while it is in step with the sweep's model.
+    behind: Option<EdgeSet>,
 }
 
 impl Run<'_> {
     fn label(&self) -> String {
-        format!("{}/{}", self.source.name, self.by.name())
+        label(self.source.name, self.by)
     }
 }
 
-/// What one (scale, batch, mode) shares.
-struct Group<'a> {
+fn label(source: &str, by: UpdateBy) -> String {
+    format!("{source}/{}", by.name())
+}
+
+/// One run's samples in one group.
+#[derive(Default)]
+struct Samples {
+    insert_ms: Vec<f64>,
+    delete_ms: Vec<f64>,
+    kernel_s: f64,
+    cut: Option<String>,
+}
+
+/// One (scale, batch, mode).
+#[derive(Clone, Copy)]
+struct Group {
     scale: u32,
     batch: usize,
     expansion_only: bool,
-    stream: &'a [(u32, u32)],
-    loaded: &'a DeviceBatch,
-    base: &'a Reference,
+    /// Rounds planned.
+    rounds: usize,
 }
 
-impl Group<'_> {
+impl Group {
     fn label(&self) -> String {
         let mode = if self.expansion_only {
             "expand"
@@ -117,15 +148,35 @@ impl Group<'_> {
         };
         format!("scale{}-{mode}-{}", self.scale, self.batch)
     }
+
+    /// Every group of `scale`, in sweep order.
+    fn all(scale: u32) -> impl Iterator<Item = Group> {
+        BATCHES.into_iter().flat_map(move |batch| {
+            [false, true].map(|expansion_only| Group {
+                scale,
+                batch,
+                expansion_only,
+                rounds: Group::rounds(scale, batch),
+            })
+        })
+    }
+
+    /// Rounds of `batch` edges at `scale`: [`ROUNDS`], but no more than
+    /// insert as many edges as the load (at least one), so that a group at
+    /// most doubles the graph and a small scale stays near its size (scale
+    /// 18 at 10^6 edges: 2 rounds).
+    fn rounds(scale: u32, batch: usize) -> usize {
+        ROUNDS.min(load_edges(scale) / batch).max(1)
+    }
 }
 
-fn skipped(test_label: &str, batch: usize, allocator: &str, why: &str) -> Record {
+fn skipped(g: &Group, allocator: &str, why: &str) -> Record {
     Record::new(
         "graph",
         allocator,
-        batch as u64,
-        test_label,
-        batch as u64,
+        g.batch as u64,
+        &g.label(),
+        g.batch as u64,
         "mean_insert_ms",
         Summary::default(),
         false,
@@ -133,12 +184,27 @@ fn skipped(test_label: &str, batch: usize, allocator: &str, why: &str) -> Record
     )
 }
 
-/// The sweep's state across groups.
+/// Stream edges one scale needs: the load and every round's inserts, so
+/// that no insert repeats the stream (a repeat takes no page and would time
+/// the chain walk alone).
+fn stream_edges(scale: u32) -> u64 {
+    let inserts: usize = Group::all(scale).map(|g| g.rounds * g.batch).sum();
+    ((load_edges(scale) + inserts) as u64).max((EDGE_FACTOR as u64) << scale)
+}
+
+/// Edges loaded at `scale`: half the R-MAT graph's.
+fn load_edges(scale: u32) -> usize {
+    (EDGE_FACTOR as usize / 2) << scale
+}
+
+/// The sweep's state across scales.
 struct Sweep {
     start: Instant,
     budget_s: f64,
-    /// Configurations cut off by [`RUN_BUDGET_S`]: label, scale, batch and
-    /// group label where it happened.
+    threads: bool,
+    first_scale: u32,
+    /// Configurations whose first round exceeded [`ROUND_CAP_S`]: label,
+    /// scale, batch and the group where it happened.
     cut: Vec<(String, u32, usize, String)>,
     records: Vec<Record>,
 }
@@ -152,130 +218,334 @@ impl Sweep {
         format!("the sweep's {} s budget was spent", self.budget_s)
     }
 
-    /// Runs one group for `sources` × [`KINDS`].
-    fn group(&mut self, gpu: &Gpu, g: &Group, sources: &[[Source; 2]], seed: u64) -> Result<()> {
-        let label = g.label();
-        let mut runs = Vec::new();
-        for (k, &by) in KINDS.iter().enumerate() {
-            for per_kind in sources {
-                let source = per_kind[k];
-                let name = format!("{}/{}", source.name, by.name());
-                if self.over_budget() {
-                    self.records
-                        .push(skipped(&label, g.batch, &name, &self.budget_note()));
-                } else if let Some((.., at)) = self.cut.iter().find(|(n, scale, batch, _)| {
-                    *n == name && g.scale >= *scale && g.batch >= *batch
-                }) {
-                    let why = format!("cut off at {at} by its {RUN_BUDGET_S} s budget");
-                    self.records.push(skipped(&label, g.batch, &name, &why));
-                } else {
-                    let graph = DeviceGraph::new(gpu, g.base.vertices() as u64)?;
-                    graph.insert_by(source.pages, UpdateBy::Warp, g.loaded)?;
-                    runs.push(Run {
-                        source,
-                        by,
-                        graph,
-                        insert_ms: Vec::new(),
-                        delete_ms: Vec::new(),
-                        kernel_s: 0.0,
-                    });
+    /// Whether kernel kind `by` runs in group `g`.
+    fn kind_runs(&self, by: UpdateBy, g: &Group) -> bool {
+        by == UpdateBy::Warp
+            || self.threads
+            || (g.scale == self.first_scale && g.batch == BATCHES[0])
+    }
+
+    /// Why configuration `name` is not run in `g`, if it is cut off there.
+    fn cut_off(&self, name: &str, g: &Group) -> Option<String> {
+        self.cut
+            .iter()
+            .find(|(n, scale, batch, _)| n == name && g.scale >= *scale && g.batch >= *batch)
+            .map(|(.., at)| format!("one round took over {ROUND_CAP_S} s at {at}"))
+    }
+
+    /// Runs every group of `scale` for `sources` × [`KINDS`].
+    fn scale(
+        &mut self,
+        gpu: &Gpu,
+        heaps: &[DeviceHeap; 2],
+        scale: u32,
+        opts: &Options,
+    ) -> Result<()> {
+        let with = |a: &str| opts.allocators.iter().any(|x| x == a);
+        let mut names = vec!["page-pool"];
+        if with("ours") {
+            names.push("ours");
+        }
+        if with("cuda-malloc") {
+            names.push("cuda-malloc");
+        }
+        if self.over_budget() {
+            let why = self.budget_note();
+            for g in Group::all(scale) {
+                let kinds: Vec<UpdateBy> = KINDS
+                    .into_iter()
+                    .filter(|&by| self.kind_runs(by, &g))
+                    .collect();
+                for by in kinds {
+                    for name in &names {
+                        self.records.push(skipped(&g, &label(name, by), &why));
+                    }
                 }
             }
-        }
-        if runs.is_empty() {
             return Ok(());
         }
-        eprintln!("graph: {label}, {} configurations", runs.len());
-        let mut reference = g.base.clone();
-        let mut picker = SplitMix64(seed ^ g.batch as u64);
-        let mut at = g.stream.len() / 2;
-        let mut round = 0;
-        while round < ROUNDS && !runs.is_empty() {
-            if self.over_budget() {
-                let why = format!("{} after {round} rounds", self.budget_note());
-                for run in runs.drain(..) {
-                    self.finish(gpu, g, run, &reference, Some(&why))?;
+        let clock = Instant::now();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let stream = Rmat::new(scale, EDGE_FACTOR, opts.seed)
+            .generate_chunked(stream_edges(scale), threads)
+            .map_err(host::Error::Check)?;
+        let generate_s = clock.elapsed().as_secs_f64();
+        let (load, updates) = stream.edges.split_at(load_edges(scale));
+        let clock = Instant::now();
+        let mut model = EdgeSet::new(stream.vertices);
+        model.insert(load).map_err(host::Error::Check)?;
+        let model_s = clock.elapsed().as_secs_f64();
+        let clock = Instant::now();
+        let loaded = DeviceBatch::new(gpu, &GroupedBatch::new(load))?;
+        gpu.sync()?;
+        let batch_s = clock.elapsed().as_secs_f64();
+        eprintln!(
+            "graph: scale {scale}: R-MAT {} edges in {generate_s:.1} s ({threads} threads); host model of the {} loaded ({} distinct) in {model_s:.1} s; load batch grouped and uploaded in {batch_s:.1} s",
+            stream.edges.len(),
+            load.len(),
+            model.edge_count()
+        );
+        // A chain of d edges holds ceil(d / EDGES_PER_PAGE) pages, and no
+        // vertex has more edges than the stream.
+        let capacity = (stream.edges.len().div_ceil(EDGES_PER_PAGE) as u64
+            + stream.vertices as u64)
+            .min(u32::MAX as u64 - 1);
+        let threads_here = Group::all(scale).any(|g| self.kind_runs(UpdateBy::Thread, &g));
+        let pools = [
+            Some(DevicePool::new(gpu, capacity)?),
+            threads_here
+                .then(|| DevicePool::new(gpu, capacity))
+                .transpose()?,
+        ];
+        let mut runs = Vec::new();
+        for (k, by) in KINDS.into_iter().enumerate() {
+            if !Group::all(scale).any(|g| self.kind_runs(by, &g)) {
+                continue;
+            }
+            for &name in &names {
+                let source = match name {
+                    "page-pool" => {
+                        let pool = pools[k].as_ref().expect("a pool for every kind that runs");
+                        Source {
+                            name,
+                            pages: Pages::Pool(pool),
+                            heap: None,
+                            pool: Some(pool),
+                        }
+                    }
+                    "ours" => Source {
+                        name,
+                        pages: Pages::Heap(&heaps[k]),
+                        heap: Some(&heaps[k]),
+                        pool: None,
+                    },
+                    _ => Source {
+                        name,
+                        pages: Pages::Cuda,
+                        heap: None,
+                        pool: None,
+                    },
+                };
+                let name_by = label(name, by);
+                if Group::all(scale).all(|g| self.cut_off(&name_by, &g).is_some()) {
+                    let skips: Vec<Record> = Group::all(scale)
+                        .filter(|g| self.kind_runs(by, g))
+                        .filter_map(|g| Some(skipped(&g, &name_by, &self.cut_off(&name_by, &g)?)))
+                        .collect();
+                    self.records.extend(skips);
+                    continue;
                 }
-                break;
-            }
-            let inserts: Vec<(u32, u32)> = (0..g.batch)
-                .map(|i| g.stream[(at + i) % g.stream.len()])
-                .collect();
-            at = (at + g.batch) % g.stream.len();
-            reference.insert(&inserts).map_err(host::Error::Check)?;
-            let inserts = DeviceBatch::new(gpu, &GroupedBatch::new(&inserts))?;
-            let deletes = if g.expansion_only {
-                None
-            } else {
-                let d: Vec<(u32, u32)> = (0..g.batch)
-                    .map(|_| g.stream[picker.below(g.stream.len() as u64) as usize])
-                    .collect();
-                reference.delete(&d).map_err(host::Error::Check)?;
-                Some(DeviceBatch::new(gpu, &GroupedBatch::new(&d))?)
-            };
-            gpu.sync()?;
-            for run in &mut runs {
-                let ms = gpu.time(|| run.graph.insert_by(run.source.pages, run.by, &inserts))?;
-                run.insert_ms.push(ms);
-                run.kernel_s += ms / 1e3;
-            }
-            if let Some(d) = &deletes {
-                for run in &mut runs {
-                    let ms = gpu.time(|| run.graph.delete_by(run.source.pages, run.by, d))?;
-                    run.delete_ms.push(ms);
-                    run.kernel_s += ms / 1e3;
-                }
-            }
-            round += 1;
-            let (over, within): (Vec<Run>, Vec<Run>) =
-                runs.drain(..).partition(|r| r.kernel_s > RUN_BUDGET_S);
-            runs = within;
-            for run in over {
-                let why = format!(
-                    "cut off after {round} rounds by its {RUN_BUDGET_S} s budget ({:.1} s)",
-                    run.kernel_s
+                let clock = Instant::now();
+                let graph = DeviceGraph::new(gpu, stream.vertices as u64)?;
+                let ms = gpu.time(|| graph.insert_by(source.pages, UpdateBy::Warp, &loaded))?;
+                eprintln!(
+                    "graph: scale {scale}: {} loaded in {:.2} s (kernel {:.2} s)",
+                    name_by,
+                    clock.elapsed().as_secs_f64(),
+                    ms / 1e3
                 );
-                self.cut
-                    .push((run.label(), g.scale, g.batch, label.clone()));
-                self.finish(gpu, g, run, &reference, Some(&why))?;
+                runs.push(Run {
+                    source,
+                    by,
+                    graph,
+                    behind: None,
+                });
             }
         }
-        for run in runs {
-            self.finish(gpu, g, run, &reference, None)?;
+        drop(loaded);
+        let mut at = 0;
+        let mut picker = SplitMix64(opts.seed ^ scale as u64);
+        for g in Group::all(scale) {
+            self.group(
+                gpu,
+                &g,
+                &mut runs,
+                &mut model,
+                updates,
+                load,
+                &mut at,
+                &mut picker,
+            )?;
         }
+        let clock = Instant::now();
+        for run in &runs {
+            run.graph.clear(run.source.pages)?;
+        }
+        gpu.sync()?;
+        eprintln!(
+            "graph: scale {scale}: graphs cleared in {:.2} s",
+            clock.elapsed().as_secs_f64()
+        );
         Ok(())
     }
 
-    /// Checks `run`'s graph against `reference`, measures its memory, gives
-    /// its pages back and records it.
-    fn finish(
+    /// Runs group `g` on `runs`: the rounds, then a check and records for
+    /// every run that took part. `updates[at..]` are the edges not yet
+    /// inserted; `load` and `updates[..at]` the ones that were.
+    #[allow(clippy::too_many_arguments)]
+    fn group(
         &mut self,
         gpu: &Gpu,
         g: &Group,
-        run: Run,
-        reference: &Reference,
-        cut: Option<&str>,
+        runs: &mut [Run],
+        model: &mut EdgeSet,
+        updates: &[(u32, u32)],
+        load: &[(u32, u32)],
+        at: &mut usize,
+        picker: &mut SplitMix64,
     ) -> Result<()> {
+        let label = g.label();
+        let group_clock = Instant::now();
+        let mut active = Vec::new();
+        for (i, run) in runs.iter().enumerate() {
+            if !self.kind_runs(run.by, g) {
+                continue;
+            }
+            let name = run.label();
+            if self.over_budget() {
+                self.records.push(skipped(g, &name, &self.budget_note()));
+            } else if let Some(why) = self.cut_off(&name, g) {
+                self.records.push(skipped(g, &name, &why));
+            } else {
+                active.push(i);
+            }
+        }
+        if active.is_empty() {
+            return Ok(());
+        }
+        eprintln!(
+            "graph: {label}, {} configurations, {:.0} s into the sweep",
+            active.len(),
+            self.start.elapsed().as_secs_f64()
+        );
+        let mut samples: Vec<Samples> = active.iter().map(|_| Samples::default()).collect();
+        let (mut batches_s, mut model_s) = (0.0, 0.0);
+        let mut round = 0;
+        while round < g.rounds && samples.iter().any(|s| s.cut.is_none()) {
+            if self.over_budget() {
+                let why = format!("{} after {round} rounds", self.budget_note());
+                for s in samples.iter_mut().filter(|s| s.cut.is_none()) {
+                    s.cut = Some(why.clone());
+                }
+                break;
+            }
+            let clock = Instant::now();
+            let end = (*at + g.batch).min(updates.len());
+            let inserts = &updates[*at..end];
+            *at = end;
+            let deletes: Vec<(u32, u32)> = if g.expansion_only {
+                Vec::new()
+            } else {
+                let inserted = load.len() + *at;
+                (0..g.batch)
+                    .map(|_| {
+                        let i = picker.below(inserted as u64) as usize;
+                        if i < load.len() {
+                            load[i]
+                        } else {
+                            updates[i - load.len()]
+                        }
+                    })
+                    .collect()
+            };
+            let insert_batch = DeviceBatch::new(gpu, &GroupedBatch::new(inserts))?;
+            let delete_batch = if g.expansion_only {
+                None
+            } else {
+                Some(DeviceBatch::new(gpu, &GroupedBatch::new(&deletes))?)
+            };
+            gpu.sync()?;
+            batches_s += clock.elapsed().as_secs_f64();
+            let clock = Instant::now();
+            // The sweep's model follows every round; a run that fell behind
+            // follows its own.
+            model.insert(inserts).map_err(host::Error::Check)?;
+            model.delete(&deletes).map_err(host::Error::Check)?;
+            for (&i, s) in active.iter().zip(&samples) {
+                if let (Some(own), None) = (runs[i].behind.as_mut(), &s.cut) {
+                    own.insert(inserts).map_err(host::Error::Check)?;
+                    own.delete(&deletes).map_err(host::Error::Check)?;
+                }
+            }
+            model_s += clock.elapsed().as_secs_f64();
+            for (&i, s) in active.iter().zip(&mut samples) {
+                if s.cut.is_some() {
+                    continue;
+                }
+                let run = &runs[i];
+                let ms =
+                    gpu.time(|| run.graph.insert_by(run.source.pages, run.by, &insert_batch))?;
+                s.insert_ms.push(ms);
+                s.kernel_s += ms / 1e3;
+                if let Some(d) = &delete_batch {
+                    let ms = gpu.time(|| run.graph.delete_by(run.source.pages, run.by, d))?;
+                    s.delete_ms.push(ms);
+                    s.kernel_s += ms / 1e3;
+                }
+            }
+            round += 1;
+            for (&i, s) in active.iter().zip(&mut samples) {
+                if s.cut.is_some() || s.kernel_s <= GROUP_CAP_S || round == g.rounds {
+                    continue;
+                }
+                s.cut = Some(format!(
+                    "cut off after {round} of {} rounds by its {GROUP_CAP_S} s cap ({:.1} s of kernels)",
+                    g.rounds, s.kernel_s
+                ));
+                let run = &mut runs[i];
+                if run.behind.is_none() {
+                    run.behind = Some(model.clone());
+                }
+                if round == 1 && s.kernel_s > ROUND_CAP_S {
+                    self.cut
+                        .push((run.label(), g.scale, g.batch, label.clone()));
+                }
+            }
+        }
+        let clock = Instant::now();
+        for (&i, s) in active.iter().zip(&samples) {
+            let run = &runs[i];
+            let model = run.behind.as_ref().unwrap_or(model);
+            self.record(g, run, s, model)?;
+        }
+        let check_s = clock.elapsed().as_secs_f64();
+        let kernels: Vec<String> = active
+            .iter()
+            .zip(&samples)
+            .map(|(&i, s)| format!("{} {:.2}", runs[i].label(), s.kernel_s))
+            .collect();
+        eprintln!(
+            "graph: {label}: {round} rounds in {:.1} s: host batches {batches_s:.2} s, host model {model_s:.2} s, kernels (s) {}, export and check {check_s:.2} s; {} edges now",
+            group_clock.elapsed().as_secs_f64(),
+            kernels.join(", "),
+            model.edge_count()
+        );
+        Ok(())
+    }
+
+    /// Checks `run`'s graph against `model`, measures its memory and
+    /// records its samples of group `g`.
+    fn record(&mut self, g: &Group, run: &Run, s: &Samples, model: &EdgeSet) -> Result<()> {
         let label = g.label();
         let name = run.label();
         let errors = run.graph.errors()?;
-        let adjacency = run.graph.adjacency()?;
-        let difference = reference.quick_difference(&adjacency);
-        let edges = reference.edge_count();
-        let chain_pages: u64 = adjacency
+        let (degrees, exported) = run.graph.export()?;
+        let difference = model.difference(&degrees, &exported);
+        let edges = model.edge_count();
+        let chain_pages: u64 = degrees
             .iter()
-            .map(|l| l.len().div_ceil(EDGES_PER_PAGE) as u64)
+            .map(|&d| d.div_ceil(EDGES_PER_PAGE as u64))
             .sum();
         let (bytes, how) = if let Some(heap) = run.source.heap {
-            let s = heap.stats()?;
+            let stats = heap.stats()?;
             let segment = heap.bytes() / heap.segments();
-            let used = (s.segments - s.free_segments) as u64 * segment;
+            let used = (stats.segments - stats.free_segments) as u64 * segment;
             (
                 used,
                 format!(
                     "{} segments of {segment} B in use, {} B live",
-                    s.segments - s.free_segments,
-                    s.live_bytes
+                    stats.segments - stats.free_segments,
+                    stats.live_bytes
                 ),
             )
         } else if let Some(pool) = run.source.pool {
@@ -294,40 +564,39 @@ impl Sweep {
                 "bytes requested from CUDA's malloc (its overhead not seen)".to_string(),
             )
         };
-        run.graph.clear(run.source.pages)?;
-        gpu.sync()?;
         let mut problems = Vec::new();
-        if run.insert_ms.is_empty() {
+        if s.insert_ms.is_empty() {
             problems.push("no round ran".to_string());
         }
         if errors != (0, 0) {
             problems.push(format!(
-                "{} page requests failed, {} ids out of range",
+                "{} page requests failed, {} ids out of range (since the load)",
                 errors.0, errors.1
             ));
         }
         if let Some(d) = &difference {
-            problems.push(format!("differs from the host reference: {d}"));
+            problems.push(format!("differs from the host model: {d}"));
         }
         let valid = problems.is_empty();
         let mut note = format!(
-            "R-MAT scale {}, edge factor {EDGE_FACTOR}; {} rounds; {}",
+            "R-MAT scale {}, edge factor {EDGE_FACTOR}, half loaded, groups in turn on one graph; {} of {} rounds; {edges} edges after; {}",
             g.scale,
-            run.insert_ms.len(),
+            s.insert_ms.len(),
+            g.rounds,
             if valid {
-                "checked against the host reference".to_string()
+                "checked against the host model".to_string()
             } else {
                 problems.join("; ")
             }
         );
-        if let Some(cut) = cut {
+        if let Some(cut) = &s.cut {
             note.push_str("; ");
             note.push_str(cut);
         }
-        let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len().max(1) as f64;
-        let mut metrics = vec![("mean_insert_ms", &run.insert_ms)];
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let mut metrics = vec![("mean_insert_ms", &s.insert_ms)];
         if !g.expansion_only {
-            metrics.push(("mean_delete_ms", &run.delete_ms));
+            metrics.push(("mean_delete_ms", &s.delete_ms));
         }
         for (metric, samples) in metrics {
             let mut summary = Summary::of(samples);
@@ -366,89 +635,38 @@ impl Sweep {
 /// Runs the sweep for `opts.allocators` (`ours`, `cuda-malloc`) and the page
 /// pool. With `cuda-malloc` it sets CUDA's malloc heap to `opts.heap`, which
 /// must come before any kernel of the process uses that malloc, and must hold
-/// two graphs of the largest scale (one per kernel kind).
+/// the graphs of the largest scale.
 pub fn run(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
-    let with = |a: &str| opts.allocators.iter().any(|x| x == a);
-    if with("cuda-malloc") {
+    if opts.allocators.iter().any(|x| x == "cuda-malloc") {
         gpu.set_malloc_heap_size(opts.heap)?;
     }
     let heaps = [
         DeviceHeap::new(gpu, HeapConfig::unchecked(HEAP_BYTES))?,
         DeviceHeap::new(gpu, HeapConfig::unchecked(HEAP_BYTES))?,
     ];
+    let scales = &opts.graph_scales;
     let mut sweep = Sweep {
         start: Instant::now(),
         budget_s: opts.graph_budget_s,
+        threads: opts.graph_threads,
+        first_scale: scales.iter().copied().min().unwrap_or(SCALES[0]),
         cut: Vec::new(),
         records: Vec::new(),
     };
-    for scale in SCALES {
-        if sweep.over_budget() {
-            let names: HashSet<String> =
-                sweep.records.iter().map(|r| r.allocator.clone()).collect();
-            let why = sweep.budget_note();
-            for batch in BATCHES {
-                for mode in ["update", "expand"] {
-                    for name in &names {
-                        sweep.records.push(skipped(
-                            &format!("scale{scale}-{mode}-{batch}"),
-                            batch,
-                            name,
-                            &why,
-                        ));
-                    }
-                }
-            }
-            continue;
-        }
-        let rmat = Rmat::new(scale, EDGE_FACTOR, opts.seed);
-        let stream = rmat.generate().map_err(host::Error::Check)?;
-        // A chain of d edges holds ceil(d / EDGES_PER_PAGE) pages, and no
-        // vertex has more edges than the stream.
-        let capacity = stream.edges.len().div_ceil(EDGES_PER_PAGE) as u64 + stream.vertices as u64;
-        let capacity = capacity.min(u32::MAX as u64 - 1);
-        let pools = [
-            DevicePool::new(gpu, capacity)?,
-            DevicePool::new(gpu, capacity)?,
-        ];
-        let mut sources = vec![[0, 1].map(|k| Source {
-            name: "page-pool",
-            pages: Pages::Pool(&pools[k]),
-            heap: None,
-            pool: Some(&pools[k]),
-        })];
-        if with("ours") {
-            sources.push([0, 1].map(|k| Source {
-                name: "ours",
-                pages: Pages::Heap(&heaps[k]),
-                heap: Some(&heaps[k]),
-                pool: None,
-            }));
-        }
-        if with("cuda-malloc") {
-            sources.push([0, 1].map(|_| Source {
-                name: "cuda-malloc",
-                pages: Pages::Cuda,
-                heap: None,
-                pool: None,
-            }));
-        }
-        let half = &stream.edges[..stream.edges.len() / 2];
-        let loaded = DeviceBatch::new(gpu, &GroupedBatch::new(half))?;
-        let mut base = Reference::new(stream.vertices);
-        base.insert(half).map_err(host::Error::Check)?;
-        for batch in BATCHES {
-            for expansion_only in [false, true] {
-                let group = Group {
-                    scale,
-                    batch,
-                    expansion_only,
-                    stream: &stream.edges,
-                    loaded: &loaded,
-                    base: &base,
-                };
-                sweep.group(gpu, &group, &sources, opts.seed)?;
-            }
+    let distinct: HashSet<u32> = scales.iter().copied().collect();
+    if distinct.len() != scales.len() {
+        return Err(host::Error::Check(format!("repeated scale in {scales:?}")));
+    }
+    for &scale in scales {
+        // A failure (a driver error, a kernel fault) ends the sweep but keeps
+        // what it measured, so a 10-minute run is not lost to its last scale.
+        if let Err(e) = sweep.scale(gpu, &heaps, scale, opts) {
+            eprintln!("graph: scale {scale} failed, sweep stopped: {e}");
+            let g = Group::all(scale).next().expect("every scale has groups");
+            sweep
+                .records
+                .push(skipped(&g, "sweep", &format!("scale {scale} failed: {e}")));
+            break;
         }
     }
     eprintln!(
@@ -456,4 +674,83 @@ pub fn run(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
         sweep.start.elapsed().as_secs_f64()
     );
     Ok(sweep.records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sweep(threads: bool) -> Sweep {
+        Sweep {
+            start: Instant::now(),
+            budget_s: BUDGET_S,
+            threads,
+            first_scale: SCALES[0],
+            cut: Vec::new(),
+            records: Vec::new(),
+        }
+    }
+
+    /// No round inserts an edge of the stream twice, at any scale, and no
+    /// group inserts more than the load.
+    #[test]
+    fn the_stream_holds_the_load_and_every_insert() {
+        for scale in SCALES {
+            let load = (EDGE_FACTOR as u64 / 2) << scale;
+            let inserts: u64 = Group::all(scale).map(|g| (g.rounds * g.batch) as u64).sum();
+            assert!(stream_edges(scale) >= load + inserts, "scale {scale}");
+            assert!(Group::all(scale).all(|g| (1..=ROUNDS).contains(&g.rounds)
+                && (g.rounds * g.batch <= load as usize || g.rounds == 1)));
+        }
+    }
+
+    /// Groups run smallest batch first, update before expansion; threads
+    /// only in the first group pair unless asked for; a configuration cut
+    /// off at one size is skipped at no smaller scale and batch only.
+    #[test]
+    fn groups_kinds_and_cut_offs() {
+        let order: Vec<String> = Group::all(18).map(|g| g.label()).collect();
+        assert_eq!(
+            order,
+            [
+                "scale18-update-10000",
+                "scale18-expand-10000",
+                "scale18-update-100000",
+                "scale18-expand-100000",
+                "scale18-update-1000000",
+                "scale18-expand-1000000"
+            ]
+        );
+        let mut s = sweep(false);
+        let threaded: Vec<Group> = SCALES
+            .into_iter()
+            .flat_map(Group::all)
+            .filter(|g| s.kind_runs(UpdateBy::Thread, g))
+            .collect();
+        assert_eq!(threaded.len(), 2);
+        assert!(
+            threaded
+                .iter()
+                .all(|g| g.scale == 18 && g.batch == BATCHES[0])
+        );
+        assert!(Group::all(22).all(|g| s.kind_runs(UpdateBy::Warp, &g)));
+        assert!(Group::all(22).all(|g| sweep(true).kind_runs(UpdateBy::Thread, &g)));
+        s.cut
+            .push(("cuda-malloc/warp".into(), 19, 100_000, "here".into()));
+        let cut = |scale, batch| {
+            let g = Group {
+                scale,
+                batch,
+                expansion_only: false,
+                rounds: ROUNDS,
+            };
+            s.cut_off("cuda-malloc/warp", &g).is_some()
+        };
+        assert!(cut(19, 100_000) && cut(22, 1_000_000));
+        assert!(!cut(18, 1_000_000) && !cut(22, 10_000));
+        assert!(
+            s.cut_off("ours/warp", &Group::all(22).last().unwrap())
+                .is_none()
+        );
+    }
 }

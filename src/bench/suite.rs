@@ -52,6 +52,11 @@ pub struct Options {
     pub allocators: Vec<String>,
     /// Seconds after which the graph sweep starts nothing new.
     pub graph_budget_s: f64,
+    /// R-MAT scales of the graph sweep.
+    pub graph_scales: Vec<u32>,
+    /// Whether the graph sweep runs the thread-per-vertex kernels in every
+    /// group (else in the smallest only).
+    pub graph_threads: bool,
 }
 
 impl Default for Options {
@@ -73,6 +78,8 @@ impl Default for Options {
             init_sizes: vec![1 << 30, 4 << 30, 16 << 30],
             allocators: vec!["ours".into(), "cuda-malloc".into(), "bump-bound".into()],
             graph_budget_s: super::graph::BUDGET_S,
+            graph_scales: super::graph::SCALES.to_vec(),
+            graph_threads: false,
         }
     }
 }

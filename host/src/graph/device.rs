@@ -245,8 +245,9 @@ impl DeviceGraph {
         ))
     }
 
-    /// Every vertex's edges, in chain order (degree and export kernels).
-    pub fn adjacency(&self) -> Result<Vec<Vec<u32>>> {
+    /// Every vertex's degree and all edges, vertex after vertex, each
+    /// vertex's in chain order (degree and export kernels).
+    pub fn export(&self) -> Result<(Vec<u64>, Vec<u64>)> {
         let n = self.vertices;
         let degrees = self.gpu.zeros(n as usize)?;
         let mut args = self.graph_args().to_vec();
@@ -268,15 +269,24 @@ impl DeviceGraph {
             Arg::U64(n),
         ]);
         self.gpu.launch("graph_export", n, &args)?;
-        let out = self.gpu.download(&out)?;
-        Ok(offsets
+        let mut edges = self.gpu.download(&out)?;
+        edges.truncate(total as usize);
+        Ok((degrees, edges))
+    }
+
+    /// Every vertex's edges, in chain order (see [`DeviceGraph::export`]).
+    pub fn adjacency(&self) -> Result<Vec<Vec<u32>>> {
+        let (degrees, edges) = self.export()?;
+        let mut at = 0;
+        Ok(degrees
             .iter()
-            .zip(&degrees)
-            .map(|(&at, &d)| {
-                out[at as usize..(at + d) as usize]
+            .map(|&d| {
+                let list = edges[at..at + d as usize]
                     .iter()
                     .map(|&e| e as u32)
-                    .collect()
+                    .collect();
+                at += d as usize;
+                list
             })
             .collect())
     }

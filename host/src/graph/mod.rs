@@ -3,6 +3,7 @@
 //! - [`mtx`]: a Matrix Market reader for users' graphs.
 //! - [`rmat`]: a deterministic seeded R-MAT generator.
 //! - [`reference`]: the host model every device result is checked against.
+//! - [`edge_set`]: a faster host model for the benchmark's large graphs.
 //! - [`batch`]: an update batch grouped by source vertex, the form the
 //!   device kernels (`gpu_kernel::graph`) take.
 //! - [`device`]: the graph on a GPU, for each page source.
@@ -11,6 +12,7 @@
 
 pub mod batch;
 pub mod device;
+pub mod edge_set;
 pub mod mtx;
 pub mod reference;
 pub mod rmat;

@@ -129,12 +129,18 @@ impl Reference {
 }
 
 /// An order-independent fingerprint of an edge multiset: the wrapping sum of
-/// a 64-bit mix (SplitMix64's finaliser) of each `(source, target)` pair.
+/// the [`mix`] of each `(source, target)` pair packed as `source << 32 |
+/// target`.
 pub fn fingerprint(edges: impl Iterator<Item = (u32, u32)>) -> u64 {
     edges.fold(0u64, |sum, (s, t)| {
-        let mut z = ((s as u64) << 32 | t as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        sum.wrapping_add(z ^ (z >> 31))
+        sum.wrapping_add(mix((s as u64) << 32 | t as u64))
     })
+}
+
+/// A 64-bit mix of `x` (SplitMix64's finaliser over `x` plus its increment).
+pub fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
