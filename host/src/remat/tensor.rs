@@ -4,10 +4,16 @@
 //! neighbourhood used by the DTR-style costs.
 //!
 //! A [`TensorTable`] belongs to one executor and is touched by one thread; the
-//! policies read it through `&TensorTable` while they search.
+//! policies read it through `&TensorTable` while they search. With
+//! [`TensorTable::cache_prices`] on, projected costs and recompute peaks are
+//! kept between searches (`super::price`); residency must then change only
+//! through `drop_value` and `set_resident`, which invalidate them.
+
+use std::cell::RefCell;
 
 use super::error::{RematError, RematResult};
 use super::neighbourhood::EvictedClasses;
+use super::price::PriceCache;
 
 /// Index of a tensor in its trace (outputs are numbered in order of creation).
 pub type TensorId = usize;
@@ -58,6 +64,8 @@ pub struct TensorTable {
     tensors: Vec<Tensor>,
     consumers: Vec<Vec<TensorId>>,
     classes: EvictedClasses,
+    /// Cached prices, when on; filled by searches through `&self`.
+    prices: Option<RefCell<PriceCache>>,
 }
 
 impl TensorTable {
@@ -87,7 +95,23 @@ impl TensorTable {
         });
         self.consumers.push(Vec::new());
         self.classes.grow_to(id + 1);
+        if let Some(prices) = &mut self.prices {
+            prices.get_mut().grow_to(id + 1);
+        }
         Ok(id)
+    }
+
+    /// Keeps projected costs and recompute peaks at `depth` between searches
+    /// from now on, each recomputed only after an event that can change it
+    /// (`super::price`). The values returned are the same either way.
+    pub fn cache_prices(&mut self, depth: u32) {
+        self.prices = Some(RefCell::new(PriceCache::new(self.tensors.len(), depth)));
+        self.classes.note_changes(true);
+    }
+
+    /// Prices read from the cache and prices computed, when caching.
+    pub fn price_stats(&self) -> Option<(u64, u64)> {
+        self.prices.as_ref().map(|p| p.borrow().stats())
     }
 
     /// Number of tensors.
@@ -136,7 +160,22 @@ impl TensorTable {
 
     /// DTR's projected cost: own cost plus the evicted classes next to it.
     pub fn projected_cost(&self, id: TensorId) -> f64 {
-        self.tensors[id].cost + self.classes.neighbour_cost(&self.neighbours(id))
+        let Some(prices) = &self.prices else {
+            return self.tensors[id].cost + self.classes.neighbour_cost(&self.neighbours(id));
+        };
+        let mut prices = prices.borrow_mut();
+        if let Some(cost) = prices.projected(id) {
+            return cost;
+        }
+        // The same sum over the same neighbours in the same order (inputs,
+        // then consumers) as the uncached line above, with no allocation.
+        let neighbours = self.tensors[id].inputs.iter().chain(&self.consumers[id]);
+        let classes = self
+            .classes
+            .neighbour_cost_roots(neighbours.copied(), &mut prices.roots);
+        let cost = self.tensors[id].cost + classes;
+        prices.store_projected(id, cost);
+        cost
     }
 
     /// Bytes that must be resident at once to recompute `id` from what is
@@ -147,6 +186,20 @@ impl TensorTable {
     /// `depth` levels up the graph of missing tensors; deeper ancestors count
     /// as resident, so this is a lower bound on the true peak.
     pub fn recompute_peak(&self, id: TensorId, depth: u32) -> u64 {
+        if let Some(prices) = &self.prices
+            && prices.borrow().depth() == depth
+        {
+            if let Some(peak) = prices.borrow_mut().peak(id) {
+                return peak;
+            }
+            let peak = self.recompute_peak_uncached(id, depth);
+            prices.borrow_mut().store_peak(id, peak);
+            return peak;
+        }
+        self.recompute_peak_uncached(id, depth)
+    }
+
+    fn recompute_peak_uncached(&self, id: TensorId, depth: u32) -> u64 {
         let tensor = &self.tensors[id];
         let inputs = &tensor.inputs;
         // Missing inputs, each once (an op may read a tensor twice); input
@@ -159,7 +212,7 @@ impl TensorTable {
         let (mut held, mut chain) = (0u64, 0u64);
         for input in missing {
             if depth > 0 {
-                chain = chain.max(held + self.recompute_peak(input, depth - 1));
+                chain = chain.max(held + self.recompute_peak_uncached(input, depth - 1));
             }
             held += self.tensors[input].size;
         }
@@ -176,9 +229,11 @@ impl TensorTable {
     pub fn drop_value(&mut self, id: TensorId, to: Residency) -> RematResult<()> {
         let neighbours = self.neighbours(id);
         let tensor = self.get_mut(id)?;
+        let was_resident = matches!(tensor.residency, Residency::Resident(_));
         tensor.residency = to;
         let cost = tensor.cost;
         self.classes.add(id, cost, &neighbours);
+        self.invalidate_prices(id, true, was_resident);
         Ok(())
     }
 
@@ -186,9 +241,65 @@ impl TensorTable {
     pub fn set_resident(&mut self, id: TensorId, addr: u64, now: u64) -> RematResult<()> {
         let tensor = self.get_mut(id)?;
         let cost = tensor.cost;
+        // Unborn to resident reads no new residency: nothing born descends
+        // from a tensor computed for the first time.
+        let was_missing = matches!(tensor.residency, Residency::Evicted | Residency::Released);
         tensor.residency = Residency::Resident(addr);
         tensor.last_access = now;
-        self.classes.remove(id, cost);
+        let left_class = self.classes.remove(id, cost);
+        self.invalidate_prices(id, left_class, was_missing);
+        Ok(())
+    }
+
+    /// The cached prices that `id` leaving or joining an evicted class
+    /// (`class_moved`) and becoming resident or missing (`residency_moved`)
+    /// can change (`super::price`).
+    fn invalidate_prices(&mut self, id: TensorId, class_moved: bool, residency_moved: bool) {
+        let Some(prices) = &mut self.prices else {
+            return;
+        };
+        let prices = prices.get_mut();
+        prices.invalidate(id);
+        if class_moved {
+            let neighbours = self.tensors[id].inputs.iter().chain(&self.consumers[id]);
+            prices.invalidate_projected(neighbours.copied());
+        }
+        let mut changed = prices.take_changed_buffer();
+        self.classes.take_changed(&mut changed);
+        prices.invalidate_classes(&mut changed);
+        prices.put_changed_buffer(changed);
+        if residency_moved {
+            let tensors = &self.tensors;
+            prices.invalidate_descendants(id, &self.consumers, |c| {
+                matches!(
+                    tensors[c].residency,
+                    Residency::Evicted | Residency::Released
+                )
+            });
+        }
+    }
+
+    /// Compares every cached price with a fresh computation.
+    pub fn check_prices(&self) -> RematResult<()> {
+        let Some(prices) = &self.prices else {
+            return Ok(());
+        };
+        let prices = prices.borrow();
+        for id in 0..self.tensors.len() {
+            let (projected, peak) = prices.cached(id);
+            let fresh = self.tensors[id].cost + self.classes.neighbour_cost(&self.neighbours(id));
+            if projected.is_some_and(|p| p.to_bits() != fresh.to_bits()) {
+                return Err(RematError::Invariant(format!(
+                    "tensor {id}: cached projected cost {projected:?}, fresh {fresh}"
+                )));
+            }
+            let fresh = self.recompute_peak_uncached(id, prices.depth());
+            if peak.is_some_and(|p| p != fresh) {
+                return Err(RematError::Invariant(format!(
+                    "tensor {id}: cached recompute peak {peak:?}, fresh {fresh}"
+                )));
+            }
+        }
         Ok(())
     }
 }

@@ -329,4 +329,8 @@ impl EvictionPolicy for Coop {
     fn recomputes_in_place(&self) -> bool {
         self.in_place
     }
+
+    fn caches_prices(&self) -> bool {
+        true
+    }
 }

@@ -74,6 +74,14 @@ pub trait EvictionPolicy {
     fn recomputes_in_place(&self) -> bool {
         false
     }
+
+    /// Whether the executor should keep projected costs and recompute peaks
+    /// between searches (`TensorTable::cache_prices`, at
+    /// [`RECOMPUTE_DEPTH`]). The scores are the same either way; only the
+    /// time to compute them changes.
+    fn caches_prices(&self) -> bool {
+        false
+    }
 }
 
 /// Levels of missing inputs followed when a tensor's recompute peak is
