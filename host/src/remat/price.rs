@@ -34,12 +34,18 @@
 
 use super::tensor::TensorId;
 
+/// Both cached prices of one tensor, side by side (a search reads both).
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    projected: Option<f64>,
+    peak: Option<u64>,
+}
+
 /// The cached prices of one tensor table.
 #[derive(Debug, Clone, Default)]
 pub struct PriceCache {
     depth: u32,
-    projected: Vec<Option<f64>>,
-    peak: Vec<Option<u64>>,
+    entries: Vec<Entry>,
     /// By class node: tensors whose cached projected cost summed that root.
     watchers: Vec<Vec<TensorId>>,
     /// Scratch: the roots of one projected-cost computation.
@@ -58,8 +64,7 @@ impl PriceCache {
     pub fn new(count: usize, depth: u32) -> PriceCache {
         PriceCache {
             depth,
-            projected: vec![None; count],
-            peak: vec![None; count],
+            entries: vec![Entry::default(); count],
             ..PriceCache::default()
         }
     }
@@ -71,15 +76,14 @@ impl PriceCache {
 
     /// Makes room for tensor ids below `count`.
     pub fn grow_to(&mut self, count: usize) {
-        if self.projected.len() < count {
-            self.projected.resize(count, None);
-            self.peak.resize(count, None);
+        if self.entries.len() < count {
+            self.entries.resize(count, Entry::default());
         }
     }
 
     /// The cached projected cost of `t`, if still valid.
     pub fn projected(&mut self, t: TensorId) -> Option<f64> {
-        let value = self.projected[t];
+        let value = self.entries[t].projected;
         self.count(value.is_some());
         value
     }
@@ -87,7 +91,7 @@ impl PriceCache {
     /// Caches the projected cost of `t`, computed from the classes whose
     /// roots are in `self.roots`; `t` watches those roots.
     pub fn store_projected(&mut self, t: TensorId, value: f64) {
-        self.projected[t] = Some(value);
+        self.entries[t].projected = Some(value);
         for &root in &self.roots {
             if self.watchers.len() <= root {
                 self.watchers.resize_with(root + 1, Vec::new);
@@ -98,14 +102,14 @@ impl PriceCache {
 
     /// The cached recompute peak of `t`, if still valid.
     pub fn peak(&mut self, t: TensorId) -> Option<u64> {
-        let value = self.peak[t];
+        let value = self.entries[t].peak;
         self.count(value.is_some());
         value
     }
 
     /// Caches the recompute peak of `t`.
     pub fn store_peak(&mut self, t: TensorId, value: u64) {
-        self.peak[t] = Some(value);
+        self.entries[t].peak = Some(value);
     }
 
     fn count(&mut self, hit: bool) {
@@ -123,20 +127,19 @@ impl PriceCache {
 
     /// Both cached prices of `t` (for checks; counts nothing).
     pub fn cached(&self, t: TensorId) -> (Option<f64>, Option<u64>) {
-        (self.projected[t], self.peak[t])
+        (self.entries[t].projected, self.entries[t].peak)
     }
 
     /// Forgets both prices of `t`.
     pub fn invalidate(&mut self, t: TensorId) {
-        self.projected[t] = None;
-        self.peak[t] = None;
+        self.entries[t] = Entry::default();
     }
 
     /// Forgets the projected costs of `neighbours` (one of their neighbours
     /// joined or left an evicted class).
     pub fn invalidate_projected(&mut self, neighbours: impl Iterator<Item = TensorId>) {
         for n in neighbours {
-            self.projected[n] = None;
+            self.entries[n].projected = None;
         }
     }
 
@@ -148,7 +151,7 @@ impl PriceCache {
                 continue;
             };
             for t in list.drain(..) {
-                self.projected[t] = None;
+                self.entries[t].projected = None;
             }
         }
     }
@@ -178,7 +181,7 @@ impl PriceCache {
         stack.push((from, 0));
         while let Some((t, level)) = stack.pop() {
             for &c in &consumers[t] {
-                self.peak[c] = None;
+                self.entries[c].peak = None;
                 // A price at depth d reads ancestors up to d + 1 levels up.
                 if level < self.depth && missing(c) {
                     stack.push((c, level + 1));

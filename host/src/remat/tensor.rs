@@ -9,7 +9,7 @@
 //! kept between searches (`super::price`); residency must then change only
 //! through `drop_value` and `set_resident`, which invalidate them.
 
-use std::cell::RefCell;
+use std::cell::{RefCell, RefMut};
 
 use super::error::{RematError, RematResult};
 use super::neighbourhood::EvictedClasses;
@@ -41,7 +41,8 @@ pub struct Tensor {
     pub cost: f64,
     /// Inputs of the op that makes it.
     pub inputs: Vec<TensorId>,
-    /// Parameters, gradients, optimizer state: never evicted.
+    /// Parameters, gradients, optimizer state: never evicted. Fixed when
+    /// the tensor is added (`TensorTable::is_pinned` keeps a dense copy).
     pub pinned: bool,
     /// Logical time (op index) of the last use.
     pub last_access: u64,
@@ -63,9 +64,11 @@ impl Tensor {
 pub struct TensorTable {
     tensors: Vec<Tensor>,
     consumers: Vec<Vec<TensorId>>,
+    /// `Tensor::pinned`, densely: a window search asks it of every interval.
+    pinned: Vec<bool>,
     classes: EvictedClasses,
     /// Cached prices, when on; filled by searches through `&self`.
-    prices: Option<RefCell<PriceCache>>,
+    price_cache: Option<RefCell<PriceCache>>,
 }
 
 impl TensorTable {
@@ -94,8 +97,9 @@ impl TensorTable {
             locks: 0,
         });
         self.consumers.push(Vec::new());
+        self.pinned.push(pinned);
         self.classes.grow_to(id + 1);
-        if let Some(prices) = &mut self.prices {
+        if let Some(prices) = &mut self.price_cache {
             prices.get_mut().grow_to(id + 1);
         }
         Ok(id)
@@ -105,13 +109,13 @@ impl TensorTable {
     /// from now on, each recomputed only after an event that can change it
     /// (`super::price`). The values returned are the same either way.
     pub fn cache_prices(&mut self, depth: u32) {
-        self.prices = Some(RefCell::new(PriceCache::new(self.tensors.len(), depth)));
+        self.price_cache = Some(RefCell::new(PriceCache::new(self.tensors.len(), depth)));
         self.classes.note_changes(true);
     }
 
     /// Prices read from the cache and prices computed, when caching.
     pub fn price_stats(&self) -> Option<(u64, u64)> {
-        self.prices.as_ref().map(|p| p.borrow().stats())
+        self.price_cache.as_ref().map(|p| p.borrow().stats())
     }
 
     /// Number of tensors.
@@ -144,6 +148,11 @@ impl TensorTable {
         )
     }
 
+    /// True when the tensor may never be evicted (an unknown id is not).
+    pub fn is_pinned(&self, id: TensorId) -> bool {
+        self.pinned.get(id).copied().unwrap_or(false)
+    }
+
     /// True when a policy may evict it now: resident, not pinned, not locked.
     pub fn is_evictable(&self, id: TensorId) -> bool {
         self.tensors.get(id).is_some_and(|t| {
@@ -160,22 +169,20 @@ impl TensorTable {
 
     /// DTR's projected cost: own cost plus the evicted classes next to it.
     pub fn projected_cost(&self, id: TensorId) -> f64 {
-        let Some(prices) = &self.prices else {
-            return self.tensors[id].cost + self.classes.neighbour_cost(&self.neighbours(id));
-        };
-        let mut prices = prices.borrow_mut();
-        if let Some(cost) = prices.projected(id) {
-            return cost;
+        self.prices().projected_cost(id)
+    }
+
+    fn projected_cost_uncached(&self, id: TensorId) -> f64 {
+        self.tensors[id].cost + self.classes.neighbour_cost(&self.neighbours(id))
+    }
+
+    /// Projected costs and recompute peaks for one search, reading the price
+    /// cache (when on) through one borrow.
+    pub fn prices(&self) -> Prices<'_> {
+        Prices {
+            table: self,
+            cache: self.price_cache.as_ref().map(RefCell::borrow_mut),
         }
-        // The same sum over the same neighbours in the same order (inputs,
-        // then consumers) as the uncached line above, with no allocation.
-        let neighbours = self.tensors[id].inputs.iter().chain(&self.consumers[id]);
-        let classes = self
-            .classes
-            .neighbour_cost_roots(neighbours.copied(), &mut prices.roots);
-        let cost = self.tensors[id].cost + classes;
-        prices.store_projected(id, cost);
-        cost
     }
 
     /// Bytes that must be resident at once to recompute `id` from what is
@@ -186,17 +193,7 @@ impl TensorTable {
     /// `depth` levels up the graph of missing tensors; deeper ancestors count
     /// as resident, so this is a lower bound on the true peak.
     pub fn recompute_peak(&self, id: TensorId, depth: u32) -> u64 {
-        if let Some(prices) = &self.prices
-            && prices.borrow().depth() == depth
-        {
-            if let Some(peak) = prices.borrow_mut().peak(id) {
-                return peak;
-            }
-            let peak = self.recompute_peak_uncached(id, depth);
-            prices.borrow_mut().store_peak(id, peak);
-            return peak;
-        }
-        self.recompute_peak_uncached(id, depth)
+        self.prices().recompute_peak(id, depth)
     }
 
     fn recompute_peak_uncached(&self, id: TensorId, depth: u32) -> u64 {
@@ -255,7 +252,7 @@ impl TensorTable {
     /// (`class_moved`) and becoming resident or missing (`residency_moved`)
     /// can change (`super::price`).
     fn invalidate_prices(&mut self, id: TensorId, class_moved: bool, residency_moved: bool) {
-        let Some(prices) = &mut self.prices else {
+        let Some(prices) = &mut self.price_cache else {
             return;
         };
         let prices = prices.get_mut();
@@ -281,13 +278,13 @@ impl TensorTable {
 
     /// Compares every cached price with a fresh computation.
     pub fn check_prices(&self) -> RematResult<()> {
-        let Some(prices) = &self.prices else {
+        let Some(prices) = &self.price_cache else {
             return Ok(());
         };
         let prices = prices.borrow();
         for id in 0..self.tensors.len() {
             let (projected, peak) = prices.cached(id);
-            let fresh = self.tensors[id].cost + self.classes.neighbour_cost(&self.neighbours(id));
+            let fresh = self.projected_cost_uncached(id);
             if projected.is_some_and(|p| p.to_bits() != fresh.to_bits()) {
                 return Err(RematError::Invariant(format!(
                     "tensor {id}: cached projected cost {projected:?}, fresh {fresh}"
@@ -301,5 +298,50 @@ impl TensorTable {
             }
         }
         Ok(())
+    }
+}
+
+/// Projected costs and recompute peaks with the table's price cache, when
+/// it has one, borrowed for as long as this lives (one search).
+pub struct Prices<'a> {
+    table: &'a TensorTable,
+    cache: Option<RefMut<'a, PriceCache>>,
+}
+
+impl Prices<'_> {
+    /// [`TensorTable::projected_cost`].
+    pub fn projected_cost(&mut self, id: TensorId) -> f64 {
+        let table = self.table;
+        let Some(cache) = &mut self.cache else {
+            return table.projected_cost_uncached(id);
+        };
+        if let Some(cost) = cache.projected(id) {
+            return cost;
+        }
+        // The same sum over the same neighbours in the same order (inputs,
+        // then consumers) as the uncached one, with no allocation.
+        let neighbours = table.tensors[id].inputs.iter().chain(&table.consumers[id]);
+        let classes = table
+            .classes
+            .neighbour_cost_roots(neighbours.copied(), &mut cache.roots);
+        let cost = table.tensors[id].cost + classes;
+        cache.store_projected(id, cost);
+        cost
+    }
+
+    /// [`TensorTable::recompute_peak`]; cached only at the cache's depth.
+    pub fn recompute_peak(&mut self, id: TensorId, depth: u32) -> u64 {
+        let table = self.table;
+        match &mut self.cache {
+            Some(cache) if cache.depth() == depth => {
+                if let Some(peak) = cache.peak(id) {
+                    return peak;
+                }
+                let peak = table.recompute_peak_uncached(id, depth);
+                cache.store_peak(id, peak);
+                peak
+            }
+            _ => table.recompute_peak_uncached(id, depth),
+        }
     }
 }
