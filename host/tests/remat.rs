@@ -774,6 +774,7 @@ fn priced_recompute_memory_keeps_the_embedding_gradient() {
     assert_eq!(victims(&mut Dtr::default()), [e], "so does published DTR");
     let priced = &mut Dtr {
         price_recompute_memory: true,
+        ..Dtr::default()
     };
     assert_eq!(victims(priced), [k], "and DTR with the pricing keeps e");
 }
