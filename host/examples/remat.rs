@@ -15,6 +15,8 @@
 //!   --out DIR      where the sweep's files go (results/remat)
 //!   --memory-ablation  each policy with recompute-memory pricing off and on
 //!                  (minimum ratio, overhead at 0.9, 0.7, 0.5)
+//!   --latency-ablation  search time of DTR, DTR with Coop's price cache
+//!                  and Coop at 0.9 to 0.5 (median of 5 replays each)
 //! ```
 //! The same runs as `gpumalloc remat TRACE --budget R` / `--sweep`.
 
@@ -24,7 +26,7 @@ mod usage;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use host::remat::compare::{memory_ablation, min_ratios, sweep, table};
+use host::remat::compare::{latency_ablation, memory_ablation, min_ratios, sweep, table};
 use host::remat::sweep::{Command, run_command};
 use host::remat::synth;
 use host::remat::{Coop, RematResult, ReplayOptions, Trace, budget_for, replay};
@@ -43,7 +45,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let (mut traces, mut budgets, mut do_sweep) = (Vec::new(), Vec::new(), false);
-    let mut do_ablation = false;
+    let (mut do_ablation, mut do_latency) = (false, false);
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -53,6 +55,7 @@ fn run() -> Result<(), String> {
             "--budget" => budgets.push(number(value("a ratio")?)?),
             "--sweep" => do_sweep = true,
             "--memory-ablation" => do_ablation = true,
+            "--latency-ablation" => do_latency = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
             "-h" | "--help" => {
@@ -66,10 +69,19 @@ fn run() -> Result<(), String> {
     if traces.is_empty() {
         return synthetic().map_err(|e| e.to_string());
     }
-    if do_ablation {
+    if do_ablation || do_latency {
         for path in &traces {
             let recorded = host::remat::Recorded::read(path).map_err(|e| e.to_string())?;
-            println!("{}\n{}", path.display(), memory_ablation(&recorded.trace));
+            if do_ablation {
+                println!("{}\n{}", path.display(), memory_ablation(&recorded.trace));
+            }
+            if do_latency {
+                println!(
+                    "{}\n{}",
+                    path.display(),
+                    latency_ablation(&recorded.trace, 5)
+                );
+            }
         }
         return Ok(());
     }

@@ -718,6 +718,35 @@ fn recompute_peak_follows_missing_inputs() {
 }
 
 #[test]
+fn cached_prices_follow_recomputation_and_eviction() {
+    let (_, mut table, [e, k]) = embedding_gradient_layout();
+    table.cache_prices(3);
+    let prices = |t: &TensorTable| (t.recompute_peak(e, 3), t.projected_cost(e));
+    assert_eq!(prices(&table), (300, 4.0));
+    assert_eq!(prices(&table), (300, 4.0), "read again from the cache");
+    assert_eq!(table.price_stats(), Some((2, 2)), "two hits, two misses");
+    // g comes back (n and a stay dropped): e's inputs are resident now, and
+    // its evicted neighbourhood has lost g's cost.
+    let g = table.get(e).expect("known").inputs[0];
+    table.set_resident(g, 0, 3).expect("known");
+    assert_eq!(prices(&table), (20, 1.0));
+    // n and a come back and g goes again: recomputing e needs g, over a
+    // resident n and a; the class of g is g alone.
+    let n = table.get(g).expect("known").inputs[0];
+    let a = table.get(g).expect("known").inputs[1];
+    table.set_resident(a, 100, 4).expect("known");
+    table.set_resident(n, 200, 4).expect("known");
+    table.drop_value(g, Residency::Evicted).expect("known");
+    assert_eq!(prices(&table), (120, 2.0));
+    // a goes too, two levels up from e: recomputing g needs a back first,
+    // so g and a are held at once.
+    table.drop_value(a, Residency::Evicted).expect("known");
+    assert_eq!(table.recompute_peak(e, 3), 200);
+    assert_eq!(table.recompute_peak(k, 3), 20);
+    table.check_prices().expect("every cached price is fresh");
+}
+
+#[test]
 fn priced_recompute_memory_keeps_the_embedding_gradient() {
     let request = Request {
         size: 20,
@@ -745,6 +774,7 @@ fn priced_recompute_memory_keeps_the_embedding_gradient() {
     assert_eq!(victims(&mut Dtr::default()), [e], "so does published DTR");
     let priced = &mut Dtr {
         price_recompute_memory: true,
+        ..Dtr::default()
     };
     assert_eq!(victims(priced), [k], "and DTR with the pricing keeps e");
 }

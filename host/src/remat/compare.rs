@@ -84,6 +84,7 @@ pub fn memory_ablation(trace: &Trace) -> String {
         ("DTR", false, |on| {
             Box::new(Dtr {
                 price_recompute_memory: on,
+                ..Dtr::default()
             })
         }),
         ("DTE", false, |on| {
@@ -135,6 +136,68 @@ pub fn memory_ablation(trace: &Trace) -> String {
             }
             out.push('\n');
         }
+    }
+    out
+}
+
+/// Search latency of DTR as published, DTR with Coop's price cache
+/// (`Dtr::cache_prices`: same decisions, checked) and Coop, per evicting
+/// allocation, at a few ratios: the mean of each replay, median over
+/// `repeats` replays (wall time; the median drops a replay whose few
+/// searches were preempted). Shows how much of Coop's lead is the cache,
+/// which any policy could have, and how much is its single pass.
+pub fn latency_ablation(trace: &Trace, repeats: usize) -> String {
+    const RATIOS: [f64; 5] = [0.9, 0.8, 0.7, 0.6, 0.5];
+    type Maker = (&'static str, fn() -> Box<dyn EvictionPolicy>);
+    let makers: [Maker; 3] = [
+        ("DTR", || Box::new(Dtr::default())),
+        ("DTR+cache", || {
+            Box::new(Dtr {
+                cache_prices: true,
+                ..Dtr::default()
+            })
+        }),
+        ("Coop", || Box::new(Coop::default())),
+    ];
+    let mut out = format!(
+        "search µs per evicting allocation (median of {repeats} replays): ratio, {}, \
+         DTR / Coop, DTR+cache / Coop\n",
+        makers.map(|(name, _)| name).join(", ")
+    );
+    for ratio in RATIOS {
+        let mut means = Vec::new();
+        let mut decisions = Vec::new();
+        for (_, make) in makers {
+            let mut times = Vec::new();
+            for _ in 0..repeats.max(1) {
+                let r = replay(
+                    trace,
+                    budget_for(trace, ratio),
+                    make().as_mut(),
+                    ReplayOptions::default(),
+                );
+                times.push(r.search_us_mean());
+                decisions.push((r.finished(), r.evictions, r.recompute_cost.to_bits()));
+            }
+            times.sort_by(f64::total_cmp);
+            means.push(times[times.len() / 2]);
+        }
+        let runs = repeats.max(1);
+        let same = decisions[..runs] == decisions[runs..2 * runs];
+        let _ = writeln!(
+            out,
+            "  {ratio:.2} {:>9.2} {:>9.2} {:>9.2} {:>7.1}x {:>7.1}x{}",
+            means[0],
+            means[1],
+            means[2],
+            means[0] / means[2].max(1e-9),
+            means[1] / means[2].max(1e-9),
+            if same {
+                ""
+            } else {
+                "  (DTR+cache decided differently!)"
+            }
+        );
     }
     out
 }

@@ -25,7 +25,7 @@
 use std::time::Instant;
 
 use super::error::{RematError, RematResult};
-use super::policy::{EvictionPolicy, Request, SearchContext};
+use super::policy::{EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext};
 use super::pool::Pool;
 use super::tensor::{Residency, TensorId, TensorTable};
 use super::trace::Trace;
@@ -169,6 +169,9 @@ impl<'p> Executor<'p> {
                 tensors.add(out.size, op.cost, op.inputs.clone(), out.pinned)?;
                 overwrites.push((op.in_place && k == 0).then(|| op.inputs[0]));
             }
+        }
+        if policy.caches_prices() {
+            tensors.cache_prices(RECOMPUTE_DEPTH);
         }
         let mut report = Report::new(policy.name(), budget);
         report.original_cost = trace.total_cost();
@@ -430,10 +433,12 @@ impl<'p> Executor<'p> {
         Ok(())
     }
 
-    /// Pool invariants, plus: every resident tensor sits where the pool says
-    /// and no lock outlives its op.
+    /// Pool invariants, plus: every resident tensor sits where the pool says,
+    /// no lock outlives its op, and every cached price is what a fresh
+    /// computation gives.
     fn check(&self) -> RematResult<()> {
         self.pool.check()?;
+        self.tensors.check_prices()?;
         for id in 0..self.tensors.len() {
             let tensor = self.tensors.get(id)?;
             let placed = self.pool.interval_of(id).map(|i| i.addr);

@@ -5,7 +5,8 @@
 //!
 //! - [`pool`]: the pool as intervals (free or one resident tensor), `check()`.
 //! - [`tensor`]: tensor metadata and residency; [`neighbourhood`]: DTR's
-//!   evicted equivalence classes.
+//!   evicted equivalence classes; [`price`]: projected costs and recompute
+//!   peaks cached between searches.
 //! - [`trace`]: the in-memory op trace; [`synth`]: seeded synthetic traces;
 //!   [`recorded`]: traces recorded from PyTorch (`python/remat/record.py`).
 //! - [`policy`]: the `EvictionPolicy` trait, DTR, DTE, Coop.
@@ -22,6 +23,7 @@ pub mod neighbourhood;
 pub mod plot;
 pub mod policy;
 pub mod pool;
+pub mod price;
 pub mod recorded;
 pub mod sweep;
 pub mod synth;

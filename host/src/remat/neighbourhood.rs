@@ -9,6 +9,9 @@
 //! a member is recomputed its cost is subtracted from the class, but the class
 //! may still join tensors that are no longer connected through evicted ones.
 //!
+//! Every class whose cost or root changes is noted (`take_changed`), so that
+//! cached projected costs that read it can be invalidated (`super::price`).
+//!
 //! Owned by one [`super::tensor::TensorTable`]; single-threaded, mutated only on
 //! eviction, release and recomputation.
 
@@ -21,6 +24,10 @@ pub struct EvictedClasses {
     rank: Vec<u8>,
     cost: Vec<f64>,
     node_of: Vec<Option<usize>>,
+    /// Roots whose class changed (cost, or merged into another) since the
+    /// last `take_changed`, when `noting`.
+    changed: Vec<usize>,
+    noting: bool,
 }
 
 impl EvictedClasses {
@@ -44,6 +51,9 @@ impl EvictedClasses {
         let (ra, rb) = (self.root(a), self.root(b));
         if ra == rb {
             return;
+        }
+        if self.noting {
+            self.changed.extend([ra, rb]);
         }
         let (low, high) = if self.rank[ra] < self.rank[rb] {
             (ra, rb)
@@ -72,28 +82,62 @@ impl EvictedClasses {
         }
     }
 
-    /// Records that `tensor` is back in memory.
-    pub fn remove(&mut self, tensor: TensorId, cost: f64) {
-        if let Some(node) = self.node_of[tensor].take() {
-            let root = self.root(node);
-            self.cost[root] = (self.cost[root] - cost).max(0.0);
+    /// Records that `tensor` is back in memory; false when it was in no
+    /// class (a tensor computed for the first time).
+    pub fn remove(&mut self, tensor: TensorId, cost: f64) -> bool {
+        let Some(node) = self.node_of[tensor].take() else {
+            return false;
+        };
+        let root = self.root(node);
+        self.cost[root] = (self.cost[root] - cost).max(0.0);
+        if self.noting {
+            self.changed.push(root);
         }
+        true
     }
 
     /// Sum of the costs of the distinct evicted classes among `neighbours`.
     pub fn neighbour_cost(&self, neighbours: &[TensorId]) -> f64 {
         let mut seen: Vec<usize> = Vec::new();
+        self.neighbour_cost_roots(neighbours.iter().copied(), &mut seen)
+    }
+
+    /// [`Self::neighbour_cost`], leaving the distinct roots it summed in
+    /// `roots` (cleared first), in the order it met them; the same additions
+    /// in the same order, so the same value to the last bit.
+    pub fn neighbour_cost_roots(
+        &self,
+        neighbours: impl Iterator<Item = TensorId>,
+        roots: &mut Vec<usize>,
+    ) -> f64 {
+        roots.clear();
         let mut total = 0.0;
-        for &n in neighbours {
+        for n in neighbours {
             if let Some(node) = self.node_of[n] {
                 let root = self.root(node);
-                if !seen.contains(&root) {
-                    seen.push(root);
+                if !roots.contains(&root) {
+                    roots.push(root);
                     total += self.cost[root];
                 }
             }
         }
         total
+    }
+
+    /// Number of nodes made so far (one per eviction or release).
+    pub fn node_count(&self) -> usize {
+        self.parent.len()
+    }
+
+    /// Starts (or stops) noting the roots whose class changes.
+    pub fn note_changes(&mut self, on: bool) {
+        self.noting = on;
+        self.changed.clear();
+    }
+
+    /// Moves the roots noted as changed since the last call into `into`.
+    pub fn take_changed(&mut self, into: &mut Vec<usize>) {
+        into.append(&mut self.changed);
     }
 }
 

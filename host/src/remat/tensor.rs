@@ -4,10 +4,16 @@
 //! neighbourhood used by the DTR-style costs.
 //!
 //! A [`TensorTable`] belongs to one executor and is touched by one thread; the
-//! policies read it through `&TensorTable` while they search.
+//! policies read it through `&TensorTable` while they search. With
+//! [`TensorTable::cache_prices`] on, projected costs and recompute peaks are
+//! kept between searches (`super::price`); residency must then change only
+//! through `drop_value` and `set_resident`, which invalidate them.
+
+use std::cell::{RefCell, RefMut};
 
 use super::error::{RematError, RematResult};
 use super::neighbourhood::EvictedClasses;
+use super::price::PriceCache;
 
 /// Index of a tensor in its trace (outputs are numbered in order of creation).
 pub type TensorId = usize;
@@ -35,7 +41,8 @@ pub struct Tensor {
     pub cost: f64,
     /// Inputs of the op that makes it.
     pub inputs: Vec<TensorId>,
-    /// Parameters, gradients, optimizer state: never evicted.
+    /// Parameters, gradients, optimizer state: never evicted. Fixed when
+    /// the tensor is added (`TensorTable::is_pinned` keeps a dense copy).
     pub pinned: bool,
     /// Logical time (op index) of the last use.
     pub last_access: u64,
@@ -57,7 +64,11 @@ impl Tensor {
 pub struct TensorTable {
     tensors: Vec<Tensor>,
     consumers: Vec<Vec<TensorId>>,
+    /// `Tensor::pinned`, densely: a window search asks it of every interval.
+    pinned: Vec<bool>,
     classes: EvictedClasses,
+    /// Cached prices, when on; filled by searches through `&self`.
+    price_cache: Option<RefCell<PriceCache>>,
 }
 
 impl TensorTable {
@@ -86,8 +97,25 @@ impl TensorTable {
             locks: 0,
         });
         self.consumers.push(Vec::new());
+        self.pinned.push(pinned);
         self.classes.grow_to(id + 1);
+        if let Some(prices) = &mut self.price_cache {
+            prices.get_mut().grow_to(id + 1);
+        }
         Ok(id)
+    }
+
+    /// Keeps projected costs and recompute peaks at `depth` between searches
+    /// from now on, each recomputed only after an event that can change it
+    /// (`super::price`). The values returned are the same either way.
+    pub fn cache_prices(&mut self, depth: u32) {
+        self.price_cache = Some(RefCell::new(PriceCache::new(self.tensors.len(), depth)));
+        self.classes.note_changes(true);
+    }
+
+    /// Prices read from the cache and prices computed, when caching.
+    pub fn price_stats(&self) -> Option<(u64, u64)> {
+        self.price_cache.as_ref().map(|p| p.borrow().stats())
     }
 
     /// Number of tensors.
@@ -120,6 +148,11 @@ impl TensorTable {
         )
     }
 
+    /// True when the tensor may never be evicted (an unknown id is not).
+    pub fn is_pinned(&self, id: TensorId) -> bool {
+        self.pinned.get(id).copied().unwrap_or(false)
+    }
+
     /// True when a policy may evict it now: resident, not pinned, not locked.
     pub fn is_evictable(&self, id: TensorId) -> bool {
         self.tensors.get(id).is_some_and(|t| {
@@ -136,7 +169,20 @@ impl TensorTable {
 
     /// DTR's projected cost: own cost plus the evicted classes next to it.
     pub fn projected_cost(&self, id: TensorId) -> f64 {
+        self.prices().projected_cost(id)
+    }
+
+    fn projected_cost_uncached(&self, id: TensorId) -> f64 {
         self.tensors[id].cost + self.classes.neighbour_cost(&self.neighbours(id))
+    }
+
+    /// Projected costs and recompute peaks for one search, reading the price
+    /// cache (when on) through one borrow.
+    pub fn prices(&self) -> Prices<'_> {
+        Prices {
+            table: self,
+            cache: self.price_cache.as_ref().map(RefCell::borrow_mut),
+        }
     }
 
     /// Bytes that must be resident at once to recompute `id` from what is
@@ -147,6 +193,10 @@ impl TensorTable {
     /// `depth` levels up the graph of missing tensors; deeper ancestors count
     /// as resident, so this is a lower bound on the true peak.
     pub fn recompute_peak(&self, id: TensorId, depth: u32) -> u64 {
+        self.prices().recompute_peak(id, depth)
+    }
+
+    fn recompute_peak_uncached(&self, id: TensorId, depth: u32) -> u64 {
         let tensor = &self.tensors[id];
         let inputs = &tensor.inputs;
         // Missing inputs, each once (an op may read a tensor twice); input
@@ -159,7 +209,7 @@ impl TensorTable {
         let (mut held, mut chain) = (0u64, 0u64);
         for input in missing {
             if depth > 0 {
-                chain = chain.max(held + self.recompute_peak(input, depth - 1));
+                chain = chain.max(held + self.recompute_peak_uncached(input, depth - 1));
             }
             held += self.tensors[input].size;
         }
@@ -176,9 +226,11 @@ impl TensorTable {
     pub fn drop_value(&mut self, id: TensorId, to: Residency) -> RematResult<()> {
         let neighbours = self.neighbours(id);
         let tensor = self.get_mut(id)?;
+        let was_resident = matches!(tensor.residency, Residency::Resident(_));
         tensor.residency = to;
         let cost = tensor.cost;
         self.classes.add(id, cost, &neighbours);
+        self.invalidate_prices(id, true, was_resident);
         Ok(())
     }
 
@@ -186,9 +238,110 @@ impl TensorTable {
     pub fn set_resident(&mut self, id: TensorId, addr: u64, now: u64) -> RematResult<()> {
         let tensor = self.get_mut(id)?;
         let cost = tensor.cost;
+        // Unborn to resident reads no new residency: nothing born descends
+        // from a tensor computed for the first time.
+        let was_missing = matches!(tensor.residency, Residency::Evicted | Residency::Released);
         tensor.residency = Residency::Resident(addr);
         tensor.last_access = now;
-        self.classes.remove(id, cost);
+        let left_class = self.classes.remove(id, cost);
+        self.invalidate_prices(id, left_class, was_missing);
         Ok(())
+    }
+
+    /// The cached prices that `id` leaving or joining an evicted class
+    /// (`class_moved`) and becoming resident or missing (`residency_moved`)
+    /// can change (`super::price`).
+    fn invalidate_prices(&mut self, id: TensorId, class_moved: bool, residency_moved: bool) {
+        let Some(prices) = &mut self.price_cache else {
+            return;
+        };
+        let prices = prices.get_mut();
+        prices.invalidate(id);
+        if class_moved {
+            let neighbours = self.tensors[id].inputs.iter().chain(&self.consumers[id]);
+            prices.invalidate_projected(neighbours.copied());
+        }
+        let mut changed = prices.take_changed_buffer();
+        self.classes.take_changed(&mut changed);
+        prices.invalidate_classes(&mut changed);
+        prices.put_changed_buffer(changed);
+        if residency_moved {
+            let tensors = &self.tensors;
+            prices.invalidate_descendants(id, &self.consumers, |c| {
+                matches!(
+                    tensors[c].residency,
+                    Residency::Evicted | Residency::Released
+                )
+            });
+        }
+    }
+
+    /// Compares every cached price with a fresh computation.
+    pub fn check_prices(&self) -> RematResult<()> {
+        let Some(prices) = &self.price_cache else {
+            return Ok(());
+        };
+        let prices = prices.borrow();
+        for id in 0..self.tensors.len() {
+            let (projected, peak) = prices.cached(id);
+            let fresh = self.projected_cost_uncached(id);
+            if projected.is_some_and(|p| p.to_bits() != fresh.to_bits()) {
+                return Err(RematError::Invariant(format!(
+                    "tensor {id}: cached projected cost {projected:?}, fresh {fresh}"
+                )));
+            }
+            let fresh = self.recompute_peak_uncached(id, prices.depth());
+            if peak.is_some_and(|p| p != fresh) {
+                return Err(RematError::Invariant(format!(
+                    "tensor {id}: cached recompute peak {peak:?}, fresh {fresh}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Projected costs and recompute peaks with the table's price cache, when
+/// it has one, borrowed for as long as this lives (one search).
+pub struct Prices<'a> {
+    table: &'a TensorTable,
+    cache: Option<RefMut<'a, PriceCache>>,
+}
+
+impl Prices<'_> {
+    /// [`TensorTable::projected_cost`].
+    pub fn projected_cost(&mut self, id: TensorId) -> f64 {
+        let table = self.table;
+        let Some(cache) = &mut self.cache else {
+            return table.projected_cost_uncached(id);
+        };
+        if let Some(cost) = cache.projected(id) {
+            return cost;
+        }
+        // The same sum over the same neighbours in the same order (inputs,
+        // then consumers) as the uncached one, with no allocation.
+        let neighbours = table.tensors[id].inputs.iter().chain(&table.consumers[id]);
+        let classes = table
+            .classes
+            .neighbour_cost_roots(neighbours.copied(), &mut cache.roots);
+        let cost = table.tensors[id].cost + classes;
+        cache.store_projected(id, cost);
+        cost
+    }
+
+    /// [`TensorTable::recompute_peak`]; cached only at the cache's depth.
+    pub fn recompute_peak(&mut self, id: TensorId, depth: u32) -> u64 {
+        let table = self.table;
+        match &mut self.cache {
+            Some(cache) if cache.depth() == depth => {
+                if let Some(peak) = cache.peak(id) {
+                    return peak;
+                }
+                let peak = table.recompute_peak_uncached(id, depth);
+                cache.store_peak(id, peak);
+                peak
+            }
+            _ => table.recompute_peak_uncached(id, depth),
+        }
     }
 }

@@ -42,7 +42,8 @@
 //! Owned by one executor; single-threaded. Keeps the step count of its last
 //! search so that tests can check that the search is linear.
 
-use super::{Eviction, EvictionPolicy, Request, SearchContext, recompute_amplification};
+use super::{Eviction, EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext, amplification};
+use crate::remat::tensor::{Prices, TensorId};
 
 /// One interval as the window search sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -207,32 +208,53 @@ impl Coop {
 
     /// The pool as window items.
     pub fn items(&self, ctx: &SearchContext<'_>) -> Vec<WindowItem> {
-        ctx.pool
-            .intervals()
-            .map(|i| {
-                let (score, pinned) = match i.tensor {
-                    None => (Some(0.0), false),
-                    Some(t) if ctx.tensors.is_evictable(t) => {
-                        (Some(self.score(ctx, t, i.size)), false)
-                    }
-                    Some(t) => (None, ctx.tensors.get(t).is_ok_and(|t| t.pinned)),
-                };
-                WindowItem {
-                    addr: i.addr,
-                    size: i.size,
-                    score,
-                    pinned,
+        self.items_and_tensors(ctx).0
+    }
+
+    /// The pool as window items, and the tensor of each (`None`: free), in
+    /// one pass. Scores come from the table's price cache when it has one,
+    /// borrowed once for the pass.
+    fn items_and_tensors(
+        &self,
+        ctx: &SearchContext<'_>,
+    ) -> (Vec<WindowItem>, Vec<Option<TensorId>>) {
+        let count = ctx.pool.interval_count();
+        let (mut items, mut tensors) = (Vec::with_capacity(count), Vec::with_capacity(count));
+        let mut prices = ctx.tensors.prices();
+        for i in ctx.pool.intervals() {
+            // Most intervals of a training step are pinned (parameters,
+            // gradients, optimizer state): one dense lookup settles them.
+            let (score, pinned) = match i.tensor {
+                None => (Some(0.0), false),
+                Some(t) if ctx.tensors.is_pinned(t) => (None, true),
+                Some(t) if ctx.tensors.is_evictable(t) => {
+                    (Some(self.score(ctx, &mut prices, t, i.size)), false)
                 }
-            })
-            .collect()
+                Some(_) => (None, false),
+            };
+            items.push(WindowItem {
+                addr: i.addr,
+                size: i.size,
+                score,
+                pinned,
+            });
+            tensors.push(i.tensor);
+        }
+        (items, tensors)
     }
 
     /// An evictable tensor's score: h = c / s, the projected cost over
     /// staleness, times the recompute amplification when priced.
-    fn score(&self, ctx: &SearchContext<'_>, t: usize, size: u64) -> f64 {
-        let h = ctx.tensors.projected_cost(t) / ctx.tensors.staleness(t, ctx.now);
+    fn score(
+        &self,
+        ctx: &SearchContext<'_>,
+        prices: &mut Prices<'_>,
+        t: TensorId,
+        size: u64,
+    ) -> f64 {
+        let h = prices.projected_cost(t) / ctx.tensors.staleness(t, ctx.now);
         if self.price_recompute_memory {
-            h * recompute_amplification(ctx, t, size)
+            h * amplification(prices.recompute_peak(t, RECOMPUTE_DEPTH), size)
         } else {
             h
         }
@@ -263,7 +285,7 @@ impl EvictionPolicy for Coop {
     }
 
     fn next_eviction(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<Eviction> {
-        let items = self.items(ctx);
+        let (items, tensors) = self.items_and_tensors(ctx);
         let (mut found, mut steps) = (None, 0);
         if request.pinned && self.pinned_at_ends {
             let (anchored, anchored_steps) = cheapest_anchored_window(&items, request.size);
@@ -277,12 +299,10 @@ impl EvictionPolicy for Coop {
         (self.last_steps, self.last_items) = (steps, items.len());
         let (window, side) = found?;
         let span = (items[window.first].addr, window.bytes);
-        let victims = ctx
-            .pool
-            .intervals()
-            .skip(window.first)
-            .take(window.last + 1 - window.first)
-            .filter_map(|i| i.tensor)
+        let victims = tensors[window.first..=window.last]
+            .iter()
+            .flatten()
+            .copied()
             .collect();
         Some(Eviction {
             victims,
@@ -328,5 +348,9 @@ impl EvictionPolicy for Coop {
 
     fn recomputes_in_place(&self) -> bool {
         self.in_place
+    }
+
+    fn caches_prices(&self) -> bool {
+        true
     }
 }

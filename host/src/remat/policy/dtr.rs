@@ -14,6 +14,11 @@ pub struct Dtr {
     /// Scale the score by the recompute amplification (not in the
     /// published policy; off by default, for the ablation only).
     pub price_recompute_memory: bool,
+    /// Keep projected costs and recompute peaks between searches, as Coop
+    /// does (`TensorTable::cache_prices`): the same scores and decisions,
+    /// faster. Off by default (the published policy recomputes them), on
+    /// for the latency comparison only (`compare::latency_ablation`).
+    pub cache_prices: bool,
 }
 
 impl EvictionPolicy for Dtr {
@@ -37,5 +42,9 @@ impl EvictionPolicy for Dtr {
             window: None,
             addr: None,
         })
+    }
+
+    fn caches_prices(&self) -> bool {
+        self.cache_prices
     }
 }

@@ -74,6 +74,14 @@ pub trait EvictionPolicy {
     fn recomputes_in_place(&self) -> bool {
         false
     }
+
+    /// Whether the executor should keep projected costs and recompute peaks
+    /// between searches (`TensorTable::cache_prices`, at
+    /// [`RECOMPUTE_DEPTH`]). The scores are the same either way; only the
+    /// time to compute them changes.
+    fn caches_prices(&self) -> bool {
+        false
+    }
 }
 
 /// Levels of missing inputs followed when a tensor's recompute peak is
@@ -88,7 +96,12 @@ pub const RECOMPUTE_DEPTH: u32 = 3;
 /// gradient, 147 MiB, needing three 785 MiB logits-sized tensors back) is
 /// evicted only when nothing cheaper is left.
 pub fn recompute_amplification(ctx: &SearchContext<'_>, t: TensorId, size: u64) -> f64 {
-    let peak = ctx.tensors.recompute_peak(t, RECOMPUTE_DEPTH);
+    amplification(ctx.tensors.recompute_peak(t, RECOMPUTE_DEPTH), size)
+}
+
+/// The recompute amplification of a tensor of `size` bytes whose recompute
+/// peak is `peak` bytes (see [`recompute_amplification`]).
+pub fn amplification(peak: u64, size: u64) -> f64 {
     peak.max(size) as f64 / size.max(1) as f64
 }
 

@@ -1,0 +1,193 @@
+//! Cached eviction prices: each tensor's projected cost (DTR's c, own cost
+//! plus the evicted classes next to it) and recompute peak
+//! (`TensorTable::recompute_peak`), kept between searches and invalidated
+//! only by the events that can change them. Coop's window search scores every
+//! evictable tensor in the pool at each evicting allocation; most of those
+//! scores did not change since the previous search, and computing them (a
+//! union-find walk per evicted neighbour, up to four levels of missing
+//! inputs) was most of the search's time. A cached price is the value the
+//! uncached computation returns, to the last bit, so decisions do not change.
+//!
+//! What each price reads, and the event that invalidates it:
+//!
+//! - The projected cost of t reads which of its neighbours (inputs and
+//!   consumers) are in an evicted class, and those classes' roots and costs.
+//!   A neighbour that joins or leaves a class (evicted, released,
+//!   recomputed) invalidates t directly. When t's cost is computed, t
+//!   registers as a *watcher* of each root it summed; a class whose cost or
+//!   root changes (a union, a member recomputed) invalidates its watchers
+//!   and forgets them (they register again when recomputed, so a watcher
+//!   list holds at most the reads made since its last change).
+//! - The recompute peak of t at depth d reads the residency of its ancestors
+//!   up to d + 1 levels up, through ancestors that are missing. A tensor that
+//!   becomes resident or missing invalidates its consumers, and theirs
+//!   through missing ones, d + 1 levels down. The walk stops at a resident
+//!   tensor (a price computed through it while it was missing was already
+//!   invalidated when it came back) and at an unborn one (nothing born
+//!   descends from it).
+//! - The staleness term is not cached: it changes with every op.
+//!
+//! Owned by a `TensorTable` (in a `RefCell`, so that a search fills it
+//! through the shared reference it reads the table by); single-threaded.
+//! `TensorTable::check_prices` compares every cached price with a fresh
+//! computation (run by the executor's invariant checks in the tests).
+
+use super::tensor::TensorId;
+
+/// Both cached prices of one tensor, side by side (a search reads both).
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    projected: Option<f64>,
+    peak: Option<u64>,
+}
+
+/// The cached prices of one tensor table.
+#[derive(Debug, Clone, Default)]
+pub struct PriceCache {
+    depth: u32,
+    entries: Vec<Entry>,
+    /// By class node: tensors whose cached projected cost summed that root.
+    watchers: Vec<Vec<TensorId>>,
+    /// Scratch: the roots of one projected-cost computation.
+    pub(super) roots: Vec<usize>,
+    /// Scratch: changed class roots, and the descendant walk's stack.
+    changed: Vec<usize>,
+    stack: Vec<(TensorId, u32)>,
+    /// Prices read from the cache, and computed, since the start.
+    hits: u64,
+    misses: u64,
+}
+
+impl PriceCache {
+    /// An empty cache for `count` tensors whose recompute peaks are priced
+    /// `depth` levels up.
+    pub fn new(count: usize, depth: u32) -> PriceCache {
+        PriceCache {
+            depth,
+            entries: vec![Entry::default(); count],
+            ..PriceCache::default()
+        }
+    }
+
+    /// The depth of the recompute peaks it caches.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Makes room for tensor ids below `count`.
+    pub fn grow_to(&mut self, count: usize) {
+        if self.entries.len() < count {
+            self.entries.resize(count, Entry::default());
+        }
+    }
+
+    /// The cached projected cost of `t`, if still valid.
+    pub fn projected(&mut self, t: TensorId) -> Option<f64> {
+        let value = self.entries[t].projected;
+        self.count(value.is_some());
+        value
+    }
+
+    /// Caches the projected cost of `t`, computed from the classes whose
+    /// roots are in `self.roots`; `t` watches those roots.
+    pub fn store_projected(&mut self, t: TensorId, value: f64) {
+        self.entries[t].projected = Some(value);
+        for &root in &self.roots {
+            if self.watchers.len() <= root {
+                self.watchers.resize_with(root + 1, Vec::new);
+            }
+            self.watchers[root].push(t);
+        }
+    }
+
+    /// The cached recompute peak of `t`, if still valid.
+    pub fn peak(&mut self, t: TensorId) -> Option<u64> {
+        let value = self.entries[t].peak;
+        self.count(value.is_some());
+        value
+    }
+
+    /// Caches the recompute peak of `t`.
+    pub fn store_peak(&mut self, t: TensorId, value: u64) {
+        self.entries[t].peak = Some(value);
+    }
+
+    fn count(&mut self, hit: bool) {
+        if hit {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+        }
+    }
+
+    /// Prices read from the cache and prices computed, since the start.
+    pub fn stats(&self) -> (u64, u64) {
+        (self.hits, self.misses)
+    }
+
+    /// Both cached prices of `t` (for checks; counts nothing).
+    pub fn cached(&self, t: TensorId) -> (Option<f64>, Option<u64>) {
+        (self.entries[t].projected, self.entries[t].peak)
+    }
+
+    /// Forgets both prices of `t`.
+    pub fn invalidate(&mut self, t: TensorId) {
+        self.entries[t] = Entry::default();
+    }
+
+    /// Forgets the projected costs of `neighbours` (one of their neighbours
+    /// joined or left an evicted class).
+    pub fn invalidate_projected(&mut self, neighbours: impl Iterator<Item = TensorId>) {
+        for n in neighbours {
+            self.entries[n].projected = None;
+        }
+    }
+
+    /// Forgets the projected costs that read any class root in `roots`
+    /// (classes whose cost or root changed); `roots` is left empty.
+    pub fn invalidate_classes(&mut self, roots: &mut Vec<usize>) {
+        for root in roots.drain(..) {
+            let Some(list) = self.watchers.get_mut(root) else {
+                continue;
+            };
+            for t in list.drain(..) {
+                self.entries[t].projected = None;
+            }
+        }
+    }
+
+    /// The class-root scratch list, to fill with changed roots and pass to
+    /// [`Self::invalidate_classes`].
+    pub fn take_changed_buffer(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// Returns the scratch list taken by [`Self::take_changed_buffer`].
+    pub fn put_changed_buffer(&mut self, buffer: Vec<usize>) {
+        self.changed = buffer;
+    }
+
+    /// Forgets the recompute peaks that can read the residency of `from`
+    /// (which just became resident or missing): its consumers, and theirs
+    /// through consumers that are `missing`, `depth + 1` levels down.
+    pub fn invalidate_descendants(
+        &mut self,
+        from: TensorId,
+        consumers: &[Vec<TensorId>],
+        missing: impl Fn(TensorId) -> bool,
+    ) {
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.clear();
+        stack.push((from, 0));
+        while let Some((t, level)) = stack.pop() {
+            for &c in &consumers[t] {
+                self.entries[c].peak = None;
+                // A price at depth d reads ancestors up to d + 1 levels up.
+                if level < self.depth && missing(c) {
+                    stack.push((c, level + 1));
+                }
+            }
+        }
+        self.stack = stack;
+    }
+}
