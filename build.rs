@@ -17,6 +17,8 @@ fn main() {
         "GPUMALLOC_SLOT_BUDGET_SHIFT",
         "GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT",
         "GPUMALLOC_AUTO_MIN_SEGMENTS",
+        "GPUMALLOC_UNLOCKED_FORMAT_SHIFT",
+        "GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT",
         ALLOC_BLOCKS_ENV,
     ] {
         println!("cargo:rerun-if-env-changed={knob}");

@@ -26,6 +26,16 @@
 #   m2048s3b6      m2048s3 with slot blocks within 1/64 of the heap instead of
 #                  1/256 (GPUMALLOC_SLOT_BUDGET_SHIFT=6): 2 and 4 KiB get 32 slots
 #                  on a 16 GiB heap instead of 8 (issue 12: 2 KiB is +12%)
+#   fmt1           the defaults, but a slot installer formats a segment
+#                  without the class's lock only when it takes half of it
+#                  (GPUMALLOC_UNLOCKED_FORMAT_SHIFT=1, the rule before
+#                  slicespeed; the default is a quarter): 128 B at 8 MiB
+#                  segments formats 16 segments under the lock
+#   w6             the defaults, with slot blocks of classes whose block fills
+#                  a segment within 1/64 of the heap
+#                  (GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT=6): 2 and 4 KiB get 32
+#                  slots on a 16 GiB heap (8 MiB segments) instead of 8,
+#                  every other class as in auto
 #   m4096s3        at least 4096 segments (8 GiB: 2 MiB; 16 GiB: 4 MiB),
 #                  spares within 1/8
 #   claim          the defaults (the name of the earlier run, = auto)
@@ -49,6 +59,8 @@ settings() {
       echo "GPUMALLOC_AUTO_MIN_SEGMENTS=1024 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     m2048s3) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=2048 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     m2048s3b6) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=2048 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3 GPUMALLOC_SLOT_BUDGET_SHIFT=6" ;;
+    fmt1) echo "GPUMALLOC_UNLOCKED_FORMAT_SHIFT=1" ;;
+    w6) echo "GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT=6" ;;
     m4096s3) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=4096 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     claim-b2) echo "GPUMALLOC_ALLOC_BLOCKS_PER_SM=2" ;;
     claim-slots128)

@@ -35,6 +35,21 @@ use crate::segment::{Previous, Reservation, Return, SegmentState, SegmentTable};
 use crate::slot::SLOTS_PER_CLASS;
 use crate::veb::VebTree;
 
+/// A slot installer that takes at least 1 / 2^this of a new segment's blocks
+/// formats it without the class's format lock (2 unless
+/// `GPUMALLOC_UNLOCKED_FORMAT_SHIFT` is set at build time; 1 was the rule
+/// before). Installers of a class are at most one per slot, so a herd leaves
+/// at most a segment per slot in the class tree (`slots_for` keeps a slot's
+/// block within 1/256 of the heap, so that is 1/64 at most), and the next
+/// claims of the class use it before any other segment. Under the lock the
+/// formats are serial: 128 B slices at 8 MiB segments (16 blocks, slot
+/// claims of 4) formatted 16 segments one after another for 2^20
+/// allocations, twice as many as at be7ddc7's 16 MiB segments, and were the
+/// only size in that run slower than be7ddc7 apart from 2 KiB
+/// (`docs/PERF.md`, "Issue 12: slice path vs be7ddc7").
+const UNLOCKED_FORMAT_SHIFT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_UNLOCKED_FORMAT_SHIFT"), 2);
+
 /// A block claimed for a class: segment and block within it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct BlockId {
@@ -278,7 +293,7 @@ impl Heap {
     /// zero means the heap has no block of this class left.
     ///
     /// Formatting is serialised per class (unless the caller takes the whole
-    /// segment, or a slot installer half of it): when the class tree runs
+    /// segment, or a slot installer a quarter of it): when the class tree runs
     /// empty, every waiting thread would otherwise format a segment of its
     /// own and scatter the class over many barely used segments.
     #[inline(never)]
@@ -301,13 +316,14 @@ impl Heap {
                 continue;
             }
             let blocks = class.blocks_per_segment(self.segment_shift);
-            if blocks <= want || (class.is_slice() && blocks <= 2 * want) {
+            if blocks <= want || (class.is_slice() && blocks <= want << UNLOCKED_FORMAT_SHIFT) {
                 // The caller takes the whole segment: nothing to scatter. Or
-                // a slot installer takes half of it: installers of a class
-                // are at most one per slot, so a herd leaves at most a slot
-                // claim's worth per slot in the class tree, which the next
-                // claims use. The lock would instead serialise a format for
-                // every second claim (64 B at 2 MiB segments: 8 blocks).
+                // a slot installer takes a quarter of it or more (see
+                // `UNLOCKED_FORMAT_SHIFT`): a herd leaves at most one
+                // segment per slot in the class tree, which the next claims
+                // use. The lock would instead serialise a format for every
+                // few claims (64 B at 2 MiB segments: 8 blocks, claims of 4;
+                // 128 B at 8 MiB: 16 blocks).
                 return self.format_segment(class, want);
             }
             // Acquire: the lock orders this thread after the previous

@@ -25,6 +25,17 @@ use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
 /// `GPUMALLOC_SLOT_BUDGET_SHIFT` is set at build time).
 const SLOT_BUDGET_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"), 8);
+/// Slot blocks of a class whose block fills a segment stay within heap /
+/// 2^this (`SLOT_BUDGET_SHIFT` unless `GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT`
+/// is set at build time). A diagnostic for issue 12's 2 KiB gap: on the
+/// bench's 16 GiB heaps (8 MiB segments) 2 and 4 KiB get 8 slots at 1/256,
+/// where be7ddc7 gave every class 32, so each slot installs four times as
+/// many blocks one after another; 6 gives them 32 again without raising
+/// the slot count of any other class (`docs/PERF.md`).
+const WHOLE_SLOT_BUDGET_SHIFT: u32 = crate::class::build_knob(
+    option_env!("GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT"),
+    SLOT_BUDGET_SHIFT,
+);
 /// Slot and spare blocks of one class stay within heap / 2^this.
 const SPARE_BUDGET_SHIFT: u32 = 3;
 /// Slot and spare blocks of a class whose block fills a segment, counted for
@@ -162,8 +173,13 @@ impl Heap {
     /// (2 MiB blocks) and 16 for 16 B (64 KiB blocks).
     #[inline(always)]
     pub(crate) fn slots_for(&self, class: SizeClass) -> u32 {
-        let budget =
-            self.data_bytes() >> (SLOT_BUDGET_SHIFT + class.block_shift(self.segment_shift));
+        let block_shift = class.block_shift(self.segment_shift);
+        let shift = if block_shift == self.segment_shift {
+            WHOLE_SLOT_BUDGET_SHIFT
+        } else {
+            SLOT_BUDGET_SHIFT
+        };
+        let budget = self.data_bytes() >> (shift + block_shift);
         let slots = budget.clamp(1, SLOTS_PER_CLASS as u64) as u32;
         1 << (31 - slots.leading_zeros())
     }
