@@ -484,3 +484,56 @@ fn the_growth_service_reports_driver_failures_and_keeps_going() {
     drop(h);
     assert_eq!(vmm.census(), ModelCensus::default());
 }
+
+/// `reset` forgets every allocation and keeps what is mapped, also when the
+/// mapped segments are not the lowest ids: a request of several segments
+/// takes them from the back of the tree, so a trim under it leaves the back
+/// mapped and the front absent. Workload: 64 MiB reserved, 2 MiB segments,
+/// 16 mapped; 100 × 256 B and one 4-segment request.
+#[test]
+fn reset_forgets_allocations_and_keeps_the_mapping() {
+    let vmm = model(2 * MIB);
+    let mut config = VmmHeapConfig::new(64 * MIB, 32 * MIB);
+    config.heap = HeapConfig::checked(64 * MIB);
+    let mut h = ModelVmmHeap::on_model(vmm.clone(), config).unwrap();
+    let seg = h.segment_bytes();
+    assert_eq!(seg, 2 * MIB);
+    let small: Vec<*mut u8> = (0..100).map(|_| h.heap().malloc(256)).collect();
+    let big = h.heap().malloc(4 * seg);
+    assert!(small.iter().all(|p| !p.is_null()) && !big.is_null());
+    for &p in &small {
+        h.heap().free(p);
+    }
+    assert_eq!(h.trim().unwrap(), 12 * seg, "all but the big request's 4");
+    assert_eq!(h.stats().unwrap().present_segments, 4);
+    let big_segment = (big as u64 - h.data_address()) / seg;
+    assert!(big_segment >= 4, "the big request sits at the back");
+
+    // Reset with the big request live: it is forgotten.
+    h.reset().unwrap();
+    let s = h.stats().unwrap();
+    assert_eq!((s.present_segments, s.free_segments), (4, 4), "{s:?}");
+    assert_eq!(h.heap_stats().unwrap().live_bytes, 0);
+    assert_mapping_consistent(&h, &vmm);
+
+    // The 4 segments serve a 4-segment request again, and its bytes are
+    // mapped (the model refuses a write anywhere else).
+    let again = h.heap().malloc(4 * seg) as u64;
+    assert_ne!(again, 0);
+    vmm.write(again, &pattern(1, (4 * seg) as usize)).unwrap();
+    assert!(h.heap().malloc(seg).is_null(), "nothing more is mapped");
+    h.heap().free(again as *mut u8);
+
+    // Growing after a reset maps the lowest absent ids and they serve too.
+    assert_eq!(h.grow(2 * seg).unwrap(), 2 * seg);
+    h.reset().unwrap();
+    let s = h.stats().unwrap();
+    assert_eq!((s.present_segments, s.free_segments), (6, 6), "{s:?}");
+    let ptrs: Vec<u64> = (0..6).map(|_| h.heap().malloc(seg) as u64).collect();
+    for (i, &p) in ptrs.iter().enumerate() {
+        assert_ne!(p, 0, "segment-sized request {i}");
+        vmm.write(p, &pattern(i as u64, seg as usize)).unwrap();
+    }
+    drop(h);
+    assert_eq!(vmm.census(), ModelCensus::default());
+}

@@ -154,6 +154,30 @@ impl SegmentTree for GpuMetadata {
         Ok(HeapStats::from_snapshot(&self.heap, &words))
     }
 
+    fn reset(&self, present: u32) -> Result<()> {
+        self.quiesce()?;
+        let _side = self.side();
+        let mut image = vec![0u64; self.metadata.len()];
+        self.heap.write_initial_metadata_with(&mut image, present);
+        let stream = self.side.stream();
+        stream.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: the destination is this value's own metadata allocation,
+        // exactly `image.len()` words long; nothing runs on the heap (both
+        // streams were idle and the caller vouches that no kernel is
+        // launched meanwhile); `image` outlives the copy, which the sync
+        // below waits for. (cudarc's safe copy wants `&mut` of the buffer,
+        // which this shared handle cannot give.)
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                self.side.address(&*self.metadata),
+                &image,
+                stream.cu_stream(),
+            )
+        }
+        .call("cuMemcpyHtoDAsync(initial metadata)")?;
+        self.side.sync()
+    }
+
     fn quiesce(&self) -> Result<()> {
         self.gpu.sync()?;
         let _side = self.side();

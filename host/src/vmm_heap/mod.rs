@@ -349,6 +349,42 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
         Ok(self.shared.trim_segments(keep)? as u64 * self.shared.segment_bytes())
     }
 
+    /// Forgets every allocation at once: the metadata goes back to its
+    /// initial image with every mapped segment wholly free in the tree; the
+    /// mapping is kept (a fresh heap of the size grown to, as a benchmark
+    /// round wants it). Only when no kernel or thread uses the heap and no
+    /// pointer into it is kept.
+    pub fn reset(&mut self) -> Result<()> {
+        let s = &self.shared;
+        let ledger = s.ledger();
+        s.tree.quiesce()?;
+        let present: Vec<u32> = (0..s.segments)
+            .filter(|id| !ledger.absent.contains(id) && !ledger.stranded.contains(id))
+            .collect();
+        // Grown segments are the lowest absent ids, so `present` is almost
+        // always a prefix, which the initial image writes at once; any
+        // others are published one by one.
+        let prefix = present
+            .iter()
+            .zip(0u32..)
+            .take_while(|&(&id, i)| id == i)
+            .count();
+        s.tree.reset(prefix as u32)?;
+        let rest = &present[prefix..];
+        let added = if rest.is_empty() {
+            0
+        } else {
+            s.tree.add(rest)?
+        };
+        if added as usize != rest.len() {
+            return Err(Error::Check(format!(
+                "resetting the heap republished {added} of {} segments",
+                rest.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Empties the per-class slots so partly used blocks go back to their
     /// segments (safe while others allocate). `trim` does it first.
     pub fn flush(&self) -> Result<()> {
