@@ -282,3 +282,63 @@ fn the_growth_service_feeds_kernels_eight_times_the_first_mapping() {
     );
     assert!(released * 10 >= s.mapped_bytes * 9, "{s:?}");
 }
+
+/// What `gpumalloc bench single|mixed --allocators ours,ours-vmm` does,
+/// checked: `ours-vmm` reserves 16 GiB, maps 1 GiB, and is grown by 1 GiB
+/// after each warm-up round with nulls (then one step of headroom); 2^20
+/// threads of 4 KiB (4 GiB) need it to grow. Then ten rounds, each on a
+/// reset heap (the mapping kept), with no null and no wrong word, and
+/// mixed 16 B–4 KiB on the grown heap needs no more.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
+fn the_bench_grows_ours_vmm_until_a_round_is_served() {
+    use gpumalloc::bench::allocator::{Allocator, OursVmm, Sizes};
+    use gpumalloc::bench::grow::until_served;
+    use gpumalloc::bench::measure::{Buffers, round};
+    let Some(gpu) = gpu() else { return };
+    let mut ours = OursVmm::new(&gpu, 0, 16 * GIB, GIB).unwrap();
+    let n = 1 << 20;
+    let mut buffers = Buffers::new(&gpu, n).unwrap();
+    let (last, growth) = until_served(
+        &mut ours,
+        |a| {
+            let r = round(&gpu, a, &mut buffers, Sizes::Fixed(4096), false)?;
+            assert_eq!(r.wrong, 0, "warm-up: wrong words");
+            let nulls = r.nulls;
+            Ok((r, nulls))
+        },
+        |a| a.grow(),
+        |a| a.reset(),
+    )
+    .unwrap();
+    let mapped = ours.mapped_bytes().unwrap().unwrap();
+    println!(
+        "issue13: bench route: 4 KiB x {n}: grew {} MiB in {} steps ({:?} ms/GiB), \
+         {} warm-ups, {} nulls before; mapped {} MiB; last warm-up alloc {:.3} ms",
+        growth.bytes / MIB,
+        growth.ms_per_gib.len(),
+        growth.ms_per_gib,
+        growth.warm_ups,
+        growth.nulls_before,
+        mapped / MIB,
+        last.alloc_ms
+    );
+    assert_eq!(last.nulls, 0);
+    assert!(growth.bytes >= 3 * GIB && mapped == GIB + growth.bytes);
+    for r in 0..10 {
+        ours.reset().unwrap();
+        let out = round(&gpu, &mut ours, &mut buffers, Sizes::Fixed(4096), false).unwrap();
+        assert_eq!((out.nulls, out.wrong), (0, 0), "4 KiB round {r}");
+    }
+    let sizes = buffers.mixed(&gpu, 7, 16, 4096).unwrap();
+    for r in 0..10 {
+        ours.reset().unwrap();
+        let out = round(&gpu, &mut ours, &mut buffers, sizes, false).unwrap();
+        assert_eq!((out.nulls, out.wrong), (0, 0), "mixed round {r}");
+    }
+    assert_eq!(
+        ours.mapped_bytes().unwrap(),
+        Some(mapped),
+        "mixed needed no more"
+    );
+}
