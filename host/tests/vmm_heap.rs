@@ -537,3 +537,47 @@ fn reset_forgets_allocations_and_keeps_the_mapping() {
     drop(h);
     assert_eq!(vmm.census(), ModelCensus::default());
 }
+
+/// The bounded wait of `Heap::malloc_waiting` (device code, run here by host
+/// threads): on a heap whose 2 segments a run holds, a request waits for
+/// growth. No growth: null once the wait is over, not before, no hang. A
+/// grow 20 ms into a 5 s wait: the request is met, long before the bound.
+/// A wait of 0 is `malloc`: null at once.
+#[test]
+fn malloc_waiting_meets_a_request_once_the_heap_grows() {
+    let vmm = model(2 * MIB);
+    let h = ModelVmmHeap::on_model(vmm.clone(), VmmHeapConfig::new(64 * MIB, 4 * MIB)).unwrap();
+    let seg = h.segment_bytes();
+    assert_eq!(seg, 2 * MIB);
+    let run = h.heap().malloc(2 * seg);
+    assert!(!run.is_null(), "the run takes both mapped segments");
+    assert!(h.heap().malloc_waiting(seg, 0).is_null());
+
+    let wait = Duration::from_millis(30);
+    let start = Instant::now();
+    let p = h.heap().malloc_waiting(seg, wait.as_nanos() as u64);
+    let waited = start.elapsed();
+    assert!(p.is_null(), "nothing grew");
+    assert!(
+        waited >= wait && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+
+    let bound = Duration::from_secs(5);
+    let (got, waited) = std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let start = Instant::now();
+            let p = h.heap().malloc_waiting(seg, bound.as_nanos() as u64) as u64;
+            (p, start.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(h.grow(seg).unwrap(), seg);
+        waiter.join().unwrap()
+    });
+    println!("a request met by growth after {waited:?}");
+    assert_ne!(got, 0, "the grown segment serves the waiting request");
+    assert!(waited < bound, "{waited:?}");
+    vmm.write(got, &pattern(3, seg as usize)).unwrap();
+    h.heap().free(got as *mut u8);
+    h.heap().free(run);
+}
