@@ -28,9 +28,10 @@
 //!
 //! Growth on demand: [`VmmHeap::start_growth`] starts a thread the heap
 //! owns ([`service`]) that watches the count of free segments and maps more
-//! before they run out, up to the heap's limit. A device-side bounded wait
-//! in `malloc` for the service is not built: a request that finds the heap
-//! empty returns null at once.
+//! before they run out, up to the heap's limit. `malloc` that finds the
+//! heap empty returns null at once; kernels that would rather wait for the
+//! service call `Heap::malloc_waiting` (a bound in nanoseconds; kernel
+//! `heap_alloc_waiting`), which retries while the service publishes.
 //!
 //! Concurrency: `grow`, `trim` and the service serialise on the ledger
 //! mutex; `malloc` and `free` never take it. Counters are relaxed atomics
