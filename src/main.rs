@@ -100,13 +100,20 @@ struct BenchArgs {
     /// Size of the scaling test.
     #[arg(long, default_value_t = 256)]
     scaling_size: u64,
-    /// Allocators, comma-separated (ours, cuda-malloc, bump-bound).
+    /// Allocators, comma-separated (ours, ours-nospares, ours-vmm,
+    /// cuda-malloc, bump-bound). `ours-vmm`: ours on CUDA virtual memory,
+    /// reserving the heap size and mapping `--vmm-initial` at first, grown
+    /// until the test's warm-up is served (single, mixed, warm, scaling;
+    /// also with --cpu, on the model driver).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "ours,cuda-malloc,bump-bound"
     )]
     allocators: Vec<String>,
+    /// Bytes `ours-vmm` maps at first and grows by at a time, e.g. 1GiB.
+    #[arg(long, value_parser = parse_bytes, default_value = "1GiB")]
+    vmm_initial: u64,
     /// Seconds after which the graph sweep starts nothing new (the rest is
     /// recorded as skipped).
     #[arg(long, default_value_t = gpumalloc::bench::graph::BUDGET_S)]
@@ -204,6 +211,7 @@ fn options(args: &BenchArgs, on_gpu: bool) -> Options {
         hi: args.hi,
         scaling_size: args.scaling_size,
         allocators: args.allocators.clone(),
+        vmm_initial: args.vmm_initial,
         graph_budget_s: args.graph_budget,
         graph_scales: args.graph_scales.clone(),
         graph_threads: args.graph_threads,
@@ -333,6 +341,7 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
                     .join(",")
             ))
             .args(["--allocators", &args.allocators.join(",")])
+            .args(["--vmm-initial", &args.vmm_initial.to_string()])
             .arg("--out")
             .arg(&args.out);
         if let Some(t) = args.threads {

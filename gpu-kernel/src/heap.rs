@@ -251,6 +251,49 @@ impl Heap {
         }
     }
 
+    /// [`Heap::malloc`] for a heap that the host grows while kernels run (a
+    /// VMM heap with its growth service): a request that `malloc` cannot
+    /// meet waits up to `wait_ns` nanoseconds (GPU global timer) for the
+    /// segment tree to hold a free segment, tries again each time it does,
+    /// and returns null when the time is up. `wait_ns` 0 is `malloc`.
+    ///
+    /// The first attempt is `malloc` itself, so a request that succeeds
+    /// pays one comparison more and `malloc` is unchanged. Each failed
+    /// attempt counts as a failed malloc in the statistics. While the tree
+    /// holds a free segment that cannot serve the request (a run longer
+    /// than what is free), the retries go on, with backoff, until the time
+    /// is up. On a GPU the publishing kernel must find room to run beside
+    /// the waiting kernel: a grid that fills the GPU with waiting threads
+    /// gets nulls after `wait_ns`, never a hang.
+    #[inline]
+    pub fn malloc_waiting(&self, size: u64, wait_ns: u64) -> *mut u8 {
+        let p = self.malloc(size);
+        if !p.is_null() || wait_ns == 0 || size == 0 {
+            return p;
+        }
+        self.wait_and_retry(size, wait_ns)
+    }
+
+    /// The waiting part of [`Heap::malloc_waiting`], out of line: the
+    /// caller's kernel inlines one `malloc`, not two.
+    #[cold]
+    #[inline(never)]
+    fn wait_and_retry(&self, size: u64, wait_ns: u64) -> *mut u8 {
+        let deadline = arch::global_nanos().saturating_add(wait_ns);
+        let mut round = 0;
+        while arch::global_nanos() < deadline {
+            if self.segment_tree().successor(0).is_some() {
+                let p = self.malloc(size);
+                if !p.is_null() {
+                    return p;
+                }
+            }
+            arch::backoff(round);
+            round = round.saturating_add(1);
+        }
+        ptr::null_mut()
+    }
+
     /// The block path: a warp team's leader claims blocks for the whole
     /// team at once; each member then takes its own.
     #[inline]

@@ -135,6 +135,30 @@ pub unsafe extern "ptx-kernel" fn heap_alloc(
     }
 }
 
+/// `heap_alloc` with [`Heap::malloc_waiting`]: a request the heap cannot
+/// meet waits up to `wait_ns` nanoseconds for the host to grow it.
+///
+/// # Safety
+/// As for `heap_alloc`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn heap_alloc_waiting(
+    heap: Heap,
+    size: u64,
+    sizes: *const u64,
+    ptrs: *mut u64,
+    n: u64,
+    wait_ns: u64,
+) {
+    let t = arch::global_thread_index();
+    if t < n {
+        // SAFETY: t < n and the arrays hold n words.
+        unsafe {
+            let s = size_for(size, sizes, t);
+            *ptrs.add(t as usize) = heap.malloc_waiting(s, wait_ns) as u64;
+        }
+    }
+}
+
 /// Thread `t` allocates `log_uniform_size(seed, t, step, lo, hi)` bytes for
 /// step 0, 1, … until its first null or `per_thread` allocations, writes the
 /// pointers to `ptrs[t * per_thread ..]` and their count to `counts[t]`

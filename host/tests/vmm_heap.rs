@@ -484,3 +484,100 @@ fn the_growth_service_reports_driver_failures_and_keeps_going() {
     drop(h);
     assert_eq!(vmm.census(), ModelCensus::default());
 }
+
+/// `reset` forgets every allocation and keeps what is mapped, also when the
+/// mapped segments are not the lowest ids: a request of several segments
+/// takes them from the back of the tree, so a trim under it leaves the back
+/// mapped and the front absent. Workload: 64 MiB reserved, 2 MiB segments,
+/// 16 mapped; 100 × 256 B and one 4-segment request.
+#[test]
+fn reset_forgets_allocations_and_keeps_the_mapping() {
+    let vmm = model(2 * MIB);
+    let mut config = VmmHeapConfig::new(64 * MIB, 32 * MIB);
+    config.heap = HeapConfig::checked(64 * MIB);
+    let mut h = ModelVmmHeap::on_model(vmm.clone(), config).unwrap();
+    let seg = h.segment_bytes();
+    assert_eq!(seg, 2 * MIB);
+    let small: Vec<*mut u8> = (0..100).map(|_| h.heap().malloc(256)).collect();
+    let big = h.heap().malloc(4 * seg);
+    assert!(small.iter().all(|p| !p.is_null()) && !big.is_null());
+    for &p in &small {
+        h.heap().free(p);
+    }
+    assert_eq!(h.trim().unwrap(), 12 * seg, "all but the big request's 4");
+    assert_eq!(h.stats().unwrap().present_segments, 4);
+    let big_segment = (big as u64 - h.data_address()) / seg;
+    assert!(big_segment >= 4, "the big request sits at the back");
+
+    // Reset with the big request live: it is forgotten.
+    h.reset().unwrap();
+    let s = h.stats().unwrap();
+    assert_eq!((s.present_segments, s.free_segments), (4, 4), "{s:?}");
+    assert_eq!(h.heap_stats().unwrap().live_bytes, 0);
+    assert_mapping_consistent(&h, &vmm);
+
+    // The 4 segments serve a 4-segment request again, and its bytes are
+    // mapped (the model refuses a write anywhere else).
+    let again = h.heap().malloc(4 * seg) as u64;
+    assert_ne!(again, 0);
+    vmm.write(again, &pattern(1, (4 * seg) as usize)).unwrap();
+    assert!(h.heap().malloc(seg).is_null(), "nothing more is mapped");
+    h.heap().free(again as *mut u8);
+
+    // Growing after a reset maps the lowest absent ids and they serve too.
+    assert_eq!(h.grow(2 * seg).unwrap(), 2 * seg);
+    h.reset().unwrap();
+    let s = h.stats().unwrap();
+    assert_eq!((s.present_segments, s.free_segments), (6, 6), "{s:?}");
+    let ptrs: Vec<u64> = (0..6).map(|_| h.heap().malloc(seg) as u64).collect();
+    for (i, &p) in ptrs.iter().enumerate() {
+        assert_ne!(p, 0, "segment-sized request {i}");
+        vmm.write(p, &pattern(i as u64, seg as usize)).unwrap();
+    }
+    drop(h);
+    assert_eq!(vmm.census(), ModelCensus::default());
+}
+
+/// The bounded wait of `Heap::malloc_waiting` (device code, run here by host
+/// threads): on a heap whose 2 segments a run holds, a request waits for
+/// growth. No growth: null once the wait is over, not before, no hang. A
+/// grow 20 ms into a 5 s wait: the request is met, long before the bound.
+/// A wait of 0 is `malloc`: null at once.
+#[test]
+fn malloc_waiting_meets_a_request_once_the_heap_grows() {
+    let vmm = model(2 * MIB);
+    let h = ModelVmmHeap::on_model(vmm.clone(), VmmHeapConfig::new(64 * MIB, 4 * MIB)).unwrap();
+    let seg = h.segment_bytes();
+    assert_eq!(seg, 2 * MIB);
+    let run = h.heap().malloc(2 * seg);
+    assert!(!run.is_null(), "the run takes both mapped segments");
+    assert!(h.heap().malloc_waiting(seg, 0).is_null());
+
+    let wait = Duration::from_millis(30);
+    let start = Instant::now();
+    let p = h.heap().malloc_waiting(seg, wait.as_nanos() as u64);
+    let waited = start.elapsed();
+    assert!(p.is_null(), "nothing grew");
+    assert!(
+        waited >= wait && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+
+    let bound = Duration::from_secs(5);
+    let (got, waited) = std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let start = Instant::now();
+            let p = h.heap().malloc_waiting(seg, bound.as_nanos() as u64) as u64;
+            (p, start.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(h.grow(seg).unwrap(), seg);
+        waiter.join().unwrap()
+    });
+    println!("a request met by growth after {waited:?}");
+    assert_ne!(got, 0, "the grown segment serves the waiting request");
+    assert!(waited < bound, "{waited:?}");
+    vmm.write(got, &pattern(3, seg as usize)).unwrap();
+    h.heap().free(got as *mut u8);
+    h.heap().free(run);
+}

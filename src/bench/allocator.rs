@@ -1,8 +1,12 @@
 //! The allocator plug-in: a kernel set plus set-up and tear-down. Each test
 //! is written once against [`Allocator`] and run for every plug-in.
+//! Plug-ins: ours on a fixed heap, ours on CUDA virtual memory (a heap that
+//! grows), CUDA's device malloc, a bump-pointer bound.
 
 use cudarc::driver::CudaSlice;
 use host::gpu::Arg;
+use host::lake::{ChunkOptions, CudaVmm};
+use host::vmm_heap::{CudaVmmHeap, VmmHeapConfig};
 use host::{DeviceHeap, Gpu, HeapConfig, Result};
 
 /// Sizes for one allocation kernel.
@@ -37,6 +41,16 @@ pub trait Allocator {
     fn alloc(&mut self, gpu: &Gpu, sizes: Sizes, ptrs: u64, n: u64) -> Result<()>;
     /// Launches the free of `n` pointers at `ptrs`.
     fn free(&mut self, gpu: &Gpu, ptrs: u64, n: u64) -> Result<()>;
+    /// Maps one more step of memory, when a round got nulls; returns the
+    /// bytes added. A heap of fixed size cannot grow: 0 (the default).
+    fn grow(&mut self) -> Result<u64> {
+        Ok(0)
+    }
+    /// Bytes of physical memory the heap has mapped, for a heap that grows
+    /// (`None`, the default: all of it from the start).
+    fn mapped_bytes(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
 }
 
 /// Ours: the device heap.
@@ -92,6 +106,67 @@ impl Allocator for Ours {
             n,
             &[self.heap.arg(), Arg::U64(ptrs), Arg::U64(n)],
         )
+    }
+}
+
+/// Ours on CUDA virtual memory (issue 13): a heap that reserves the same
+/// virtual size as `ours` (so the same segment size and metadata layout),
+/// maps `initial` bytes at first and grows by that much at a time when a
+/// round gets nulls (see `bench::grow`). Growth uses the driver's minimum
+/// chunk (2 MiB on an H100).
+pub struct OursVmm {
+    heap: CudaVmmHeap,
+    step: u64,
+}
+
+impl OursVmm {
+    /// A heap on device `ordinal` (the one `gpu` runs on) reserving
+    /// `bytes`, with `initial` bytes mapped (at most `bytes`); checks off.
+    pub fn new(gpu: &Gpu, ordinal: usize, bytes: u64, initial: u64) -> Result<OursVmm> {
+        let initial = initial.min(bytes);
+        let driver = CudaVmm::open(ordinal, ChunkOptions::default())?;
+        let heap = CudaVmmHeap::on_gpu(gpu, driver, VmmHeapConfig::new(bytes, initial))?;
+        Ok(OursVmm {
+            heap,
+            step: initial.max(1),
+        })
+    }
+
+    /// The heap.
+    pub fn heap(&self) -> &CudaVmmHeap {
+        &self.heap
+    }
+}
+
+impl Allocator for OursVmm {
+    fn name(&self) -> &'static str {
+        "ours-vmm"
+    }
+    /// Every mapped segment free again; the mapping is kept (a fresh heap
+    /// of the size grown to).
+    fn reset(&mut self) -> Result<()> {
+        self.heap.reset()
+    }
+    fn alloc(&mut self, gpu: &Gpu, sizes: Sizes, ptrs: u64, n: u64) -> Result<()> {
+        let [a, b] = sizes.args();
+        gpu.launch(
+            "heap_alloc",
+            n,
+            &[self.heap.arg(), a, b, Arg::U64(ptrs), Arg::U64(n)],
+        )
+    }
+    fn free(&mut self, gpu: &Gpu, ptrs: u64, n: u64) -> Result<()> {
+        gpu.launch(
+            "heap_free",
+            n,
+            &[self.heap.arg(), Arg::U64(ptrs), Arg::U64(n)],
+        )
+    }
+    fn grow(&mut self) -> Result<u64> {
+        self.heap.grow(self.step)
+    }
+    fn mapped_bytes(&self) -> Result<Option<u64>> {
+        Ok(Some(self.heap.stats()?.mapped_bytes))
     }
 }
 

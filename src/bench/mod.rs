@@ -1,8 +1,11 @@
 //! The benchmark program: the tests of the GPU memory-manager survey that
 //! Gallatin was evaluated on, run for several allocators in one process.
 //!
-//! - [`allocator`]: the plug-in interface and the allocators compared (ours,
-//!   CUDA's device malloc, a bump-pointer bound).
+//! - [`allocator`]: the plug-in interface and the allocators compared (ours
+//!   on a fixed heap and on CUDA virtual memory, CUDA's device malloc, a
+//!   bump-pointer bound).
+//! - [`grow`]: bringing a heap that grows to what a test needs, and what
+//!   that took.
 //! - [`measure`]: one timed round (allocate, check, free) and medians.
 //! - [`suite`]: the tests (`single`, `mixed`, `scaling`, `frag`, `oom`,
 //!   `init`, `warm`).
@@ -15,6 +18,7 @@
 pub mod allocator;
 pub mod cpu;
 pub mod graph;
+pub mod grow;
 pub mod measure;
 pub mod plot;
 pub mod report;

@@ -20,7 +20,8 @@ use std::time::Instant;
 use host::{DeviceHeap, Gpu, HeapConfig, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::allocator::{Allocator, Bump, CudaMalloc, Ours, Sizes};
+use super::allocator::{Allocator, Bump, CudaMalloc, Ours, OursVmm, Sizes};
+use super::grow;
 use super::measure::{self, Buffers, Summary};
 use super::report::Record;
 use gpu_kernel::class::MAX_SEGMENT_SHIFT;
@@ -48,8 +49,11 @@ pub struct Options {
     pub oom_sizes: Vec<u64>,
     /// Heap sizes of `init`.
     pub init_sizes: Vec<u64>,
-    /// Allocators to run (`ours`, `cuda-malloc`, `bump-bound`).
+    /// Allocators to run (`ours`, `ours-nospares`, `ours-vmm`,
+    /// `cuda-malloc`, `bump-bound`).
     pub allocators: Vec<String>,
+    /// Bytes `ours-vmm` maps at first, and grows by at a time.
+    pub vmm_initial: u64,
     /// Seconds after which the graph sweep starts nothing new.
     pub graph_budget_s: f64,
     /// R-MAT scales of the graph sweep.
@@ -77,6 +81,7 @@ impl Default for Options {
             oom_sizes: vec![256, 1024, 4096],
             init_sizes: vec![1 << 30, 4 << 30, 16 << 30],
             allocators: vec!["ours".into(), "cuda-malloc".into(), "bump-bound".into()],
+            vmm_initial: super::GIB,
             graph_budget_s: super::graph::BUDGET_S,
             graph_scales: super::graph::SCALES.to_vec(),
             graph_threads: false,
@@ -129,11 +134,24 @@ impl Bench {
                         ..HeapConfig::unchecked(opts.heap)
                     },
                 )?)),
+                "ours-vmm" => {
+                    // The bench runs on GPU 0 (`open_gpu(0)`).
+                    let ours = OursVmm::new(gpu, 0, opts.heap, opts.vmm_initial)?;
+                    let s = ours.heap().stats()?;
+                    eprintln!(
+                        "ours-vmm: {} MiB reserved, {} MiB mapped at first, {} MiB segments",
+                        s.virtual_bytes >> 20,
+                        s.mapped_bytes >> 20,
+                        s.segment_bytes >> 20
+                    );
+                    allocators.push(Box::new(ours));
+                }
                 "cuda-malloc" => allocators.push(Box::new(CudaMalloc::new(gpu, opts.heap)?)),
                 "bump-bound" => allocators.push(Box::new(Bump::new(gpu, opts.heap)?)),
                 other => {
                     return Err(host::Error::Check(format!(
-                        "unknown allocator {other:?} (ours, ours-nospares, cuda-malloc, bump-bound)"
+                        "unknown allocator {other:?} (ours, ours-nospares, ours-vmm, cuda-malloc, \
+                         bump-bound)"
                     )));
                 }
             }
@@ -254,12 +272,26 @@ impl Bench {
         self.each_allocator(&what, skipped, |gpu, opts, allocator, _| {
             let name = allocator.name();
             let mut records = Vec::new();
-            let warm_up = Instant::now();
-            let first = measure::round(gpu, allocator, &mut buffers, sizes, false)?;
+            // A heap that grows is brought to what the test needs first;
+            // wrong words of every warm-up round count.
+            let mut warm_up = Instant::now();
+            let mut wrong = 0;
+            let (first, growth) = grow::until_served(
+                allocator,
+                |a| {
+                    warm_up = Instant::now();
+                    let r = measure::round(gpu, a, &mut buffers, sizes, false)?;
+                    wrong += r.wrong;
+                    let nulls = r.nulls;
+                    Ok((r, nulls))
+                },
+                |a| a.grow(),
+                |a| a.reset(),
+            )?;
             let slow = warm_up.elapsed().as_secs_f64() > 2.0;
             let iters = if slow { opts.iters.min(3) } else { opts.iters };
             let (mut allocs, mut frees) = (Vec::new(), Vec::new());
-            let (mut nulls, mut wrong) = (first.nulls, first.wrong);
+            let mut nulls = first.nulls;
             for _ in 0..iters {
                 if cold {
                     allocator.reset()?;
@@ -271,6 +303,9 @@ impl Bench {
                 if let Some(f) = r.free_ms {
                     frees.push(f);
                 }
+            }
+            if let Some(mapped) = allocator.mapped_bytes()? {
+                records.extend(growth.records(test, name, size, &label, threads, mapped));
             }
             let valid = nulls == 0 && wrong == 0;
             let mut note = String::new();

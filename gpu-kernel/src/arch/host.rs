@@ -315,6 +315,12 @@ pub fn clock64() -> u64 {
         .elapsed()
         .as_nanos() as u64
 }
+/// Nanoseconds since an arbitrary start, the twin of the GPU's global
+/// timer.
+#[inline(always)]
+pub fn global_nanos() -> u64 {
+    clock64()
+}
 /// Reports misuse and stops: on the host, a panic with the message.
 #[cold]
 pub fn trap_with(message: &'static [u8], value: u64) -> ! {

@@ -315,6 +315,16 @@ pub fn clock64() -> u64 {
     r
 }
 
+/// Nanoseconds of the GPU's global timer (one clock for every SM, unlike
+/// `clock64`): for waits bounded in time.
+#[inline(always)]
+pub fn global_nanos() -> u64 {
+    let r: u64;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u64 {r}, %globaltimer;", r = out(reg64) r, options(nostack)) }
+    r
+}
+
 /// The index of this thread in the whole grid (x dimension).
 #[inline(always)]
 pub fn global_thread_index() -> u64 {

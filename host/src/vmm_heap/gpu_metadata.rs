@@ -9,9 +9,15 @@
 //! heap's ledger lock and the growth service both call in); user kernels
 //! on the main stream run alongside, as the device code allows.
 //!
-//! Not yet run on a GPU (see the README's "What is not done"): the CPU
-//! tests prove the protocol with [`super::HostMetadata`].
+//! Dropping it frees the metadata and waits for the free to land: cudarc
+//! frees device buffers with `cuMemFreeAsync`, which returns the memory to
+//! the stream's pool, and the pool gives it back to the driver only at the
+//! next synchronisation. Without the wait, `cuMemGetInfo` right after a
+//! heap is dropped still counts its metadata as taken (on an H100,
+//! `tests/gpu_vmm_heap.rs` saw 162 MiB still taken after dropping a 1 TiB
+//! heap whose metadata is 144 MiB).
 
+use std::mem::ManuallyDrop;
 use std::sync::Mutex;
 
 use cudarc::driver::CudaSlice;
@@ -30,7 +36,8 @@ pub struct GpuMetadata {
     /// The same device with a non-blocking stream for growth and trims.
     side: Gpu,
     heap: Heap,
-    metadata: CudaSlice<u64>,
+    /// Dropped by hand in `Drop`, before the wait that makes the free land.
+    metadata: ManuallyDrop<CudaSlice<u64>>,
     /// Serialises work on `side`.
     lock: Mutex<()>,
 }
@@ -58,7 +65,7 @@ impl GpuMetadata {
             gpu: gpu.clone(),
             side,
             heap,
-            metadata,
+            metadata: ManuallyDrop::new(metadata),
             lock: Mutex::new(()),
         })
     }
@@ -147,9 +154,49 @@ impl SegmentTree for GpuMetadata {
         Ok(HeapStats::from_snapshot(&self.heap, &words))
     }
 
+    fn reset(&self, present: u32) -> Result<()> {
+        self.quiesce()?;
+        let _side = self.side();
+        let mut image = vec![0u64; self.metadata.len()];
+        self.heap.write_initial_metadata_with(&mut image, present);
+        let stream = self.side.stream();
+        stream.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: the destination is this value's own metadata allocation,
+        // exactly `image.len()` words long; nothing runs on the heap (both
+        // streams were idle and the caller vouches that no kernel is
+        // launched meanwhile); `image` outlives the copy, which the sync
+        // below waits for. (cudarc's safe copy wants `&mut` of the buffer,
+        // which this shared handle cannot give.)
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                self.side.address(&*self.metadata),
+                &image,
+                stream.cu_stream(),
+            )
+        }
+        .call("cuMemcpyHtoDAsync(initial metadata)")?;
+        self.side.sync()
+    }
+
     fn quiesce(&self) -> Result<()> {
         self.gpu.sync()?;
         let _side = self.side();
         self.side.sync()
+    }
+}
+
+impl Drop for GpuMetadata {
+    /// Frees the metadata and synchronises, so the memory is back with the
+    /// driver (and `cuMemGetInfo` shows it free) when the drop returns.
+    /// Never panics: a failed wait is reported on stderr.
+    fn drop(&mut self) {
+        // SAFETY: `metadata` is dropped once, here, and not used after; no
+        // work on `side` is in flight (every call waits for its own), and
+        // work on the user's stream that may still read the metadata comes
+        // before the free in that stream's order.
+        unsafe { ManuallyDrop::drop(&mut self.metadata) };
+        if let Err(e) = self.gpu.sync() {
+            eprintln!("gpumalloc: dropping a VMM heap's metadata: {e}");
+        }
     }
 }

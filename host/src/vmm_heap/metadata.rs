@@ -38,6 +38,12 @@ pub trait SegmentTree: Send + Sync {
     /// What the heap holds; exact when no one is using it.
     fn stats(&self) -> Result<HeapStats>;
 
+    /// Rewrites the metadata to its initial image with segments
+    /// `0..present` in the segment tree and every other segment absent:
+    /// every allocation is forgotten at once. Only when nothing uses the
+    /// heap and no pointer into it is kept.
+    fn reset(&self, present: u32) -> Result<()>;
+
     /// Waits until nothing runs on the heap that this handle launched or
     /// can see (the GPU: both streams idle). Called before the heap's
     /// memory is unmapped for good.
@@ -109,6 +115,18 @@ impl SegmentTree for HostMetadata {
             .map(gpu_kernel::arch::load_relaxed)
             .collect();
         Ok(HeapStats::from_snapshot(&self.heap, &words))
+    }
+
+    fn reset(&self, present: u32) -> Result<()> {
+        let mut image = vec![0u64; self.words.len()];
+        self.heap.write_initial_metadata_with(&mut image, present);
+        // Relaxed stores: the caller vouches that no thread uses the heap;
+        // threads that use it later are started (or woken) after this call,
+        // which orders these stores before their loads.
+        for (w, &v) in self.words.iter().zip(&image) {
+            gpu_kernel::arch::store_relaxed(w, v);
+        }
+        Ok(())
     }
 
     fn quiesce(&self) -> Result<()> {

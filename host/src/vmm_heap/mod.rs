@@ -28,9 +28,10 @@
 //!
 //! Growth on demand: [`VmmHeap::start_growth`] starts a thread the heap
 //! owns ([`service`]) that watches the count of free segments and maps more
-//! before they run out, up to the heap's limit. A device-side bounded wait
-//! in `malloc` for the service is not built: a request that finds the heap
-//! empty returns null at once.
+//! before they run out, up to the heap's limit. `malloc` that finds the
+//! heap empty returns null at once; kernels that would rather wait for the
+//! service call `Heap::malloc_waiting` (a bound in nanoseconds; kernel
+//! `heap_alloc_waiting`), which retries while the service publishes.
 //!
 //! Concurrency: `grow`, `trim` and the service serialise on the ledger
 //! mutex; `malloc` and `free` never take it. Counters are relaxed atomics
@@ -347,6 +348,42 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
     /// (the count is a snapshot taken before the withdrawal).
     pub fn trim_keeping(&self, keep: u32) -> Result<u64> {
         Ok(self.shared.trim_segments(keep)? as u64 * self.shared.segment_bytes())
+    }
+
+    /// Forgets every allocation at once: the metadata goes back to its
+    /// initial image with every mapped segment wholly free in the tree; the
+    /// mapping is kept (a fresh heap of the size grown to, as a benchmark
+    /// round wants it). Only when no kernel or thread uses the heap and no
+    /// pointer into it is kept.
+    pub fn reset(&mut self) -> Result<()> {
+        let s = &self.shared;
+        let ledger = s.ledger();
+        s.tree.quiesce()?;
+        let present: Vec<u32> = (0..s.segments)
+            .filter(|id| !ledger.absent.contains(id) && !ledger.stranded.contains(id))
+            .collect();
+        // Grown segments are the lowest absent ids, so `present` is almost
+        // always a prefix, which the initial image writes at once; any
+        // others are published one by one.
+        let prefix = present
+            .iter()
+            .zip(0u32..)
+            .take_while(|&(&id, i)| id == i)
+            .count();
+        s.tree.reset(prefix as u32)?;
+        let rest = &present[prefix..];
+        let added = if rest.is_empty() {
+            0
+        } else {
+            s.tree.add(rest)?
+        };
+        if added as usize != rest.len() {
+            return Err(Error::Check(format!(
+                "resetting the heap republished {added} of {} segments",
+                rest.len()
+            )));
+        }
+        Ok(())
     }
 
     /// Empties the per-class slots so partly used blocks go back to their

@@ -4,8 +4,9 @@
 //! and maps more segments before they run out, up to the heap's limit.
 //!
 //! It only grows; trimming stays the caller's decision. A request that
-//! finds the heap empty before the service has caught up gets null at once:
-//! a bounded wait in device `malloc` for the service is not built yet.
+//! finds the heap empty before the service has caught up gets null at once
+//! from `malloc`; `Heap::malloc_waiting` waits for the service up to a
+//! bound instead.
 //!
 //! Concurrency: the thread grows under the heap's ledger lock like any
 //! caller of `grow`. Stopping sets a flag under a mutex and wakes the
