@@ -45,6 +45,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use super::addr_map::AddrMap;
 use super::config::LakeConfig;
 use super::driver::VmmDriver;
 use super::error::{LakeError, LakeResult};
@@ -72,7 +73,7 @@ struct Live {
 /// Everything behind the lake's mutex.
 struct State {
     tables: Tables,
-    live: HashMap<u64, Live>,
+    live: AddrMap<Live>,
     /// Addresses handed out and freed since (to tell a double free from a
     /// foreign range); forgotten when their view goes back to the driver.
     freed: BTreeSet<u64>,
@@ -111,7 +112,7 @@ impl<D: VmmDriver> Lake<D> {
             granularity,
             state: Mutex::new(State {
                 tables: Tables::new(granularity),
-                live: HashMap::new(),
+                live: AddrMap::default(),
                 freed: BTreeSet::new(),
                 active_bytes: 0,
                 peak_active: 0,
