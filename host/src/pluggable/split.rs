@@ -221,20 +221,65 @@ impl SplitCache {
     /// [`Fence::mergeable`] with it once `progress` settles them (fences
     /// join). Neighbours that are not stay apart until
     /// [`SplitCache::settle`]. `None` if no piece in use starts there.
+    ///
+    /// The merged piece is worked out first and written once: one lookup
+    /// of the chunk and one insert into the free index per free (each is a
+    /// walk of cold tree nodes inside a training loop).
     pub fn give_back(&mut self, addr: u64, fence: &Fence, progress: &Progress) -> Option<Piece> {
-        let piece = self.piece_at(addr)?;
-        let chunk = self.chunk_of_mut(addr).expect("a piece lies in a chunk");
+        let chunk_bytes = self.chunk_bytes;
+        // The field, not `chunk_of_mut`: the free index is updated while
+        // the chunk is held.
+        let chunk = self
+            .chunks
+            .range_mut(..=addr)
+            .next_back()
+            .map(|(_, c)| c)
+            .filter(|c| addr < c.range.addr + chunk_bytes)?;
         let base = chunk.range.addr;
-        chunk
-            .pieces
-            .insert(addr, (piece.len, Some(fence.settled(progress))));
-        self.free.insert((piece.len, addr));
-        self.free_bytes += piece.len;
-        let after = self.merge_at(base, addr, progress);
-        if let Some((&prev, _)) = self.chunks[&base].pieces.range(..after).next_back() {
-            self.merge_at(base, prev, progress);
+        let len = match chunk.pieces.get(&addr) {
+            Some(&(len, None)) => len,
+            _ => return None,
+        };
+        let mut fence = fence.settled(progress);
+        let (mut start, mut end) = (addr, addr + len);
+        let mut apart = false;
+        if let Some((next_len, Some(next))) = chunk.pieces.get(&end) {
+            let (next_len, next) = (*next_len, next.settled(progress));
+            if fence.mergeable(&next) {
+                fence.join(&next);
+                chunk.pieces.remove(&end);
+                self.free.remove(&(next_len, end));
+                end += next_len;
+            } else {
+                apart = true;
+            }
         }
-        Some(piece)
+        // The pieces tile the chunk: the one before ends at `addr`.
+        let before = chunk
+            .pieces
+            .range(..addr)
+            .next_back()
+            .and_then(|(&p, (l, f))| f.as_ref().map(|f| (p, *l, f.settled(progress))));
+        if let Some((prev, prev_len, before)) = before {
+            if before.mergeable(&fence) {
+                fence.join(&before);
+                chunk.pieces.remove(&addr);
+                self.free.remove(&(prev_len, prev));
+                start = prev;
+            } else {
+                apart = true;
+            }
+        }
+        chunk.pieces.insert(start, (end - start, Some(fence)));
+        self.free.insert((end - start, start));
+        self.free_bytes += len;
+        if end - start == chunk_bytes {
+            self.empty.insert(base);
+        }
+        if apart {
+            self.unsettled.insert(base);
+        }
+        Some(Piece { addr, len })
     }
 
     /// Merges the free piece at `addr` of chunk `base` with the free piece
