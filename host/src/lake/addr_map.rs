@@ -1,8 +1,10 @@
-//! `AddrMap`: a hash map keyed by device addresses, with a hasher of one
-//! multiply ([`AddrHasher`]) instead of the standard library's SipHash.
+//! `AddrMap` and `AddrSet`: a hash map and a set keyed by device
+//! addresses, with a hasher of one multiply ([`AddrHasher`]) instead of
+//! the standard library's SipHash.
 //!
 //! The lake and the pluggable pool look their live allocations up by
-//! address on every call (an `alloc` inserts, a `free` removes). Inside a
+//! address on every call (an `alloc` inserts, a `free` removes), and the
+//! lake its freed addresses (to tell a double free). Inside a
 //! training loop those calls run with cold caches (PyTorch and Python run
 //! between them), and SipHash's rounds and state add to the misses of the
 //! table itself (`docs/PERF.md`, "Pool host cost per call"). Addresses are
@@ -17,7 +19,7 @@
 //!
 //! Concurrency: plain values; their owners keep them behind their locks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// The multiplier: 2^64 divided by the golden ratio, odd.
@@ -47,6 +49,9 @@ impl Hasher for AddrHasher {
 
 /// A hash map keyed by device addresses, with [`AddrHasher`].
 pub type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
+/// A set of device addresses, with [`AddrHasher`].
+pub type AddrSet = HashSet<u64, BuildHasherDefault<AddrHasher>>;
 
 #[cfg(test)]
 mod tests {

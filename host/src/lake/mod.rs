@@ -37,7 +37,7 @@ pub mod synthetic;
 pub mod tables;
 pub mod trace;
 
-pub use addr_map::{AddrHasher, AddrMap};
+pub use addr_map::{AddrHasher, AddrMap, AddrSet};
 pub use config::LakeConfig;
 pub use cuda::CudaVmm;
 pub use driver::{

@@ -1097,6 +1097,10 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
 
     /// Polls every stream's oldest events, recording what completed.
     fn poll(&self, s: &mut State) -> PoolResult<()> {
+        if s.events.is_empty() {
+            // One stream: no event is ever recorded.
+            return Ok(());
+        }
         let streams: Vec<StreamId> = s.events.keys().copied().collect();
         for stream in streams {
             self.poll_stream(s, stream)?;

@@ -110,24 +110,24 @@ impl SplitCache {
     /// fits.
     pub fn take(&mut self, size: u64, req: &Requester<'_>) -> Option<Piece> {
         let want = Self::rounded(size);
-        let (len, addr) = self
+        let (len, addr, base) = self
             .free
             .range((want, 0)..)
             .take(Self::SCAN_PIECES)
-            .copied()
-            .find(|&(_, addr)| {
+            .find_map(|&(len, addr)| {
                 let chunk = self.chunk_of(addr).expect("a free piece lies in a chunk");
-                chunk.pieces[&addr]
+                let admitted = chunk.pieces[&addr]
                     .1
                     .as_ref()
-                    .is_some_and(|f| f.admits(req))
+                    .is_some_and(|f| f.admits(req));
+                admitted.then_some((len, addr, chunk.range.addr))
             })?;
         self.free.remove(&(len, addr));
         self.free_bytes -= want;
         let chunk = self
-            .chunk_of_mut(addr)
+            .chunks
+            .get_mut(&base)
             .expect("a free piece lies in a chunk");
-        let base = chunk.range.addr;
         let fence = chunk
             .pieces
             .insert(addr, (want, None))
@@ -137,7 +137,10 @@ impl SplitCache {
             chunk.pieces.insert(addr + want, (len - want, Some(fence)));
             self.free.insert((len - want, addr + want));
         }
-        self.empty.remove(&base);
+        if len == self.chunk_bytes {
+            // Only a piece as long as its chunk leaves a wholly free one.
+            self.empty.remove(&base);
+        }
         Some(Piece { addr, len: want })
     }
 
