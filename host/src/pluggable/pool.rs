@@ -1194,6 +1194,10 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// after the device has finished the work submitted so far (a replay
     /// may still be reading it). Only called with no window open.
     fn drain_released(&self, s: &mut State) -> PoolResult<()> {
+        if s.private.count() == 0 {
+            // No graph pool (eager training): nothing to look through.
+            return Ok(());
+        }
         if s.private.has_freeable_memory() {
             self.synchronize(s, true)?;
         }
