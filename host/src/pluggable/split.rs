@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::lake::{DeviceRange, Fence, Progress, Requester};
+use crate::lake::{AddrMap, DeviceRange, Fence, Progress, Requester};
 
 /// Granularity of pieces: sizes are rounded up to it, pieces start on it.
 pub const PIECE_ALIGN: u64 = 512;
@@ -52,8 +52,11 @@ struct Chunk {
 #[derive(Debug)]
 pub struct SplitCache {
     chunk_bytes: u64,
-    /// Chunk base address -> chunk.
-    chunks: BTreeMap<u64, Chunk>,
+    /// Chunk base address -> chunk. Hashed, not ordered: chunks come from
+    /// the lake aligned to their size, so the chunk of an address is found
+    /// by rounding it down (one probe instead of a walk of cold tree nodes
+    /// at every small alloc and free).
+    chunks: AddrMap<Chunk>,
     /// Free pieces of every chunk, by (length, address).
     free: BTreeSet<(u64, u64)>,
     /// Bytes in free pieces.
@@ -75,7 +78,7 @@ impl SplitCache {
         );
         SplitCache {
             chunk_bytes,
-            chunks: BTreeMap::new(),
+            chunks: AddrMap::default(),
             free: BTreeSet::new(),
             free_bytes: 0,
             empty: BTreeSet::new(),
@@ -184,6 +187,11 @@ impl SplitCache {
     /// free and unfenced.
     pub fn add_chunk(&mut self, range: DeviceRange) {
         debug_assert_eq!(range.len, self.chunk_bytes, "a chunk is one granule");
+        debug_assert!(
+            range.addr.is_multiple_of(self.chunk_bytes),
+            "chunk {:#x} is not aligned to its size",
+            range.addr
+        );
         let mut pieces = BTreeMap::new();
         pieces.insert(range.addr, (self.chunk_bytes, Some(Fence::none())));
         self.chunks.insert(range.addr, Chunk { range, pieces });
@@ -192,27 +200,24 @@ impl SplitCache {
         self.empty.insert(range.addr);
     }
 
+    /// The base of the chunk that would hold `addr` (chunks are aligned to
+    /// their size, see `add_chunk`).
+    fn base_of(&self, addr: u64) -> u64 {
+        addr - addr % self.chunk_bytes
+    }
+
     fn chunk_of(&self, addr: u64) -> Option<&Chunk> {
-        let bytes = self.chunk_bytes;
-        self.chunks
-            .range(..=addr)
-            .next_back()
-            .map(|(_, c)| c)
-            .filter(|c| addr < c.range.addr + bytes)
+        self.chunks.get(&self.base_of(addr))
     }
 
     fn chunk_of_mut(&mut self, addr: u64) -> Option<&mut Chunk> {
-        let bytes = self.chunk_bytes;
-        self.chunks
-            .range_mut(..=addr)
-            .next_back()
-            .map(|(_, c)| c)
-            .filter(|c| addr < c.range.addr + bytes)
+        let base = self.base_of(addr);
+        self.chunks.get_mut(&base)
     }
 
     /// The piece in use starting at `addr`, if there is one.
     pub fn piece_at(&self, addr: u64) -> Option<Piece> {
-        let (_, chunk) = self.chunks.range(..=addr).next_back()?;
+        let chunk = self.chunk_of(addr)?;
         match chunk.pieces.get(&addr) {
             Some(&(len, None)) => Some(Piece { addr, len }),
             _ => None,
@@ -232,13 +237,8 @@ impl SplitCache {
         let chunk_bytes = self.chunk_bytes;
         // The field, not `chunk_of_mut`: the free index is updated while
         // the chunk is held.
-        let chunk = self
-            .chunks
-            .range_mut(..=addr)
-            .next_back()
-            .map(|(_, c)| c)
-            .filter(|c| addr < c.range.addr + chunk_bytes)?;
-        let base = chunk.range.addr;
+        let base = self.base_of(addr);
+        let chunk = self.chunks.get_mut(&base)?;
         let len = match chunk.pieces.get(&addr) {
             Some(&(len, None)) => len,
             _ => return None,
