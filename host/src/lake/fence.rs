@@ -24,13 +24,26 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Streams that used freed memory, each with the number of the free on it;
-/// empty: anyone may reuse it. Cloning is cheap (shared entries): a freed
-/// range gives its fence to each of its chunks.
+/// empty: anyone may reuse it. Cloning is cheap: a fence of one stream
+/// (every free of a one-stream program, and most of any other) is held
+/// inline, with no allocation and no reference count to touch; several
+/// streams' entries are shared. A freed range gives its fence to each of
+/// its chunks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Fence {
-    /// (stream, free number), sorted by stream, one entry per stream;
-    /// `None` when empty.
-    entries: Option<Arc<[(u64, u64)]>>,
+    entries: Entries,
+}
+
+/// (stream, free number), sorted by stream, one entry per stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+enum Entries {
+    /// Anyone may reuse.
+    #[default]
+    Empty,
+    /// One stream, inline.
+    One([(u64, u64); 1]),
+    /// Two streams or more, shared.
+    Many(Arc<[(u64, u64)]>),
 }
 
 impl Fence {
@@ -42,12 +55,16 @@ impl Fence {
     /// Freed on `stream` as its free number `seq`.
     pub fn single(stream: u64, seq: u64) -> Fence {
         Fence {
-            entries: Some(Arc::new([(stream, seq)])),
+            entries: Entries::One([(stream, seq)]),
         }
     }
 
     fn entries(&self) -> &[(u64, u64)] {
-        self.entries.as_deref().unwrap_or(&[])
+        match &self.entries {
+            Entries::Empty => &[],
+            Entries::One(one) => one,
+            Entries::Many(many) => many,
+        }
     }
 
     /// The streams it names.
@@ -57,7 +74,7 @@ impl Fence {
 
     /// Whether nobody is kept out.
     pub fn is_none(&self) -> bool {
-        self.entries.is_none()
+        matches!(self.entries, Entries::Empty)
     }
 
     /// Adds `other`'s entries, keeping the highest number per stream (the
@@ -66,6 +83,17 @@ impl Fence {
         if other.is_none() || self == other {
             return;
         }
+        match (&mut self.entries, &other.entries) {
+            (Entries::Empty, _) => {
+                self.entries = other.entries.clone();
+                return;
+            }
+            (Entries::One([(s, q)]), Entries::One([(t, r)])) if s == t => {
+                *q = (*q).max(*r);
+                return;
+            }
+            _ => {}
+        }
         let mut entries = self.entries().to_vec();
         for &(stream, seq) in other.entries() {
             match entries.binary_search_by_key(&stream, |&(s, _)| s) {
@@ -73,7 +101,10 @@ impl Fence {
                 Err(i) => entries.insert(i, (stream, seq)),
             }
         }
-        self.entries = Some(entries.into());
+        self.entries = match entries[..] {
+            [one] => Entries::One([one]),
+            _ => Entries::Many(entries.into()),
+        };
     }
 
     /// Whether `req` may reuse the memory now.

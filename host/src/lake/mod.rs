@@ -17,13 +17,14 @@
 //! - **driver**: the [`VmmDriver`] boundary, real ([`CudaVmm`]) or modelled
 //!   on the CPU ([`ModelVmm`]).
 //!
-//! Files: `driver` (the boundary), `cuda` and `model` (its two sides),
+//! Files: `addr_map` (hash maps keyed by device address), `driver` (the boundary), `cuda` and `model` (its two sides),
 //! `tables` (chunks, views, free runs) and `tables/mapping` (the driver
 //! work that changes them, with rollback), `fence`
 //! (the stream rule kept on free memory), `pool`
 //! (the policy and the thread-safe [`Lake`]), `config`, `stats`, `error`,
 //! `trace`, `synthetic` (a GPT-2-like trace generator).
 
+pub mod addr_map;
 pub mod config;
 pub mod cuda;
 pub mod driver;
@@ -36,6 +37,7 @@ pub mod synthetic;
 pub mod tables;
 pub mod trace;
 
+pub use addr_map::{AddrHasher, AddrMap, AddrSet};
 pub use config::LakeConfig;
 pub use cuda::CudaVmm;
 pub use driver::{

@@ -41,10 +41,11 @@
 //! and driver calls are made while holding it, so the driver's own lock (if
 //! any) always comes second. No call re-enters the lake.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use super::addr_map::{AddrMap, AddrSet};
 use super::config::LakeConfig;
 use super::driver::VmmDriver;
 use super::error::{LakeError, LakeResult};
@@ -72,10 +73,10 @@ struct Live {
 /// Everything behind the lake's mutex.
 struct State {
     tables: Tables,
-    live: HashMap<u64, Live>,
+    live: AddrMap<Live>,
     /// Addresses handed out and freed since (to tell a double free from a
     /// foreign range); forgotten when their view goes back to the driver.
-    freed: BTreeSet<u64>,
+    freed: AddrSet,
     active_bytes: u64,
     peak_active: u64,
     peak_reserved: u64,
@@ -111,8 +112,8 @@ impl<D: VmmDriver> Lake<D> {
             granularity,
             state: Mutex::new(State {
                 tables: Tables::new(granularity),
-                live: HashMap::new(),
-                freed: BTreeSet::new(),
+                live: AddrMap::default(),
+                freed: AddrSet::default(),
                 active_bytes: 0,
                 peak_active: 0,
                 peak_reserved: 0,
@@ -659,10 +660,9 @@ impl<D: VmmDriver> Lake<D> {
 
 /// Forgets freed addresses inside a range given back to the driver.
 fn forget(s: &mut State, (base, size): (u64, u64)) {
-    let gone: Vec<u64> = s.freed.range(base..base + size).copied().collect();
-    for a in gone {
-        s.freed.remove(&a);
-    }
+    // A scan of the set: rare (a stitched view dropped, a trim), while
+    // every alloc and free looks one address up.
+    s.freed.retain(|&a| !(base..base + size).contains(&a));
 }
 
 impl<D: VmmDriver> Drop for Lake<D> {

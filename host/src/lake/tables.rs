@@ -264,6 +264,13 @@ pub struct Tables {
     next_id: u64,
     /// Reused lists of `set_used_many` (empty between calls).
     scratch: Vec<(ViewId, Vec<usize>)>,
+    /// Reused list of a window's chunks for `take` and `give` (empty
+    /// between calls): every large alloc and free goes through them, and a
+    /// heap allocation there touches the allocator's cold lines too.
+    window_chunks: Vec<ChunkId>,
+    /// Reused list of `set_used_many`: per stream, the fenced chunks it
+    /// made used (empty between calls).
+    unfenced: Vec<(u64, usize)>,
 }
 
 /// Adds `slot` of `view` to the first `*views` lists of `by_view`, opening
@@ -366,6 +373,9 @@ impl Tables {
     /// in best-fit order, at most [`Tables::SCAN_RUNS`] of them (fenced
     /// chunks are rare outside multi-stream programs).
     pub fn best_window(&self, n: usize, req: &Requester<'_>) -> Option<Window> {
+        // Checked once, not per run: with no fence in the way (one stream)
+        // the first run that fits is the answer, with no list built.
+        let all_admit = self.all_admit(req);
         self.runs
             .range((n, 0, 0)..)
             .filter(|&&(_, view, _)| {
@@ -374,6 +384,13 @@ impl Tables {
             })
             .take(Self::SCAN_RUNS)
             .find_map(|&(len, view, start)| {
+                if all_admit {
+                    return Some(Window {
+                        view,
+                        start,
+                        len: n,
+                    });
+                }
                 self.admitted_segments(view, start, len, req)
                     .into_iter()
                     .find(|&(_, l)| l >= n)
@@ -497,11 +514,21 @@ impl Tables {
 
     /// Marks a window's chunks used by one more allocation.
     pub fn take(&mut self, w: Window) {
-        let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
+        let chunks = self.window_chunks(w);
         // The window's own slots are one stretch: cut once, not per chunk.
         self.run_cut(w.view, w.start, w.start + w.len);
         self.set_used_many(&chunks, true, Some(w.view));
         self.views.get_mut(&w.view).expect("live view").users += 1;
+        self.window_chunks = chunks;
+    }
+
+    /// The chunks of window `w`, in the reused list (to be put back in
+    /// `self.window_chunks` after use).
+    fn window_chunks(&mut self, w: Window) -> Vec<ChunkId> {
+        let mut chunks = std::mem::take(&mut self.window_chunks);
+        chunks.clear();
+        chunks.extend(self.chunks_in(w));
+        chunks
     }
 
     /// Marks view `v` as used at `clock` (for the LRU sweep).
@@ -512,16 +539,17 @@ impl Tables {
     /// Marks a window's chunks free again behind `fence`; the view
     /// remembers `clock`.
     pub fn give(&mut self, w: Window, clock: u64, fence: &Fence) {
-        let chunks: Vec<ChunkId> = self.chunks_in(w).collect();
+        let chunks = self.window_chunks(w);
         self.run_join(w.view, w.start, w.start + w.len);
         self.set_used_many(&chunks, false, Some(w.view));
         // Used chunks carry no fence: only the new one is counted.
         for s in fence.streams() {
             *self.fenced.entry(s).or_default() += chunks.len();
         }
-        for c in chunks {
+        for &c in &chunks {
             self.chunks.get_mut(&c).expect("live chunk").fence = fence.clone();
         }
+        self.window_chunks = chunks;
         let v = self.views.get_mut(&w.view).expect("live view");
         v.users -= 1;
         v.last_used = clock;
@@ -545,7 +573,9 @@ impl Tables {
         // growing these vectors was a third of this function's time).
         let mut by_view = std::mem::take(&mut self.scratch);
         let mut views = 0usize;
-        let mut unfenced: Vec<(u64, usize)> = Vec::new();
+        // Reused too: in a one-stream program every freed chunk carries a
+        // fence, so every take would allocate this list.
+        let mut unfenced = std::mem::take(&mut self.unfenced);
         for &c in cs {
             let chunk = self.chunks.get_mut(&c).expect("live chunk");
             debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
@@ -567,9 +597,10 @@ impl Tables {
                 chunk.fence = Fence::none();
             }
         }
-        for (s, n) in unfenced {
+        for (s, n) in unfenced.drain(..) {
             *self.fenced.get_mut(&s).expect("counted") -= n;
         }
+        self.unfenced = unfenced;
         for (v, slots) in by_view.iter_mut().take(views) {
             if !slots.is_sorted() {
                 slots.sort_unstable();
@@ -624,42 +655,65 @@ impl Tables {
 
     /// Slots `[a, b)` of view `v` stop being free: they lie in one run
     /// (they were all free and are consecutive), which is cut around them.
+    ///
+    /// The view is looked up once and a run that keeps its start is
+    /// shortened in place: every large alloc cuts, with cold caches inside
+    /// a training loop.
     fn run_cut(&mut self, v: ViewId, a: usize, b: usize) {
-        let (start, len) = self.views[&v]
-            .runs
-            .range(..=a)
+        let runs = &mut self.views.get_mut(&v).expect("live view").runs;
+        let (&start, len) = runs
+            .range_mut(..=a)
             .next_back()
-            .map(|(&s, &l)| (s, l))
-            .filter(|&(s, l)| s + l >= b)
+            .filter(|(s, l)| **s + **l >= b)
             .expect("free consecutive slots lie in one run");
-        self.run_remove(v, start);
-        self.run_insert(v, start, a - start);
-        self.run_insert(v, b, start + len - b);
+        let old = *len;
+        if a > start {
+            *len = a - start;
+        } else {
+            runs.remove(&start);
+        }
+        if start + old > b {
+            runs.insert(b, start + old - b);
+        }
+        self.runs.remove(&(old, v, start));
+        if a > start {
+            self.runs.insert((a - start, v, start));
+        }
+        if start + old > b {
+            self.runs.insert((start + old - b, v, b));
+        }
     }
 
     /// Slots `[a, b)` of view `v` become free: they join their neighbours'
     /// runs.
     fn run_join(&mut self, v: ViewId, a: usize, b: usize) {
-        let view = &self.views[&v];
-        let left = view
-            .runs
-            .range(..a)
+        // The view looked up once; a run on the left grows in place (see
+        // `run_cut`).
+        let runs = &mut self.views.get_mut(&v).expect("live view").runs;
+        let right = runs.remove(&b);
+        let left = runs
+            .range_mut(..a)
             .next_back()
-            .map(|(&s, &l)| (s, l))
-            .filter(|&(s, l)| s + l == a);
-        let right = view.runs.get(&b).copied();
-        let mut start = a;
-        let mut len = b - a;
-        if let Some((s, l)) = left {
-            self.run_remove(v, s);
-            start = s;
-            len += l;
+            .filter(|(s, l)| **s + **l == a);
+        let (start, old_left) = match left {
+            Some((&s, l)) => {
+                let old = *l;
+                *l = b - s + right.unwrap_or(0);
+                (s, Some(old))
+            }
+            None => {
+                runs.insert(a, b - a + right.unwrap_or(0));
+                (a, None)
+            }
+        };
+        let len = b - start + right.unwrap_or(0);
+        if let Some(l) = old_left {
+            self.runs.remove(&(l, v, start));
         }
-        if let Some(l) = right {
-            self.run_remove(v, b);
-            len += l;
+        if let Some(r) = right {
+            self.runs.remove(&(r, v, b));
         }
-        self.run_insert(v, start, len);
+        self.runs.insert((len, v, start));
     }
 
     /// Recomputes the runs of view `v` from its chunks' use flags.

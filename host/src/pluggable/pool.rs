@@ -61,6 +61,7 @@
 //! the lock order is always pool, then lake, then driver.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::{Mutex, MutexGuard};
 
 use super::block::{Block, Home, Origin, PoolId};
@@ -72,8 +73,8 @@ use super::reuse::{self, ReuseCache};
 use super::split::SplitCache;
 use super::stats::{PoolBreakdown, PoolStats};
 use crate::lake::{
-    DeviceRange, EventKind, Fence, Lake, LakeError, Progress, Requester, Site, Trace,
-    TraceRecorder, VmmDriver,
+    AddrHasher, AddrMap, DeviceRange, EventKind, Fence, Lake, LakeError, Progress, Requester, Site,
+    Trace, TraceRecorder, VmmDriver,
 };
 use crate::plan::{Plan, RuntimeStats};
 
@@ -143,12 +144,12 @@ struct Counters {
 struct State {
     split: SplitCache,
     reuse: ReuseCache,
-    live: HashMap<u64, Live>,
+    live: AddrMap<Live>,
     /// Per stream, the events recorded at its frees with the frees'
     /// numbers, oldest first.
     events: HashMap<StreamId, VecDeque<(u64, EventId)>>,
-    /// Per stream, the number of its last free.
-    frees: HashMap<StreamId, u64>,
+    /// Per stream, the number of its last free (looked up at every free).
+    frees: HashMap<StreamId, u64, BuildHasherDefault<AddrHasher>>,
     /// Per stream, the last free number whose event was seen complete.
     progress: Progress,
     parked: Vec<Parked>,
@@ -217,9 +218,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             state: Mutex::new(State {
                 split: SplitCache::new(chunk),
                 reuse: ReuseCache::new(reuse::DEFAULT_ENTRIES),
-                live: HashMap::new(),
+                live: AddrMap::default(),
                 events: HashMap::new(),
-                frees: HashMap::new(),
+                frees: HashMap::default(),
                 progress: Progress::new(),
                 parked: Vec::new(),
                 private: PrivatePools::new(chunk),
@@ -324,11 +325,14 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             return Ok(());
         }
         let mut s = self.state();
-        if !s.live.contains_key(&addr) {
+        // One lookup: taken out, and put back if the stream rule fails.
+        let Some(live) = s.live.remove(&addr) else {
             return Err(PoolError::NotOurs { addr });
+        };
+        if let Err(e) = self.note_stream(&mut s, stream) {
+            s.live.insert(addr, live);
+            return Err(e);
         }
-        self.note_stream(&mut s, stream)?;
-        let live = s.live.remove(&addr).expect("checked above");
         self.uncount(&mut s, &live);
         if let Some(r) = s.recording.as_mut() {
             r.record(EventKind::Free, live.size, addr, stream);
@@ -1058,9 +1062,17 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             Home::Private(_, stream) => Some(stream),
             Home::General => None,
         };
-        let mut streams = vec![freed_on];
-        streams.extend(live.uses.iter().copied().filter(|&u| u != freed_on));
-        for stream in streams.into_iter().filter(|&u| Some(u) != home_stream) {
+        // The freeing stream, then the other users: by index, so that the
+        // common free (no other user) allocates no list.
+        for i in 0..=live.uses.len() {
+            let stream = match i {
+                0 => freed_on,
+                _ if live.uses[i - 1] == freed_on => continue,
+                _ => live.uses[i - 1],
+            };
+            if Some(stream) == home_stream {
+                continue;
+            }
             match self.fence_free(s, stream) {
                 Ok(f) => fence.join(&f),
                 Err(e) => return Err(Box::new((e, live))),
@@ -1085,6 +1097,10 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
 
     /// Polls every stream's oldest events, recording what completed.
     fn poll(&self, s: &mut State) -> PoolResult<()> {
+        if s.events.is_empty() {
+            // One stream: no event is ever recorded.
+            return Ok(());
+        }
         let streams: Vec<StreamId> = s.events.keys().copied().collect();
         for stream in streams {
             self.poll_stream(s, stream)?;
@@ -1178,6 +1194,10 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// after the device has finished the work submitted so far (a replay
     /// may still be reading it). Only called with no window open.
     fn drain_released(&self, s: &mut State) -> PoolResult<()> {
+        if s.private.count() == 0 {
+            // No graph pool (eager training): nothing to look through.
+            return Ok(());
+        }
         if s.private.has_freeable_memory() {
             self.synchronize(s, true)?;
         }

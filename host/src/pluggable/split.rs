@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::lake::{DeviceRange, Fence, Progress, Requester};
+use crate::lake::{AddrMap, DeviceRange, Fence, Progress, Requester};
 
 /// Granularity of pieces: sizes are rounded up to it, pieces start on it.
 pub const PIECE_ALIGN: u64 = 512;
@@ -52,8 +52,11 @@ struct Chunk {
 #[derive(Debug)]
 pub struct SplitCache {
     chunk_bytes: u64,
-    /// Chunk base address -> chunk.
-    chunks: BTreeMap<u64, Chunk>,
+    /// Chunk base address -> chunk. Hashed, not ordered: chunks come from
+    /// the lake aligned to their size, so the chunk of an address is found
+    /// by rounding it down (one probe instead of a walk of cold tree nodes
+    /// at every small alloc and free).
+    chunks: AddrMap<Chunk>,
     /// Free pieces of every chunk, by (length, address).
     free: BTreeSet<(u64, u64)>,
     /// Bytes in free pieces.
@@ -75,7 +78,7 @@ impl SplitCache {
         );
         SplitCache {
             chunk_bytes,
-            chunks: BTreeMap::new(),
+            chunks: AddrMap::default(),
             free: BTreeSet::new(),
             free_bytes: 0,
             empty: BTreeSet::new(),
@@ -110,24 +113,24 @@ impl SplitCache {
     /// fits.
     pub fn take(&mut self, size: u64, req: &Requester<'_>) -> Option<Piece> {
         let want = Self::rounded(size);
-        let (len, addr) = self
+        let (len, addr, base) = self
             .free
             .range((want, 0)..)
             .take(Self::SCAN_PIECES)
-            .copied()
-            .find(|&(_, addr)| {
+            .find_map(|&(len, addr)| {
                 let chunk = self.chunk_of(addr).expect("a free piece lies in a chunk");
-                chunk.pieces[&addr]
+                let admitted = chunk.pieces[&addr]
                     .1
                     .as_ref()
-                    .is_some_and(|f| f.admits(req))
+                    .is_some_and(|f| f.admits(req));
+                admitted.then_some((len, addr, chunk.range.addr))
             })?;
         self.free.remove(&(len, addr));
         self.free_bytes -= want;
         let chunk = self
-            .chunk_of_mut(addr)
+            .chunks
+            .get_mut(&base)
             .expect("a free piece lies in a chunk");
-        let base = chunk.range.addr;
         let fence = chunk
             .pieces
             .insert(addr, (want, None))
@@ -137,7 +140,10 @@ impl SplitCache {
             chunk.pieces.insert(addr + want, (len - want, Some(fence)));
             self.free.insert((len - want, addr + want));
         }
-        self.empty.remove(&base);
+        if len == self.chunk_bytes {
+            // Only a piece as long as its chunk leaves a wholly free one.
+            self.empty.remove(&base);
+        }
         Some(Piece { addr, len: want })
     }
 
@@ -181,6 +187,11 @@ impl SplitCache {
     /// free and unfenced.
     pub fn add_chunk(&mut self, range: DeviceRange) {
         debug_assert_eq!(range.len, self.chunk_bytes, "a chunk is one granule");
+        debug_assert!(
+            range.addr.is_multiple_of(self.chunk_bytes),
+            "chunk {:#x} is not aligned to its size",
+            range.addr
+        );
         let mut pieces = BTreeMap::new();
         pieces.insert(range.addr, (self.chunk_bytes, Some(Fence::none())));
         self.chunks.insert(range.addr, Chunk { range, pieces });
@@ -189,27 +200,24 @@ impl SplitCache {
         self.empty.insert(range.addr);
     }
 
+    /// The base of the chunk that would hold `addr` (chunks are aligned to
+    /// their size, see `add_chunk`).
+    fn base_of(&self, addr: u64) -> u64 {
+        addr - addr % self.chunk_bytes
+    }
+
     fn chunk_of(&self, addr: u64) -> Option<&Chunk> {
-        let bytes = self.chunk_bytes;
-        self.chunks
-            .range(..=addr)
-            .next_back()
-            .map(|(_, c)| c)
-            .filter(|c| addr < c.range.addr + bytes)
+        self.chunks.get(&self.base_of(addr))
     }
 
     fn chunk_of_mut(&mut self, addr: u64) -> Option<&mut Chunk> {
-        let bytes = self.chunk_bytes;
-        self.chunks
-            .range_mut(..=addr)
-            .next_back()
-            .map(|(_, c)| c)
-            .filter(|c| addr < c.range.addr + bytes)
+        let base = self.base_of(addr);
+        self.chunks.get_mut(&base)
     }
 
     /// The piece in use starting at `addr`, if there is one.
     pub fn piece_at(&self, addr: u64) -> Option<Piece> {
-        let (_, chunk) = self.chunks.range(..=addr).next_back()?;
+        let chunk = self.chunk_of(addr)?;
         match chunk.pieces.get(&addr) {
             Some(&(len, None)) => Some(Piece { addr, len }),
             _ => None,
@@ -221,20 +229,60 @@ impl SplitCache {
     /// [`Fence::mergeable`] with it once `progress` settles them (fences
     /// join). Neighbours that are not stay apart until
     /// [`SplitCache::settle`]. `None` if no piece in use starts there.
+    ///
+    /// The merged piece is worked out first and written once: one lookup
+    /// of the chunk and one insert into the free index per free (each is a
+    /// walk of cold tree nodes inside a training loop).
     pub fn give_back(&mut self, addr: u64, fence: &Fence, progress: &Progress) -> Option<Piece> {
-        let piece = self.piece_at(addr)?;
-        let chunk = self.chunk_of_mut(addr).expect("a piece lies in a chunk");
-        let base = chunk.range.addr;
-        chunk
-            .pieces
-            .insert(addr, (piece.len, Some(fence.settled(progress))));
-        self.free.insert((piece.len, addr));
-        self.free_bytes += piece.len;
-        let after = self.merge_at(base, addr, progress);
-        if let Some((&prev, _)) = self.chunks[&base].pieces.range(..after).next_back() {
-            self.merge_at(base, prev, progress);
+        let chunk_bytes = self.chunk_bytes;
+        // The field, not `chunk_of_mut`: the free index is updated while
+        // the chunk is held.
+        let base = self.base_of(addr);
+        let chunk = self.chunks.get_mut(&base)?;
+        let len = match chunk.pieces.get(&addr) {
+            Some(&(len, None)) => len,
+            _ => return None,
+        };
+        let mut fence = fence.settled(progress);
+        let (mut start, mut end) = (addr, addr + len);
+        let mut apart = false;
+        if let Some((next_len, Some(next))) = chunk.pieces.get(&end) {
+            let (next_len, next) = (*next_len, next.settled(progress));
+            if fence.mergeable(&next) {
+                fence.join(&next);
+                chunk.pieces.remove(&end);
+                self.free.remove(&(next_len, end));
+                end += next_len;
+            } else {
+                apart = true;
+            }
         }
-        Some(piece)
+        // The pieces tile the chunk: the one before ends at `addr`.
+        let before = chunk
+            .pieces
+            .range(..addr)
+            .next_back()
+            .and_then(|(&p, (l, f))| f.as_ref().map(|f| (p, *l, f.settled(progress))));
+        if let Some((prev, prev_len, before)) = before {
+            if before.mergeable(&fence) {
+                fence.join(&before);
+                chunk.pieces.remove(&addr);
+                self.free.remove(&(prev_len, prev));
+                start = prev;
+            } else {
+                apart = true;
+            }
+        }
+        chunk.pieces.insert(start, (end - start, Some(fence)));
+        self.free.insert((end - start, start));
+        self.free_bytes += len;
+        if end - start == chunk_bytes {
+            self.empty.insert(base);
+        }
+        if apart {
+            self.unsettled.insert(base);
+        }
+        Some(Piece { addr, len })
     }
 
     /// Merges the free piece at `addr` of chunk `base` with the free piece
@@ -308,6 +356,10 @@ impl SplitCache {
     /// returns their lake ranges with their fences (to be freed to the
     /// lake by the caller).
     pub fn take_empty_chunks(&mut self, keep: usize) -> Vec<(DeviceRange, Fence)> {
+        if self.empty.len() <= keep {
+            // Every small free asks: answered without walking the set.
+            return Vec::new();
+        }
         let bytes = self.chunk_bytes;
         let gone: Vec<u64> = self.empty.iter().skip(keep).copied().collect();
         gone.into_iter()
