@@ -36,19 +36,19 @@ use crate::slot::SLOTS_PER_CLASS;
 use crate::veb::VebTree;
 
 /// A slot installer that takes at least 1 / 2^this of a new segment's blocks
-/// formats it without the class's format lock (2 unless
-/// `GPUMALLOC_UNLOCKED_FORMAT_SHIFT` is set at build time; 1 was the rule
-/// before). Installers of a class are at most one per slot, so a herd leaves
-/// at most a segment per slot in the class tree (`slots_for` keeps a slot's
-/// block within 1/256 of the heap, so that is 1/64 at most), and the next
-/// claims of the class use it before any other segment. Under the lock the
-/// formats are serial: 128 B slices at 8 MiB segments (16 blocks, slot
-/// claims of 4) formatted 16 segments one after another for 2^20
-/// allocations, twice as many as at be7ddc7's 16 MiB segments, and were the
-/// only size in that run slower than be7ddc7 apart from 2 KiB
-/// (`docs/PERF.md`, "Issue 12: slice path vs be7ddc7").
+/// formats it without the class's format lock (1 unless
+/// `GPUMALLOC_UNLOCKED_FORMAT_SHIFT` is set at build time). Installers of a
+/// class are at most one per slot, so a herd leaves at most a segment per
+/// slot in the class tree, and the next claims of the class use it before
+/// any other segment. Under the lock the formats are serial: 128 B slices at
+/// 8 MiB segments (16 blocks, slot claims of 4) format 16 segments one after
+/// another for 2^20 allocations. 2 (a quarter) made that size 36% faster than
+/// be7ddc7 on the H100 (+4% with 1), but left the 256 MiB heap of random
+/// 16 B-64 KiB requests 86.7% used at the first null against 91.4% with 1,
+/// below issue 12's 90% floor (`docs/PERF.md`, "Issue 12: slice path vs
+/// be7ddc7"), so the default stays 1.
 const UNLOCKED_FORMAT_SHIFT: u32 =
-    crate::class::build_knob(option_env!("GPUMALLOC_UNLOCKED_FORMAT_SHIFT"), 2);
+    crate::class::build_knob(option_env!("GPUMALLOC_UNLOCKED_FORMAT_SHIFT"), 1);
 
 /// A block claimed for a class: segment and block within it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -336,7 +336,7 @@ impl Heap {
     /// zero means the heap has no block of this class left.
     ///
     /// Formatting is serialised per class (unless the caller takes the whole
-    /// segment, or a slot installer a quarter of it): when the class tree runs
+    /// segment, or a slot installer half of it): when the class tree runs
     /// empty, every waiting thread would otherwise format a segment of its
     /// own and scatter the class over many barely used segments.
     #[inline(never)]
