@@ -42,10 +42,20 @@
 //! group's records are invalid.
 //!
 //! Time budget: the sweep starts nothing new after [`BUDGET_S`] seconds
-//! (`--graph-budget`): what is left gets `skipped` records saying so. Every
+//! (`--graph-budget`): what is left gets `skipped` records saying so. Before
+//! a configuration's load, its time is predicted from its load at the last
+//! smaller scale of the run ([`LOAD_GROWTH`] a scale); if that load and the
+//! scale's groups (the last scale's wall time × [`GROUPS_GROWTH`]) would end
+//! past the budget, the configuration is not loaded there and its records say
+//! "cut off: load would take ~N s" (on the H100 CUDA's malloc at scale 22:
+//! 156 s against 7 s for the pool and 2 s for our heap), while the others
+//! run every group. Graphs are cleared after a scale only where a later
+//! scale will take pages from the same source (our heaps, CUDA's malloc
+//! heap; a pool goes with its scale): after the last scale, or once the
+//! budget is spent, the pages go with the heaps and the process. Every
 //! scale and group logs a line of where its time went (host generation,
-//! model, batches; device load, kernels, export and check, clear), so a slow
-//! run says why.
+//! model, batches; device load, kernels, export and check, each graph's
+//! clear), so a slow run says why.
 //!
 //! Cost note: a chunk of targets walks its vertex's whole chain, so a hub's
 //! share of a batch costs O(degree × share / 128) page visits with warps
@@ -85,6 +95,15 @@ pub const GROUP_CAP_S: f64 = 3.0;
 /// above which it is not run again at that scale or a larger one, at that
 /// batch or a larger one.
 pub const ROUND_CAP_S: f64 = 15.0;
+/// Factor by which a configuration's load time is taken to grow from one
+/// scale to the next when deciding whether its load fits the budget (the
+/// H100 log of 2026-11-22: ×2.6–3.5 a scale through CUDA's malloc, 17.5 s,
+/// 45 s, 156 s at scales 20–22; ×2–2.5 for ours and the pool).
+pub const LOAD_GROWTH: f64 = 4.0;
+/// Factor by which a scale's groups are taken to last longer than the last
+/// scale's, for the time a load must leave to them (×1.3–1.5 a scale on the
+/// H100).
+pub const GROUPS_GROWTH: f64 = 2.0;
 /// Bytes of each of our heaps (one per kernel kind, so each graph's
 /// footprint is its own; pages are 128 bytes).
 const HEAP_BYTES: u64 = 4 << 30;
@@ -171,6 +190,11 @@ impl Group {
 }
 
 fn skipped(g: &Group, allocator: &str, why: &str) -> Record {
+    not_run(g, allocator, format!("skipped: {why}"))
+}
+
+/// A record of a configuration that did not run in `g`, saying why.
+fn not_run(g: &Group, allocator: &str, note: String) -> Record {
     Record::new(
         "graph",
         allocator,
@@ -180,7 +204,7 @@ fn skipped(g: &Group, allocator: &str, why: &str) -> Record {
         "mean_insert_ms",
         Summary::default(),
         false,
-        format!("skipped: {why}"),
+        note,
     )
 }
 
@@ -206,6 +230,10 @@ struct Sweep {
     /// Configurations whose first round exceeded [`ROUND_CAP_S`]: label,
     /// scale, batch and the group where it happened.
     cut: Vec<(String, u32, usize, String)>,
+    /// Seconds each configuration's load took: label, scale, seconds.
+    loads: Vec<(String, u32, f64)>,
+    /// Wall seconds of the last loaded scale's groups.
+    groups_s: Option<f64>,
     records: Vec<Record>,
 }
 
@@ -233,12 +261,38 @@ impl Sweep {
             .map(|(.., at)| format!("one round took over {ROUND_CAP_S} s at {at}"))
     }
 
-    /// Runs every group of `scale` for `sources` × [`KINDS`].
+    /// Why configuration `name` is not loaded at `scale` when `elapsed`
+    /// seconds of the sweep have gone, if it is cut off there: its load,
+    /// predicted from its load at the largest smaller scale of this run
+    /// ([`LOAD_GROWTH`] a scale), and the groups after it (the last scale's
+    /// × [`GROUPS_GROWTH`]) would end past the budget. Without an earlier
+    /// load to go by, none is cut off.
+    fn load_cut(&self, name: &str, scale: u32, elapsed: f64) -> Option<String> {
+        let &(_, at, seconds) = self
+            .loads
+            .iter()
+            .filter(|(n, s, _)| n == name && *s < scale)
+            .max_by_key(|(_, s, _)| *s)?;
+        let load_s = seconds * LOAD_GROWTH.powi((scale - at) as i32);
+        let groups_s = self.groups_s.unwrap_or(0.0) * GROUPS_GROWTH;
+        (elapsed + load_s + groups_s > self.budget_s).then(|| {
+            format!(
+                "cut off: load would take ~{load_s:.0} s ({seconds:.1} s at scale {at}, ×{LOAD_GROWTH} a scale); \
+                 with ~{groups_s:.0} s kept for the groups it would end past the sweep's {} s budget \
+                 ({elapsed:.0} s gone)",
+                self.budget_s
+            )
+        })
+    }
+
+    /// Runs every group of `scale` for `sources` × [`KINDS`]; `last`: no
+    /// later scale follows (its graphs are not cleared).
     fn scale(
         &mut self,
         gpu: &Gpu,
         heaps: &[DeviceHeap; 2],
         scale: u32,
+        last: bool,
         opts: &Options,
     ) -> Result<()> {
         let with = |a: &str| opts.allocators.iter().any(|x| x == a);
@@ -335,15 +389,25 @@ impl Sweep {
                     self.records.extend(skips);
                     continue;
                 }
+                let elapsed = self.start.elapsed().as_secs_f64();
+                if let Some(why) = self.load_cut(&name_by, scale, elapsed) {
+                    eprintln!("graph: scale {scale}: {name_by} {why}");
+                    let skips: Vec<Record> = Group::all(scale)
+                        .filter(|g| self.kind_runs(by, g))
+                        .map(|g| not_run(&g, &name_by, why.clone()))
+                        .collect();
+                    self.records.extend(skips);
+                    continue;
+                }
                 let clock = Instant::now();
                 let graph = DeviceGraph::new(gpu, stream.vertices as u64)?;
                 let ms = gpu.time(|| graph.insert_by(source.pages, UpdateBy::Warp, &loaded))?;
+                let load_s = clock.elapsed().as_secs_f64();
                 eprintln!(
-                    "graph: scale {scale}: {} loaded in {:.2} s (kernel {:.2} s)",
-                    name_by,
-                    clock.elapsed().as_secs_f64(),
+                    "graph: scale {scale}: {name_by} loaded in {load_s:.2} s (kernel {:.2} s)",
                     ms / 1e3
                 );
+                self.loads.push((name_by, scale, load_s));
                 runs.push(Run {
                     source,
                     by,
@@ -355,6 +419,7 @@ impl Sweep {
         drop(loaded);
         let mut at = 0;
         let mut picker = SplitMix64(opts.seed ^ scale as u64);
+        let groups_clock = Instant::now();
         for g in Group::all(scale) {
             self.group(
                 gpu,
@@ -367,14 +432,31 @@ impl Sweep {
                 &mut picker,
             )?;
         }
-        let clock = Instant::now();
-        for run in &runs {
-            run.graph.clear(run.source.pages)?;
+        if !runs.is_empty() {
+            self.groups_s = Some(groups_clock.elapsed().as_secs_f64());
         }
-        gpu.sync()?;
+        // Pages go back to the sources that outlive this scale: our heaps
+        // and CUDA's malloc heap (each pool goes with its scale). After the
+        // last scale, or once the budget is spent (no later scale loads a
+        // graph), nothing takes pages from them again: our heaps are
+        // dropped and CUDA's goes with the process (see [`run`]), so
+        // nothing is cleared (66 s at scale 22 on the H100).
+        if last || self.over_budget() {
+            eprintln!(
+                "graph: scale {scale}: graphs not cleared (no later scale: the pages go with the heaps and the process)"
+            );
+            return Ok(());
+        }
+        let clock = Instant::now();
+        let mut cleared = Vec::new();
+        for run in runs.iter().filter(|r| r.source.pool.is_none()) {
+            let ms = gpu.time(|| run.graph.clear(run.source.pages))?;
+            cleared.push(format!("{} {:.2}", run.label(), ms / 1e3));
+        }
         eprintln!(
-            "graph: scale {scale}: graphs cleared in {:.2} s",
-            clock.elapsed().as_secs_f64()
+            "graph: scale {scale}: graphs cleared in {:.2} s (s: {}; pool graphs go with their pools)",
+            clock.elapsed().as_secs_f64(),
+            cleared.join(", ")
         );
         Ok(())
     }
@@ -635,7 +717,9 @@ impl Sweep {
 /// Runs the sweep for `opts.allocators` (`ours`, `cuda-malloc`) and the page
 /// pool. With `cuda-malloc` it sets CUDA's malloc heap to `opts.heap`, which
 /// must come before any kernel of the process uses that malloc, and must hold
-/// the graphs of the largest scale.
+/// the graphs of the largest scale. The last scale's pages are left in
+/// CUDA's malloc heap, so nothing in the process may use that malloc after
+/// this (the program runs each test in a process of its own).
 pub fn run(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
     if opts.allocators.iter().any(|x| x == "cuda-malloc") {
         gpu.set_malloc_heap_size(opts.heap)?;
@@ -651,16 +735,19 @@ pub fn run(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
         threads: opts.graph_threads,
         first_scale: scales.iter().copied().min().unwrap_or(SCALES[0]),
         cut: Vec::new(),
+        loads: Vec::new(),
+        groups_s: None,
         records: Vec::new(),
     };
     let distinct: HashSet<u32> = scales.iter().copied().collect();
     if distinct.len() != scales.len() {
         return Err(host::Error::Check(format!("repeated scale in {scales:?}")));
     }
-    for &scale in scales {
+    for (i, &scale) in scales.iter().enumerate() {
         // A failure (a driver error, a kernel fault) ends the sweep but keeps
         // what it measured, so a 10-minute run is not lost to its last scale.
-        if let Err(e) = sweep.scale(gpu, &heaps, scale, opts) {
+        let last = i + 1 == scales.len();
+        if let Err(e) = sweep.scale(gpu, &heaps, scale, last, opts) {
             eprintln!("graph: scale {scale} failed, sweep stopped: {e}");
             let g = Group::all(scale).next().expect("every scale has groups");
             sweep
@@ -687,6 +774,8 @@ mod tests {
             threads,
             first_scale: SCALES[0],
             cut: Vec::new(),
+            loads: Vec::new(),
+            groups_s: None,
             records: Vec::new(),
         }
     }
@@ -752,5 +841,35 @@ mod tests {
             s.cut_off("ours/warp", &Group::all(22).last().unwrap())
                 .is_none()
         );
+    }
+
+    /// A load is cut off where its prediction from the last smaller scale
+    /// and the groups' share would end past the budget, as scale 22 of
+    /// CUDA's malloc on the H100 (45 s at scale 21, 311 s gone, scale 21's
+    /// groups 44 s); never without an earlier load to go by.
+    #[test]
+    fn loads_that_would_end_past_the_budget_are_cut_off() {
+        let mut s = sweep(false);
+        assert!(s.load_cut("cuda-malloc/warp", 22, 311.0).is_none());
+        s.loads.push(("cuda-malloc/warp".into(), 20, 17.5));
+        s.loads.push(("cuda-malloc/warp".into(), 21, 45.0));
+        s.loads.push(("ours/warp".into(), 21, 0.9));
+        s.loads.push(("page-pool/warp".into(), 21, 3.5));
+        s.groups_s = Some(44.0);
+        let why = s.load_cut("cuda-malloc/warp", 22, 311.0).expect("cut off");
+        assert!(
+            why.starts_with("cut off: load would take ~180 s (45.0 s at scale 21"),
+            "{why}"
+        );
+        assert!(s.load_cut("ours/warp", 22, 311.0).is_none());
+        assert!(s.load_cut("page-pool/warp", 22, 311.0).is_none());
+        // Scale 21 of the same run: 17.5 s at scale 20, 166 s gone.
+        s.groups_s = Some(34.0);
+        assert!(s.load_cut("cuda-malloc/warp", 21, 166.0).is_none());
+        // Two scales up: ×16; a larger budget lets it run.
+        assert!(s.load_cut("cuda-malloc/warp", 22, 0.0).is_none());
+        assert!(s.load_cut("cuda-malloc/warp", 23, 0.0).is_some());
+        s.budget_s = 1000.0;
+        assert!(s.load_cut("cuda-malloc/warp", 22, 311.0).is_none());
     }
 }
