@@ -31,6 +31,22 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const TIB: u64 = 1 << 40;
 
+/// A 1 TiB heap with 1 GiB mapped (16 MiB chunks) whose growth service
+/// keeps 64 segments free, up to 12 GiB mapped.
+fn served_heap(gpu: &gpumalloc::Gpu) -> CudaVmmHeap {
+    let vmm = CudaVmm::open_with_chunk(0, ChunkOptions::default(), Some(16 * MIB)).unwrap();
+    let mut config = VmmHeapConfig::new(TIB, GIB);
+    config.max_mapped_bytes = Some(12 * GIB);
+    let mut heap = CudaVmmHeap::on_gpu(gpu, vmm, config).unwrap();
+    heap.start_growth(gpumalloc::GrowthPolicy {
+        low_free_segments: 64,
+        step_segments: 64,
+        poll: std::time::Duration::from_micros(100),
+    })
+    .unwrap();
+    heap
+}
+
 /// Fills the `n` blocks of 1 MiB at `ptrs` with the test pattern and checks
 /// them back; `check` counts [nulls, wrong words].
 fn fill_and_verify(
@@ -208,16 +224,7 @@ fn a_terabyte_heap_grows_under_a_kernel_and_trims_back_to_the_driver() {
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn the_growth_service_feeds_kernels_eight_times_the_first_mapping() {
     let Some(gpu) = gpu() else { return };
-    let vmm = CudaVmm::open_with_chunk(0, ChunkOptions::default(), Some(16 * MIB)).unwrap();
-    let mut config = VmmHeapConfig::new(TIB, GIB);
-    config.max_mapped_bytes = Some(12 * GIB);
-    let mut heap = CudaVmmHeap::on_gpu(&gpu, vmm, config).unwrap();
-    heap.start_growth(gpumalloc::GrowthPolicy {
-        low_free_segments: 64,
-        step_segments: 64,
-        poll: std::time::Duration::from_micros(100),
-    })
-    .unwrap();
+    let mut heap = served_heap(&gpu);
     const WAVE: u64 = 512;
     const WAVES: u64 = 16;
     let n = WAVE * WAVES;
@@ -353,16 +360,7 @@ fn the_bench_grows_ours_vmm_until_a_round_is_served() {
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn kernels_wait_for_the_growth_service_instead_of_failing() {
     let Some(gpu) = gpu() else { return };
-    let vmm = CudaVmm::open_with_chunk(0, ChunkOptions::default(), Some(16 * MIB)).unwrap();
-    let mut config = VmmHeapConfig::new(TIB, GIB);
-    config.max_mapped_bytes = Some(12 * GIB);
-    let mut heap = CudaVmmHeap::on_gpu(&gpu, vmm, config).unwrap();
-    heap.start_growth(gpumalloc::GrowthPolicy {
-        low_free_segments: 64,
-        step_segments: 64,
-        poll: std::time::Duration::from_micros(100),
-    })
-    .unwrap();
+    let mut heap = served_heap(&gpu);
     const WAVE: u64 = 512;
     const WAVES: u64 = 16;
     const WAIT_NS: u64 = 500_000_000;

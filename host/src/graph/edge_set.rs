@@ -59,20 +59,10 @@ impl EdgeSet {
         self.degrees.len() as u32
     }
 
-    fn check(&self, edges: &[(u32, u32)]) -> Result<(), String> {
-        let n = self.vertices();
-        match edges.iter().find(|&&(s, t)| s >= n || t >= n) {
-            Some(&(s, t)) => Err(format!(
-                "edge {s} -> {t} names a vertex outside 0..{n} of the graph"
-            )),
-            None => Ok(()),
-        }
-    }
-
     /// Inserts a batch (duplicates ignored); returns how many edges are new.
     /// An edge with an id out of range rejects the whole batch.
     pub fn insert(&mut self, edges: &[(u32, u32)]) -> Result<u64, String> {
-        self.check(edges)?;
+        super::check_ids(self.vertices(), edges)?;
         self.edges.reserve(edges.len());
         let mut new = 0;
         for &(s, t) in edges {
@@ -87,7 +77,7 @@ impl EdgeSet {
 
     /// Deletes a batch (absent edges ignored); returns how many were there.
     pub fn delete(&mut self, edges: &[(u32, u32)]) -> Result<u64, String> {
-        self.check(edges)?;
+        super::check_ids(self.vertices(), edges)?;
         let mut gone = 0;
         for &(s, t) in edges {
             if self.edges.remove(&pack(s, t)) {

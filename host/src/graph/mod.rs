@@ -17,6 +17,18 @@ pub mod mtx;
 pub mod reference;
 pub mod rmat;
 
+/// `Ok` when every edge of `edges` names vertices below `vertices`; else
+/// the first edge that does not, named (the host models refuse such a
+/// batch whole).
+pub(crate) fn check_ids(vertices: u32, edges: &[(u32, u32)]) -> Result<(), String> {
+    match edges.iter().find(|&&(s, t)| s >= vertices || t >= vertices) {
+        Some(&(s, t)) => Err(format!(
+            "edge {s} -> {t} names a vertex outside 0..{vertices} of the graph"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A directed graph as an edge list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EdgeList {

@@ -22,20 +22,10 @@ impl Reference {
         self.adjacency.len() as u32
     }
 
-    fn check(&self, edges: &[(u32, u32)]) -> Result<(), String> {
-        let n = self.vertices();
-        match edges.iter().find(|&&(s, t)| s >= n || t >= n) {
-            Some(&(s, t)) => Err(format!(
-                "edge {s} -> {t} names a vertex outside 0..{n} of the graph"
-            )),
-            None => Ok(()),
-        }
-    }
-
     /// Inserts a batch (duplicates ignored); returns how many edges are new.
     /// An edge with an id out of range rejects the whole batch.
     pub fn insert(&mut self, edges: &[(u32, u32)]) -> Result<u64, String> {
-        self.check(edges)?;
+        super::check_ids(self.vertices(), edges)?;
         Ok(edges
             .iter()
             .filter(|&&(s, t)| self.adjacency[s as usize].insert(t))
@@ -44,7 +34,7 @@ impl Reference {
 
     /// Deletes a batch (absent edges ignored); returns how many were there.
     pub fn delete(&mut self, edges: &[(u32, u32)]) -> Result<u64, String> {
-        self.check(edges)?;
+        super::check_ids(self.vertices(), edges)?;
         Ok(edges
             .iter()
             .filter(|&&(s, t)| self.adjacency[s as usize].remove(&t))
