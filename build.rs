@@ -1,5 +1,6 @@
-//! Compiles `gpu-kernel` to PTX and embeds it in the root library
-//! (`gpumalloc::PTX`), and compiles the example user kernel crate
+//! Compiles `gpu-kernels` (the host's kernels over the `gpu-kernel`
+//! allocator) to PTX and embeds it in the root library (`gpumalloc::PTX`),
+//! and compiles the example user kernel crate
 //! (`examples/user-kernel`) for `examples/user_kernel.rs`. Both go through
 //! `ptx_builder`, as a user's own `build.rs` would. Set `GPUMALLOC_PTX_ARCH`
 //! to change the architecture (default sm_80).
@@ -10,7 +11,7 @@ fn main() {
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let root = Path::new(&manifest_dir);
     // Build-time settings of `gpu-kernel` (read with `option_env!`): the
-    // nested PTX build must run again when one changes.
+    // nested PTX builds must run again when one changes.
     for knob in [
         "GPUMALLOC_SEGMENT_SHIFT",
         "GPUMALLOC_SLOTS",
@@ -24,11 +25,11 @@ fn main() {
         println!("cargo:rerun-if-env-changed={knob}");
     }
     for (crate_dir, env) in [
-        ("gpu-kernel", "GPUMALLOC_PTX_PATH"),
+        ("gpu-kernels", "GPUMALLOC_PTX_PATH"),
         ("examples/user-kernel", "GPUMALLOC_USER_KERNEL_PTX_PATH"),
     ] {
         match ptx_builder::PtxBuilder::new(root.join(crate_dir)).build() {
-            Ok(ptx) if crate_dir == "gpu-kernel" => {
+            Ok(ptx) if crate_dir == "gpu-kernels" => {
                 let ptx = bound_heap_alloc(&ptx);
                 println!("cargo:rustc-env={env}={}", ptx.display());
             }
@@ -72,7 +73,7 @@ fn bound_heap_alloc(ptx: &Path) -> std::path::PathBuf {
         &text[body..]
     );
     let out =
-        Path::new(&std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("gpu_kernel.ptx");
+        Path::new(&std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("gpu_kernels.ptx");
     std::fs::write(&out, bounded).expect("OUT_DIR is writable");
     out
 }

@@ -9,7 +9,8 @@
 use gpumalloc::gpu::Arg;
 use gpumalloc::{DeviceHeap, Gpu, HeapConfig};
 
-/// The user crate's PTX: its kernels plus the allocator's.
+/// The user crate's PTX: its own kernels only (the allocator is inlined
+/// into them).
 const USER_PTX: &str = include_str!(env!("GPUMALLOC_USER_KERNEL_PTX_PATH"));
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -80,8 +80,8 @@ for name in "${@:-auto s21 s24}"; do
     cp target/release/gpumalloc "$DEST/$v/"
     if [ -n "${PTXAS:-}" ]; then
       # The PTX this build embedded: build.rs's bounded copy if it is newer.
-      ptx=$(ls -t target/release/build/gpumalloc-*/out/gpu_kernel.ptx \
-              target/release/build/gpumalloc-*/out/ptx-target/nvptx64-nvidia-cuda/release/gpu_kernel.ptx \
+      ptx=$(ls -t target/release/build/gpumalloc-*/out/gpu_kernels.ptx \
+              target/release/build/gpumalloc-*/out/ptx-target/nvptx64-nvidia-cuda/release/gpu_kernels.ptx \
               2>/dev/null | head -1 || true)
       scripts/ptxas-report.sh "$PTXAS" "$ptx" | grep -E -- '--|heap_alloc|heap_free|error' \
         | tee "$DEST/$v/ptxas.txt" || true

@@ -22,5 +22,5 @@ RUSTFLAGS="--cfg loom" cargo test -p gpu-kernel --test loom --release
 
 echo "== ptxas"
 ptx_dir=$(ls -td target/release/build/gpumalloc-*/out/ptx-target/nvptx64-nvidia-cuda/release | head -1)
-scripts/ptxas-report.sh "$PTXAS" "$ptx_dir/gpu_kernel.ptx" "$ptx_dir/user_kernel.ptx"
+scripts/ptxas-report.sh "$PTXAS" "$ptx_dir/gpu_kernels.ptx" "$ptx_dir/user_kernel.ptx"
 echo "all checks passed"

@@ -12,11 +12,13 @@
 //! ```
 
 pub use gpu_kernel;
+pub use gpu_kernels;
 pub use host::*;
 
 pub mod bench;
 
-/// The PTX of `gpu-kernel` (allocator, test and benchmark kernels).
+/// The PTX of `gpu-kernels`: every kernel the host launches (heap service,
+/// self-test, benchmarks, workloads, graph) over the `gpu-kernel` allocator.
 pub const PTX: &str = include_str!(env!("GPUMALLOC_PTX_PATH"));
 
 /// Opens GPU `ordinal` with the allocator's PTX loaded.

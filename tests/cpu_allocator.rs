@@ -9,7 +9,7 @@ use gpumalloc::gpu_kernel::class::{SLICE_CLASSES, segment_shift_for};
 /// The segment size of every heap here (all below 2 GiB): the smallest,
 /// unless the build sets `GPUMALLOC_SEGMENT_SHIFT`.
 const SEGMENT_BYTES: u64 = 1 << segment_shift_for(1 << 30);
-use gpumalloc::gpu_kernel::workload::{fill, hash64, verify};
+use gpumalloc::gpu_kernels::workload::{fill, hash64, verify};
 use gpumalloc::{CpuHeap, HeapConfig};
 
 const MIB: u64 = 1 << 20;

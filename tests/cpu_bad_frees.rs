@@ -13,7 +13,7 @@
 //! | block never handed out | invalid | double |
 //! | block or run freed twice (also after its segment came back) | double | double |
 
-use gpumalloc::gpu_kernel::workload::{fill, verify};
+use gpumalloc::gpu_kernels::workload::{fill, verify};
 use gpumalloc::{CpuHeap, HeapConfig};
 
 const MIB: u64 = 1 << 20;

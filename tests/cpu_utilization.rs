@@ -24,7 +24,7 @@ use std::collections::HashSet;
 
 use gpumalloc::gpu_kernel::arch::preempt_every;
 use gpumalloc::gpu_kernel::class::{MAX_SEGMENT_SHIFT, MIN_SEGMENT_SHIFT, Request};
-use gpumalloc::gpu_kernel::workload::log_uniform_size;
+use gpumalloc::gpu_kernels::workload::log_uniform_size;
 use gpumalloc::{CpuHeap, HeapConfig};
 
 const MIB: u64 = 1 << 20;
@@ -347,7 +347,7 @@ fn runs_from_256_threads_at_once_fill_the_heap() {
         let spans: Vec<(u64, u64)> = got.iter().map(|&p| (p, run)).collect();
         assert_disjoint(h, &spans);
         let mut order: Vec<u64> = got;
-        order.sort_by_key(|&p| gpumalloc::gpu_kernel::workload::hash64(p ^ round));
+        order.sort_by_key(|&p| gpumalloc::gpu_kernels::workload::hash64(p ^ round));
         for p in order {
             h.heap().free(p as *mut u8);
         }

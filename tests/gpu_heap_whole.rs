@@ -21,7 +21,7 @@
 use gpumalloc::bench::allocator::{Allocator, Ours, Sizes};
 use gpumalloc::gpu::Arg;
 use gpumalloc::gpu_kernel::class::{Request, segment_shift_for};
-use gpumalloc::gpu_kernel::workload::log_uniform_size;
+use gpumalloc::gpu_kernels::workload::log_uniform_size;
 use gpumalloc::{Gpu, HeapConfig};
 
 mod common;

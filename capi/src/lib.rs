@@ -1,7 +1,7 @@
 //! gpumalloc's C API (`include/gpumalloc.h`, `libgpumalloc_c.so`): create a
 //! device heap, hand its `gm_heap` to kernels that call `gallatin_malloc` /
 //! `gallatin_free`, read its statistics, destroy it. A thin layer over
-//! [`host::DeviceHeap`]; the device functions come from `gpu-kernel`'s PTX,
+//! [`host::DeviceHeap`]; the device functions come from `gpu-kernels`' PTX,
 //! which the user links into their CUDA C++ program (README, "Linking from
 //! CUDA C++").
 //!

@@ -5,9 +5,9 @@
 //! (and prints `skipped: no GPU (…)` under `--include-ignored` on a
 //! machine without one).
 //!
-//! The kernels are `gpu-kernel`'s `heap_alloc` / `heap_free` from the PTX
+//! The kernels are `gpu-kernels`'s `heap_alloc` / `heap_free` from the PTX
 //! at `$GPUMALLOC_PTX` (`scripts/build-cpp-example.sh` sets it to
-//! `.gpu/gpu_kernel.ptx`); unset, the kernel part prints that it is
+//! `.gpu/gpu_kernels.ptx`); unset, the kernel part prints that it is
 //! skipped. The CUDA C++ route through `gallatin_malloc` is
 //! `examples/cpp/`.
 
@@ -84,7 +84,7 @@ fn c_api_heap_serves_a_kernel_and_reports_it() {
                 .unwrap_or_else(|e| panic!("GPUMALLOC_PTX={path}: {e}"));
             allocate_in_a_kernel(heap, image, &ptx);
         }
-        Err(_) => println!("kernel part skipped: set GPUMALLOC_PTX to gpu_kernel.ptx"),
+        Err(_) => println!("kernel part skipped: set GPUMALLOC_PTX to gpu_kernels.ptx"),
     }
 
     // SAFETY: the heap is live, no kernel uses it; destroyed once.

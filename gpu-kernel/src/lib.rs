@@ -18,10 +18,15 @@
 //! - **Team** ([`team`]): the threads of a warp that ask for the same class
 //!   and slot at once; they reserve their slices with one atomic add.
 //!
-//! The crate builds for `nvptx64-nvidia-cuda` (kernels and the `extern "C"`
-//! functions `gallatin_malloc` / `gallatin_free`) and for the host, where a
-//! host thread acts as a one-lane warp so the same code is tested on a CPU.
-//! Only [`arch`] differs between the two.
+//! The crate builds for `nvptx64-nvidia-cuda` and for the host, where a host
+//! thread acts as a one-lane warp so the same code is tested on a CPU. Only
+//! [`arch`] differs between the two.
+//!
+//! It holds the allocator only and exports no symbol: no kernel, no
+//! `#[no_mangle]` function. A user's kernel crate that depends on it gets
+//! only its own kernels in its PTX. The kernels the host launches (heap
+//! service, self-test, benchmarks, workloads, the dynamic graph) and the
+//! `extern "C"` functions for CUDA C++ live in the `gpu-kernels` crate.
 
 #![no_std]
 #![cfg_attr(
@@ -33,19 +38,13 @@ pub mod arch;
 pub mod block;
 pub mod c_layout;
 pub mod class;
-pub mod graph;
 pub mod heap;
 pub mod layout;
 pub mod run;
 pub mod segment;
-pub mod selftest;
 pub mod slot;
 pub mod stats;
 pub mod team;
 pub mod veb;
-pub mod workload;
-
-#[cfg(target_arch = "nvptx64")]
-pub mod kernels;
 
 pub use layout::Heap;

@@ -199,7 +199,7 @@ impl Gpu {
             };
         }
         // SAFETY: the argument lists of our kernels are fixed by
-        // `gpu_kernel::kernels`; each caller in this crate passes them in
+        // `gpu_kernels::kernels`; each caller in this crate passes them in
         // order with buffers it keeps alive until it synchronises.
         unsafe { builder.launch(cfg) }.call("cuLaunchKernel")?;
         Ok(())

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use gpu_kernel::selftest::SELFTEST_WORDS;
+use gpu_kernels::selftest::SELFTEST_WORDS;
 
 use crate::error::{Error, Result};
 use crate::gpu::{Arg, Gpu};

@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use gpu_kernel::workload::SplitMix64;
+use gpu_kernels::workload::SplitMix64;
 use host::lake::{
     ChunkOptions, Fence, Lake, LakeConfig, ModelVmm, Progress, Requester, Site, VmmCall,
 };

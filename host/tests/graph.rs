@@ -1,11 +1,11 @@
 //! CPU tests of the dynamic-graph workload (issue 5): the `.mtx` reader
 //! (valid, malformed, symmetric, general), the R-MAT generator (determinism,
 //! degree skew), the reference model, batch grouping, and the device graph
-//! logic itself (`gpu_kernel::graph`) run by host threads over a `CpuHeap` and
+//! logic itself (`gpu_kernels::graph`) run by host threads over a `CpuHeap` and
 //! over a host-memory page pool, checked against the reference after every
 //! round. Fixed seeds throughout.
 //!
-//! The warp-per-vertex updates (`gpu_kernel::graph::warp`, issue 18) run the
+//! The warp-per-vertex updates (`gpu_kernels::graph::warp`, issue 18) run the
 //! same rounds on host warps (`arch::ThreadWarp`: one std thread per lane,
 //! several warps at once, each warp owning every `warps`-th batch entry),
 //! plus a hub vertex whose chunks need two fresh pages and whose deletions
@@ -15,10 +15,10 @@
 use std::io::Cursor;
 
 use gpu_kernel::arch::{self, ThreadWarp, Word};
-use gpu_kernel::graph::adjacency::{ERROR_WORDS, Graph, GraphError};
-use gpu_kernel::graph::page::{EDGES_PER_PAGE, PAGE_BYTES};
-use gpu_kernel::graph::pool::PagePool;
-use gpu_kernel::graph::source::PageSource;
+use gpu_kernels::graph::adjacency::{ERROR_WORDS, Graph, GraphError};
+use gpu_kernels::graph::page::{EDGES_PER_PAGE, PAGE_BYTES};
+use gpu_kernels::graph::pool::PagePool;
+use gpu_kernels::graph::source::PageSource;
 use host::graph::batch::GroupedBatch;
 use host::graph::edge_set::EdgeSet;
 use host::graph::mtx::{self, MtxError};

@@ -6,7 +6,7 @@
 //! shrinks, recompute-like irregular temporaries) that must converge to
 //! exact matches; injected map failures that must roll back; error messages.
 
-use gpu_kernel::workload::SplitMix64;
+use gpu_kernels::workload::SplitMix64;
 use host::lake::{
     ChunkOptions, DeviceRange, Lake, LakeConfig, LakeError, ModelCensus, ModelVmm, Site, Trace,
     VmmCall,

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
-use gpu_kernel::workload::SplitMix64;
+use gpu_kernels::workload::SplitMix64;
 use host::lake::synthetic::{Gpt2Shape, gpt2_trace};
 use host::lake::{Event, EventKind, Site, Trace};
 use host::plan::pool::{drive, model_pool};

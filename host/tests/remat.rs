@@ -9,7 +9,7 @@
 //! tests/data (read, replayed under every policy with the invariant checks,
 //! swept). Fixed seeds throughout.
 
-use gpu_kernel::workload::SplitMix64;
+use gpu_kernels::workload::SplitMix64;
 use host::remat::compare::{sweep, table};
 use host::remat::policy::coop::{Side, WindowItem, cheapest_anchored_window, cheapest_window};
 use host::remat::policy::{Coop, Dte, Dtr, EvictionPolicy, Request, SearchContext};

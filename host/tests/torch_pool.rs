@@ -8,7 +8,7 @@
 //! windows (no event call while one is open); four threads on four streams
 //! with events that complete at once.
 
-use gpu_kernel::workload::SplitMix64;
+use gpu_kernels::workload::SplitMix64;
 use std::sync::Arc;
 
 use host::lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpu_kernel::workload::{SplitMix64, log_uniform_size};
+use gpu_kernels::workload::{SplitMix64, log_uniform_size};
 use host::HeapConfig;
 use host::lake::{ChunkOptions, ModelCensus, ModelVmm, VmmCall, VmmDriver};
 use host::vmm_heap::{GrowthPolicy, ModelVmmHeap, VmmHeapConfig};

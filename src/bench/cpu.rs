@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use gpu_kernel::workload::{fill, mixed_size, verify};
+use gpu_kernels::workload::{fill, mixed_size, verify};
 use host::lake::ModelVmm;
 use host::vmm_heap::{ModelVmmHeap, VmmHeapConfig};
 use host::{CpuHeap, HeapConfig, Result};

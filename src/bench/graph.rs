@@ -65,7 +65,7 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
-use gpu_kernel::graph::page::{EDGES_PER_PAGE, PAGE_BYTES};
+use gpu_kernels::graph::page::{EDGES_PER_PAGE, PAGE_BYTES};
 use host::graph::batch::GroupedBatch;
 use host::graph::device::{DeviceBatch, DeviceGraph, DevicePool, Pages, UpdateBy};
 use host::graph::edge_set::EdgeSet;

@@ -3,8 +3,12 @@
 //!
 //! Compile it to PTX with `ptx_builder::PtxBuilder` from a `build.rs` (see
 //! `examples/user_kernel.rs` in the root package, which builds and runs it).
-//! The PTX contains these kernels *and* the allocator's own kernels, so the
-//! host loads one module for both.
+//! The PTX contains these kernels and nothing else: the allocator crate
+//! `gpu-kernel` exports no kernel and no `#[no_mangle]` function, so none of
+//! its code appears under a global name (`tests/user_ptx.rs` checks the
+//! `.entry` lines). The host sets up the heap without launching a kernel
+//! (`host::DeviceHeap::new`); a heap that grows on the device
+//! (`host::VmmHeap`) needs the host's own module, `gpumalloc::PTX`.
 
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]

@@ -1,6 +1,6 @@
 //! A host warp of ordinary threads (not loom): up to [`WARP_SIZE`] std
 //! threads that [`join`] one [`ThreadWarp`] run warp-cooperative code as its
-//! lanes, so the warp-per-vertex graph updates (`crate::graph::warp`) run on
+//! lanes, so the warp-per-vertex graph updates (`gpu_kernels::graph::warp`) run on
 //! the host through the same `arch` calls as on the GPU. The loom model of a
 //! warp is `host_warp.rs`; this one is for CPU tests with real threads.
 //!

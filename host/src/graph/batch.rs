@@ -1,5 +1,5 @@
 //! `GroupedBatch`: a batch of edge updates grouped by source vertex, as the
-//! device kernels take it (`gpu_kernel::graph::adjacency::Batch`): each
+//! device kernels take it (`gpu_kernels::graph::adjacency::Batch`): each
 //! source once, its targets contiguous. Built on the host; nothing shared.
 
 /// Updates grouped by source: entry `i` is `sources[i]` with targets

@@ -1,14 +1,14 @@
-//! `DeviceGraph`: the dynamic graph of `gpu_kernel::graph` in GPU memory, and
+//! `DeviceGraph`: the dynamic graph of `gpu_kernels::graph` in GPU memory, and
 //! [`DevicePool`], the pre-allocated page pool. Each call launches kernels on
 //! the GPU's one stream; the host owns these values and calls them from one
 //! thread.
 //!
 //! Kernel names and parameter orders are fixed by
-//! `gpu_kernel::graph::kernels`; this file is their only host caller.
+//! `gpu_kernels::graph::kernels`; this file is their only host caller.
 
 use cudarc::driver::CudaSlice;
-use gpu_kernel::graph::adjacency::{ERROR_WORDS, GraphError};
-use gpu_kernel::graph::pool::PagePool;
+use gpu_kernels::graph::adjacency::{ERROR_WORDS, GraphError};
+use gpu_kernels::graph::pool::PagePool;
 
 use super::batch::GroupedBatch;
 use crate::device_heap::DeviceHeap;

@@ -5,7 +5,7 @@
 //! - [`reference`]: the host model every device result is checked against.
 //! - [`edge_set`]: a faster host model for the benchmark's large graphs.
 //! - [`batch`]: an update batch grouped by source vertex, the form the
-//!   device kernels (`gpu_kernel::graph`) take.
+//!   device kernels (`gpu_kernels::graph`) take.
 //! - [`device`]: the graph on a GPU, for each page source.
 //!
 //! Vertex ids are `0..vertices` (the `.mtx` reader converts from 1-based).

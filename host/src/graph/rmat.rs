@@ -42,7 +42,7 @@ pub const MAX_SCALE: u32 = 31;
 
 /// The seeded generator of R-MAT streams and of the graph tests' and
 /// benchmark's update picks.
-pub use gpu_kernel::workload::SplitMix64;
+pub use gpu_kernels::workload::SplitMix64;
 
 impl Rmat {
     /// Graph500 probabilities with the given size and seed.

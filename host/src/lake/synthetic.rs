@@ -20,7 +20,7 @@
 //!
 //! Concurrency: a pure function of its arguments.
 
-use gpu_kernel::workload::SplitMix64;
+use gpu_kernels::workload::SplitMix64;
 
 use super::trace::{Event, EventKind, Site, Trace};
 

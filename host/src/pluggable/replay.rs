@@ -645,7 +645,7 @@ pub fn looped(trace: &Trace, steps: u32, seed: u64) -> Result<Trace, String> {
         granularity: trace.granularity,
         events: by_phase[first].clone(),
     };
-    let mut rng = gpu_kernel::workload::SplitMix64(seed);
+    let mut rng = gpu_kernels::workload::SplitMix64(seed);
     for i in 0..steps {
         let p = later[rng.below(later.len() as u64) as usize];
         out.events.extend(by_phase[&p].iter().map(|e| {

@@ -15,7 +15,7 @@
 //! the parameters exist before the step starts (they are made first).
 //! Plain functions; no shared state.
 
-use gpu_kernel::workload::SplitMix64;
+use gpu_kernels::workload::SplitMix64;
 
 use super::error::RematResult;
 use super::tensor::TensorId;

@@ -1,7 +1,7 @@
 //! A dynamic graph on the device heap, in the style of faimGraph (Winter et
 //! al., SC 2018): every vertex owns a chain of fixed-size [`page::Page`]s of
 //! edges, and the update kernels take and return pages *inside* the kernel
-//! through a [`source::PageSource`]: our [`crate::Heap`], CUDA's device
+//! through a [`source::PageSource`]: our [`gpu_kernel::Heap`], CUDA's device
 //! `malloc` (GPU only, in `kernels`) or a pre-allocated
 //! [`pool::PagePool`] with a lock-free free list (faimGraph's own way).
 //!

@@ -1,12 +1,12 @@
 //! `PageSource`: where the update kernels get pages and return them, called by
 //! many threads at once (each impl is itself thread-safe).
 //!
-//! Implementations: [`crate::Heap`] here (`malloc`/`free` of [`PAGE_BYTES`]),
+//! Implementations: [`gpu_kernel::Heap`] here (`malloc`/`free` of [`PAGE_BYTES`]),
 //! [`super::pool::PagePool`], and CUDA's device `malloc` in
 //! `super::kernels` (GPU only).
 
 use super::page::{PAGE_BYTES, Page};
-use crate::Heap;
+use gpu_kernel::Heap;
 
 /// An allocator of [`Page`]s, usable by many threads at once.
 pub trait PageSource {

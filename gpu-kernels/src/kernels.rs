@@ -10,10 +10,10 @@
 //! Every kernel takes its thread count `n` and returns early for threads past
 //! it, so launches may round up to whole blocks.
 
-use crate::arch::{self, Word, Word32};
-use crate::layout::Heap;
 use crate::selftest::SELFTEST_WORDS;
 use crate::workload;
+use gpu_kernel::Heap;
+use gpu_kernel::arch::{self, Word, Word32};
 
 /// The size thread `t` works on: `sizes[t]`, or `size` when `sizes` is null.
 ///
@@ -211,8 +211,8 @@ pub unsafe extern "ptx-kernel" fn heap_free(heap: Heap, ptrs: *const u64, n: u64
 #[unsafe(no_mangle)]
 pub extern "ptx-kernel" fn heap_flush(heap: Heap) {
     let t = arch::global_thread_index();
-    let slots = crate::slot::SLOTS_PER_CLASS as u64;
-    if let Some(class) = crate::class::SizeClass::new((t / slots) as u32)
+    let slots = gpu_kernel::slot::SLOTS_PER_CLASS as u64;
+    if let Some(class) = gpu_kernel::class::SizeClass::new((t / slots) as u32)
         && class.is_slice()
     {
         heap.flush_slot(class, (t % slots) as u32);

@@ -52,7 +52,7 @@
 use super::adjacency::{Graph, GraphError};
 use super::page::{EDGES_PER_PAGE, Page};
 use super::source::PageSource;
-use crate::arch::{self, WARP_SIZE};
+use gpu_kernel::arch::{self, WARP_SIZE};
 
 /// The lane that writes headers and calls the page source.
 const LEADER: u32 = 0;

@@ -15,7 +15,7 @@
 
 use super::page::Page;
 use super::source::PageSource;
-use crate::arch::{self, Word};
+use gpu_kernel::arch::{self, Word};
 
 /// Error counters a graph kernel adds to (word index in its error array).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

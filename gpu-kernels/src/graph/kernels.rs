@@ -23,8 +23,8 @@ use super::adjacency::{Batch, Graph};
 use super::page::{PAGE_BYTES, Page};
 use super::pool::PagePool;
 use super::source::PageSource;
-use crate::Heap;
-use crate::arch;
+use gpu_kernel::Heap;
+use gpu_kernel::arch;
 
 unsafe extern "C" {
     /// CUDA's device-side malloc.

@@ -18,7 +18,7 @@
 
 use super::page::{PAGE_BYTES, Page};
 use super::source::PageSource;
-use crate::arch::{self, Word};
+use gpu_kernel::arch::{self, Word};
 
 /// Bits of the head word that hold the page number; the tag is above them.
 const NUMBER_BITS: u32 = 32;

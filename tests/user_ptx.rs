@@ -1,0 +1,69 @@
+//! A user's kernel crate gets only its own kernels in its PTX (issue 17).
+//!
+//! `examples/user-kernel` depends on the allocator crate `gpu-kernel` and is
+//! compiled to PTX by the root `build.rs` with `ptx_builder`, as a user's own
+//! build script would. Its `.entry` lines must be exactly the kernels it
+//! writes, and it must export no other global symbol (the allocator's
+//! `gallatin_*` functions included). The host's PTX (`gpumalloc::PTX`, from
+//! `gpu-kernels`) must still hold the kernels the host launches by name.
+
+/// The PTX of `examples/user-kernel`.
+const USER_PTX: &str = include_str!(env!("GPUMALLOC_USER_KERNEL_PTX_PATH"));
+
+/// The names of the `.entry` (kernel) declarations of a PTX text.
+fn entries(ptx: &str) -> Vec<&str> {
+    ptx.lines()
+        .filter_map(|line| line.split_once(".entry ").map(|(_, rest)| rest))
+        .map(|rest| rest.split(['(', ' ']).next().unwrap_or(rest).trim())
+        .collect()
+}
+
+/// The names of the `.visible` (exported) declarations of a PTX text.
+fn visible(ptx: &str) -> Vec<&str> {
+    ptx.lines()
+        .filter(|line| line.trim_start().starts_with(".visible"))
+        .filter_map(|line| line.split_whitespace().last())
+        .map(|name| name.trim_end_matches(['(', ';']))
+        .collect()
+}
+
+#[test]
+fn user_ptx_holds_only_the_users_kernels() {
+    assert_eq!(entries(USER_PTX), ["user_list_sum"]);
+    assert_eq!(visible(USER_PTX), ["user_list_sum"]);
+}
+
+#[test]
+fn host_ptx_holds_the_kernels_the_host_launches() {
+    let host = entries(gpumalloc::PTX);
+    for kernel in [
+        "heap_grow",
+        "heap_trim",
+        "heap_flush",
+        "heap_alloc",
+        "heap_free",
+        "gpumalloc_selftest",
+        "graph_degrees",
+    ] {
+        assert!(
+            host.contains(&kernel),
+            "{kernel} missing from gpumalloc::PTX"
+        );
+    }
+    assert!(!host.contains(&"user_list_sum"));
+    let exported = visible(gpumalloc::PTX);
+    for function in ["gallatin_malloc", "gallatin_free"] {
+        assert!(
+            exported.contains(&function),
+            "{function} missing from gpumalloc::PTX"
+        );
+    }
+}
+
+#[test]
+fn entry_lines_are_parsed() {
+    let ptx =
+        ".visible .entry a(\n\t.param .u64 x\n)\n.visible .func  (.param .b64 r) f(\n.entry b (\n";
+    assert_eq!(entries(ptx), ["a", "b"]);
+    assert_eq!(visible(ptx), ["a", "f"]);
+}
