@@ -1,7 +1,8 @@
 //! Compiles `gpu-kernels` (the host's kernels over the `gpu-kernel`
 //! allocator) to PTX and embeds it in the root library (`gpumalloc::PTX`),
 //! and compiles the example user kernel crate
-//! (`examples/user-kernel`) for `examples/user_kernel.rs`. Both go through
+//! (`examples/user-kernel`) for `examples/user_kernel.rs`, and the device C
+//! ABI (`device-c-abi`, the PTX CUDA C++ links). All go through
 //! `ptx_builder`, as a user's own `build.rs` would. Set `GPUMALLOC_PTX_ARCH`
 //! to change the architecture (default sm_80).
 
@@ -27,6 +28,7 @@ fn main() {
     for (crate_dir, env) in [
         ("gpu-kernels", "GPUMALLOC_PTX_PATH"),
         ("examples/user-kernel", "GPUMALLOC_USER_KERNEL_PTX_PATH"),
+        ("device-c-abi", "GPUMALLOC_DEVICE_C_ABI_PTX_PATH"),
     ] {
         match ptx_builder::PtxBuilder::new(root.join(crate_dir)).build() {
             Ok(ptx) if crate_dir == "gpu-kernels" => {

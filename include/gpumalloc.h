@@ -5,7 +5,7 @@
  *
  * - Device side (CUDA C++ only): `gallatin_malloc` / `gallatin_free`, the
  *   allocator's `extern "C"` device functions, exported from the PTX of the
- *   `gpu-kernels` crate (gpu_kernels.ptx). A kernel receives the heap handle
+ *   `device-c-abi` crate (device_c_abi.ptx, nothing else in it). A kernel receives the heap handle
  *   `gm_heap` by value and passes its address:
  *
  *       __global__ void k(gm_heap heap) {

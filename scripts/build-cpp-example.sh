@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the CUDA C++ example (examples/cpp/alloc_check.cu) on a GPU
 # machine with nvcc and no Rust, from what scripts/stage-gpu.sh put in .gpu/
-# (gpu_kernels.ptx, libgpumalloc_c.so, test-capi_gpu), then runs the C API's
+# (device_c_abi.ptx, gpu_kernels.ptx for the C API test, libgpumalloc_c.so,
+# test-capi_gpu), then runs the C API's
 # GPU test. The build lines are the README's ("Linking from CUDA C++").
 #
 #   scripts/build-cpp-example.sh [threads]      # default 2^20 threads
@@ -19,7 +20,7 @@ if [[ -z "${ARCH:-}" ]]; then
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .' || true)
   ARCH=sm_${cc:-90}
 fi
-PTX=$GPU_DIR/gpu_kernels.ptx
+PTX=$GPU_DIR/device_c_abi.ptx
 for f in "$PTX" "$GPU_DIR/libgpumalloc_c.so"; do
   [[ -f $f ]] || { echo "missing $f: run scripts/stage-gpu.sh on the build machine and copy .gpu/ here" >&2; exit 1; }
 done
@@ -29,15 +30,15 @@ lib_dir=$(cd "$GPU_DIR" && pwd)
 echo "== nvcc $($NVCC --version | tail -1), $ARCH"
 set -x
 "$NVCC" -arch="$ARCH" -rdc=true -I include -c examples/cpp/alloc_check.cu -o "$OUT/alloc_check.o"
-"$NVCC" -arch="$ARCH" -dc "$PTX" -o "$OUT/gpu_kernels.o"
-"$NVCC" -arch="$ARCH" -dlink "$OUT/alloc_check.o" "$OUT/gpu_kernels.o" -o "$OUT/alloc_check_dlink.o"
-"$NVCC" -arch="$ARCH" "$OUT/alloc_check.o" "$OUT/gpu_kernels.o" "$OUT/alloc_check_dlink.o" \
+"$NVCC" -arch="$ARCH" -dc "$PTX" -o "$OUT/device_c_abi.o"
+"$NVCC" -arch="$ARCH" -dlink "$OUT/alloc_check.o" "$OUT/device_c_abi.o" -o "$OUT/alloc_check_dlink.o"
+"$NVCC" -arch="$ARCH" "$OUT/alloc_check.o" "$OUT/device_c_abi.o" "$OUT/alloc_check_dlink.o" \
   -L "$lib_dir" -lgpumalloc_c -Xlinker -rpath -Xlinker "$lib_dir" -o "$OUT/alloc_check"
 "$OUT/alloc_check" "${1:-1048576}"
 { set +x; } 2>/dev/null
 
 if [[ -x $GPU_DIR/test-capi_gpu ]]; then
   echo "== the C API's GPU test"
-  GPUMALLOC_PTX=$PTX "$GPU_DIR/test-capi_gpu" --include-ignored --nocapture
+  GPUMALLOC_PTX=$GPU_DIR/gpu_kernels.ptx "$GPU_DIR/test-capi_gpu" --include-ignored --nocapture
 fi
 echo "C++ example and C API test passed"

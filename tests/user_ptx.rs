@@ -4,11 +4,16 @@
 //! compiled to PTX by the root `build.rs` with `ptx_builder`, as a user's own
 //! build script would. Its `.entry` lines must be exactly the kernels it
 //! writes, and it must export no other global symbol (the allocator's
-//! `gallatin_*` functions included). The host's PTX (`gpumalloc::PTX`, from
+//! `gallatin_*` functions included). The PTX CUDA C++ links
+//! (`device-c-abi`) holds `gallatin_malloc` and `gallatin_free` and no
+//! kernel. The host's PTX (`gpumalloc::PTX`, from
 //! `gpu-kernels`) must still hold the kernels the host launches by name.
 
 /// The PTX of `examples/user-kernel`.
 const USER_PTX: &str = include_str!(env!("GPUMALLOC_USER_KERNEL_PTX_PATH"));
+
+/// The PTX CUDA C++ links (`device-c-abi`).
+const DEVICE_C_ABI_PTX: &str = include_str!(env!("GPUMALLOC_DEVICE_C_ABI_PTX_PATH"));
 
 /// The names of the `.entry` (kernel) declarations of a PTX text.
 fn entries(ptx: &str) -> Vec<&str> {
@@ -31,6 +36,14 @@ fn visible(ptx: &str) -> Vec<&str> {
 fn user_ptx_holds_only_the_users_kernels() {
     assert_eq!(entries(USER_PTX), ["user_list_sum"]);
     assert_eq!(visible(USER_PTX), ["user_list_sum"]);
+}
+
+#[test]
+fn c_abi_ptx_holds_only_the_two_c_functions() {
+    assert_eq!(entries(DEVICE_C_ABI_PTX), Vec::<&str>::new());
+    let mut exported = visible(DEVICE_C_ABI_PTX);
+    exported.sort_unstable();
+    assert_eq!(exported, ["gallatin_free", "gallatin_malloc"]);
 }
 
 #[test]

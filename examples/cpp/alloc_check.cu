@@ -8,13 +8,13 @@
 // The heap's statistics must show every allocation live between the two
 // kernels and none after. Prints one line ending in PASS or FAIL (exit 1).
 //
-// Build (scripts/build-cpp-example.sh runs this; gpu_kernels.ptx and
+// Build (scripts/build-cpp-example.sh runs this; device_c_abi.ptx and
 // libgpumalloc_c.so come from scripts/stage-gpu.sh into .gpu/):
 //
 //   nvcc -arch=sm_90 -rdc=true -I include -c examples/cpp/alloc_check.cu -o alloc_check.o
-//   nvcc -arch=sm_90 -dc .gpu/gpu_kernels.ptx -o gpu_kernels.o
-//   nvcc -arch=sm_90 -dlink alloc_check.o gpu_kernels.o -o alloc_check_dlink.o
-//   nvcc -arch=sm_90 alloc_check.o gpu_kernels.o alloc_check_dlink.o -L .gpu -lgpumalloc_c \
+//   nvcc -arch=sm_90 -dc .gpu/device_c_abi.ptx -o device_c_abi.o
+//   nvcc -arch=sm_90 -dlink alloc_check.o device_c_abi.o -o alloc_check_dlink.o
+//   nvcc -arch=sm_90 alloc_check.o device_c_abi.o alloc_check_dlink.o -L .gpu -lgpumalloc_c \
 //        -Xlinker -rpath -Xlinker "$PWD/.gpu" -o alloc_check
 //   ./alloc_check
 //
@@ -25,7 +25,7 @@
 // API. (nvcc refuses a .ptx in a whole-program build, and `-dlink` given the
 // .ptx itself leaves the registration undefined at the final link.) The
 // last two steps can be one: nvcc -arch=sm_90 -rdc=true alloc_check.o
-// gpu_kernels.o -L .gpu -lgpumalloc_c ... device-links on its own.
+// device_c_abi.o -L .gpu -lgpumalloc_c ... device-links on its own.
 
 #include <cstdio>
 #include <cstdlib>

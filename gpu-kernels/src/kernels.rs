@@ -1,7 +1,7 @@
 //! Kernel entry points and the `extern "C"` device functions, GPU only.
 //!
-//! - `gallatin_malloc` / `gallatin_free`: the allocator for CUDA C++ or other
-//!   PTX linked with this module.
+//! - `gallatin_malloc` / `gallatin_free` come from `device-c-abi` (linked
+//!   in `lib.rs`), so this PTX holds them too.
 //! - `gpumalloc_selftest`: exercises every `arch` primitive; the host checks
 //!   the results (`host::selftest`).
 //! - `heap_*`: test and benchmark kernels over a `Heap`.
@@ -27,26 +27,6 @@ unsafe fn size_for(size: u64, sizes: *const u64, t: u64) -> u64 {
         // SAFETY: the caller's contract.
         unsafe { *sizes.add(t as usize) }
     }
-}
-
-/// Allocates `size` bytes from the heap at `heap` (null on failure).
-///
-/// # Safety
-/// `heap` points to a `Heap` set up by the host and alive for the call.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn gallatin_malloc(heap: *const Heap, size: u64) -> *mut u8 {
-    // SAFETY: the caller passes a live heap.
-    unsafe { (*heap).malloc(size) }
-}
-
-/// Frees `p` into the heap at `heap` (see `Heap::free` for bad pointers).
-///
-/// # Safety
-/// `heap` points to a `Heap` set up by the host and alive for the call.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn gallatin_free(heap: *const Heap, p: *mut u8) {
-    // SAFETY: the caller passes a live heap.
-    unsafe { (*heap).free(p) }
 }
 
 /// The architecture self-test. Thread `t < n` writes, at `out[t * 8 ..]`:

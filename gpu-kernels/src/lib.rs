@@ -4,9 +4,10 @@
 //!
 //! - [`kernels`] (GPU only): the heap-service kernels the host calls
 //!   (`heap_grow`, `heap_trim`, `heap_flush`), the self-test, the test and
-//!   benchmark kernels, the baselines (CUDA's `malloc`, a bump allocator),
-//!   and the `extern "C"` functions `gallatin_malloc` / `gallatin_free` that
-//!   CUDA C++ links (see `examples/cpp`).
+//!   benchmark kernels, the baselines (CUDA's `malloc`, a bump allocator).
+//!   The `extern "C"` functions `gallatin_malloc` / `gallatin_free` are
+//!   `device-c-abi`'s, linked here so the host's PTX holds them too (CUDA
+//!   C++ links `device-c-abi`'s own PTX, see `examples/cpp`).
 //! - [`selftest`]: the self-test's output layout, shared with the host check.
 //! - [`workload`]: the seeded sizes and byte patterns of tests and
 //!   benchmarks, shared by the GPU kernels and their CPU twins.
@@ -27,3 +28,7 @@ pub mod workload;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod kernels;
+
+// The C ABI's two device functions, exported from this PTX as well.
+#[cfg(target_arch = "nvptx64")]
+extern crate device_c_abi;
