@@ -204,7 +204,7 @@ impl Heap {
     /// run claims have been given (see `run`).
     #[inline(always)]
     pub(crate) fn run_cursor(&self) -> &Word {
-        &self.region(self.locks_at + CLASSES as u64 + 1, 1)[0]
+        &self.region(self.run_cursor_at(), 1)[0]
     }
 
     #[inline(always)]

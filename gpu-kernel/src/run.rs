@@ -24,6 +24,15 @@
 //! A claim whose stretch is partly taken gives back what it took and
 //! claims under the lock, which searches the whole tree as before.
 //!
+//! On a heap that grows (a VMM heap) only a prefix of the segments is
+//! present, and the top of the heap is absent: a cursor counted from the
+//! very top sent most claims of a burst to absent stretches and then to
+//! the lock (256 threads asking 32 MiB on a 16 GiB reservation with 9 GiB
+//! mapped: 0.95 ms on an H100, against 0.022 ms on a fixed heap). So the
+//! initial image (`Heap::write_initial_metadata_with`) starts the cursor
+//! at the top of the present segments; once a locked claim has run, the
+//! cursor follows the runs it found anyway.
+//!
 //! # The guarantee, kept
 //! A run claim returns `None` only from the locked claim, after a search
 //! that no optimistic claim in flight could have misled: the lock word
@@ -167,5 +176,44 @@ impl Heap {
         // it), so adding -1 clears it and leaves the count.
         arch::fetch_add_release(lock, RUN_LOCKED.wrapping_neg());
         head
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    extern crate std;
+
+    use std::vec::Vec;
+
+    use crate::arch::Word;
+    use crate::class::MIN_SEGMENT_SHIFT;
+    use crate::layout::Heap;
+
+    /// A heap of 128 segments with the first `present` in the tree; the
+    /// data address is never touched by run claims.
+    fn heap(present: u32) -> (Heap, Vec<Word>) {
+        let layout = Heap::layout_for_bytes(128 << MIN_SEGMENT_SHIFT, Some(MIN_SEGMENT_SHIFT), 0)
+            .expect("a heap of 128 segments");
+        let mut image = std::vec![0u64; layout.metadata_words() as usize];
+        layout.write_initial_metadata_with(&mut image, present);
+        let words: Vec<Word> = image.into_iter().map(Word::new).collect();
+        // SAFETY: `words` holds the initial image and is returned with the
+        // handle (a `Vec`'s buffer does not move); no data byte is read or
+        // written by the claims below.
+        let heap = unsafe { layout.bind(1 << 40, words.as_ptr() as u64) };
+        (heap, words)
+    }
+
+    #[test]
+    fn optimistic_claims_start_at_the_top_of_the_present_segments() {
+        let (h, _words) = heap(72);
+        assert_eq!(h.claim_run_optimistic(4), Some(68));
+        assert_eq!(h.claim_run_optimistic(4), Some(64));
+        let (h, _words) = heap(128);
+        assert_eq!(
+            h.claim_run_optimistic(4),
+            Some(124),
+            "a whole heap as before"
+        );
     }
 }
