@@ -103,8 +103,9 @@ struct BenchArgs {
     /// Allocators, comma-separated (ours, ours-nospares, ours-vmm,
     /// cuda-malloc, bump-bound). `ours-vmm`: ours on CUDA virtual memory,
     /// reserving the heap size and mapping `--vmm-initial` at first, grown
-    /// until the test's warm-up is served (single, mixed, warm, scaling;
-    /// also with --cpu, on the model driver).
+    /// while the test's warm-up gets nulls or leaves fewer free segments at
+    /// its peak than the growth service's low-water mark (single, mixed,
+    /// warm, scaling; also with --cpu, on the model driver).
     #[arg(
         long,
         value_delimiter = ',',

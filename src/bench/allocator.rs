@@ -51,6 +51,11 @@ pub trait Allocator {
     fn mapped_bytes(&self) -> Result<Option<u64>> {
         Ok(None)
     }
+    /// Wholly free segments now, for a heap that grows (`None`, the
+    /// default: a heap whose size is fixed is not grown by its use).
+    fn free_segments(&self) -> Result<Option<u32>> {
+        Ok(None)
+    }
 }
 
 /// Ours: the device heap.
@@ -111,9 +116,10 @@ impl Allocator for Ours {
 
 /// Ours on CUDA virtual memory (issue 13): a heap that reserves the same
 /// virtual size as `ours` (so the same segment size and metadata layout),
-/// maps `initial` bytes at first and grows by that much at a time when a
-/// round gets nulls (see `bench::grow`). Growth uses the driver's minimum
-/// chunk (2 MiB on an H100).
+/// maps `initial` bytes at first and grows by that much at a time while a
+/// warm-up round gets nulls or leaves too few segments free at its peak
+/// (see `bench::grow`). Growth uses the driver's minimum chunk (2 MiB on
+/// an H100).
 pub struct OursVmm {
     heap: CudaVmmHeap,
     step: u64,
@@ -167,6 +173,9 @@ impl Allocator for OursVmm {
     }
     fn mapped_bytes(&self) -> Result<Option<u64>> {
         Ok(Some(self.heap.stats()?.mapped_bytes))
+    }
+    fn free_segments(&self) -> Result<Option<u32>> {
+        Ok(Some(self.heap.stats()?.free_segments))
     }
 }
 

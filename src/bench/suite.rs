@@ -276,14 +276,22 @@ impl Bench {
             // wrong words of every warm-up round count.
             let mut warm_up = Instant::now();
             let mut wrong = 0;
+            let peak = measure::Keep {
+                peak: true,
+                ..Default::default()
+            };
             let (first, growth) = grow::until_served(
                 allocator,
+                grow::low_free_segments(),
                 |a| {
                     warm_up = Instant::now();
-                    let r = measure::round(gpu, a, &mut buffers, sizes, false)?;
+                    let r = measure::round(gpu, a, &mut buffers, sizes, peak)?;
                     wrong += r.wrong;
-                    let nulls = r.nulls;
-                    Ok((r, nulls))
+                    let peak = grow::Peak {
+                        nulls: r.nulls,
+                        free_segments: r.peak_free_segments,
+                    };
+                    Ok((r, peak))
                 },
                 |a| a.grow(),
                 |a| a.reset(),
@@ -296,7 +304,7 @@ impl Bench {
                 if cold {
                     allocator.reset()?;
                 }
-                let r = measure::round(gpu, allocator, &mut buffers, sizes, false)?;
+                let r = measure::round(gpu, allocator, &mut buffers, sizes, Default::default())?;
                 nulls += r.nulls;
                 wrong += r.wrong;
                 allocs.push(r.alloc_ms);
@@ -421,7 +429,11 @@ impl Bench {
                         if began.elapsed().as_secs_f64() > ALLOCATOR_BUDGET_S {
                             break;
                         }
-                        let r = measure::round(gpu, allocator, &mut buffers, sizes, true)?;
+                        let keep = measure::Keep {
+                            ptrs: true,
+                            ..Default::default()
+                        };
+                        let r = measure::round(gpu, allocator, &mut buffers, sizes, keep)?;
                         valid &= r.nulls == 0 && r.wrong == 0;
                         let ptrs = r.ptrs.unwrap_or_default();
                         let size_of = |t: usize| per_thread.as_ref().map_or(size, |s| s[t]);
