@@ -60,6 +60,15 @@ const RUN_LOCKED: u64 = 1;
 /// bit.
 const OPTIMIST: u64 = 2;
 
+/// Where a locked claim looks first.
+#[derive(Clone, Copy)]
+enum Search {
+    /// Below the cursor's last stretch, then from the top (runs).
+    BelowCursor,
+    /// From the top (withdrawing the highest free segment).
+    FromTop,
+}
+
 impl Heap {
     /// Claims a run of `count` free segments: optimistically at the run
     /// cursor, else under the run lock. `None` only when no run of `count`
@@ -123,8 +132,23 @@ impl Heap {
     /// cursor), because below it the next one most likely fits: searching
     /// from the top every time walked down past every run already taken
     /// (256 threads asking 32 MiB took 12 ms on an H100).
-    #[inline(never)]
+    #[inline]
     pub(crate) fn claim_run_locked(&self, count: u32) -> Option<u32> {
+        self.claim_locked(count, Search::BelowCursor)
+    }
+
+    /// The highest free segment, claimed under the run lock as
+    /// [`Heap::claim_run_locked`] claims, but searched from the top: what
+    /// withdrawing a segment takes, so that a trim leaves the present
+    /// segments a prefix (a grown heap's cursor may lie below its top).
+    #[inline]
+    pub(crate) fn claim_highest_locked(&self) -> Option<u32> {
+        self.claim_locked(1, Search::FromTop)
+    }
+
+    /// The locked claim of `count` segments, searched as `search` says.
+    #[inline(never)]
+    fn claim_locked(&self, count: u32, search: Search) -> Option<u32> {
         let lock = self.run_lock();
         let mut round = 0;
         let mut seen = arch::load_relaxed(lock) & !RUN_LOCKED;
@@ -150,9 +174,11 @@ impl Heap {
         // Relaxed: the cursor is a hint (see `claim_run_optimistic`).
         let given = arch::load_relaxed(cursor);
         let below = self.segments - (given % self.segments as u64) as u32;
-        let mut head = tree
-            .claim_run_below(below, count)
-            .or_else(|| tree.claim_run_from_top(count));
+        let mut head = match search {
+            Search::BelowCursor => tree.claim_run_below(below, count),
+            Search::FromTop => None,
+        }
+        .or_else(|| tree.claim_run_from_top(count));
         if head.is_none() {
             // Optimistic claims that started before this lock may hold
             // parts of stretches they are about to give back. New ones see
@@ -215,5 +241,16 @@ mod tests {
             Some(124),
             "a whole heap as before"
         );
+    }
+
+    #[test]
+    fn withdrawing_takes_the_highest_free_segment_whatever_the_cursor() {
+        // Created with 4 present (the cursor at 4), then grown to 8.
+        let (h, _words) = heap(4);
+        for id in 4..8 {
+            assert!(h.add_segment(id));
+        }
+        let taken: Vec<u32> = core::iter::from_fn(|| h.withdraw_free_segment()).collect();
+        assert_eq!(taken, [7, 6, 5, 4, 3, 2, 1, 0]);
     }
 }
