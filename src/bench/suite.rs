@@ -343,6 +343,19 @@ impl Bench {
                 }
             }
             if let Some(mapped) = allocator.mapped_bytes()? {
+                // In the log too: the rule and where it stopped.
+                eprintln!(
+                    "{name}: {mapped} MiB mapped, {free} segments free at the last warm-up's \
+                     peak, {steps} steps grown (while nulls or fewer than {low} free \
+                     segments at the peak)",
+                    mapped = mapped >> 20,
+                    free = growth
+                        .last
+                        .free_segments
+                        .map_or("?".into(), |f| f.to_string()),
+                    steps = growth.ms_per_gib.len(),
+                    low = growth.low_free_segments,
+                );
                 records.extend(growth.records(test, name, size, &label, threads, mapped));
                 grown_to = Some(mapped);
             }
