@@ -101,10 +101,13 @@ struct BenchArgs {
     #[arg(long, default_value_t = 256)]
     scaling_size: u64,
     /// Allocators, comma-separated (ours, ours-nospares, ours-vmm,
-    /// cuda-malloc, bump-bound). `ours-vmm`: ours on CUDA virtual memory,
+    /// ours-sized, cuda-malloc, bump-bound). `ours-sized` (listed after
+    /// ours-vmm; GPU only): ours on a fixed heap of the size ours-vmm grew
+    /// to for each test, same segment size. `ours-vmm`: ours on CUDA virtual memory,
     /// reserving the heap size and mapping `--vmm-initial` at first, grown
-    /// until the test's warm-up is served (single, mixed, warm, scaling;
-    /// also with --cpu, on the model driver).
+    /// while the test's warm-up gets nulls or leaves fewer free segments at
+    /// its peak than the growth service's low-water mark (single, mixed,
+    /// warm, scaling; also with --cpu, on the model driver).
     #[arg(
         long,
         value_delimiter = ',',

@@ -8,7 +8,7 @@
 //! `GPUMALLOC_TEST_THREADS` shrinks the thread count (for compute-sanitizer).
 
 use gpumalloc::bench::allocator::{Allocator, Ours, Sizes};
-use gpumalloc::bench::measure::{Buffers, round};
+use gpumalloc::bench::measure::{Buffers, Keep, round};
 use gpumalloc::gpu::Arg;
 use gpumalloc::{Gpu, HeapConfig};
 
@@ -63,7 +63,14 @@ fn every_class_million_threads_ten_rounds() {
         let n = threads().min(heap_bytes / 2 / size);
         let mut buffers = Buffers::new(&gpu, n).unwrap();
         for r in 0..10 {
-            let out = round(&gpu, &mut ours, &mut buffers, Sizes::Fixed(size), false).unwrap();
+            let out = round(
+                &gpu,
+                &mut ours,
+                &mut buffers,
+                Sizes::Fixed(size),
+                Keep::default(),
+            )
+            .unwrap();
             assert_eq!(
                 (out.nulls, out.wrong),
                 (0, 0),
@@ -84,7 +91,7 @@ fn mixed_sizes_and_churn() {
     let mut buffers = Buffers::new(&gpu, n).unwrap();
     let sizes = buffers.mixed(&gpu, 7, 16, 4096).unwrap();
     for r in 0..10 {
-        let out = round(&gpu, &mut ours, &mut buffers, sizes, false).unwrap();
+        let out = round(&gpu, &mut ours, &mut buffers, sizes, Keep::default()).unwrap();
         assert_eq!((out.nulls, out.wrong), (0, 0), "mixed round {r}");
     }
     assert_whole(&ours, "mixed");

@@ -291,56 +291,91 @@ fn the_growth_service_feeds_kernels_eight_times_the_first_mapping() {
 }
 
 /// What `gpumalloc bench single|mixed --allocators ours,ours-vmm` does,
-/// checked: `ours-vmm` reserves 16 GiB, maps 1 GiB, and is grown by 1 GiB
-/// after each warm-up round with nulls (then one step of headroom); 2^20
-/// threads of 4 KiB (4 GiB) need it to grow. Then ten rounds, each on a
-/// reset heap (the mapping kept), with no null and no wrong word, and
-/// mixed 16 B–4 KiB on the grown heap needs no more.
+/// checked: `ours-vmm` reserves 16 GiB (8 MiB segments), maps 1 GiB, and
+/// is grown by 1 GiB after each warm-up round that got nulls or left fewer
+/// than 16 segments free at its peak (the growth service's low-water
+/// mark). 2^20 threads of 1 KiB (1 GiB) are served whole by the first
+/// GiB but fill it: the heap must grow with no null seen. 2^20 threads of
+/// 4 KiB (4 GiB) need it to grow further. Then ten rounds, each on a reset
+/// heap (the mapping kept), with no null and no wrong word, and mixed
+/// 16 B–4 KiB on the grown heap needs no more.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn the_bench_grows_ours_vmm_until_a_round_is_served() {
     use gpumalloc::bench::allocator::{Allocator, OursVmm, Sizes};
-    use gpumalloc::bench::grow::until_served;
-    use gpumalloc::bench::measure::{Buffers, round};
+    use gpumalloc::bench::grow::{Growth, Peak, low_free_segments, until_served};
+    use gpumalloc::bench::measure::{Buffers, Keep, Round, round};
     let Some(gpu) = gpu() else { return };
     let mut ours = OursVmm::new(&gpu, 0, 16 * GIB, GIB).unwrap();
     let n = 1 << 20;
     let mut buffers = Buffers::new(&gpu, n).unwrap();
-    let (last, growth) = until_served(
-        &mut ours,
-        |a| {
-            let r = round(&gpu, a, &mut buffers, Sizes::Fixed(4096), false)?;
-            assert_eq!(r.wrong, 0, "warm-up: wrong words");
-            let nulls = r.nulls;
-            Ok((r, nulls))
-        },
-        |a| a.grow(),
-        |a| a.reset(),
-    )
-    .unwrap();
-    let mapped = ours.mapped_bytes().unwrap().unwrap();
-    println!(
-        "issue13: bench route: 4 KiB x {n}: grew {} MiB in {} steps ({:?} ms/GiB), \
-         {} warm-ups, {} nulls before; mapped {} MiB; last warm-up alloc {:.3} ms",
-        growth.bytes / MIB,
-        growth.ms_per_gib.len(),
-        growth.ms_per_gib,
-        growth.warm_ups,
-        growth.nulls_before,
-        mapped / MIB,
-        last.alloc_ms
+    let mut bring = |ours: &mut OursVmm, size: u64| -> (Round, Growth, u64) {
+        let keep = Keep {
+            peak: true,
+            ..Default::default()
+        };
+        let (last, growth) = until_served(
+            ours,
+            low_free_segments(),
+            |a| {
+                let r = round(&gpu, a, &mut buffers, Sizes::Fixed(size), keep)?;
+                assert_eq!(r.wrong, 0, "warm-up: wrong words");
+                let peak = Peak {
+                    nulls: r.nulls,
+                    free_segments: r.peak_free_segments,
+                };
+                Ok((r, peak))
+            },
+            |a| a.grow(),
+            |a| a.reset(),
+        )
+        .unwrap();
+        let mapped = ours.mapped_bytes().unwrap().unwrap();
+        println!(
+            "issue13: bench route: {size} B x {n}: grew {} MiB in {} steps ({:?} ms/GiB), \
+             {} warm-ups, {} nulls and {} full rounds before; mapped {} MiB, {:?} segments \
+             free at the last peak; last warm-up alloc {:.3} ms",
+            growth.bytes / MIB,
+            growth.ms_per_gib.len(),
+            growth.ms_per_gib,
+            growth.warm_ups,
+            growth.nulls_before,
+            growth.full_before,
+            mapped / MIB,
+            growth.last.free_segments,
+            last.alloc_ms
+        );
+        assert_eq!(last.nulls, 0);
+        let free = growth
+            .last
+            .free_segments
+            .expect("the VMM heap counts its free segments");
+        assert!(free >= low_free_segments(), "{growth:?}");
+        (last, growth, mapped)
+    };
+    let (_, growth, mapped) = bring(&mut ours, 1024);
+    assert!(
+        growth.full_before >= 1 && mapped >= 2 * GIB,
+        "1 KiB x 2^20 fills 1 GiB: the heap grows for room: {growth:?}"
     );
-    assert_eq!(last.nulls, 0);
-    assert!(growth.bytes >= 3 * GIB && mapped == GIB + growth.bytes);
+    let (_, growth, mapped) = bring(&mut ours, 4096);
+    assert!(growth.bytes >= 2 * GIB && mapped >= 5 * GIB, "{growth:?}");
     for r in 0..10 {
         ours.reset().unwrap();
-        let out = round(&gpu, &mut ours, &mut buffers, Sizes::Fixed(4096), false).unwrap();
+        let out = round(
+            &gpu,
+            &mut ours,
+            &mut buffers,
+            Sizes::Fixed(4096),
+            Keep::default(),
+        )
+        .unwrap();
         assert_eq!((out.nulls, out.wrong), (0, 0), "4 KiB round {r}");
     }
     let sizes = buffers.mixed(&gpu, 7, 16, 4096).unwrap();
     for r in 0..10 {
         ours.reset().unwrap();
-        let out = round(&gpu, &mut ours, &mut buffers, sizes, false).unwrap();
+        let out = round(&gpu, &mut ours, &mut buffers, sizes, Keep::default()).unwrap();
         assert_eq!((out.nulls, out.wrong), (0, 0), "mixed round {r}");
     }
     assert_eq!(

@@ -204,7 +204,7 @@ impl Heap {
     /// run claims have been given (see `run`).
     #[inline(always)]
     pub(crate) fn run_cursor(&self) -> &Word {
-        &self.region(self.locks_at + CLASSES as u64 + 1, 1)[0]
+        &self.region(self.run_cursor_at(), 1)[0]
     }
 
     #[inline(always)]
@@ -635,7 +635,7 @@ impl Heap {
     pub fn withdraw_free_segment(&self) -> Option<u32> {
         // Under the run lock, as every claim that must not fail while a
         // free segment exists.
-        self.claim_run_locked(1)
+        self.claim_highest_locked()
     }
 
     /// Wholly free segments in the segment tree now (a snapshot: relaxed

@@ -354,10 +354,19 @@ impl Heap {
 
     /// Like [`Heap::write_initial_metadata`], with only the first `present`
     /// segments in the segment tree: the rest are absent until
-    /// [`Heap::add_segment`] publishes them (a heap that grows).
+    /// [`Heap::add_segment`] publishes them (a heap that grows). The run
+    /// cursor starts at the top of the present segments, so optimistic run
+    /// claims start where runs can be (`run`); on a whole heap it is 0, as
+    /// before.
     pub fn write_initial_metadata_with(&self, words: &mut [u64], present: u32) {
         let at = self.trees_at as usize;
         self.tree
             .prefix_image(present, &mut words[at..at + self.tree.words as usize]);
+        words[self.run_cursor_at() as usize] = (self.segments - present.min(self.segments)) as u64;
+    }
+
+    /// The metadata word of the run cursor (after the run lock).
+    pub(crate) fn run_cursor_at(&self) -> u64 {
+        self.locks_at + CLASSES as u64 + 1
     }
 }

@@ -24,6 +24,15 @@
 //! A claim whose stretch is partly taken gives back what it took and
 //! claims under the lock, which searches the whole tree as before.
 //!
+//! On a heap that grows (a VMM heap) only a prefix of the segments is
+//! present, and the top of the heap is absent: a cursor counted from the
+//! very top sent most claims of a burst to absent stretches and then to
+//! the lock (256 threads asking 32 MiB on a 16 GiB reservation with 9 GiB
+//! mapped: 0.95 ms on an H100, against 0.022 ms on a fixed heap). So the
+//! initial image (`Heap::write_initial_metadata_with`) starts the cursor
+//! at the top of the present segments; once a locked claim has run, the
+//! cursor follows the runs it found anyway.
+//!
 //! # The guarantee, kept
 //! A run claim returns `None` only from the locked claim, after a search
 //! that no optimistic claim in flight could have misled: the lock word
@@ -50,6 +59,15 @@ const RUN_LOCKED: u64 = 1;
 /// One optimistic claim in flight, counted in the lock word above the held
 /// bit.
 const OPTIMIST: u64 = 2;
+
+/// Where a locked claim looks first.
+#[derive(Clone, Copy)]
+enum Search {
+    /// Below the cursor's last stretch, then from the top (runs).
+    BelowCursor,
+    /// From the top (withdrawing the highest free segment).
+    FromTop,
+}
 
 impl Heap {
     /// Claims a run of `count` free segments: optimistically at the run
@@ -114,8 +132,23 @@ impl Heap {
     /// cursor), because below it the next one most likely fits: searching
     /// from the top every time walked down past every run already taken
     /// (256 threads asking 32 MiB took 12 ms on an H100).
-    #[inline(never)]
+    #[inline]
     pub(crate) fn claim_run_locked(&self, count: u32) -> Option<u32> {
+        self.claim_locked(count, Search::BelowCursor)
+    }
+
+    /// The highest free segment, claimed under the run lock as
+    /// [`Heap::claim_run_locked`] claims, but searched from the top: what
+    /// withdrawing a segment takes, so that a trim leaves the present
+    /// segments a prefix (a grown heap's cursor may lie below its top).
+    #[inline]
+    pub(crate) fn claim_highest_locked(&self) -> Option<u32> {
+        self.claim_locked(1, Search::FromTop)
+    }
+
+    /// The locked claim of `count` segments, searched as `search` says.
+    #[inline(never)]
+    fn claim_locked(&self, count: u32, search: Search) -> Option<u32> {
         let lock = self.run_lock();
         let mut round = 0;
         let mut seen = arch::load_relaxed(lock) & !RUN_LOCKED;
@@ -141,9 +174,11 @@ impl Heap {
         // Relaxed: the cursor is a hint (see `claim_run_optimistic`).
         let given = arch::load_relaxed(cursor);
         let below = self.segments - (given % self.segments as u64) as u32;
-        let mut head = tree
-            .claim_run_below(below, count)
-            .or_else(|| tree.claim_run_from_top(count));
+        let mut head = match search {
+            Search::BelowCursor => tree.claim_run_below(below, count),
+            Search::FromTop => None,
+        }
+        .or_else(|| tree.claim_run_from_top(count));
         if head.is_none() {
             // Optimistic claims that started before this lock may hold
             // parts of stretches they are about to give back. New ones see
@@ -167,5 +202,55 @@ impl Heap {
         // it), so adding -1 clears it and leaves the count.
         arch::fetch_add_release(lock, RUN_LOCKED.wrapping_neg());
         head
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    extern crate std;
+
+    use std::vec::Vec;
+
+    use crate::arch::Word;
+    use crate::class::MIN_SEGMENT_SHIFT;
+    use crate::layout::Heap;
+
+    /// A heap of 128 segments with the first `present` in the tree; the
+    /// data address is never touched by run claims.
+    fn heap(present: u32) -> (Heap, Vec<Word>) {
+        let layout = Heap::layout_for_bytes(128 << MIN_SEGMENT_SHIFT, Some(MIN_SEGMENT_SHIFT), 0)
+            .expect("a heap of 128 segments");
+        let mut image = std::vec![0u64; layout.metadata_words() as usize];
+        layout.write_initial_metadata_with(&mut image, present);
+        let words: Vec<Word> = image.into_iter().map(Word::new).collect();
+        // SAFETY: `words` holds the initial image and is returned with the
+        // handle (a `Vec`'s buffer does not move); no data byte is read or
+        // written by the claims below.
+        let heap = unsafe { layout.bind(1 << 40, words.as_ptr() as u64) };
+        (heap, words)
+    }
+
+    #[test]
+    fn optimistic_claims_start_at_the_top_of_the_present_segments() {
+        let (h, _words) = heap(72);
+        assert_eq!(h.claim_run_optimistic(4), Some(68));
+        assert_eq!(h.claim_run_optimistic(4), Some(64));
+        let (h, _words) = heap(128);
+        assert_eq!(
+            h.claim_run_optimistic(4),
+            Some(124),
+            "a whole heap as before"
+        );
+    }
+
+    #[test]
+    fn withdrawing_takes_the_highest_free_segment_whatever_the_cursor() {
+        // Created with 4 present (the cursor at 4), then grown to 8.
+        let (h, _words) = heap(4);
+        for id in 4..8 {
+            assert!(h.add_segment(id));
+        }
+        let taken: Vec<u32> = core::iter::from_fn(|| h.withdraw_free_segment()).collect();
+        assert_eq!(taken, [7, 6, 5, 4, 3, 2, 1, 0]);
     }
 }

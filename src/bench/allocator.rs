@@ -1,7 +1,8 @@
 //! The allocator plug-in: a kernel set plus set-up and tear-down. Each test
 //! is written once against [`Allocator`] and run for every plug-in.
 //! Plug-ins: ours on a fixed heap, ours on CUDA virtual memory (a heap that
-//! grows), CUDA's device malloc, a bump-pointer bound.
+//! grows), ours on a fixed heap of the size the VMM heap grew to, CUDA's
+//! device malloc, a bump-pointer bound.
 
 use cudarc::driver::CudaSlice;
 use host::gpu::Arg;
@@ -50,6 +51,17 @@ pub trait Allocator {
     /// (`None`, the default: all of it from the start).
     fn mapped_bytes(&self) -> Result<Option<u64>> {
         Ok(None)
+    }
+    /// Wholly free segments now, for a heap that grows (`None`, the
+    /// default: a heap whose size is fixed is not grown by its use).
+    fn free_segments(&self) -> Result<Option<u32>> {
+        Ok(None)
+    }
+    /// Makes the heap `bytes` long, for a heap that follows the size a
+    /// growing heap reached in the same test; returns whether it does
+    /// (false, the default: the size stays).
+    fn size_to(&mut self, _bytes: u64) -> Result<bool> {
+        Ok(false)
     }
 }
 
@@ -111,9 +123,10 @@ impl Allocator for Ours {
 
 /// Ours on CUDA virtual memory (issue 13): a heap that reserves the same
 /// virtual size as `ours` (so the same segment size and metadata layout),
-/// maps `initial` bytes at first and grows by that much at a time when a
-/// round gets nulls (see `bench::grow`). Growth uses the driver's minimum
-/// chunk (2 MiB on an H100).
+/// maps `initial` bytes at first and grows by that much at a time while a
+/// warm-up round gets nulls or leaves too few segments free at its peak
+/// (see `bench::grow`). Growth uses the driver's minimum chunk (2 MiB on
+/// an H100).
 pub struct OursVmm {
     heap: CudaVmmHeap,
     step: u64,
@@ -167,6 +180,69 @@ impl Allocator for OursVmm {
     }
     fn mapped_bytes(&self) -> Result<Option<u64>> {
         Ok(Some(self.heap.stats()?.mapped_bytes))
+    }
+    fn free_segments(&self) -> Result<Option<u32>> {
+        Ok(Some(self.heap.stats()?.free_segments))
+    }
+}
+
+/// Ours on a fixed heap of the size `ours-vmm` had mapped when its timed
+/// rounds ran, with the VMM heap's segment size: the comparison issue 13
+/// names (a fixed heap of the same final size). The heap is made again
+/// (the old one freed first) when a test's size differs from the last.
+pub struct OursSized {
+    gpu: Gpu,
+    heap: Option<Ours>,
+    bytes: u64,
+    segment_shift: u32,
+}
+
+impl OursSized {
+    /// A heap of `bytes` (the VMM heap's first mapping) of segments of
+    /// `1 << segment_shift` bytes.
+    pub fn new(gpu: &Gpu, bytes: u64, segment_shift: u32) -> Result<OursSized> {
+        let mut sized = OursSized {
+            gpu: gpu.clone(),
+            heap: None,
+            bytes: 0,
+            segment_shift,
+        };
+        sized.size_to(bytes)?;
+        Ok(sized)
+    }
+
+    fn ours(&mut self) -> Result<&mut Ours> {
+        self.heap
+            .as_mut()
+            .ok_or_else(|| host::Error::Check("ours-sized: its last heap could not be made".into()))
+    }
+}
+
+impl Allocator for OursSized {
+    fn name(&self) -> &'static str {
+        "ours-sized"
+    }
+    fn reset(&mut self) -> Result<()> {
+        self.ours()?.reset()
+    }
+    fn alloc(&mut self, gpu: &Gpu, sizes: Sizes, ptrs: u64, n: u64) -> Result<()> {
+        self.ours()?.alloc(gpu, sizes, ptrs, n)
+    }
+    fn free(&mut self, gpu: &Gpu, ptrs: u64, n: u64) -> Result<()> {
+        self.ours()?.free(gpu, ptrs, n)
+    }
+    fn size_to(&mut self, bytes: u64) -> Result<bool> {
+        if bytes != self.bytes || self.heap.is_none() {
+            // Freed before the next is made: both may not fit.
+            self.heap = None;
+            let config = HeapConfig {
+                segment_shift: Some(self.segment_shift),
+                ..HeapConfig::unchecked(bytes)
+            };
+            self.heap = Some(Ours::with_config(&self.gpu, config)?);
+            self.bytes = bytes;
+        }
+        Ok(true)
     }
 }
 

@@ -79,6 +79,14 @@ impl Target {
         }
     }
 
+    /// Wholly free segments now, for the heap that grows.
+    fn free_segments(&self) -> Result<Option<u32>> {
+        match self {
+            Target::Host(_) => Ok(None),
+            Target::Vmm { heap, .. } => Ok(Some(heap.stats()?.free_segments)),
+        }
+    }
+
     /// Writes `id`'s pattern into the `size` bytes at `p`; false if they
     /// cannot be written (the model: not mapped).
     fn fill(&self, p: u64, size: u64, id: u64) -> bool {
@@ -133,10 +141,20 @@ struct Round {
     nulls: u64,
     wrong: u64,
     span_over_requested: f64,
+    /// Wholly free segments after the allocations, before the frees (when
+    /// asked for, on the heap that grows).
+    peak_free_segments: Option<u32>,
 }
 
-/// Allocates `n` requests over all host threads, checks them, frees them.
-fn round(target: &Target, n: u64, size_of: &(dyn Fn(u64) -> u64 + Sync)) -> Round {
+/// Allocates `n` requests over all host threads, checks them, frees them;
+/// with `peak`, counts the free segments between the allocations and the
+/// frees (untimed).
+fn round(
+    target: &Target,
+    n: u64,
+    size_of: &(dyn Fn(u64) -> u64 + Sync),
+    peak: bool,
+) -> Result<Round> {
     let heap = target.heap();
     let workers = std::thread::available_parallelism().map_or(2, |p| p.get()) as u64;
     let ptrs: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
@@ -167,6 +185,7 @@ fn round(target: &Target, n: u64, size_of: &(dyn Fn(u64) -> u64 + Sync)) -> Roun
     let alloc_ms = phase(&|id| {
         ptrs[id as usize].store(heap.malloc(size_of(id)) as u64, Ordering::Relaxed);
     });
+    let peak_free_segments = if peak { target.free_segments()? } else { None };
     let (mut nulls, mut wrong) = (0, 0);
     let (mut lo, mut hi, mut requested) = (u64::MAX, 0, 0);
     for (id, p) in ptrs.iter().enumerate() {
@@ -190,7 +209,7 @@ fn round(target: &Target, n: u64, size_of: &(dyn Fn(u64) -> u64 + Sync)) -> Roun
         }
     }
     let free_ms = phase(&|id| heap.free(ptrs[id as usize].load(Ordering::Relaxed) as *mut u8));
-    Round {
+    Ok(Round {
         alloc_ms,
         free_ms,
         nulls,
@@ -200,7 +219,8 @@ fn round(target: &Target, n: u64, size_of: &(dyn Fn(u64) -> u64 + Sync)) -> Roun
         } else {
             0.0
         },
-    }
+        peak_free_segments,
+    })
 }
 
 /// Brings `target` to what `n` requests need (a heap that grows; see
@@ -219,17 +239,24 @@ fn timed_on(
     let mut wrong = 0;
     let (_, growth) = grow::until_served(
         &mut (),
+        grow::low_free_segments(),
         |_| {
-            let r = round(target, n, size_of);
+            let r = round(target, n, size_of, true)?;
             wrong += r.wrong;
-            Ok(((), r.nulls))
+            let peak = grow::Peak {
+                nulls: r.nulls,
+                free_segments: r.peak_free_segments,
+            };
+            Ok(((), peak))
         },
         |_| target.grow(),
         // As on the GPU's warm test: rounds free all they took, and the
         // CPU bench never resets its heap.
         |_| Ok(()),
     )?;
-    let rounds: Vec<Round> = (0..opts.iters).map(|_| round(target, n, size_of)).collect();
+    let rounds = (0..opts.iters)
+        .map(|_| round(target, n, size_of, false))
+        .collect::<Result<Vec<Round>>>()?;
     let valid = wrong == 0 && rounds.iter().all(|r| r.nulls == 0 && r.wrong == 0);
     let allocs: Vec<f64> = rounds.iter().map(|r| r.alloc_ms).collect();
     let frees: Vec<f64> = rounds.iter().map(|r| r.free_ms).collect();

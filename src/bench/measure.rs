@@ -66,15 +66,28 @@ pub struct Round {
     pub wrong: u64,
     /// The pointers, when asked for.
     pub ptrs: Option<Vec<u64>>,
+    /// Wholly free segments after the allocations, before the frees, when
+    /// asked for and the heap says (a heap that grows).
+    pub peak_free_segments: Option<u32>,
 }
 
-/// Runs one round for `n` threads; keeps the pointers if `keep_ptrs`.
+/// What a round keeps beyond its times and errors (untimed).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Keep {
+    /// The pointers.
+    pub ptrs: bool,
+    /// The heap's free segments at the round's peak (a warm-up round of a
+    /// heap that grows: `bench::grow`).
+    pub peak: bool,
+}
+
+/// Runs one round for `n` threads, keeping what `keep` asks for.
 pub fn round(
     gpu: &Gpu,
     allocator: &mut dyn Allocator,
     buffers: &mut Buffers,
     sizes: Sizes,
-    keep_ptrs: bool,
+    keep: Keep,
 ) -> Result<Round> {
     let n = buffers.n;
     let ptrs = gpu.address(&buffers.ptrs);
@@ -84,8 +97,15 @@ pub fn round(
     let alloc_ms = gpu.time(|| allocator.alloc(gpu, sizes, ptrs, n))?;
     check(gpu, buffers, sizes)?;
     let errors = gpu.download(&buffers.errors)?;
-    let kept = if keep_ptrs {
+    let kept = if keep.ptrs {
         Some(gpu.download(&buffers.ptrs)?)
+    } else {
+        None
+    };
+    // The download above waited for the allocation kernel: every block of
+    // the round is held now.
+    let peak_free_segments = if keep.peak {
+        allocator.free_segments()?
     } else {
         None
     };
@@ -101,6 +121,7 @@ pub fn round(
         nulls: errors[0],
         wrong: errors[1],
         ptrs: kept,
+        peak_free_segments,
     })
 }
 

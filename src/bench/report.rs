@@ -149,7 +149,8 @@ impl Results {
     }
 
     /// A table per (test, metric): one row per size and thread count, one
-    /// column per allocator, and our ratio to each other allocator.
+    /// column per allocator, and our ratio to each other allocator (and
+    /// `ours-sized/ours-vmm`, issue 13's comparison, when both ran).
     pub fn table(&self) -> String {
         let mut groups: BTreeMap<(String, String), Vec<&Record>> = BTreeMap::new();
         for r in &self.records {
@@ -171,14 +172,19 @@ impl Results {
             for a in &allocators {
                 let _ = write!(header, " {a:>14}");
             }
-            let has_ours = allocators.contains(&"ours");
-            let others: Vec<&str> = allocators
+            let has = |a: &str| allocators.contains(&a);
+            let mut ratios: Vec<(&str, &str)> = allocators
                 .iter()
-                .copied()
-                .filter(|a| has_ours && *a != "ours")
+                .filter(|a| has("ours") && **a != "ours")
+                .map(|a| ("ours", *a))
                 .collect();
-            for a in &others {
-                let _ = write!(header, " {:>16}", format!("ours/{a}"));
+            if has("ours-sized") && has("ours-vmm") {
+                ratios.push(("ours-sized", "ours-vmm"));
+            }
+            // 16 wide as before, wider for a longer heading.
+            let width = |a: &str, b: &str| (a.len() + b.len() + 1).max(16);
+            for (a, b) in &ratios {
+                let _ = write!(header, " {:>w$}", format!("{a}/{b}"), w = width(a, b));
             }
             let _ = writeln!(out, "{header}");
             let mut rows: BTreeMap<(u64, u64, String), BTreeMap<&str, &Record>> = BTreeMap::new();
@@ -198,19 +204,64 @@ impl Results {
                     };
                     let _ = write!(line, " {cell:>14}");
                 }
-                let ours = by.get("ours").filter(|r| r.valid);
-                for a in &others {
-                    let cell = match (ours, by.get(a).filter(|r| r.valid)) {
-                        (Some(o), Some(b)) if b.median > 0.0 => {
-                            format!("{:.3}", o.median / b.median)
+                let valid = |a: &str| by.get(a).filter(|r| r.valid);
+                for (a, b) in &ratios {
+                    let cell = match (valid(a), valid(b)) {
+                        (Some(x), Some(y)) if y.median > 0.0 => {
+                            format!("{:.3}", x.median / y.median)
                         }
                         _ => "-".to_string(),
                     };
-                    let _ = write!(line, " {cell:>16}");
+                    let _ = write!(line, " {cell:>w$}", w = width(a, b));
                 }
                 let _ = writeln!(out, "{line}");
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Record, Results};
+    use crate::bench::measure::Summary;
+
+    #[test]
+    fn the_table_compares_the_sized_heap_with_the_vmm_heap() {
+        let record = |allocator: &str, ms: f64| {
+            let s = Summary::of(&[ms]);
+            Record::new(
+                "single",
+                allocator,
+                1024,
+                "1024",
+                8,
+                "alloc_ms",
+                s,
+                true,
+                "".into(),
+            )
+        };
+        let results = Results {
+            records: vec![
+                record("ours", 1.0),
+                record("ours-vmm", 2.0),
+                record("ours-sized", 1.5),
+            ],
+            ..Results::default()
+        };
+        let table = results.table();
+        let words = |needle: &str| -> Vec<String> {
+            let line = table.lines().find(|l| l.contains(needle)).unwrap();
+            line.split_whitespace().map(String::from).collect()
+        };
+        let header = words("size");
+        let row = words("1024");
+        assert_eq!(
+            header[5..],
+            ["ours/ours-vmm", "ours/ours-sized", "ours-sized/ours-vmm"],
+            "{table}"
+        );
+        assert_eq!(row[5..], ["0.500", "0.667", "0.750"], "{table}");
     }
 }

@@ -20,7 +20,7 @@ use std::time::Instant;
 use host::{DeviceHeap, Gpu, HeapConfig, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::allocator::{Allocator, Bump, CudaMalloc, Ours, OursVmm, Sizes};
+use super::allocator::{Allocator, Bump, CudaMalloc, Ours, OursSized, OursVmm, Sizes};
 use super::grow;
 use super::measure::{self, Buffers, Summary};
 use super::report::Record;
@@ -50,7 +50,7 @@ pub struct Options {
     /// Heap sizes of `init`.
     pub init_sizes: Vec<u64>,
     /// Allocators to run (`ours`, `ours-nospares`, `ours-vmm`,
-    /// `cuda-malloc`, `bump-bound`).
+    /// `ours-sized` (after `ours-vmm`), `cuda-malloc`, `bump-bound`).
     pub allocators: Vec<String>,
     /// Bytes `ours-vmm` maps at first, and grows by at a time.
     pub vmm_initial: u64,
@@ -114,6 +114,8 @@ impl Bench {
     /// Sets up the chosen allocators, each with `opts.heap` bytes.
     pub fn new(gpu: &Gpu, opts: Options) -> Result<Bench> {
         let mut allocators: Vec<Box<dyn Allocator>> = Vec::new();
+        // The VMM heap's segment shift, for `ours-sized`.
+        let mut vmm_shift = None;
         for name in &opts.allocators {
             match name.as_str() {
                 "ours" => {
@@ -144,14 +146,24 @@ impl Bench {
                         s.mapped_bytes >> 20,
                         s.segment_bytes >> 20
                     );
+                    vmm_shift = Some(s.segment_bytes.trailing_zeros());
                     allocators.push(Box::new(ours));
+                }
+                "ours-sized" => {
+                    let Some(shift) = vmm_shift else {
+                        return Err(host::Error::Check(
+                            "ours-sized takes the size ours-vmm grew to: list it after ours-vmm"
+                                .into(),
+                        ));
+                    };
+                    allocators.push(Box::new(OursSized::new(gpu, opts.vmm_initial, shift)?));
                 }
                 "cuda-malloc" => allocators.push(Box::new(CudaMalloc::new(gpu, opts.heap)?)),
                 "bump-bound" => allocators.push(Box::new(Bump::new(gpu, opts.heap)?)),
                 other => {
                     return Err(host::Error::Check(format!(
-                        "unknown allocator {other:?} (ours, ours-nospares, ours-vmm, cuda-malloc, \
-                         bump-bound)"
+                        "unknown allocator {other:?} (ours, ours-nospares, ours-vmm, ours-sized, \
+                         cuda-malloc, bump-bound)"
                     )));
                 }
             }
@@ -269,21 +281,47 @@ impl Bench {
             )]
         };
         let what = format!("{test} {label} B x {threads} threads");
+        // What `ours-vmm` had mapped for this test, for `ours-sized` (the
+        // allocators run in the order listed).
+        let mut grown_to = None;
         self.each_allocator(&what, skipped, |gpu, opts, allocator, _| {
             let name = allocator.name();
             let mut records = Vec::new();
+            if let Some(bytes) = grown_to
+                && allocator.size_to(bytes)?
+            {
+                records.push(Record::new(
+                    test,
+                    name,
+                    size,
+                    &label,
+                    threads,
+                    "heap_mib",
+                    Summary::of(&[(bytes >> 20) as f64]),
+                    true,
+                    "a fixed heap of the size ours-vmm grew to, same segment size".into(),
+                ));
+            }
             // A heap that grows is brought to what the test needs first;
             // wrong words of every warm-up round count.
             let mut warm_up = Instant::now();
             let mut wrong = 0;
+            let peak = measure::Keep {
+                peak: true,
+                ..Default::default()
+            };
             let (first, growth) = grow::until_served(
                 allocator,
+                grow::low_free_segments(),
                 |a| {
                     warm_up = Instant::now();
-                    let r = measure::round(gpu, a, &mut buffers, sizes, false)?;
+                    let r = measure::round(gpu, a, &mut buffers, sizes, peak)?;
                     wrong += r.wrong;
-                    let nulls = r.nulls;
-                    Ok((r, nulls))
+                    let peak = grow::Peak {
+                        nulls: r.nulls,
+                        free_segments: r.peak_free_segments,
+                    };
+                    Ok((r, peak))
                 },
                 |a| a.grow(),
                 |a| a.reset(),
@@ -296,7 +334,7 @@ impl Bench {
                 if cold {
                     allocator.reset()?;
                 }
-                let r = measure::round(gpu, allocator, &mut buffers, sizes, false)?;
+                let r = measure::round(gpu, allocator, &mut buffers, sizes, Default::default())?;
                 nulls += r.nulls;
                 wrong += r.wrong;
                 allocs.push(r.alloc_ms);
@@ -305,7 +343,21 @@ impl Bench {
                 }
             }
             if let Some(mapped) = allocator.mapped_bytes()? {
+                // In the log too: the rule and where it stopped.
+                eprintln!(
+                    "{name}: {mapped} MiB mapped, {free} segments free at the last warm-up's \
+                     peak, {steps} steps grown (while nulls or fewer than {low} free \
+                     segments at the peak)",
+                    mapped = mapped >> 20,
+                    free = growth
+                        .last
+                        .free_segments
+                        .map_or("?".into(), |f| f.to_string()),
+                    steps = growth.ms_per_gib.len(),
+                    low = growth.low_free_segments,
+                );
                 records.extend(growth.records(test, name, size, &label, threads, mapped));
+                grown_to = Some(mapped);
             }
             let valid = nulls == 0 && wrong == 0;
             let mut note = String::new();
@@ -421,7 +473,11 @@ impl Bench {
                         if began.elapsed().as_secs_f64() > ALLOCATOR_BUDGET_S {
                             break;
                         }
-                        let r = measure::round(gpu, allocator, &mut buffers, sizes, true)?;
+                        let keep = measure::Keep {
+                            ptrs: true,
+                            ..Default::default()
+                        };
+                        let r = measure::round(gpu, allocator, &mut buffers, sizes, keep)?;
                         valid &= r.nulls == 0 && r.wrong == 0;
                         let ptrs = r.ptrs.unwrap_or_default();
                         let size_of = |t: usize| per_thread.as_ref().map_or(size, |s| s[t]);
