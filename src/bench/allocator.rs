@@ -105,19 +105,10 @@ impl Allocator for Ours {
         self.heap.reset()
     }
     fn alloc(&mut self, gpu: &Gpu, sizes: Sizes, ptrs: u64, n: u64) -> Result<()> {
-        let [a, b] = sizes.args();
-        gpu.launch(
-            "heap_alloc",
-            n,
-            &[self.heap.arg(), a, b, Arg::U64(ptrs), Arg::U64(n)],
-        )
+        launch_heap_alloc(gpu, self.heap.arg(), sizes, ptrs, n)
     }
     fn free(&mut self, gpu: &Gpu, ptrs: u64, n: u64) -> Result<()> {
-        gpu.launch(
-            "heap_free",
-            n,
-            &[self.heap.arg(), Arg::U64(ptrs), Arg::U64(n)],
-        )
+        launch_heap_free(gpu, self.heap.arg(), ptrs, n)
     }
 }
 
@@ -161,19 +152,10 @@ impl Allocator for OursVmm {
         self.heap.reset()
     }
     fn alloc(&mut self, gpu: &Gpu, sizes: Sizes, ptrs: u64, n: u64) -> Result<()> {
-        let [a, b] = sizes.args();
-        gpu.launch(
-            "heap_alloc",
-            n,
-            &[self.heap.arg(), a, b, Arg::U64(ptrs), Arg::U64(n)],
-        )
+        launch_heap_alloc(gpu, self.heap.arg(), sizes, ptrs, n)
     }
     fn free(&mut self, gpu: &Gpu, ptrs: u64, n: u64) -> Result<()> {
-        gpu.launch(
-            "heap_free",
-            n,
-            &[self.heap.arg(), Arg::U64(ptrs), Arg::U64(n)],
-        )
+        launch_heap_free(gpu, self.heap.arg(), ptrs, n)
     }
     fn grow(&mut self) -> Result<u64> {
         self.heap.grow(self.step)
@@ -329,4 +311,16 @@ impl Allocator for Bump {
     fn free(&mut self, _gpu: &Gpu, _ptrs: u64, _n: u64) -> Result<()> {
         self.reset()
     }
+}
+
+/// Thread `t < n` of `heap_alloc` allocates its size of `sizes` from the
+/// heap passed as `heap` and writes the pointer to `ptrs[t]`.
+fn launch_heap_alloc(gpu: &Gpu, heap: Arg, sizes: Sizes, ptrs: u64, n: u64) -> Result<()> {
+    let [a, b] = sizes.args();
+    gpu.launch("heap_alloc", n, &[heap, a, b, Arg::U64(ptrs), Arg::U64(n)])
+}
+
+/// Thread `t < n` of `heap_free` frees `ptrs[t]` into the heap `heap`.
+fn launch_heap_free(gpu: &Gpu, heap: Arg, ptrs: u64, n: u64) -> Result<()> {
+    gpu.launch("heap_free", n, &[heap, Arg::U64(ptrs), Arg::U64(n)])
 }
