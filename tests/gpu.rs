@@ -189,3 +189,41 @@ fn bad_frees_are_counted_not_fatal() {
     assert_eq!((s.invalid_frees, s.double_frees), (2, 1), "{s:?}");
     assert_eq!(s.live_bytes, 0);
 }
+
+/// `Gpu::sync_timeout` answers at once on an idle stream, gives up with
+/// `Error::Timeout` (naming the wait) while the churn of
+/// `mixed_sizes_and_churn` runs, and the kernel still completes, with no
+/// null and no wrong word, afterwards.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
+fn a_wait_with_a_limit_gives_up_instead_of_blocking() {
+    use std::time::Duration;
+    let Some(gpu) = gpu() else { return };
+    gpu.sync_timeout(Duration::from_secs(1))
+        .expect("an idle stream completes at once");
+    let ours = checked(&gpu, 8 * GIB);
+    let errors = gpu.zeros(2).unwrap();
+    let n = (threads() / 4).max(1);
+    let args = [
+        ours.heap().arg(),
+        Arg::U32(16),
+        Arg::U64(16),
+        Arg::U64(8192),
+        Arg::U64(5),
+        Arg::U64(gpu.address(&errors)),
+        Arg::U64(n),
+    ];
+    gpu.launch("heap_churn", n, &args).unwrap();
+    match gpu.sync_timeout(Duration::from_micros(1)) {
+        Err(e @ gpumalloc::Error::Timeout { .. }) => println!("timeout: {e}"),
+        other => panic!("a 1 µs limit on a churn of {n} threads answered {other:?}"),
+    }
+    gpu.sync_timeout(Duration::from_secs(60))
+        .expect("the churn ends");
+    assert_eq!(
+        gpu.download(&errors).unwrap(),
+        vec![0, 0],
+        "churn: [nulls, wrong words]"
+    );
+    assert_whole(&ours, "after the churn");
+}

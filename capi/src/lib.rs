@@ -151,7 +151,8 @@ fn status_of(e: &Error) -> GmStatus {
             FailureCause::OutOfMemory => GmStatus::OutOfMemory,
             _ => GmStatus::Cuda,
         },
-        Error::Check(_) | Error::Config(_) => GmStatus::Internal,
+        // Not made by the C API's calls (none waits with a limit).
+        Error::Check(_) | Error::Config(_) | Error::Timeout { .. } => GmStatus::Internal,
     }
 }
 

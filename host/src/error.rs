@@ -31,6 +31,15 @@ pub enum Error {
     Check(String),
     /// A setting the caller chose cannot be used; the text says which and why.
     Config(String),
+    /// A wait gave up: the work it waited for had not completed within the
+    /// limit (a kernel may be hung). The work was not cancelled: it still
+    /// runs, and the stream stays busy until it ends.
+    Timeout {
+        /// What was waited for, e.g. "the stream's work".
+        what: &'static str,
+        /// How long the wait lasted.
+        waited: std::time::Duration,
+    },
     /// A CUDA virtual memory call failed (or the CPU model refused it) while
     /// the heap was doing something; whatever was half done was undone.
     Vmm {
@@ -56,6 +65,11 @@ impl fmt::Display for Error {
             Error::Check(what) => write!(f, "check failed: {what}"),
             Error::Config(what) => write!(f, "bad setting: {what}"),
             Error::Vmm { doing, source } => write!(f, "{doing}: {source}"),
+            Error::Timeout { what, waited } => write!(
+                f,
+                "{what} did not complete within {} ms (a kernel may be hung; it keeps running)",
+                waited.as_millis()
+            ),
         }
     }
 }

@@ -142,6 +142,33 @@ impl Gpu {
         self.stream.synchronize().call("cuStreamSynchronize")
     }
 
+    /// Waits for all work launched so far, for at most `limit`: an event
+    /// recorded behind it is polled (sleeping 50 µs, doubling up to 1 ms,
+    /// between polls) until it completes, else [`Error::Timeout`]. A hung
+    /// kernel is not cancelled (CUDA cannot); the error lets the caller
+    /// report it instead of blocking forever, as [`Gpu::sync`] would.
+    pub fn sync_timeout(&self, limit: std::time::Duration) -> Result<()> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let done = self.ctx.new_event(flags).call("cuEventCreate")?;
+        done.record(&self.stream).call("cuEventRecord")?;
+        let start = std::time::Instant::now();
+        let mut nap = std::time::Duration::from_micros(50);
+        loop {
+            if done.try_is_complete().call("cuEventQuery")? {
+                return Ok(());
+            }
+            let waited = start.elapsed();
+            if waited >= limit {
+                return Err(Error::Timeout {
+                    what: "the stream's work",
+                    waited,
+                });
+            }
+            std::thread::sleep(nap.min(limit - waited));
+            nap = (nap * 2).min(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// `n` zeroed words of device memory.
     pub fn zeros(&self, n: usize) -> Result<CudaSlice<u64>> {
         self.stream
@@ -180,16 +207,32 @@ impl Gpu {
         Ok(f)
     }
 
-    /// Launches `kernel` over `threads` threads (rounded up to whole blocks;
-    /// every kernel takes its thread count and skips the rest).
+    /// Launches `kernel` over `threads` threads (rounded up to whole blocks
+    /// of [`BLOCK_THREADS`]; every kernel takes its thread count and skips
+    /// the rest).
     pub fn launch(&self, kernel: &str, threads: u64, args: &[Arg]) -> Result<()> {
-        let f = self.function(kernel)?;
         let blocks = threads.div_ceil(BLOCK_THREADS as u64).max(1);
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (BLOCK_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
+        // SAFETY: the argument lists of our kernels are fixed by
+        // `gpu_kernels::kernels`; each caller in this crate passes them in
+        // order with buffers it keeps alive until it synchronises.
+        unsafe { self.launch_with(kernel, cfg, args) }
+    }
+
+    /// Launches `kernel` of this `Gpu`'s module with the caller's grid,
+    /// block and dynamic shared memory (cudarc's [`LaunchConfig`]) on this
+    /// `Gpu`'s stream.
+    ///
+    /// # Safety
+    /// `args` match the kernel's parameters in number, order and type, and
+    /// every buffer the kernel touches stays alive until the stream has
+    /// finished it (e.g. [`Gpu::sync`]).
+    pub unsafe fn launch_with(&self, kernel: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+        let f = self.function(kernel)?;
         let mut builder = self.stream.launch_builder(&f);
         for a in args {
             match a {
@@ -198,9 +241,7 @@ impl Gpu {
                 Arg::Heap(h) => builder.arg(h),
             };
         }
-        // SAFETY: the argument lists of our kernels are fixed by
-        // `gpu_kernels::kernels`; each caller in this crate passes them in
-        // order with buffers it keeps alive until it synchronises.
+        // SAFETY: the caller's contract.
         unsafe { builder.launch(cfg) }.call("cuLaunchKernel")?;
         Ok(())
     }
