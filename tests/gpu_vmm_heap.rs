@@ -48,13 +48,9 @@ fn served_heap(gpu: &gpumalloc::Gpu) -> CudaVmmHeap {
 }
 
 /// Fills the `n` blocks of 1 MiB at `ptrs` with the test pattern and checks
-/// them back; `check` counts [nulls, wrong words].
-fn fill_and_verify(
-    gpu: &gpumalloc::gpu::Gpu,
-    ptrs: &CudaSlice<u64>,
-    check: &CudaSlice<u64>,
-    n: u64,
-) {
+/// them back; returns [nulls, wrong words] (the fill counts the nulls).
+fn fill_and_verify(gpu: &gpumalloc::gpu::Gpu, ptrs: &CudaSlice<u64>, n: u64) -> [u64; 2] {
+    let check = gpu.zeros(2).unwrap();
     for kernel in ["fill_pattern", "verify_pattern"] {
         gpu.launch(
             kernel,
@@ -63,12 +59,14 @@ fn fill_and_verify(
                 Arg::U64(gpu.address(ptrs)),
                 Arg::U64(MIB),
                 Arg::U64(0),
-                Arg::U64(gpu.address(check)),
+                Arg::U64(gpu.address(&check)),
                 Arg::U64(n),
             ],
         )
         .unwrap();
     }
+    let e = gpu.download(&check).unwrap();
+    [e[0], e[1]]
 }
 
 #[test]
@@ -152,7 +150,6 @@ fn a_terabyte_heap_grows_under_a_kernel_and_trims_back_to_the_driver() {
     // 7.5 GiB of 1 MiB blocks, all in the grown heap.
     let n = 7 * 1024 + 512;
     let ptrs = gpu.zeros(n as usize).unwrap();
-    let check = gpu.zeros(2).unwrap();
     gpu.launch(
         "heap_alloc",
         n,
@@ -165,10 +162,9 @@ fn a_terabyte_heap_grows_under_a_kernel_and_trims_back_to_the_driver() {
         ],
     )
     .unwrap();
-    fill_and_verify(&gpu, &ptrs, &check, n);
     assert_eq!(
-        gpu.download(&check).unwrap(),
-        vec![0, 0],
+        fill_and_verify(&gpu, &ptrs, n),
+        [0, 0],
         "[nulls, wrong words]"
     );
     gpu.launch(
@@ -230,7 +226,6 @@ fn the_growth_service_feeds_kernels_eight_times_the_first_mapping() {
     let n = WAVE * WAVES;
     let ptrs = gpu.zeros(n as usize).unwrap();
     for pass in 0..2 {
-        let check = gpu.zeros(2).unwrap();
         let start = Instant::now();
         for w in 0..WAVES {
             gpu.launch(
@@ -248,11 +243,8 @@ fn the_growth_service_feeds_kernels_eight_times_the_first_mapping() {
             gpu.sync().unwrap();
         }
         let ms = start.elapsed().as_secs_f64() * 1e3;
-        let got = gpu.download(&ptrs).unwrap();
-        let nulls = got.iter().filter(|&&p| p == 0).count();
-        fill_and_verify(&gpu, &ptrs, &check, n);
-        let e = gpu.download(&check).unwrap();
-        assert_eq!(e[1], 0, "pass {pass}: wrong words");
+        let [nulls, wrong] = fill_and_verify(&gpu, &ptrs, n);
+        assert_eq!(wrong, 0, "pass {pass}: wrong words");
         let s = heap.stats().unwrap();
         println!(
             "issue13: service pass {pass}: {nulls} nulls of {n} 1 MiB requests in {ms:.1} ms; \
@@ -419,11 +411,7 @@ fn kernels_wait_for_the_growth_service_instead_of_failing() {
     }
     gpu.sync().unwrap();
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    let got = gpu.download(&ptrs).unwrap();
-    let nulls = got.iter().filter(|&&p| p == 0).count();
-    let check = gpu.zeros(2).unwrap();
-    fill_and_verify(&gpu, &ptrs, &check, n);
-    let e = gpu.download(&check).unwrap();
+    let [nulls, wrong] = fill_and_verify(&gpu, &ptrs, n);
     let s = heap.stats().unwrap();
     println!(
         "issue13: waiting kernels: {nulls} nulls of {n} 1 MiB requests in {ms:.1} ms \
@@ -432,7 +420,7 @@ fn kernels_wait_for_the_growth_service_instead_of_failing() {
         s.mapped_bytes / MIB,
         s.grows
     );
-    assert_eq!(e[1], 0, "wrong words");
+    assert_eq!(wrong, 0, "wrong words");
     assert_eq!(nulls, 0, "a waiting request got null");
     gpu.launch(
         "heap_free",
