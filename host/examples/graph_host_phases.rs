@@ -74,18 +74,7 @@ fn main() {
         assert_eq!(set.difference(&degrees, &edges), None);
         let set_check = seconds(clock);
         let clock = Instant::now();
-        let mut at = 0;
-        let adjacency: Vec<Vec<u32>> = degrees
-            .iter()
-            .map(|&d| {
-                let l = edges[at..at + d as usize]
-                    .iter()
-                    .map(|&e| e as u32)
-                    .collect();
-                at += d as usize;
-                l
-            })
-            .collect();
+        let adjacency = host::graph::split_by_degrees(&degrees, &edges);
         assert_eq!(reference.quick_difference(&adjacency), None);
         let reference_check = seconds(clock);
         println!(

@@ -277,17 +277,6 @@ impl DeviceGraph {
     /// Every vertex's edges, in chain order (see [`DeviceGraph::export`]).
     pub fn adjacency(&self) -> Result<Vec<Vec<u32>>> {
         let (degrees, edges) = self.export()?;
-        let mut at = 0;
-        Ok(degrees
-            .iter()
-            .map(|&d| {
-                let list = edges[at..at + d as usize]
-                    .iter()
-                    .map(|&e| e as u32)
-                    .collect();
-                at += d as usize;
-                list
-            })
-            .collect())
+        Ok(super::split_by_degrees(&degrees, &edges))
     }
 }

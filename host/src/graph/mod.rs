@@ -29,6 +29,23 @@ pub(crate) fn check_ids(vertices: u32, edges: &[(u32, u32)]) -> Result<(), Strin
     }
 }
 
+/// Per-vertex edge lists from an export (see `device::DeviceGraph::export`):
+/// vertex `v` has the next `degrees[v]` words of `edges`.
+pub fn split_by_degrees(degrees: &[u64], edges: &[u64]) -> Vec<Vec<u32>> {
+    let mut at = 0;
+    degrees
+        .iter()
+        .map(|&d| {
+            let list = edges[at..at + d as usize]
+                .iter()
+                .map(|&e| e as u32)
+                .collect();
+            at += d as usize;
+            list
+        })
+        .collect()
+}
+
 /// A directed graph as an edge list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EdgeList {
