@@ -84,18 +84,24 @@ class FakeGm:
         return call
 
 
+def drive(hooks, steps):
+    """Runs `hooks` through `steps` training steps as train_gpt2 does; the result dict."""
+    hooks.start()
+    for i in range(steps):
+        hooks.step(i)
+        hooks.after_step(i)
+    result = {}
+    hooks.finish(result)
+    return result
+
+
 def test_profile_hooks_record_mark_save_and_synthesize(tmp_path):
     plan = tmp_path / "b16.plan"
     args = train_gpt2.parse_args(["--allocator", "ours", "--plan-profile", "3", "--plan-out",
                                   str(plan), "--steps", "6"])
     gm = FakeGm()
     hooks = train_gpt2.PlanHooks(args, gm, cuda=True)
-    hooks.start()
-    for i in range(6):
-        hooks.step(i)
-        hooks.after_step(i)
-    result = {}
-    hooks.finish(result)
+    result = drive(hooks, 6)
     names = [c[0] for c in gm.calls]
     # Trace from the start; a mark before steps 1..5 (none before step 0, which shares
     # the prologue with the set-up); saved and synthesized right after step 3.
@@ -114,12 +120,7 @@ def test_planned_hooks_load_mark_and_report(tmp_path):
     args = train_gpt2.parse_args(["--allocator", "ours", "--plan", "x.plan"])
     gm = FakeGm()
     hooks = train_gpt2.PlanHooks(args, gm, cuda=True)
-    hooks.start()
-    for i in range(6):
-        hooks.step(i)
-        hooks.after_step(i)
-    result = {}
-    hooks.finish(result)
+    result = drive(hooks, 6)
     assert [c[0] for c in gm.calls] == ["use_plan"] + ["step"] * 5 + ["plan_stats"]
     assert gm.calls[0] == ("use_plan", "x.plan", 0)
     assert result["plan_stats"]["plan_hits"] == 4108 and result["plan"]["file"] == "x.plan"
