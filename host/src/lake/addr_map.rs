@@ -4,7 +4,8 @@
 //!
 //! The lake and the pluggable pool look their live allocations up by
 //! address on every call (an `alloc` inserts, a `free` removes), and the
-//! lake its freed addresses (to tell a double free). Inside a
+//! lake its freed addresses (to tell a double free); the lake's tables key
+//! their per-stream fence counts by stream id the same way. Inside a
 //! training loop those calls run with cold caches (PyTorch and Python run
 //! between them), and SipHash's rounds and state add to the misses of the
 //! table itself (`docs/PERF.md`, "Pool host cost per call"). Addresses are

@@ -32,8 +32,8 @@
 //! mutex and every method runs under that lock.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
 
+use super::addr_map::AddrMap;
 use super::driver::ChunkHandle;
 use super::fence::{Fence, Progress, Requester};
 
@@ -56,31 +56,6 @@ pub const TIGHT: usize = 3;
 /// from step to step, so the logits of a longer step fit): address space
 /// costs no memory, and only the new slots are mapped.
 pub const EXTEND_ROOM: usize = 2;
-
-/// A hasher for the tables' own ids (dense, made here, not adversarial):
-/// one multiply instead of SipHash, which showed at the top of the replay's
-/// profile (every chunk of a window is looked up on take and give).
-#[derive(Default)]
-pub struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-/// A hash map keyed by ids, with [`IdHasher`].
-pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// Index of a chunk: its place in the [`ChunkSlab`], reused after the chunk
 /// is released.
@@ -259,7 +234,7 @@ pub struct Tables {
     free_chunks: usize,
     /// Per stream, free chunks whose fence names it (to skip fence checks
     /// when no fence can keep the requester out: one stream).
-    fenced: IdMap<u64, usize>,
+    fenced: AddrMap<usize>,
     orphans: Orphans,
     next_id: u64,
     /// Reused lists of `set_used_many` (empty between calls).
