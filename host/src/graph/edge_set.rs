@@ -4,38 +4,19 @@
 //! `(source, target)` pairs, per-vertex degrees, and the edge count and
 //! order-independent [`fingerprint`] kept up to date on every change, so a
 //! device graph is checked in one pass over its exported edges. Cloning is a
-//! copy of one table. Single-threaded.
+//! copy of one table. The set hashes with the lake's one-multiply
+//! [`crate::lake::AddrHasher`] (the keys are R-MAT ids, far from adversarial;
+//! SipHash would double the sweep's host time); nothing iterates it, so its
+//! order does not matter. Single-threaded.
 
-use std::collections::HashSet;
-use std::hash::{BuildHasherDefault, Hasher};
+use crate::lake::AddrSet;
 
 use super::reference::{fingerprint, mix};
-
-/// Hashes one packed edge with [`mix`] (the keys are R-MAT ids, far from
-/// adversarial; SipHash would double the sweep's host time).
-#[derive(Default)]
-pub struct EdgeHasher(u64);
-
-impl Hasher for EdgeHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = mix(self.0.rotate_left(8) ^ b as u64);
-        }
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        self.0 = mix(self.0 ^ key);
-    }
-}
 
 /// A dynamic directed graph on the host as a set of edges.
 #[derive(Clone, Debug)]
 pub struct EdgeSet {
-    edges: HashSet<u64, BuildHasherDefault<EdgeHasher>>,
+    edges: AddrSet,
     degrees: Vec<u32>,
     fingerprint: u64,
 }
@@ -48,7 +29,7 @@ impl EdgeSet {
     /// A graph of `vertices` vertices and no edges.
     pub fn new(vertices: u32) -> EdgeSet {
         EdgeSet {
-            edges: HashSet::default(),
+            edges: AddrSet::default(),
             degrees: vec![0; vertices as usize],
             fingerprint: 0,
         }
@@ -155,7 +136,7 @@ impl EdgeSet {
         // The degrees agree: some vertex holds a foreign or repeated edge.
         let mut blame = None;
         for (v, list) in lists().enumerate() {
-            let mut seen = HashSet::<u64, BuildHasherDefault<EdgeHasher>>::default();
+            let mut seen = AddrSet::default();
             if let Some(&t) = list
                 .iter()
                 .find(|&&t| !self.contains(v as u32, t as u32) || !seen.insert(t))
