@@ -128,6 +128,16 @@ struct BenchArgs {
     /// default only in the smallest: they take seconds per round at 10^6).
     #[arg(long)]
     graph_threads: bool,
+    /// Seconds an allocator may spend in one test before the rest of its
+    /// measurements are skipped and its timed rounds cut short (default
+    /// 30; with `all`, a share of what remains of `--all-budget`).
+    #[arg(long)]
+    allocator_budget: Option<f64>,
+    /// `all` only: seconds for every test together. Each test's allocators
+    /// get a share of what remains as their budget, and the graph sweep
+    /// (last) the rest, so the whole run ends in about this time.
+    #[arg(long, default_value_t = 540.0)]
+    all_budget: f64,
     /// Where CSV, JSON and PNG files go.
     #[arg(long, default_value = "results")]
     out: PathBuf,
@@ -218,6 +228,9 @@ fn options(args: &BenchArgs, on_gpu: bool) -> Options {
         graph_budget_s: args.graph_budget,
         graph_scales: args.graph_scales.clone(),
         graph_threads: args.graph_threads,
+        allocator_budget_s: args
+            .allocator_budget
+            .unwrap_or(gpumalloc::bench::suite::ALLOCATOR_BUDGET_S),
         ..Options::default()
     }
 }
@@ -318,11 +331,21 @@ fn run_gpu(
 
 /// Runs every test in its own process (each sets CUDA's malloc heap limit
 /// once, and oom uses a smaller heap), then merges, tabulates and plots.
+/// Time: each test's allocators may spend a share of what remains of
+/// `--all-budget` (unless `--allocator-budget` fixes it), the graph sweep
+/// runs last with the rest, and every test's seconds are printed.
 fn bench_all(args: &BenchArgs) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut merged = Results::default();
-    for test in TESTS {
-        eprintln!("== {test}");
+    let began = std::time::Instant::now();
+    for (i, test) in TESTS.iter().enumerate() {
+        let remaining = (args.all_budget - began.elapsed().as_secs_f64()).max(0.0);
+        let (allocator_budget, graph_budget) = all_budgets(args, remaining, TESTS.len() - i);
+        eprintln!(
+            "== {test} (at {:.0} s of {:.0}; each allocator {allocator_budget:.0} s)",
+            began.elapsed().as_secs_f64(),
+            args.all_budget
+        );
         let mut cmd = Command::new(&exe);
         cmd.args(["bench", test, "--iters", &args.iters.to_string()])
             .args([
@@ -334,7 +357,7 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
                 &args.hi.to_string(),
             ])
             .args(["--scaling-size", &args.scaling_size.to_string()])
-            .args(["--graph-budget", &args.graph_budget.to_string()])
+            .args(["--graph-budget", &format!("{graph_budget:.0}")])
             .arg(format!(
                 "--graph-scales={}",
                 args.graph_scales
@@ -345,12 +368,13 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
             ))
             .args(["--allocators", &args.allocators.join(",")])
             .args(["--vmm-initial", &args.vmm_initial.to_string()])
+            .args(["--allocator-budget", &format!("{allocator_budget:.1}")])
             .arg("--out")
             .arg(&args.out);
         if let Some(t) = args.threads {
             cmd.args(["--threads", &t.to_string()]);
         }
-        if let (Some(h), false) = (args.heap, test == "oom") {
+        if let (Some(h), false) = (args.heap, *test == "oom") {
             cmd.args(["--heap", &h.to_string()]);
         }
         if args.graph_threads {
@@ -359,10 +383,12 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         if args.cpu {
             cmd.arg("--cpu");
         }
+        let started = std::time::Instant::now();
         let status = cmd.status().map_err(|e| format!("running {test}: {e}"))?;
         if !status.success() {
             return Err(format!("test {test} failed ({status})"));
         }
+        eprintln!("== {test} took {:.1} s", started.elapsed().as_secs_f64());
         let r =
             Results::read(&args.out, test).map_err(|e| format!("reading {test} results: {e}"))?;
         if merged.info.device.is_empty() {
@@ -371,11 +397,27 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         }
         merged.records.extend(r.records);
     }
+    eprintln!("== all tests took {:.1} s", began.elapsed().as_secs_f64());
     merged
         .write(&args.out, "results")
         .map_err(|e| e.to_string())?;
     println!("{}", merged.table());
     plot_dir(&args.out)
+}
+
+/// The budgets of `all`'s next test, with `remaining` seconds left for
+/// `tests_left` tests (the graph sweep last): each allocator gets a third
+/// of the test's even share (three allocators by default; at least 2 s,
+/// at most the usual 30 s) unless `--allocator-budget` fixed it, and the
+/// graph sweep everything that remains (at least 20 s, so it measures its
+/// smallest scale), capped by `--graph-budget`.
+fn all_budgets(args: &BenchArgs, remaining: f64, tests_left: usize) -> (f64, f64) {
+    let share = remaining / tests_left.max(1) as f64;
+    let allocator = args
+        .allocator_budget
+        .unwrap_or((share / 3.0).clamp(2.0, suite::ALLOCATOR_BUDGET_S));
+    let graph = (remaining - 10.0).clamp(20.0, args.graph_budget);
+    (allocator, graph)
 }
 
 fn plot_dir(dir: &Path) -> Result<(), String> {

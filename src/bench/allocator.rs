@@ -36,6 +36,12 @@ pub trait Allocator {
     fn frees(&self) -> bool {
         true
     }
+    /// Whether it is a baseline (CUDA's malloc, the bump bound): only
+    /// baselines are held to a test's time budget; ours is always measured
+    /// in full.
+    fn is_baseline(&self) -> bool {
+        false
+    }
     /// Returns to a fresh state (all memory free, caches cold where it can).
     fn reset(&mut self) -> Result<()>;
     /// Launches the allocation of `n` threads into the array at `ptrs`.
@@ -241,6 +247,9 @@ impl CudaMalloc {
 }
 
 impl Allocator for CudaMalloc {
+    fn is_baseline(&self) -> bool {
+        true
+    }
     fn name(&self) -> &'static str {
         "cuda-malloc"
     }
@@ -282,6 +291,9 @@ impl Bump {
 }
 
 impl Allocator for Bump {
+    fn is_baseline(&self) -> bool {
+        true
+    }
     fn name(&self) -> &'static str {
         "bump-bound"
     }

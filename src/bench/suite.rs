@@ -61,6 +61,9 @@ pub struct Options {
     /// Whether the graph sweep runs the thread-per-vertex kernels in every
     /// group (else in the smallest only).
     pub graph_threads: bool,
+    /// Seconds an allocator may spend in one test before the rest of its
+    /// measurements are skipped (and its timed rounds cut short).
+    pub allocator_budget_s: f64,
 }
 
 impl Default for Options {
@@ -85,6 +88,7 @@ impl Default for Options {
             graph_budget_s: super::graph::BUDGET_S,
             graph_scales: super::graph::SCALES.to_vec(),
             graph_threads: false,
+            allocator_budget_s: ALLOCATOR_BUDGET_S,
         }
     }
 }
@@ -104,10 +108,13 @@ pub struct Bench {
     progress: ProgressBar,
     /// Seconds each allocator has spent in this process's test.
     spent: std::collections::HashMap<&'static str, f64>,
+    /// When the test began (the step lines show the seconds since).
+    began: Instant,
 }
 
-/// Seconds an allocator may spend in one test before its remaining
-/// measurements are skipped (CUDA's malloc can take seconds per round).
+/// Seconds an allocator may spend in one test, unless
+/// `--allocator-budget` says otherwise, before its remaining measurements
+/// are skipped (CUDA's malloc can take seconds per round).
 pub const ALLOCATOR_BUDGET_S: f64 = 30.0;
 
 impl Bench {
@@ -179,6 +186,7 @@ impl Bench {
             opts,
             progress,
             spent: Default::default(),
+            began: Instant::now(),
         })
     }
 
@@ -188,12 +196,14 @@ impl Bench {
         self.progress.set_position(0);
     }
 
-    /// Whether `name` has used its time for this test; if so says so and
-    /// counts the step as done.
-    fn over_budget(&self, name: &str) -> bool {
-        let over = self.spent.get(name).copied().unwrap_or(0.0) > ALLOCATOR_BUDGET_S;
+    /// Whether baseline `i` has used its time for this test; if so says so
+    /// and counts the step as done.
+    fn over_budget(&self, i: usize) -> bool {
+        let (name, budget) = (self.allocators[i].name(), self.opts.allocator_budget_s);
+        let over = self.allocators[i].is_baseline()
+            && self.spent.get(name).copied().unwrap_or(0.0) > budget;
         if over {
-            eprintln!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
+            eprintln!("skipped: {name} used its {budget} s budget for this test");
             self.progress.inc(1);
         }
         over
@@ -213,7 +223,7 @@ impl Bench {
         for i in 0..self.allocators.len() {
             let name = self.allocators[i].name();
             self.step(format!("{what}: {name}"));
-            if self.over_budget(name) {
+            if self.over_budget(i) {
                 out.extend(skipped(name));
                 continue;
             }
@@ -233,17 +243,31 @@ impl Bench {
         use std::io::IsTerminal;
         if !std::io::stderr().is_terminal() {
             eprintln!(
-                "[{}/{}] {message}",
+                "[{}/{}, {:.0} s] {message}",
                 self.progress.position() + 1,
-                self.progress.length().unwrap_or(0)
+                self.progress.length().unwrap_or(0),
+                self.began.elapsed().as_secs_f64()
             );
         }
         self.progress.set_message(message);
     }
 
-    /// Clears the progress bar.
+    /// Clears the progress bar and says where the test's time went.
     pub fn finish(&self) {
         self.progress.finish_and_clear();
+        let spent = self
+            .allocators
+            .iter()
+            .map(|a| {
+                let s = self.spent.get(a.name()).copied().unwrap_or(0.0);
+                format!("{} {s:.1} s", a.name())
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        eprintln!(
+            "time: {:.1} s in all; {spent}",
+            self.began.elapsed().as_secs_f64()
+        );
     }
 
     /// Times rounds of `threads` threads for every allocator.
@@ -265,9 +289,9 @@ impl Bench {
                 buffers.mixed(&self.gpu, self.opts.seed, self.opts.lo, self.opts.hi)?
             }
         };
+        let budget = self.opts.allocator_budget_s;
         let skipped = |name: &'static str| {
-            let note =
-                format!("skipped: {name} used its {ALLOCATOR_BUDGET_S} s budget for this test");
+            let note = format!("skipped: {name} used its {budget} s budget for this test");
             vec![Record::new(
                 test,
                 name,
@@ -284,7 +308,7 @@ impl Bench {
         // What `ours-vmm` had mapped for this test, for `ours-sized` (the
         // allocators run in the order listed).
         let mut grown_to = None;
-        self.each_allocator(&what, skipped, |gpu, opts, allocator, _| {
+        self.each_allocator(&what, skipped, |gpu, opts, allocator, began| {
             let name = allocator.name();
             let mut records = Vec::new();
             if let Some(bytes) = grown_to
@@ -330,7 +354,16 @@ impl Bench {
             let iters = if slow { opts.iters.min(3) } else { opts.iters };
             let (mut allocs, mut frees) = (Vec::new(), Vec::new());
             let mut nulls = first.nulls;
+            let mut cut = false;
             for _ in 0..iters {
+                // At least one timed round, then no more once the budget is spent.
+                if allocator.is_baseline()
+                    && !allocs.is_empty()
+                    && began.elapsed().as_secs_f64() > opts.allocator_budget_s
+                {
+                    cut = true;
+                    break;
+                }
                 if cold {
                     allocator.reset()?;
                 }
@@ -364,7 +397,13 @@ impl Bench {
             if !valid {
                 note = format!(
                     "{nulls} nulls and {wrong} wrong words over {} rounds",
-                    iters + 1
+                    allocs.len() + 1
+                );
+            } else if cut {
+                note = format!(
+                    "{} rounds: the {} s budget was spent",
+                    allocs.len(),
+                    opts.allocator_budget_s
                 );
             } else if slow {
                 note = format!("{iters} rounds: warm-up took over 2 s");
@@ -470,7 +509,9 @@ impl Bench {
                     let mut ratios = Vec::new();
                     let mut valid = true;
                     for _ in 0..opts.iters {
-                        if began.elapsed().as_secs_f64() > ALLOCATOR_BUDGET_S {
+                        if allocator.is_baseline()
+                            && began.elapsed().as_secs_f64() > opts.allocator_budget_s
+                        {
                             break;
                         }
                         let keep = measure::Keep {
