@@ -333,69 +333,45 @@ fn run_gpu(
 /// once, and oom uses a smaller heap), then merges, tabulates and plots.
 /// Time: each test's allocators may spend a share of what remains of
 /// `--all-budget` (unless `--allocator-budget` fixes it), the graph sweep
-/// runs last with the rest, and every test's seconds are printed.
+/// runs last with the rest, and every test's seconds are printed. `oom`
+/// runs each allocator in a process of its own, and a baseline's is killed
+/// after its budget (CUDA's malloc can spend minutes on one batch near a
+/// full heap): the table says it was cut off.
 fn bench_all(args: &BenchArgs) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut merged = Results::default();
     let began = std::time::Instant::now();
     for (i, test) in TESTS.iter().enumerate() {
         let remaining = (args.all_budget - began.elapsed().as_secs_f64()).max(0.0);
         let (allocator_budget, graph_budget) = all_budgets(args, remaining, TESTS.len() - i);
         eprintln!(
-            "== {test} (at {:.0} s of {:.0}; each allocator {allocator_budget:.0} s)",
+            "== {test} (at {:.0} s of {:.0}; each baseline {allocator_budget:.0} s)",
             began.elapsed().as_secs_f64(),
             args.all_budget
         );
-        let mut cmd = Command::new(&exe);
-        cmd.args(["bench", test, "--iters", &args.iters.to_string()])
-            .args([
-                "--seed",
-                &args.seed.to_string(),
-                "--lo",
-                &args.lo.to_string(),
-                "--hi",
-                &args.hi.to_string(),
-            ])
-            .args(["--scaling-size", &args.scaling_size.to_string()])
-            .args(["--graph-budget", &format!("{graph_budget:.0}")])
-            .arg(format!(
-                "--graph-scales={}",
-                args.graph_scales
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ))
-            .args(["--allocators", &args.allocators.join(",")])
-            .args(["--vmm-initial", &args.vmm_initial.to_string()])
-            .args(["--allocator-budget", &format!("{allocator_budget:.1}")])
-            .arg("--out")
-            .arg(&args.out);
-        if let Some(t) = args.threads {
-            cmd.args(["--threads", &t.to_string()]);
-        }
-        if let (Some(h), false) = (args.heap, *test == "oom") {
-            cmd.args(["--heap", &h.to_string()]);
-        }
-        if args.graph_threads {
-            cmd.arg("--graph-threads");
-        }
-        if args.cpu {
-            cmd.arg("--cpu");
-        }
         let started = std::time::Instant::now();
-        let status = cmd.status().map_err(|e| format!("running {test}: {e}"))?;
-        if !status.success() {
-            return Err(format!("test {test} failed ({status})"));
+        // (On the CPU only ours runs: one process.)
+        let groups: Vec<Vec<String>> = if *test == "oom" && !args.cpu {
+            args.allocators.iter().map(|a| vec![a.clone()]).collect()
+        } else {
+            vec![args.allocators.clone()]
+        };
+        for allocators in groups {
+            let cmd = all_child(args, test, &allocators, allocator_budget, graph_budget)?;
+            // Only a lone baseline is killed: ours is always measured in full.
+            let limit = (*test == "oom" && !allocators[0].starts_with("ours"))
+                .then_some(allocator_budget + 20.0);
+            let records = match run_child(cmd, limit, test)? {
+                true => Results::read(&args.out, test)
+                    .map_err(|e| format!("reading {test} results: {e}"))?,
+                false => cut_off_oom(&allocators[0], limit.unwrap_or_default()),
+            };
+            if merged.info.device.is_empty() && !records.info.device.is_empty() {
+                merged.info = records.info.clone();
+                merged.info.command = std::env::args().collect::<Vec<_>>().join(" ");
+            }
+            merged.records.extend(records.records);
         }
         eprintln!("== {test} took {:.1} s", started.elapsed().as_secs_f64());
-        let r =
-            Results::read(&args.out, test).map_err(|e| format!("reading {test} results: {e}"))?;
-        if merged.info.device.is_empty() {
-            merged.info = r.info.clone();
-            merged.info.command = std::env::args().collect::<Vec<_>>().join(" ");
-        }
-        merged.records.extend(r.records);
     }
     eprintln!("== all tests took {:.1} s", began.elapsed().as_secs_f64());
     merged
@@ -403,6 +379,105 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     println!("{}", merged.table());
     plot_dir(&args.out)
+}
+
+/// The command that runs `test` for `allocators` as one test of `all`.
+fn all_child(
+    args: &BenchArgs,
+    test: &str,
+    allocators: &[String],
+    allocator_budget: f64,
+    graph_budget: f64,
+) -> Result<Command, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["bench", test, "--iters", &args.iters.to_string()])
+        .args([
+            "--seed",
+            &args.seed.to_string(),
+            "--lo",
+            &args.lo.to_string(),
+            "--hi",
+            &args.hi.to_string(),
+        ])
+        .args(["--scaling-size", &args.scaling_size.to_string()])
+        .args(["--graph-budget", &format!("{graph_budget:.0}")])
+        .arg(format!(
+            "--graph-scales={}",
+            args.graph_scales
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ))
+        .args(["--allocators", &allocators.join(",")])
+        .args(["--vmm-initial", &args.vmm_initial.to_string()])
+        .args(["--allocator-budget", &format!("{allocator_budget:.1}")])
+        .arg("--out")
+        .arg(&args.out);
+    if let Some(t) = args.threads {
+        cmd.args(["--threads", &t.to_string()]);
+    }
+    if let (Some(h), false) = (args.heap, test == "oom") {
+        cmd.args(["--heap", &h.to_string()]);
+    }
+    if args.graph_threads {
+        cmd.arg("--graph-threads");
+    }
+    if args.cpu {
+        cmd.arg("--cpu");
+    }
+    Ok(cmd)
+}
+
+/// Runs `cmd`; with a `limit`, kills it after that many seconds. Returns
+/// whether it finished (a failure is an error).
+fn run_child(mut cmd: Command, limit: Option<f64>, test: &str) -> Result<bool, String> {
+    let mut child = cmd.spawn().map_err(|e| format!("running {test}: {e}"))?;
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(|e| format!("waiting for {test}: {e}"))?
+        {
+            break status;
+        }
+        if limit.is_some_and(|l| started.elapsed().as_secs_f64() > l) {
+            // Killing it is what the limit is for; if it ended meanwhile the
+            // wait below reaps it all the same.
+            let _ = child.kill();
+            let _ = child.wait();
+            eprintln!(
+                "{test}: killed after {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+            return Ok(false);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    if !status.success() {
+        return Err(format!("test {test} failed ({status})"));
+    }
+    Ok(true)
+}
+
+/// The records of an `oom` run of `allocator` killed after `limit` seconds.
+fn cut_off_oom(allocator: &str, limit: f64) -> Results {
+    let mut r = Results::default();
+    for size in Options::default().oom_sizes {
+        r.records.push(gpumalloc::bench::report::Record::new(
+            "oom",
+            allocator,
+            size,
+            &size.to_string(),
+            suite::OOM_BATCH,
+            "utilization",
+            Default::default(),
+            false,
+            format!("skipped: cut off after {limit:.0} s (no first null yet)"),
+        ));
+    }
+    r
 }
 
 /// The budgets of `all`'s next test, with `remaining` seconds left for

@@ -321,6 +321,68 @@ pub unsafe extern "ptx-kernel" fn verify_pattern(
     }
 }
 
+/// `fill_pattern` for `n` allocations of one large `size`, a thread per
+/// [`workload::PATTERN_PIECE`] of each (one thread filling 32 MiB alone
+/// takes about a second): thread `g` fills piece `g % pieces` of
+/// allocation `g / pieces`; a null pointer counts in `errors[0]` once.
+///
+/// # Safety
+/// `ptrs` holds `n` words; each non-null pointer is an allocation of at
+/// least `size` bytes; `errors` holds 2 words.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn fill_pattern_pieces(
+    ptrs: *const u64,
+    size: u64,
+    errors: *const Word,
+    n: u64,
+) {
+    let pieces = size.div_ceil(workload::PATTERN_PIECE).max(1);
+    let g = arch::global_thread_index();
+    let (t, piece) = (g / pieces, g % pieces);
+    if t < n {
+        // SAFETY: as documented.
+        unsafe {
+            let p = *ptrs.add(t as usize) as *mut u8;
+            if p.is_null() {
+                if piece == 0 {
+                    arch::fetch_add_relaxed(&*errors, 1);
+                }
+            } else {
+                workload::fill_piece(p, size, t, piece);
+            }
+        }
+    }
+}
+
+/// `verify_pattern` piecewise, as `fill_pattern_pieces` fills; wrong words
+/// count in `errors[1]`.
+///
+/// # Safety
+/// As for `fill_pattern_pieces`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn verify_pattern_pieces(
+    ptrs: *const u64,
+    size: u64,
+    errors: *const Word,
+    n: u64,
+) {
+    let pieces = size.div_ceil(workload::PATTERN_PIECE).max(1);
+    let g = arch::global_thread_index();
+    let (t, piece) = (g / pieces, g % pieces);
+    if t < n {
+        // SAFETY: as documented.
+        unsafe {
+            let p = *ptrs.add(t as usize) as *const u8;
+            if !p.is_null() {
+                let wrong = workload::verify_piece(p, size, t, piece);
+                if wrong != 0 {
+                    arch::fetch_add_relaxed(&*errors.add(1), wrong);
+                }
+            }
+        }
+    }
+}
+
 /// Each thread loops `rounds` times: allocate a seeded size in `lo..=hi`,
 /// fill, verify, free. `errors[0]` counts nulls, `errors[1]` wrong words.
 ///

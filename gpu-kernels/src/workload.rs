@@ -95,6 +95,65 @@ pub unsafe fn verify(p: *const u8, size: u64, id: u64) -> u64 {
     wrong
 }
 
+/// Bytes of one allocation that one thread of the piecewise pattern
+/// kernels (`fill_pattern_pieces`, `verify_pattern_pieces`) covers.
+pub const PATTERN_PIECE: u64 = 4096;
+
+/// Writes piece `piece` (bytes `piece * PATTERN_PIECE ..`, at most
+/// `PATTERN_PIECE` of them) of `id`'s pattern into the `size` bytes at `p`:
+/// together, the pieces write what [`fill`] writes.
+///
+/// # Safety
+/// As for [`fill`].
+#[inline]
+pub unsafe fn fill_piece(p: *mut u8, size: u64, id: u64, piece: u64) {
+    let start = piece * PATTERN_PIECE;
+    if start >= size {
+        return;
+    }
+    let end = (start + PATTERN_PIECE).min(size);
+    let (words, last_word) = (size / 8, end / 8);
+    for i in start / 8..last_word {
+        // SAFETY: i < size / 8 and p is aligned and valid for size bytes.
+        unsafe { (p as *mut u64).add(i as usize).write(pattern(id, i)) };
+    }
+    if end == size {
+        let tail = pattern(id, words);
+        for i in words * 8..size {
+            // SAFETY: i < size.
+            unsafe { p.add(i as usize).write((tail >> ((i % 8) * 8)) as u8) };
+        }
+    }
+}
+
+/// Counts the wrong words (and tail bytes) of piece `piece` of `id`'s
+/// pattern at `p`: together, the pieces count what [`verify`] counts.
+///
+/// # Safety
+/// As for [`verify`].
+#[inline]
+pub unsafe fn verify_piece(p: *const u8, size: u64, id: u64, piece: u64) -> u64 {
+    let start = piece * PATTERN_PIECE;
+    if start >= size {
+        return 0;
+    }
+    let end = (start + PATTERN_PIECE).min(size);
+    let (words, last_word) = (size / 8, end / 8);
+    let mut wrong = 0;
+    for i in start / 8..last_word {
+        // SAFETY: as in `fill_piece`.
+        wrong += (unsafe { (p as *const u64).add(i as usize).read() } != pattern(id, i)) as u64;
+    }
+    if end == size {
+        let tail = pattern(id, words);
+        for i in words * 8..size {
+            // SAFETY: i < size.
+            wrong += (unsafe { p.add(i as usize).read() } != (tail >> ((i % 8) * 8)) as u8) as u64;
+        }
+    }
+    wrong
+}
+
 /// The size thread `id` asks for at step `step` of a log-uniform run over
 /// `lo..=hi` (powers of two): an octave `[2^e, 2^(e+1)]` uniform among those
 /// of the range, then a size uniform within it. The same on host and GPU.
@@ -108,4 +167,46 @@ pub fn log_uniform_size(seed: u64, id: u64, step: u64, lo: u64, hi: u64) -> u64 
     let octave = low + (r >> 40) % (high - low);
     let base = 1u64 << octave;
     base + (r & 0xff_ffff) % (base + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pieces write and check exactly what `fill` and `verify` do, tail
+    /// bytes included, and a wrong byte is found by one piece.
+    #[test]
+    fn pieces_match_the_whole_pattern() {
+        for size in [
+            1,
+            7,
+            8,
+            4095,
+            4096,
+            4097,
+            3 * PATTERN_PIECE + 13,
+            17 * PATTERN_PIECE,
+        ] {
+            let mut buf = [0u64; (17 * PATTERN_PIECE / 8) as usize];
+            let p = buf.as_mut_ptr() as *mut u8;
+            let pieces = size.div_ceil(PATTERN_PIECE);
+            // SAFETY: buf holds at least size bytes (the largest is its
+            // length), 8-byte aligned.
+            unsafe {
+                for piece in 0..pieces + 1 {
+                    fill_piece(p, size, 5, piece);
+                }
+                assert_eq!(verify(p, size, 5), 0, "size {size}");
+                let wrong = |p| {
+                    (0..pieces)
+                        .map(|k| verify_piece(p, size, 5, k))
+                        .sum::<u64>()
+                };
+                assert_eq!(wrong(p), 0, "size {size}");
+                *p.add(size as usize - 1) ^= 0x40;
+                assert_eq!(wrong(p), 1, "size {size}");
+                assert_eq!(verify(p, size, 5), 1, "size {size}");
+            }
+        }
+    }
 }

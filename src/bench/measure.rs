@@ -6,6 +6,7 @@
 //! counted, and a round with either is not reported as a time.
 
 use cudarc::driver::CudaSlice;
+use gpu_kernels::workload::PATTERN_PIECE;
 use host::error::DriverCall;
 use host::gpu::Arg;
 use host::{Gpu, Result};
@@ -126,7 +127,21 @@ pub fn round(
 }
 
 /// Fills every allocation with its thread's pattern, then verifies all.
+/// Sizes over 16 pieces are filled and verified a thread per piece.
 pub fn check(gpu: &Gpu, buffers: &Buffers, sizes: Sizes) -> Result<()> {
+    if let Sizes::Fixed(size) = sizes
+        && size > 16 * PATTERN_PIECE
+    {
+        let args = [
+            Arg::U64(gpu.address(&buffers.ptrs)),
+            Arg::U64(size),
+            Arg::U64(gpu.address(&buffers.errors)),
+            Arg::U64(buffers.n),
+        ];
+        let threads = buffers.n * size.div_ceil(PATTERN_PIECE);
+        gpu.launch("fill_pattern_pieces", threads, &args)?;
+        return gpu.launch("verify_pattern_pieces", threads, &args);
+    }
     let (size, per_thread) = match sizes {
         Sizes::Fixed(s) => (s, 0),
         Sizes::PerThread(a) => (0, a),

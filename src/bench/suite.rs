@@ -112,6 +112,9 @@ pub struct Bench {
     began: Instant,
 }
 
+/// Threads of one batch of `oom` (its records' thread count).
+pub const OOM_BATCH: u64 = 1 << 16;
+
 /// Seconds an allocator may spend in one test, unless
 /// `--allocator-budget` says otherwise, before its remaining measurements
 /// are skipped (CUDA's malloc can take seconds per round).
@@ -556,7 +559,7 @@ impl Bench {
     /// `oom`: allocate one size in batches until the first null; the share
     /// of the heap handed out, then again after freeing everything.
     pub fn oom(&mut self) -> Result<Vec<Record>> {
-        const BATCH: u64 = 1 << 16;
+        const BATCH: u64 = OOM_BATCH;
         self.plan(self.opts.oom_sizes.len() as u64);
         let mut out = Vec::new();
         for size in self.opts.oom_sizes.clone() {
