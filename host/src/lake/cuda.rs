@@ -6,8 +6,8 @@
 //! with the same `cuMemCreate` at a host location: the host NUMA node
 //! nearest the device (`CU_MEM_LOCATION_TYPE_HOST_NUMA`, CUDA 12.2+), else
 //! `CU_MEM_LOCATION_TYPE_HOST` where the driver takes that instead; the
-//! first spill finds which (by asking the driver for the granularity of
-//! each) and keeps it.
+//! first spill finds which (the driver's granularity of each, then one
+//! chunk made and released) and keeps it.
 //!
 //! Concurrency: holds no mutable state besides its [`CallMeter`] (atomics)
 //! and the host location, set once ([`OnceLock`]); each call binds the
@@ -143,8 +143,9 @@ impl CudaVmm {
     }
 
     /// Where host chunks are made: the first host location whose
-    /// granularity the driver tells (it refuses a location it cannot
-    /// allocate at), and which divides the chunk size. Found once.
+    /// granularity the driver tells and divides the chunk size, and where
+    /// `cuMemCreate` makes a chunk (one is made and released to check).
+    /// Found once.
     fn host_location(&self) -> VmmResult<sys::CUmemLocation> {
         if let Some(&l) = self.host_location.get() {
             return Ok(l);
@@ -178,7 +179,31 @@ impl CudaVmm {
             .result();
             match asked {
                 Ok(()) if minimum > 0 && self.granularity.is_multiple_of(minimum as u64) => {
-                    return Ok(*self.host_location.get_or_init(|| location));
+                    // The granularity query may accept a location that
+                    // cuMemCreate then refuses: one chunk, made and
+                    // released, settles it.
+                    let mut probe: sys::CUmemGenericAllocationHandle = 0;
+                    // SAFETY: as in `create`.
+                    let made = unsafe {
+                        sys::cuMemCreate(&mut probe, self.granularity as usize, &prop, 0)
+                    }
+                    .result();
+                    match made {
+                        Ok(()) => {
+                            // SAFETY: the probe was just made and is mapped
+                            // nowhere; released once.
+                            let _ = unsafe { sys::cuMemRelease(probe) }.result();
+                            return Ok(*self.host_location.get_or_init(|| location));
+                        }
+                        // No host memory now: the spill's answer, not the
+                        // location's (nothing is kept; tried again later).
+                        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                            return named(VmmCall::Create, Err(e));
+                        }
+                        Err(e) => {
+                            refused.push(format!("{type_:?} (id {id}): cuMemCreate failed: {e}"))
+                        }
+                    }
                 }
                 Ok(()) => refused.push(format!(
                     "{type_:?} (id {id}): granularity {minimum} bytes does not divide the \
