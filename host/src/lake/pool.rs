@@ -169,10 +169,11 @@ impl<D: VmmDriver> Lake<D> {
         self.limit_bytes.load(Ordering::Relaxed)
     }
 
-    /// Changes the limit on physical bytes (PyTorch's
+    /// Changes the limit on device bytes (PyTorch's
     /// `set_per_process_memory_fraction`). Memory already held above a
     /// lowered limit stays until it is freed and trimmed; new chunks are
-    /// refused while the lake holds more than the limit.
+    /// refused while the lake holds more than the limit (made in host
+    /// memory instead when [`LakeConfig::spill_to_host`] is on).
     pub fn set_limit_bytes(&self, bytes: u64) {
         // Relaxed: see `limit_chunks`.
         self.limit_bytes.store(bytes, Ordering::Relaxed);
