@@ -88,7 +88,8 @@ fn a_terabyte_reservation_costs_only_what_is_mapped() {
             reservations: 1,
             chunks: 32,
             mappings: 32,
-            rdma_chunks: 0
+            rdma_chunks: 0,
+            host_chunks: 0,
         }
     );
     // Only the mapped segments are handed out: 1 MiB blocks, 16 a segment.
@@ -234,6 +235,7 @@ fn failing_driver_calls_are_rolled_back_and_named() {
         chunks,
         mappings: chunks,
         rdma_chunks: 0,
+        host_chunks: 0,
     };
     assert_eq!(vmm.census(), census(4));
 

@@ -44,6 +44,10 @@ starting runs after that many seconds):
               is skipped, so `--planned-configs 112,113,114 --allocators
               expandable` probes the largest batch that fits (README_table.md;
               a profile that runs out of memory leaves no plan: no-plan).
+              Profiles run with GPUMALLOC_SPILL_TO_HOST=1: where the GPU is
+              full the pool maps host memory instead (same requests, slower),
+              so the profile of a batch only the plan fits completes; the
+              profile column says how much was spilled.
   full        main + sweep + ddp in one command (about 15-20 minutes).
   smoke       CPU-only check of this runner (tiny model, --device cpu).
 --allocators picks a subset; --merge DIR... combines folders into one report.
@@ -123,9 +127,11 @@ class Runner:
         with open(self.results_path, "a") as f:
             f.write(json.dumps(res, sort_keys=True) + "\n")
 
-    def train(self, name, allocator, batch, timeout=150, lora=False, args=(), keep=(), label=None):
+    def train(self, name, allocator, batch, timeout=150, lora=False, args=(), keep=(), label=None,
+              env=None):
         """One train_gpt2.py run; returns its result dict (status crash/timeout if none).
-        `label` names the allocator in the result (default: `allocator`)."""
+        `label` names the allocator in the result (default: `allocator`); `env` adds
+        environment variables to the allocator variant's."""
         if self.left() < 20:
             res = {"allocator": allocator, "batch": batch, "model": "gpt2" + ("+lora" if lora else ""),
                    "run": name, "status": "skipped", "why": "time budget of this command spent"}
@@ -133,7 +139,8 @@ class Runner:
             self.record(res)
             return res
         timeout = max(20, min(timeout, self.left()))
-        base, env = allocator_variant(allocator)
+        base, variant_env = allocator_variant(allocator)
+        env = {**variant_env, **(env or {})}
         cmd = [PY, str(HERE / "train_gpt2.py"), "--allocator", base, "--batch", str(batch),
                "--tag", name] + (["--lora"] if lora else []) + list(args) + self.extra
         if self.device != "cuda":
@@ -262,15 +269,23 @@ def config_tag(batch, lora):
     return f"{'lora-' if lora else ''}b{batch}"
 
 
+# The profiling process spills to host memory when the GPU is full (torch-alloc's
+# GPUMALLOC_SPILL_TO_HOST): it records the same requests, only slower, so a batch that
+# only the plan fits can still be profiled.
+PROFILE_ENV = {"GPUMALLOC_SPILL_TO_HOST": "1"}
+
+
 def profile_plan(r, tag, batch, lora=False, steps=3, args=(), profiler="ours", timeout=180):
     """The planned mode's profiling process: `profiler` (ours or a variant such as
     `ours-c2`; the requests PyTorch makes do not depend on the pool's settings) records
-    steps 0..`steps` and synthesizes a plan into the scratch folder.
+    steps 0..`steps` and synthesizes a plan into the scratch folder. The pool spills to
+    host memory where the GPU runs out (PROFILE_ENV): the online pool reserves a few
+    percent more than the plan, and the profile must not fail where the plan would fit.
     Returns (plan path or None, the profile's result, why there is no plan)."""
     plan = r.scratch / f"plan-{tag}.plan"
     prof = r.train(f"plan-profile-{tag}", profiler, batch, lora=lora, timeout=timeout,
                    args=["--plan-profile", str(steps), "--plan-out", str(plan)] + list(args)
-                   + ["--steps", str(steps + 1)])
+                   + ["--steps", str(steps + 1)], env=PROFILE_ENV)
     if prof.get("status") == "ok" and plan.exists():
         return plan, prof, None
     why = f"profile run ({profiler}) {prof.get('status')}"
@@ -407,12 +422,15 @@ def planned_report(results, configs):
 
 
 def profile_cell(prof):
-    """A profile run in a few words: 'ok (ours, steps 0..3)', 'oom at step 2 (ours-c2)'."""
+    """A profile run in a few words: 'ok (ours, steps 0..3)', 'oom at step 2 (ours-c2)',
+    'ok, spilled 1.25 GiB to host (ours-c2, steps 0..2)'."""
     if not prof:
         return "-"
     text = str(prof.get("status"))
     if prof.get("oom_step") is not None:
         text += f" at step {prof['oom_step']}"
+    if prof.get("spilled_peak"):
+        text += f", spilled {prof['spilled_peak'] / report.GIB:.2f} GiB to host"
     where = [str(prof.get("allocator", "ours"))]
     steps = (prof.get("plan_profile") or {}).get("profiled_steps")
     if steps:

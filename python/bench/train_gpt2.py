@@ -26,7 +26,13 @@ Allocators (chosen before torch is imported, one per process):
 Efficiency = peak active / peak reserved: max_memory_allocated /
 max_memory_reserved for PyTorch's allocators, stats()['peak_active'] /
 stats()['peak_reserved'] for ours. An out-of-memory error is a result
-(`"oom": true`), not a crash.
+(`"oom": true`), not a crash. Ours with GPUMALLOC_SPILL_TO_HOST=1 (the
+planned mode's profile) may hold chunks in host memory when the GPU is full:
+reserved stays GPU memory, the result adds "peak_spilled" (measured steps)
+and "spilled_peak" / "spills" (whole run: most bytes in host memory, chunks
+made there), and the efficiency of such a run counts the spilled bytes too
+(peak active / (peak reserved + peak spilled)), so a spill never reads as a
+better layout.
 
 Options for the other outputs: --trace-out (default allocator only: the
 allocation trace in the lake's binary format, gzip'd, plus the raw entries),
@@ -419,11 +425,16 @@ def run(args):
                    "slow_call_ns", "thread_switches")
     call_detail = {k: [] for k in detail_keys}
     last_detail = {k: 0 for k in detail_keys}
+    # Ours' most bytes spilled to host memory over the whole run: the peak
+    # since the last reset, read at every step's end (before the reset at
+    # --measure-from).
+    spilled_peak = [0]
 
     def alloc_times():
         if mem.gm is None or not cuda:  # on the CPU (smoke runs) ours is never enabled
             return
         st = mem.gm.stats(0)
+        spilled_peak[0] = max(spilled_peak[0], int(st.get("peak_spilled", 0)))
         call, drv = int(st.get("call_ns", 0)), int(st.get("driver_ns", 0))
         alloc_ms.append(round((call - last_ns[0]) / 1e6, 2))
         driver_ms.append(round((drv - last_ns[1]) / 1e6, 2))
@@ -518,6 +529,17 @@ def run(args):
     result["peak_active_gib"] = round(peak_active / GIB, 3)
     result["peak_reserved_gib"] = round(peak_reserved / GIB, 3)
     result["efficiency"] = round(peak_active / peak_reserved, 4) if peak_reserved else None
+    if gm is not None and cuda:
+        end = gm.stats(0)
+        peak_spilled = int(end.get("peak_spilled", 0))
+        result["spilled_peak"] = max(spilled_peak[0], peak_spilled)
+        result["spills"] = int(end.get("spills", 0))
+        if peak_spilled:
+            result["peak_spilled"] = peak_spilled
+            result["efficiency"] = round(peak_active / (peak_reserved + peak_spilled), 4)
+        if result["spills"]:
+            log(f"spilled to host memory: {result['spills']} chunks, at most "
+                f"{result['spilled_peak'] / GIB:.3f} GiB at once (not in reserved)")
     if result["status"] == "ok" and t_measure is not None and t_end is not None:
         result["tokens_per_s"] = round(tokens_measured / (t_end - t_measure), 1)
         result["measured_tokens"] = tokens_measured

@@ -65,6 +65,9 @@ class GmStats(ctypes.Structure):
         ("thread_switches", ctypes.c_uint64),
         ("planned_free", ctypes.c_uint64),
         ("planned_arena", ctypes.c_uint64),
+        ("spilled", ctypes.c_uint64),
+        ("peak_spilled", ctypes.c_uint64),
+        ("spills", ctypes.c_uint64),
     ]
 
 
@@ -199,6 +202,10 @@ def stats(device=0):
     Where reserved bytes are: active + small_rounding + large_rounding +
     (split_free - waiting in it) + private_free + planned_free + waiting +
     lake_free. planned_arena: physical bytes of the plan's arena (use_plan).
+    spilled / peak_spilled / spills: bytes of chunks made in host memory when
+    the GPU was full (GPUMALLOC_SPILL_TO_HOST=1), their peak and how many
+    chunks were made so; not part of reserved, and the breakdown above sums to
+    reserved + spilled.
     """
     lib = _lib_or_default()
     out = GmStats()

@@ -151,10 +151,13 @@ class FakeRunner:
         self.out.mkdir()
         self.logf = None
         self.results, self.cmds, self.kept = [], [], []
+        self.envs = {}
         self.outcome = outcome
 
-    def train(self, name, allocator, batch, timeout=150, lora=False, args=(), keep=(), label=None):
+    def train(self, name, allocator, batch, timeout=150, lora=False, args=(), keep=(), label=None,
+              env=None):
         self.cmds.append((name, allocator, batch, lora, list(args)))
+        self.envs[name] = dict(env or {})
         status = self.outcome(name)
         res = {"run": name, "allocator": label or allocator, "batch": batch,
                "model": "gpt2" + ("+lora" if lora else ""), "status": status}
@@ -226,7 +229,7 @@ def test_bindings_synthesize_and_refuse_bad_plans_without_a_gpu(tmp_path):
     import gpumalloc_torch as gm
 
     gm._load(str(LIB))
-    assert ctypes.sizeof(gm.GmStats) == 35 * 8 and ctypes.sizeof(gm.GmPlanStats) == 8 * 8
+    assert ctypes.sizeof(gm.GmStats) == 38 * 8 and ctypes.sizeof(gm.GmPlanStats) == 8 * 8
     trace = ROOT / "host" / "tests" / "data" / "gpt2-b16-6steps.trace.gz"
     plan = tmp_path / "b16.plan"
     seconds = gm.synthesize_plan(trace, plan, 3, 1)
@@ -283,8 +286,9 @@ def test_profile_covers_the_longest_length_after_step_0():
 class FakeThroughputRunner(FakeRunner):
     """FakeRunner whose ok runs have per-step times and lengths; planned runs take 1% longer."""
 
-    def train(self, name, allocator, batch, timeout=150, lora=False, args=(), keep=(), label=None):
-        res = super().train(name, allocator, batch, timeout, lora, args, keep, label)
+    def train(self, name, allocator, batch, timeout=150, lora=False, args=(), keep=(), label=None,
+              env=None):
+        res = super().train(name, allocator, batch, timeout, lora, args, keep, label, env)
         if res["status"] == "ok":
             steps = int(args[args.index("--steps") + 1])
             slow = 1.01 if label == "planned" else 1.0
@@ -373,3 +377,33 @@ def test_merge_leaves_throughput_planned_runs_to_throughput_md(tmp_path):
     run.merge([tp], tmp_path / "out")
     assert not (tmp_path / "out" / "planned.md").exists()
     assert "ours, planned" in (tmp_path / "out" / "README_table.md").read_text()
+
+
+def test_boundary_profiles_spill_so_a_batch_only_the_plan_fits_is_profiled(tmp_path):
+    """The profiling process (and only it) runs with the spill on; a profile that spilled
+    still gives a plan, and planned.md says how much it spilled. At 113 the online pool
+    needs more than the GPU but the plan does not: the boundary search goes on to 114."""
+    fails = {"plan-profile-b115", "expandable-b113"}
+    r = FakeRunner(tmp_path, lambda name: "oom" if name in fails else "ok")
+    train = r.train
+
+    def spilling(name, *a, **k):
+        res = train(name, *a, **k)
+        if name == "plan-profile-b113" and res["status"] == "ok":
+            res.update(spilled_peak=int(2.5 * GIB), spills=160)
+        return res
+
+    r.train = spilling
+    run.suite_planned(r, ("expandable",), run.planned_configs("112,113,114,115"),
+                      profile_steps=2, profiler="ours-c2")
+    names = [c[0] for c in r.cmds]
+    assert names == ["plan-profile-b112", "planned-b112", "plan-profile-b113", "planned-b113",
+                     "plan-profile-b114", "planned-b114", "plan-profile-b115",
+                     "expandable-b112", "expandable-b113"]
+    for name in names:
+        want = {"GPUMALLOC_SPILL_TO_HOST": "1"} if name.startswith("plan-profile-") else {}
+        assert r.envs[name] == want, name
+    text = (r.out / "planned.md").read_text()
+    assert "| ok, spilled 2.50 GiB to host (ours-c2) |" in text
+    assert "| ok (ours-c2) |" in text  # b112: nothing spilled, nothing said
+    assert "PLANNED b113: status ok" in text

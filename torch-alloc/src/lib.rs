@@ -18,7 +18,17 @@
 //! `GPUMALLOC_CHUNK_MIB` sets the lake's chunk size (default
 //! [`DEFAULT_CHUNK_MIB`]); `GPUMALLOC_REUSE_ENTRIES` sets how
 //! many freed large blocks the pool keeps for requests of their size
-//! (default 0: the reuse cache is off; 32 to try it).
+//! (default 0: the reuse cache is off; 32 to try it);
+//! `GPUMALLOC_SPILL_TO_HOST=1` turns the lake's spill on (default off:
+//! `0` or unset): when the GPU has no memory left for a new chunk (or the
+//! chunk would pass the limit above), the chunk is made in pinned host
+//! memory through the VMM API and mapped at the same device address, so
+//! the program goes on with the same allocations, correct but slower (for
+//! a profiling run that does not quite fit, e.g. the planned mode's
+//! profile). Spilled bytes are not
+//! `reserved` (device memory): `GmStats` reports them as `spilled`,
+//! `peak_spilled` and `spills`. Needs CUDA 12.2+ host-NUMA VMM support;
+//! where the driver has none, the chunk's `cuMemCreate` error says so.
 //!
 //! Planned mode (STWeaver, `host::plan`): `gm_plan_synthesize` turns a
 //! trace saved with `gm_trace_save` into a plan file (no device needed),
@@ -79,6 +89,20 @@ pub const DEFAULT_CHUNK_MIB: u64 = 16;
 
 /// Environment variable setting the reuse cache's entries.
 const REUSE_ENV: &str = "GPUMALLOC_REUSE_ENTRIES";
+
+/// Environment variable turning the lake's spill to host memory on (`1`).
+const SPILL_ENV: &str = "GPUMALLOC_SPILL_TO_HOST";
+
+/// Whether `GPUMALLOC_SPILL_TO_HOST` asks for the spill: `1` yes, `0` or
+/// unset no, anything else an error (a typo must not silently run
+/// without the spill).
+fn spill_to_host(value: Option<&str>) -> Result<bool, String> {
+    match value {
+        None | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(v) => Err(format!("{SPILL_ENV}={v:?}: expected 1 (on) or 0 (off)")),
+    }
+}
 
 /// What a forked child is told when it asks for memory.
 const IN_CHILD: &str = "gpumalloc: CUDA memory cannot be used in a process forked after CUDA \
@@ -162,6 +186,13 @@ pub struct GmStats {
     pub planned_free: u64,
     /// Physical bytes of the planned arena (0 without a plan).
     pub planned_arena: u64,
+    /// Bytes of lake chunks held in host memory (the spill,
+    /// `GPUMALLOC_SPILL_TO_HOST`); not part of `reserved`.
+    pub spilled: u64,
+    /// Highest `spilled` since start or the last `gm_reset_peaks`.
+    pub peak_spilled: u64,
+    /// Chunks ever made in host memory.
+    pub spills: u64,
 }
 
 impl From<PoolStats> for GmStats {
@@ -202,6 +233,9 @@ impl From<PoolStats> for GmStats {
             thread_switches: 0,
             planned_free: s.breakdown.planned_free_bytes,
             planned_arena: s.planned_arena_bytes,
+            spilled: s.spilled_bytes,
+            peak_spilled: s.peak_spilled_bytes,
+            spills: s.spills,
         }
     }
 }
@@ -278,8 +312,13 @@ fn make_device(device: i32) -> Result<Device, String> {
             .map_err(|e| format!("{LIMIT_ENV}={v:?} is not a byte count: {e}"))?,
         Err(_) => total_bytes,
     };
+    let spill = spill_to_host(std::env::var(SPILL_ENV).ok().as_deref())?;
+    let config = LakeConfig {
+        spill_to_host: spill,
+        ..LakeConfig::with_limit(limit)
+    };
     let events = CudaEvents::open(ordinal).map_err(|e| e.to_string())?;
-    let pool = StreamPool::new(Lake::new(vmm, LakeConfig::with_limit(limit)), events);
+    let pool = StreamPool::new(Lake::new(vmm, config), events);
     if let Ok(v) = std::env::var(REUSE_ENV) {
         let entries = v
             .parse::<usize>()
@@ -1027,6 +1066,33 @@ mod tests {
         // The C mirror: 8 u64 fields (GmStats' mirrors are checked by
         // `layout_tests`).
         assert_eq!(std::mem::size_of::<GmPlanStats>(), 8 * 8);
+    }
+
+    #[test]
+    fn spill_env_is_on_only_for_1_and_refuses_typos() {
+        assert_eq!(spill_to_host(None), Ok(false));
+        assert_eq!(spill_to_host(Some("0")), Ok(false));
+        assert_eq!(spill_to_host(Some("1")), Ok(true));
+        for bad in ["", "yes", "true", "2"] {
+            let e = spill_to_host(Some(bad)).unwrap_err();
+            assert!(e.starts_with("GPUMALLOC_SPILL_TO_HOST="), "{e}");
+        }
+    }
+
+    #[test]
+    fn gm_stats_reports_spilled_bytes_apart_from_reserved() {
+        let pool = host::pluggable::PoolStats {
+            reserved_bytes: 7 << 30,
+            spilled_bytes: 3 << 30,
+            peak_spilled_bytes: 4 << 30,
+            spills: 200,
+            ..host::pluggable::PoolStats::default()
+        };
+        let s = GmStats::from(pool);
+        assert_eq!(
+            (s.reserved, s.spilled, s.peak_spilled, s.spills),
+            (7 << 30, 3 << 30, 4 << 30, 200)
+        );
     }
 
     #[test]

@@ -17,6 +17,18 @@ pub struct LakeConfig {
     /// Most unused stitched views kept cached; the least recently used
     /// beyond this are unmapped and their address ranges freed.
     pub max_cached_stitched: usize,
+    /// When the driver runs out of device memory making a chunk
+    /// (`cuMemCreate`'s `CUDA_ERROR_OUT_OF_MEMORY`), make it in host memory
+    /// instead ([`super::VmmDriver::create_on_host`]), mapped at the same
+    /// place and granted to the device: allocations keep their addresses
+    /// and kernels their results, only slower. For profiling a workload
+    /// that does not quite fit (the planned mode's profile). Spilled chunks
+    /// are counted apart ([`super::LakeStats::spilled_bytes`]), not as
+    /// reserved, and not under `limit_bytes`, which caps device memory:
+    /// with the spill on, chunks past the limit go to host memory too (so
+    /// a limit below the device's size simulates a smaller device). Off by
+    /// default.
+    pub spill_to_host: bool,
 }
 
 impl LakeConfig {
@@ -31,6 +43,7 @@ impl LakeConfig {
             limit_bytes,
             max_stitch_chunks: Self::DEFAULT_MAX_STITCH_CHUNKS,
             max_cached_stitched: Self::DEFAULT_MAX_CACHED_STITCHED,
+            spill_to_host: false,
         }
     }
 }

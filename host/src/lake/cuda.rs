@@ -2,11 +2,19 @@
 //! cudarc's raw `sys` VMM functions (cudarc wraps none of them). Every error
 //! names the driver call, e.g. "cuMemMap failed: CUDA_ERROR_INVALID_VALUE".
 //!
-//! Concurrency: holds no mutable state besides its [`CallMeter`] (atomics);
-//! each call binds the device's primary context to the calling thread first,
-//! so it may be used from any thread.
+//! Host chunks ([`VmmDriver::create_on_host`], the lake's spill) are made
+//! with the same `cuMemCreate` at a host location: the host NUMA node
+//! nearest the device (`CU_MEM_LOCATION_TYPE_HOST_NUMA`, CUDA 12.2+), else
+//! `CU_MEM_LOCATION_TYPE_HOST` where the driver takes that instead; the
+//! first spill finds which (the driver's granularity of each, then one
+//! chunk made and released) and keeps it.
+//!
+//! Concurrency: holds no mutable state besides its [`CallMeter`] (atomics)
+//! and the host location, set once ([`OnceLock`]); each call binds the
+//! device's primary context to the calling thread first, so it may be used
+//! from any thread.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, DriverError, sys};
 
@@ -21,6 +29,8 @@ pub struct CudaVmm {
     options: ChunkOptions,
     granularity: u64,
     meter: CallMeter,
+    /// Where host chunks are made, found on the first spill.
+    host_location: OnceLock<sys::CUmemLocation>,
 }
 
 /// Attaches the call to a cudarc result.
@@ -58,6 +68,7 @@ impl CudaVmm {
             options,
             granularity: 0,
             meter: CallMeter::default(),
+            host_location: OnceLock::new(),
         };
         let prop = vmm.properties();
         let mut granularity: usize = 0;
@@ -112,6 +123,119 @@ impl CudaVmm {
                 reserved: [0; 4],
             },
         }
+    }
+
+    /// The properties of a host chunk at `location` (never RDMA-capable:
+    /// the option is about device memory).
+    fn host_properties(&self, location: sys::CUmemLocation) -> sys::CUmemAllocationProp {
+        let mut prop = self.properties();
+        prop.location = location;
+        prop.allocFlags.gpuDirectRDMACapable = 0;
+        prop
+    }
+
+    /// A device attribute, or the driver's error.
+    fn attribute(&self, attr: sys::CUdevice_attribute) -> Result<i32, DriverError> {
+        let mut value: i32 = 0;
+        // SAFETY: writes one int; the device ordinal is valid (opened).
+        unsafe { sys::cuDeviceGetAttribute(&mut value, attr, self.device()) }.result()?;
+        Ok(value)
+    }
+
+    /// Where host chunks are made: the first host location whose
+    /// granularity the driver tells and divides the chunk size, and where
+    /// `cuMemCreate` makes a chunk (one is made and released to check).
+    /// Found once.
+    fn host_location(&self) -> VmmResult<sys::CUmemLocation> {
+        if let Some(&l) = self.host_location.get() {
+            return Ok(l);
+        }
+        crate::thread_cuda::before_driver_call();
+        named(VmmCall::Create, self.ctx.bind_to_thread())?;
+        // -1 (or an old driver that does not know the attribute): no NUMA,
+        // and node 0 is what cuMemCreate then wants.
+        let numa = self
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
+            .unwrap_or(-1)
+            .max(0);
+        let candidates = [
+            (sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, numa),
+            (sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, 0),
+        ];
+        let mut refused = Vec::new();
+        for (type_, id) in candidates {
+            let location = sys::CUmemLocation { type_, id };
+            let prop = self.host_properties(location);
+            let mut minimum: usize = 0;
+            // SAFETY: `minimum` and `prop` are valid for the call; `prop`
+            // is fully initialised.
+            let asked = unsafe {
+                sys::cuMemGetAllocationGranularity(
+                    &mut minimum,
+                    &prop,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+                )
+            }
+            .result();
+            match asked {
+                Ok(()) if minimum > 0 && self.granularity.is_multiple_of(minimum as u64) => {
+                    // The granularity query may accept a location that
+                    // cuMemCreate then refuses: one chunk, made and
+                    // released, settles it.
+                    let mut probe: sys::CUmemGenericAllocationHandle = 0;
+                    // SAFETY: as in `create`.
+                    let made = unsafe {
+                        sys::cuMemCreate(&mut probe, self.granularity as usize, &prop, 0)
+                    }
+                    .result();
+                    match made {
+                        Ok(()) => {
+                            // SAFETY: the probe was just made and is mapped
+                            // nowhere; released once.
+                            let _ = unsafe { sys::cuMemRelease(probe) }.result();
+                            return Ok(*self.host_location.get_or_init(|| location));
+                        }
+                        // No host memory now: the spill's answer, not the
+                        // location's (nothing is kept; tried again later).
+                        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                            return named(VmmCall::Create, Err(e));
+                        }
+                        Err(e) => {
+                            refused.push(format!("{type_:?} (id {id}): cuMemCreate failed: {e}"))
+                        }
+                    }
+                }
+                Ok(()) => refused.push(format!(
+                    "{type_:?} (id {id}): granularity {minimum} bytes does not divide the \
+                     chunk size {}",
+                    self.granularity
+                )),
+                Err(e) => refused.push(format!(
+                    "{type_:?} (id {id}): cuMemGetAllocationGranularity failed: {e}"
+                )),
+            }
+        }
+        Err(DriverFailure {
+            call: VmmCall::Create,
+            cause: FailureCause::Unsupported(format!(
+                "no host location for VMM chunks of device {}: {}",
+                self.ordinal(),
+                refused.join("; ")
+            )),
+        })
+    }
+
+    /// Free and total device memory (`cuMemGetInfo`), in bytes. Host chunks
+    /// do not count.
+    pub fn mem_info(&self) -> crate::Result<(u64, u64)> {
+        use crate::error::DriverCall;
+        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two sizes; the context is current.
+        unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }
+            .result()
+            .call("cuMemGetInfo")?;
+        Ok((free as u64, total as u64))
     }
 
     /// Binds the context, then runs one metered driver call.
@@ -187,6 +311,18 @@ impl VmmDriver for CudaVmm {
         self.call(VmmCall::Create, || {
             // SAFETY: `handle` and `prop` are valid for the call; `prop` is
             // fully initialised; flags must be 0.
+            unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) }.result()
+        })?;
+        Ok(ChunkHandle(handle))
+    }
+
+    fn create_on_host(&self) -> VmmResult<ChunkHandle> {
+        let size = self.granularity;
+        let prop = self.host_properties(self.host_location()?);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        self.call(VmmCall::Create, || {
+            // SAFETY: as in `create`; the location is one the driver
+            // accepted in `host_location`.
             unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) }.result()
         })?;
         Ok(ChunkHandle(handle))

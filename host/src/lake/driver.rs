@@ -94,6 +94,10 @@ pub enum FailureCause {
     Injected,
     /// The CPU model's device is full (see `ModelVmm::set_device_bytes`).
     OutOfMemory,
+    /// The device or its driver cannot do what was asked (what, in words),
+    /// e.g. host chunks through the VMM API on a driver older than CUDA
+    /// 12.2.
+    Unsupported(String),
 }
 
 /// A failed driver call: which call, and why.
@@ -115,6 +119,7 @@ impl fmt::Display for DriverFailure {
             FailureCause::OutOfMemory => {
                 write!(f, "{call} failed: the CPU model's device memory is full")
             }
+            FailureCause::Unsupported(why) => write!(f, "{call} failed: not supported: {why}"),
         }
     }
 }
@@ -167,6 +172,17 @@ pub trait VmmDriver: Send + Sync {
     /// Creates one physical chunk of one granule with
     /// [`VmmDriver::options`].
     fn create(&self) -> VmmResult<ChunkHandle>;
+
+    /// Creates one chunk of one granule in *host* memory (pinned, on the
+    /// device's nearest host NUMA node) that [`VmmDriver::map`] and
+    /// [`VmmDriver::set_access`] treat like any other: mapped in device
+    /// address space and granted to the device, kernels read and write it
+    /// over the bus (correct, only slower). The lake's spill
+    /// ([`super::LakeConfig::spill_to_host`]) makes these when
+    /// [`VmmDriver::create`] runs out of device memory. Counted as a
+    /// [`VmmCall::Create`]; released with [`VmmDriver::release`]. Host
+    /// chunks take no device memory (`cuMemGetInfo` does not see them).
+    fn create_on_host(&self) -> VmmResult<ChunkHandle>;
 
     /// Releases a chunk. The chunk is live and mapped nowhere.
     fn release(&self, chunk: ChunkHandle) -> VmmResult<()>;
@@ -286,6 +302,9 @@ impl<D: VmmDriver> VmmDriver for std::sync::Arc<D> {
     }
     fn create(&self) -> VmmResult<ChunkHandle> {
         (**self).create()
+    }
+    fn create_on_host(&self) -> VmmResult<ChunkHandle> {
+        (**self).create_on_host()
     }
     fn release(&self, chunk: ChunkHandle) -> VmmResult<()> {
         (**self).release(chunk)

@@ -12,7 +12,11 @@
 //! Chunks are backed by host memory, so bytes written through one mapping
 //! read back through every other mapping of the same chunk
 //! ([`ModelVmm::write`], [`ModelVmm::read`]). Faults can be injected: the
-//! n-th next call of a kind fails ([`ModelVmm::fail_nth`]). A model made
+//! n-th next call of a kind fails ([`ModelVmm::fail_nth`]), and the device
+//! can be made to run out of memory ([`ModelVmm::set_device_bytes`]):
+//! then `create` fails as CUDA does, while `create_on_host` (the lake's
+//! spill) still succeeds, its chunks counted apart and never against the
+//! device. A model made
 //! with [`ModelVmm::without_data`] keeps no bytes (for replaying traces of
 //! tens of GiB): it checks every call the same way but refuses reads and
 //! writes.
@@ -43,6 +47,8 @@ struct Chunk {
     mappings: usize,
     /// Whether it was created RDMA-capable.
     rdma_capable: bool,
+    /// Whether it lives in host memory (`create_on_host`).
+    on_host: bool,
 }
 
 /// One mapped granule.
@@ -66,6 +72,8 @@ struct State {
     faults: HashMap<VmmCall, u64>,
     /// Modelled device memory in chunks (`None`: unlimited).
     device_chunks: Option<u64>,
+    /// Live chunks in host memory (the others are on the device).
+    host_chunks: usize,
 }
 
 /// The CPU model of the VMM driver.
@@ -89,6 +97,8 @@ pub struct ModelCensus {
     pub mappings: usize,
     /// Live chunks created RDMA-capable.
     pub rdma_chunks: usize,
+    /// Live chunks in host memory (`create_on_host`), part of `chunks`.
+    pub host_chunks: usize,
 }
 
 fn refuse<T>(call: VmmCall, why: String) -> VmmResult<T> {
@@ -164,6 +174,7 @@ impl ModelVmm {
             chunks: s.chunks.len(),
             mappings: s.mapped.len(),
             rdma_chunks: s.chunks.values().filter(|c| c.rdma_capable).count(),
+            host_chunks: s.host_chunks,
         }
     }
 
@@ -228,6 +239,25 @@ impl ModelVmm {
         let offset = (addr - granule) as usize;
         let n = want.min(self.granularity as usize - offset);
         Ok((m.chunk, offset, n))
+    }
+
+    /// Makes a live chunk (on the device, or in host memory).
+    fn new_chunk(&self, s: &mut State, on_host: bool) -> ChunkHandle {
+        let handle = ChunkHandle(s.next_handle);
+        s.next_handle += 1;
+        let chunk = Chunk {
+            bytes: if self.with_data {
+                vec![0; self.granularity as usize]
+            } else {
+                Vec::new()
+            },
+            mappings: 0,
+            // The option is about device memory (as in `CudaVmm`).
+            rdma_capable: self.options.rdma_capable && !on_host,
+            on_host,
+        };
+        s.chunks.insert(handle, chunk);
+        handle
     }
 
     /// Runs one metered call: checks for an injected fault, then `f`.
@@ -307,27 +337,21 @@ impl VmmDriver for ModelVmm {
 
     fn create(&self) -> VmmResult<ChunkHandle> {
         self.call(VmmCall::Create, |s| {
-            if s.device_chunks
-                .is_some_and(|cap| s.chunks.len() as u64 >= cap)
-            {
+            let on_device = (s.chunks.len() - s.host_chunks) as u64;
+            if s.device_chunks.is_some_and(|cap| on_device >= cap) {
                 return Err(DriverFailure {
                     call: VmmCall::Create,
                     cause: FailureCause::OutOfMemory,
                 });
             }
-            let handle = ChunkHandle(s.next_handle);
-            s.next_handle += 1;
-            let chunk = Chunk {
-                bytes: if self.with_data {
-                    vec![0; self.granularity as usize]
-                } else {
-                    Vec::new()
-                },
-                mappings: 0,
-                rdma_capable: self.options.rdma_capable,
-            };
-            s.chunks.insert(handle, chunk);
-            Ok(handle)
+            Ok(self.new_chunk(s, false))
+        })
+    }
+
+    fn create_on_host(&self) -> VmmResult<ChunkHandle> {
+        self.call(VmmCall::Create, |s| {
+            s.host_chunks += 1;
+            Ok(self.new_chunk(s, true))
         })
     }
 
@@ -346,7 +370,9 @@ impl VmmDriver for ModelVmm {
                 }
                 Some(_) => {}
             }
-            s.chunks.remove(&chunk);
+            if s.chunks.remove(&chunk).is_some_and(|c| c.on_host) {
+                s.host_chunks -= 1;
+            }
             Ok(())
         })
     }

@@ -36,6 +36,15 @@
 //! [`Lake::trim`]. When new chunks would pass [`LakeConfig::limit_bytes`],
 //! the request fails with [`LakeError::OutOfMemory`].
 //!
+//! **Spill** ([`LakeConfig::spill_to_host`], off by default): when the
+//! driver has no device memory for a new chunk, or the chunk would pass
+//! the limit, the chunk is made in host memory and mapped at the same slot, so the placement, every address
+//! and the trace are what they would be on a larger device; kernels read
+//! and write those chunks over the bus. Spilled chunks are not reserved
+//! bytes (which are device memory, what the limit caps): the statistics
+//! count them apart ([`LakeStats::spilled_bytes`]), and [`Lake::trim`]
+//! releases them like the others.
+//!
 //! Concurrency: one mutex guards all state (tables, live allocations,
 //! statistics, the trace being recorded); every public call takes it once,
 //! and driver calls are made while holding it, so the driver's own lock (if
@@ -51,7 +60,7 @@ use super::driver::VmmDriver;
 use super::error::{LakeError, LakeResult};
 use super::fence::{Fence, Progress, Requester};
 use super::stats::{LakeBreakdown, LakeStats, Outcomes};
-use super::tables::{ChunkId, Placement, Tables, ViewId, Window};
+use super::tables::{ChunkId, Placement, Spill, Tables, ViewId, Window};
 use super::trace::{EventKind, Site, Trace, TraceRecorder};
 
 /// A contiguous device range handed out by [`Lake::alloc`].
@@ -80,6 +89,7 @@ struct State {
     active_bytes: u64,
     peak_active: u64,
     peak_reserved: u64,
+    peak_spilled: u64,
     outcomes: Outcomes,
     frees: u64,
     /// Logical time for the LRU sweep.
@@ -117,6 +127,7 @@ impl<D: VmmDriver> Lake<D> {
                 active_bytes: 0,
                 peak_active: 0,
                 peak_reserved: 0,
+                peak_spilled: 0,
                 outcomes: Outcomes::default(),
                 frees: 0,
                 clock: 0,
@@ -158,10 +169,11 @@ impl<D: VmmDriver> Lake<D> {
         self.limit_bytes.load(Ordering::Relaxed)
     }
 
-    /// Changes the limit on physical bytes (PyTorch's
+    /// Changes the limit on device bytes (PyTorch's
     /// `set_per_process_memory_fraction`). Memory already held above a
     /// lowered limit stays until it is freed and trimmed; new chunks are
-    /// refused while the lake holds more than the limit.
+    /// refused while the lake holds more than the limit (made in host
+    /// memory instead when [`LakeConfig::spill_to_host`] is on).
     pub fn set_limit_bytes(&self, bytes: u64) {
         // Relaxed: see `limit_chunks`.
         self.limit_bytes.store(bytes, Ordering::Relaxed);
@@ -227,8 +239,10 @@ impl<D: VmmDriver> Lake<D> {
         s.freed.remove(&addr);
         s.active_bytes += size;
         s.peak_active = s.peak_active.max(s.active_bytes);
-        let reserved = s.tables.chunk_count() as u64 * self.granularity;
+        let reserved = s.tables.device_chunk_count() as u64 * self.granularity;
         s.peak_reserved = s.peak_reserved.max(reserved);
+        let spilled = s.tables.host_chunk_count() as u64 * self.granularity;
+        s.peak_spilled = s.peak_spilled.max(spilled);
         if let Some(t) = s.trace.as_mut() {
             t.record(EventKind::Alloc, size, addr, site);
         }
@@ -392,10 +406,19 @@ impl<D: VmmDriver> Lake<D> {
                     n,
                 ))
         };
-        if s.tables.chunk_count() + fresh > self.limit_chunks() {
+        // The limit caps device memory; with the spill on, what passes it
+        // goes to host memory like what the driver has no memory for.
+        let device_room = self
+            .limit_chunks()
+            .saturating_sub(s.tables.device_chunk_count());
+        let spill = if self.config.spill_to_host {
+            Spill::On { device_room }
+        } else if fresh > device_room {
             return Err(self.out_of_memory(s, n));
-        }
-        let new = s.tables.grow(&self.driver, placement)?;
+        } else {
+            Spill::Off
+        };
+        let new = s.tables.grow(&self.driver, placement, spill)?;
         if let Some(w) = s.tables.best_window(n, req) {
             s.tables.take(w);
             s.outcomes.grow += 1;
@@ -429,7 +452,7 @@ impl<D: VmmDriver> Lake<D> {
         let used = s.tables.chunk_count() - s.tables.free_chunks();
         LakeError::OutOfMemory {
             asked: g * n as u64,
-            reserved: g * s.tables.chunk_count() as u64,
+            reserved: g * s.tables.device_chunk_count() as u64,
             active: g * used as u64,
             limit: g * self.limit_chunks() as u64,
             largest_free: g * s.tables.longest_run() as u64,
@@ -561,9 +584,16 @@ impl<D: VmmDriver> Lake<D> {
             .is_some_and(|l| s.tables.view(l.window.view).stitched)
     }
 
-    /// Physical bytes held now (cheaper than [`Lake::stats`]).
+    /// Device bytes held now (cheaper than [`Lake::stats`]); spilled
+    /// chunks are not counted ([`Lake::spilled_bytes`]).
     pub fn reserved_bytes(&self) -> u64 {
-        self.state().tables.chunk_count() as u64 * self.granularity
+        self.state().tables.device_chunk_count() as u64 * self.granularity
+    }
+
+    /// Bytes of chunks held in host memory now (the spill; 0 unless
+    /// [`LakeConfig::spill_to_host`]).
+    pub fn spilled_bytes(&self) -> u64 {
+        self.state().tables.host_chunk_count() as u64 * self.granularity
     }
 
     /// A snapshot of the lake's counters; fenced free chunks count as
@@ -588,9 +618,13 @@ impl<D: VmmDriver> Lake<D> {
             .sum();
         LakeStats {
             active_bytes: s.active_bytes,
-            reserved_bytes: g * s.tables.chunk_count() as u64,
+            reserved_bytes: g * s.tables.device_chunk_count() as u64,
             peak_active_bytes: s.peak_active,
             peak_reserved_bytes: s.peak_reserved,
+            spilled_chunks: s.tables.host_chunk_count() as u64,
+            spilled_bytes: g * s.tables.host_chunk_count() as u64,
+            peak_spilled_bytes: s.peak_spilled,
+            spills: s.tables.spills(),
             live_allocations: s.live.len() as u64,
             home_views: s.tables.views().count() as u64 - stitched,
             stitched_views: stitched,

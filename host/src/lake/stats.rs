@@ -63,7 +63,7 @@ impl Outcomes {
 }
 
 /// Where a lake's physical bytes are, at one moment. The parts sum to the
-/// reserved bytes ([`LakeBreakdown::total`]).
+/// reserved bytes plus the spilled ones ([`LakeBreakdown::total`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LakeBreakdown {
     /// Bytes of live allocations, as requested.
@@ -78,7 +78,7 @@ pub struct LakeBreakdown {
 }
 
 impl LakeBreakdown {
-    /// The sum of the parts: the reserved bytes.
+    /// The sum of the parts: the reserved bytes plus the spilled ones.
     pub fn total(&self) -> u64 {
         self.active_bytes + self.rounding_bytes + self.free_bytes + self.waiting_bytes
     }
@@ -89,12 +89,21 @@ impl LakeBreakdown {
 pub struct LakeStats {
     /// Bytes in live allocations, as requested.
     pub active_bytes: u64,
-    /// Physical bytes held (live chunks).
+    /// Device bytes held (live chunks in device memory; spilled chunks
+    /// are not counted here).
     pub reserved_bytes: u64,
     /// Highest `active_bytes` seen.
     pub peak_active_bytes: u64,
     /// Highest `reserved_bytes` seen.
     pub peak_reserved_bytes: u64,
+    /// Live chunks in host memory (the spill, `LakeConfig::spill_to_host`).
+    pub spilled_chunks: u64,
+    /// Their bytes: physical memory the lake holds besides `reserved_bytes`.
+    pub spilled_bytes: u64,
+    /// Highest `spilled_bytes` seen.
+    pub peak_spilled_bytes: u64,
+    /// Chunks ever made in host memory.
+    pub spills: u64,
     /// Live allocations.
     pub live_allocations: u64,
     /// Home views (reservations where chunks are made).
@@ -118,6 +127,8 @@ pub struct LakeStats {
 
 impl LakeStats {
     /// 1 − peak active / peak reserved (0 before anything was reserved).
+    /// Device memory only: with spilled chunks it is no measure of the
+    /// pool's layout (see `spilled_bytes`).
     pub fn fragmentation(&self) -> f64 {
         match self.peak_reserved_bytes {
             0 => 0.0,

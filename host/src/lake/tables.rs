@@ -40,6 +40,7 @@ use super::fence::{Fence, Progress, Requester};
 mod mapping;
 mod stitched_list;
 
+pub use mapping::Spill;
 pub use stitched_list::StitchedList;
 
 /// A stitched view of `m` chunks serves a request of `n` only if
@@ -68,6 +69,10 @@ pub type ViewId = u64;
 pub struct Chunk {
     /// The driver's handle.
     pub handle: ChunkHandle,
+    /// Whether it lives in host memory: made by the spill when the device
+    /// was full (`LakeConfig::spill_to_host`). Mapped and used like any
+    /// other.
+    pub on_host: bool,
     /// Its home view and slot.
     pub home: (ViewId, usize),
     /// Whether a live allocation uses it.
@@ -136,7 +141,8 @@ pub enum Placement {
 /// next [`Tables::retry_orphans`], so nothing is lost.
 #[derive(Debug, Default)]
 struct Orphans {
-    chunks: Vec<ChunkHandle>,
+    /// Handles, and whether each lives in host memory.
+    chunks: Vec<(ChunkHandle, bool)>,
     reservations: Vec<(u64, u64)>,
 }
 
@@ -232,6 +238,10 @@ pub struct Tables {
     /// Home slots emptied by a release, as (view, slot).
     holes: BTreeSet<(ViewId, usize)>,
     free_chunks: usize,
+    /// Chunks of `chunks` in host memory (spilled).
+    host_chunks: usize,
+    /// Chunks ever made in host memory.
+    spills: u64,
     /// Per stream, free chunks whose fence names it (to skip fence checks
     /// when no fence can keep the requester out: one stream).
     fenced: AddrMap<usize>,
@@ -302,6 +312,22 @@ impl Tables {
     /// Live chunks, the ones an orphaned release still holds included.
     pub fn chunk_count(&self) -> usize {
         self.chunks.len() + self.orphans.chunks.len()
+    }
+
+    /// Live chunks in host memory (spilled), orphans included.
+    pub fn host_chunk_count(&self) -> usize {
+        self.host_chunks + self.orphans.chunks.iter().filter(|(_, h)| *h).count()
+    }
+
+    /// Live chunks in device memory, orphans included: what the lake's
+    /// limit caps.
+    pub fn device_chunk_count(&self) -> usize {
+        self.chunk_count() - self.host_chunk_count()
+    }
+
+    /// Chunks ever made in host memory.
+    pub fn spills(&self) -> u64 {
+        self.spills
     }
 
     /// Free chunks.
@@ -832,6 +858,13 @@ impl Tables {
             if fenced.get(s).copied().unwrap_or(0) != n {
                 return Err(format!("stream {s}: {n} fenced chunks counted"));
             }
+        }
+        let on_host = self.chunks.values().filter(|c| c.on_host).count();
+        if on_host != self.host_chunks {
+            return Err(format!(
+                "{on_host} chunks in host memory, counted {}",
+                self.host_chunks
+            ));
         }
         let free = self.chunks.values().filter(|c| !c.used).count();
         if free != self.free_chunks {

@@ -134,6 +134,8 @@ struct Counters {
     allocated: u64,
     peak_allocated: u64,
     peak_reserved: u64,
+    /// Highest bytes of lake chunks spilled to host memory.
+    peak_spilled: u64,
     allocs: u64,
     frees: u64,
     retries: u64,
@@ -680,11 +682,13 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// Sets the peaks to the current values.
     pub fn reset_peaks(&self) {
         let reserved = self.lake.reserved_bytes();
+        let spilled = self.lake.spilled_bytes();
         let mut s = self.state();
         let c = &mut s.counters;
         c.peak_active = c.active;
         c.peak_allocated = c.allocated;
         c.peak_reserved = reserved;
+        c.peak_spilled = spilled;
     }
 
     /// A snapshot of the pool's counters, with where the reserved bytes
@@ -726,6 +730,10 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             peak_active_bytes: c.peak_active,
             peak_allocated_bytes: c.peak_allocated,
             peak_reserved_bytes: c.peak_reserved.max(lake.reserved_bytes),
+            spilled_chunks: lake.spilled_chunks,
+            spilled_bytes: lake.spilled_bytes,
+            peak_spilled_bytes: c.peak_spilled.max(lake.spilled_bytes),
+            spills: lake.spills,
             waiting_bytes: waiting,
             split_chunks: (s.split.chunk_count() + s.private.split_chunks()) as u64,
             split_free_bytes: s.split.free_bytes(),
@@ -904,6 +912,8 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         }
         let reserved = self.lake.reserved_bytes();
         s.counters.peak_reserved = s.counters.peak_reserved.max(reserved);
+        let spilled = self.lake.spilled_bytes();
+        s.counters.peak_spilled = s.counters.peak_spilled.max(spilled);
         match out {
             Ok(range) => Ok(range),
             Err(e) if e.is_out_of_memory() => {

@@ -5,9 +5,9 @@
 
 use crate::plan::RuntimeStats;
 
-/// Where a pool's reserved bytes are, at one moment. The parts sum to the
-/// reserved bytes ([`PoolBreakdown::total`]); `tests/torch_pool.rs` checks
-/// it.
+/// Where a pool's physical bytes are, at one moment. The parts sum to the
+/// reserved bytes plus the spilled ones ([`PoolBreakdown::total`]);
+/// `tests/torch_pool.rs` checks it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolBreakdown {
     /// Bytes of live allocations, as requested.
@@ -35,7 +35,7 @@ pub struct PoolBreakdown {
 }
 
 impl PoolBreakdown {
-    /// The sum of the parts: the reserved bytes.
+    /// The sum of the parts: the reserved bytes plus the spilled ones.
     pub fn total(&self) -> u64 {
         self.active_bytes
             + self.small_rounding_bytes
@@ -72,8 +72,8 @@ pub struct PoolStats {
     /// Bytes in live allocations, each rounded up to 512 bytes (what
     /// PyTorch's own allocator calls `allocated_bytes`).
     pub allocated_bytes: u64,
-    /// Physical bytes the lake holds (split caches and private pools
-    /// included).
+    /// Device bytes the lake holds (split caches and private pools
+    /// included; chunks spilled to host memory are not).
     pub reserved_bytes: u64,
     /// Highest `active_bytes` since creation or the last peak reset.
     pub peak_active_bytes: u64,
@@ -81,6 +81,15 @@ pub struct PoolStats {
     pub peak_allocated_bytes: u64,
     /// Highest `reserved_bytes` since creation or the last peak reset.
     pub peak_reserved_bytes: u64,
+    /// Lake chunks held in host memory now: made when the device had no
+    /// memory left and the spill was on (`LakeConfig::spill_to_host`).
+    pub spilled_chunks: u64,
+    /// Their bytes, physical memory held besides `reserved_bytes`.
+    pub spilled_bytes: u64,
+    /// Highest `spilled_bytes` since creation or the last peak reset.
+    pub peak_spilled_bytes: u64,
+    /// Chunks ever made in host memory.
+    pub spills: u64,
     /// Bytes freed whose events have not been seen complete (reusable only
     /// by the freeing stream), or freed while an allocation window was
     /// open.
@@ -127,6 +136,8 @@ pub struct PoolStats {
 
 impl PoolStats {
     /// 1 − peak active / peak reserved (0 before anything was reserved).
+    /// Device memory only: after a spill it is no measure of the pool's
+    /// layout (see `peak_spilled_bytes`).
     pub fn fragmentation(&self) -> f64 {
         match self.peak_reserved_bytes {
             0 => 0.0,

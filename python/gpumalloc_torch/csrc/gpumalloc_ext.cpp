@@ -52,7 +52,8 @@ struct GmStats {
       alloc_retries, ooms, event_calls, split_chunks, private_pools, small_rounding,
       large_rounding, lake_free, driver_ns, call_ns, alloc_call_ns,
       free_call_ns, alloc_calls, free_calls, slow_calls, slow_call_ns,
-      thread_switches, planned_free, planned_arena;
+      thread_switches, planned_free, planned_arena, spilled, peak_spilled,
+      spills;
 };
 
 // Mirror of `#[repr(C)] PoolEntry` in host/src/pluggable/pool.rs.

@@ -14,6 +14,20 @@ use super::super::driver::{ChunkHandle, VmmDriver, VmmResult};
 use super::super::fence::Fence;
 use super::{Chunk, ChunkId, Placement, StitchedList, Tables, View, ViewId, consecutive};
 
+/// Where new chunks may go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spill {
+    /// Device memory only: the driver's out of memory is the request's.
+    Off,
+    /// The device for at most `device_room` more chunks (the lake's limit
+    /// less what it holds there) while the driver has memory, host memory
+    /// for the others ([`VmmDriver::create_on_host`]).
+    On {
+        /// Chunks the device may still take; 0 once the driver ran out.
+        device_room: usize,
+    },
+}
+
 /// Unmaps the granules at `addrs` (all mapped by us), best effort: used only
 /// to undo work after an earlier failure, whose error is the one reported.
 fn undo_maps(driver: &dyn VmmDriver, addrs: impl Iterator<Item = u64>) -> usize {
@@ -23,12 +37,15 @@ fn undo_maps(driver: &dyn VmmDriver, addrs: impl Iterator<Item = u64>) -> usize 
 impl Tables {
     /// Makes new free chunks at home where `placement` says: create and
     /// map each, then grant access per stretch of consecutive slots (one
-    /// call when they are contiguous). On failure everything made so far
-    /// is undone (a new view's reservation freed) and the error returned.
+    /// call when they are contiguous). With [`Spill::On`], a chunk the
+    /// device has no room or memory for is made in host memory instead
+    /// (see [`Tables::fill`]). On failure everything made so far is undone
+    /// (a new view's reservation freed) and the error returned.
     pub fn grow(
         &mut self,
         driver: &dyn VmmDriver,
         placement: Placement,
+        mut spill: Spill,
     ) -> VmmResult<Vec<ChunkId>> {
         let g = self.granularity;
         let (view, slots, new_view) = match placement {
@@ -45,7 +62,7 @@ impl Tables {
                 }
                 let mut made: Vec<ChunkId> = Vec::new();
                 for (v, slots) in by_view {
-                    match self.fill(driver, v, &slots) {
+                    match self.fill(driver, v, &slots, &mut spill) {
                         Ok(ids) => made.extend(ids),
                         Err(e) => {
                             for c in made {
@@ -77,7 +94,7 @@ impl Tables {
                 (id, (0..count).collect(), Some((base, capacity)))
             }
         };
-        let result = self.fill(driver, view, &slots);
+        let result = self.fill(driver, view, &slots, &mut spill);
         if result.is_err()
             && let Some((base, capacity)) = new_view
         {
@@ -91,20 +108,45 @@ impl Tables {
 
     /// Creates and maps chunks at the empty `slots` (ascending) of home
     /// view `v` and grants access; all or nothing. Returns the new chunks.
+    ///
+    /// With [`Spill::On`], the device takes chunks while it has room (the
+    /// limit) and memory; a `create` that fails for lack of memory is
+    /// answered with a host chunk ([`VmmDriver::create_on_host`]) at the
+    /// same slot, and so are the request's remaining chunks (the room drops
+    /// to 0: the device stays full within one request); the next request
+    /// asks the device first again. Every other failure, a host chunk's
+    /// included, is the fill's.
     fn fill(
         &mut self,
         driver: &dyn VmmDriver,
         v: ViewId,
         slots: &[usize],
+        spill: &mut Spill,
     ) -> VmmResult<Vec<ChunkId>> {
         let g = self.granularity;
         let base = self.views[&v].base;
-        let mut made: Vec<ChunkHandle> = Vec::with_capacity(slots.len());
+        // Handles, and whether each is in host memory.
+        let mut made: Vec<(ChunkHandle, bool)> = Vec::with_capacity(slots.len());
         let mut mapped = 0usize;
         let result = (|| {
             for (i, &s) in slots.iter().enumerate() {
-                made.push(driver.create()?);
-                driver.map(base + g * s as u64, made[i])?;
+                let chunk = match spill {
+                    Spill::Off => (driver.create()?, false),
+                    Spill::On { device_room: 0 } => (driver.create_on_host()?, true),
+                    Spill::On { device_room } => match driver.create() {
+                        Ok(h) => {
+                            *device_room -= 1;
+                            (h, false)
+                        }
+                        Err(e) if e.is_out_of_memory() => {
+                            *device_room = 0;
+                            (driver.create_on_host()?, true)
+                        }
+                        Err(e) => return Err(e),
+                    },
+                };
+                made.push(chunk);
+                driver.map(base + g * s as u64, made[i].0)?;
                 mapped += 1;
             }
             for (start, len) in consecutive(slots) {
@@ -114,17 +156,22 @@ impl Tables {
         })();
         if let Err(e) = result {
             undo_maps(driver, slots[..mapped].iter().map(|&s| base + g * s as u64));
-            for h in made {
+            for (h, on_host) in made {
                 if driver.release(h).is_err() {
-                    self.orphans.chunks.push(h);
+                    self.orphans.chunks.push((h, on_host));
                 }
             }
             return Err(e);
         }
         let mut ids = Vec::with_capacity(slots.len());
-        for (&s, handle) in slots.iter().zip(made) {
+        for (&s, (handle, on_host)) in slots.iter().zip(made) {
+            if on_host {
+                self.host_chunks += 1;
+                self.spills += 1;
+            }
             let cid = self.chunks.add(Chunk {
                 handle,
+                on_host,
                 home: (v, s),
                 used: true,
                 fence: Fence::none(),
@@ -382,8 +429,11 @@ impl Tables {
         driver.unmap(base + g * slot as u64)?;
         self.set_fence(c, Fence::none());
         let chunk = self.chunks.remove(&c).expect("live chunk");
+        if chunk.on_host {
+            self.host_chunks -= 1;
+        }
         if driver.release(chunk.handle).is_err() {
-            self.orphans.chunks.push(chunk.handle);
+            self.orphans.chunks.push((chunk.handle, chunk.on_host));
         }
         self.run_cut(v, slot, slot + 1);
         self.free_chunks -= 1;
@@ -409,7 +459,9 @@ impl Tables {
 
     /// Tries again to return orphaned chunks and reservations.
     pub fn retry_orphans(&mut self, driver: &dyn VmmDriver) {
-        self.orphans.chunks.retain(|&h| driver.release(h).is_err());
+        self.orphans
+            .chunks
+            .retain(|&(h, _)| driver.release(h).is_err());
         self.orphans
             .reservations
             .retain(|&(a, s)| driver.free_address(a, s).is_err());
