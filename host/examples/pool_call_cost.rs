@@ -6,7 +6,8 @@
 //!
 //! Workload: the trace replayed through a fresh pool on the data-less model
 //! driver (as `replay`), at the chunk size `torch-alloc` uses (16 MiB),
-//! reuse cache off (the default). The first `--warmup` steps (growth) are
+//! reuse cache off (`host`'s default; `--reuse N` keeps N blocks, as
+//! `torch-alloc` does by default). The first `--warmup` steps (growth) are
 //! run but not timed. In cold mode only every `--every`-th call of the
 //! timed steps is preceded by the eviction and timed (the eviction costs
 //! milliseconds; the others run untimed, so the pool's state is the same).
@@ -20,6 +21,7 @@
 //!   --warmup N       steps run before timing (2)
 //!   --rounds N       warm mode: replays of the trace, each on a fresh pool (3)
 //!   --mode M         warm, cold or both (both)
+//!   --reuse N        blocks the pool's reuse cache keeps (0: off)
 //! ```
 
 #[path = "common/usage.rs"]
@@ -51,6 +53,7 @@ struct Options {
     every: usize,
     warmup: u32,
     rounds: usize,
+    reuse: usize,
     warm: bool,
     cold: bool,
 }
@@ -66,6 +69,7 @@ fn parse() -> Result<Options, String> {
         every: 4,
         warmup: 2,
         rounds: 3,
+        reuse: 0,
         warm: true,
         cold: true,
     };
@@ -83,6 +87,7 @@ fn parse() -> Result<Options, String> {
             "--every" => o.every = number("a count")?.max(1) as usize,
             "--warmup" => o.warmup = number("steps")? as u32,
             "--rounds" => o.rounds = number("a count")?.max(1) as usize,
+            "--reuse" => o.reuse = number("a count")? as usize,
             "--mode" => {
                 let m = args.next().ok_or("--mode needs warm, cold or both")?;
                 (o.warm, o.cold) = match m.as_str() {
@@ -172,6 +177,7 @@ fn replay_timed(
     let chunk = o.chunk_mib << 20;
     let config = ReplayConfig {
         chunk_bytes: Some(chunk),
+        reuse_entries: o.reuse,
         ..ReplayConfig::default()
     };
     let pool = replay::replay_pool(chunk, &config);
@@ -233,9 +239,13 @@ fn replay_timed(
     pool.check()?;
     let st = pool.stats();
     println!(
-        "# replay done: peak reserved {:.3} GiB, peak active {:.3} GiB",
+        "# replay done: peak reserved {:.3} GiB, peak active {:.3} GiB, reuse cache: {} hits \
+         of {} allocs, {} blocks handed back",
         st.peak_reserved_bytes as f64 / (1u64 << 30) as f64,
-        st.peak_active_bytes as f64 / (1u64 << 30) as f64
+        st.peak_active_bytes as f64 / (1u64 << 30) as f64,
+        st.reuse_hits,
+        st.allocs,
+        st.reuse_returned
     );
     Ok(())
 }

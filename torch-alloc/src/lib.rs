@@ -17,8 +17,12 @@
 //! device's pool (default: the device's total memory);
 //! `GPUMALLOC_CHUNK_MIB` sets the lake's chunk size (default
 //! [`DEFAULT_CHUNK_MIB`]); `GPUMALLOC_REUSE_ENTRIES` sets how
-//! many freed large blocks the pool keeps for requests of their size
-//! (default 0: the reuse cache is off; 32 to try it);
+//! many freed blocks (split pieces and large blocks) the pool's reuse cache
+//! keeps for requests of their size (default
+//! [`host::pluggable::reuse::SUGGESTED_ENTRIES`], 512; `0` turns the cache
+//! off, as `host` has it by default): on the CPU replay of the GPT-2 trace
+//! it serves ~70% of requests without the split cache's or the lake's
+//! trees (`docs/PERF.md`, "Reuse cache for every size");
 //! `GPUMALLOC_SPILL_TO_HOST=1` turns the lake's spill on (default off:
 //! `0` or unset): when the GPU has no memory left for a new chunk (or the
 //! chunk would pass the limit above), the chunk is made in pinned host
@@ -54,7 +58,9 @@ use call_stats::{CallKind, CallStats};
 use cudarc::driver::CudaContext;
 use host::boundary::{ErrorKind, enter, set_error};
 use host::lake::{ChunkOptions, CudaVmm, Lake, LakeConfig};
-use host::pluggable::{CudaEvents, PoolEntry, PoolId, PoolStats, Registry, StreamId, StreamPool};
+use host::pluggable::{
+    CudaEvents, PoolEntry, PoolId, PoolStats, Registry, StreamId, StreamPool, reuse,
+};
 
 /// The pool of one device on the real driver.
 type CudaPool = StreamPool<CudaVmm, CudaEvents>;
@@ -319,13 +325,14 @@ fn make_device(device: i32) -> Result<Device, String> {
     };
     let events = CudaEvents::open(ordinal).map_err(|e| e.to_string())?;
     let pool = StreamPool::new(Lake::new(vmm, config), events);
-    if let Ok(v) = std::env::var(REUSE_ENV) {
-        let entries = v
+    let entries = match std::env::var(REUSE_ENV) {
+        Ok(v) => v
             .parse::<usize>()
-            .map_err(|e| format!("{REUSE_ENV}={v:?} is not a number of blocks: {e}"))?;
-        pool.set_reuse_entries(entries)
-            .map_err(|e| format!("{REUSE_ENV}: {e}"))?;
-    }
+            .map_err(|e| format!("{REUSE_ENV}={v:?} is not a number of blocks: {e}"))?,
+        Err(_) => reuse::SUGGESTED_ENTRIES,
+    };
+    pool.set_reuse_entries(entries)
+        .map_err(|e| format!("{REUSE_ENV}: {e}"))?;
     Ok(Device {
         pool,
         total_bytes,

@@ -221,6 +221,16 @@ impl<D: VmmDriver> Lake<D> {
         size: u64,
         req: &Requester<'_>,
     ) -> LakeResult<Option<DeviceRange>> {
+        self.alloc_cached_at(size, Site::default(), req)
+    }
+
+    /// [`Lake::alloc_cached_for`], recording `site` in the trace.
+    pub fn alloc_cached_at(
+        &self,
+        size: u64,
+        site: Site,
+        req: &Requester<'_>,
+    ) -> LakeResult<Option<DeviceRange>> {
         if size == 0 {
             return Err(LakeError::ZeroSize);
         }
@@ -229,7 +239,7 @@ impl<D: VmmDriver> Lake<D> {
         s.clock += 1;
         Ok(self
             .reuse(&mut s, n, req)
-            .map(|w| self.hand_out(&mut s, w, size, Site::default())))
+            .map(|w| self.hand_out(&mut s, w, size, site)))
     }
 
     /// Records a taken window as a live allocation of `size` bytes.

@@ -28,11 +28,16 @@
 //!   free goes back to the lake at once (one spare kept), where it serves
 //!   any size;
 //! - **reuse cache** ([`ReuseCache`], off unless
-//!   [`StreamPool::set_reuse_entries`] turns it on): a freed large block of the general
-//!   pool waits, whole and behind its fence, for a request of the same
-//!   capacity; before the lake places any request (a miss), when memory
-//!   runs short and on `empty_cache`, the cache is emptied into the lake,
-//!   so it never makes the pool reserve more;
+//!   [`StreamPool::set_reuse_entries`] turns it on; `torch-alloc` does): a
+//!   freed block of the general pool (a split piece, or a large block of
+//!   at most [`reuse::MAX_BLOCK_CHUNKS`] chunks) waits, whole and behind
+//!   its fence, for a request of the same capacity, which takes it before
+//!   the split cache or the lake is asked. When a miss needs the lake and
+//!   no window of its free chunks fits as they lie, when memory runs
+//!   short and on `empty_cache`, the whole cache goes home first (pieces
+//!   to the split cache, blocks to the lake), so the lake patches,
+//!   stitches or grows only seeing every free chunk: the cache never makes
+//!   the pool reserve more. Private pools and the plan never use it;
 //! - **no event work while a window is open** ([`PrivatePools`]): while
 //!   any allocation window is open (a graph may be being captured), frees
 //!   that would need events are *parked* and nothing is polled; when the
@@ -70,7 +75,7 @@ use super::event::{EventId, EventSource, StreamId};
 use super::planned::PlannedRoute;
 use super::private::PrivatePools;
 use super::reuse::{self, ReuseCache};
-use super::split::SplitCache;
+use super::split::{Piece, SplitCache};
 use super::stats::{PoolBreakdown, PoolStats};
 use crate::lake::{
     AddrHasher, AddrMap, DeviceRange, EventKind, Fence, Lake, LakeError, Progress, Requester, Site,
@@ -251,7 +256,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     pub fn set_reuse_entries(&self, entries: usize) -> PoolResult<()> {
         let mut s = self.state();
         self.drain_reuse(&mut s)?;
-        s.reuse = ReuseCache::new(entries);
+        s.reuse.set_max_entries(entries);
         Ok(())
     }
 
@@ -744,6 +749,8 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 .max(s.split.largest_free())
                 .max(s.reuse.largest()),
             reuse_free_bytes: s.reuse.bytes(),
+            reuse_hits: s.reuse.counts().0,
+            reuse_returned: s.reuse.counts().1,
             limit_bytes: self.lake.limit_bytes(),
             live_allocations: s.live.len() as u64,
             allocs: c.allocs,
@@ -764,6 +771,18 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     pub fn check(&self) -> Result<(), String> {
         let s = self.state();
         s.split.check()?;
+        s.reuse.check()?;
+        for b in s.reuse.blocks() {
+            if s.live.contains_key(&b.addr) {
+                return Err(format!("reuse cache: block {:#x} is live", b.addr));
+            }
+            if b.is_small() && s.split.piece_at(b.addr).map(|p| p.len) != Some(b.capacity) {
+                return Err(format!(
+                    "reuse cache: piece {:#x} ({} bytes) is not a piece in use of the split cache",
+                    b.addr, b.capacity
+                ));
+            }
+        }
         s.private.check()?;
         if let Some(p) = s.planned.as_ref() {
             let live: HashMap<u64, u64> = s
@@ -795,19 +814,22 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         }
     }
 
-    /// Serves a general request from the split cache or the lake (growing
-    /// them), with the out-of-memory retry.
+    /// Serves a general request from the plan, the reuse cache, the split
+    /// cache or the lake (growing them), with the out-of-memory retry.
     fn alloc_general(&self, s: &mut State, size: u64, stream: StreamId) -> PoolResult<Block> {
         if let Some(block) = s.planned.as_mut().and_then(|p| p.alloc(size, stream)) {
             return Ok(block);
         }
+        let req = Requester {
+            stream: stream.0,
+            progress: &s.progress,
+        };
+        let capacity = self.capacity_for(s, size);
+        if let Some(block) = s.reuse.take(capacity, &req) {
+            return Ok(block);
+        }
         if !s.split.is_small(size) {
-            let req = Requester {
-                stream: stream.0,
-                progress: &s.progress,
-            };
-            let capacity = self.capacity_for(s, size);
-            let range = match s.reuse.take(capacity, &req) {
+            let range = match self.lake_window(s, size, stream)? {
                 Some(range) => range,
                 None => self.lake_alloc(s, size, size, stream)?,
             };
@@ -819,23 +841,79 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         };
         let piece = match s.split.take(size, &req) {
             Some(p) => p,
-            None => {
-                let chunk = self.lake_alloc(s, self.lake.granularity(), size, stream)?;
-                s.split.add_chunk(chunk);
-                let req = Requester {
-                    stream: stream.0,
-                    progress: &s.progress,
-                };
-                s.split
-                    .take(size, &req)
-                    .expect("a fresh chunk holds any small piece")
-            }
+            None => self.new_piece(s, size, stream)?,
         };
         Ok(Block {
             addr: piece.addr,
             capacity: piece.len,
             origin: Origin::Small,
         })
+    }
+
+    /// A piece for a small request the split cache could not serve: from a
+    /// chunk the lake holds free; else, once the reuse cache's pieces are
+    /// back in the split cache, from them or from a chunk the lake places
+    /// (growing if it must).
+    fn new_piece(&self, s: &mut State, size: u64, stream: StreamId) -> PoolResult<Piece> {
+        let chunk_bytes = self.lake.granularity();
+        let held = !s.reuse.is_empty();
+        let chunk = match self.lake_window(s, chunk_bytes, stream)? {
+            Some(chunk) => chunk,
+            None => {
+                let req = Requester {
+                    stream: stream.0,
+                    progress: &s.progress,
+                };
+                if held && let Some(p) = s.split.take(size, &req) {
+                    return Ok(p);
+                }
+                self.lake_alloc(s, chunk_bytes, size, stream)?
+            }
+        };
+        s.split.add_chunk(chunk);
+        let req = Requester {
+            stream: stream.0,
+            progress: &s.progress,
+        };
+        Ok(s.split
+            .take(size, &req)
+            .expect("a fresh chunk holds any small piece"))
+    }
+
+    /// While the reuse cache holds blocks: `bytes` for `stream` from a
+    /// window of free chunks the lake already holds (no driver call, no
+    /// new memory); else the whole cache goes home (pieces to the split
+    /// cache, wholly free chunks and large blocks to the lake) and `None`:
+    /// the caller then places the request as if there were no cache, the
+    /// lake seeing every free chunk before it patches, stitches or grows,
+    /// so the cache never makes the pool reserve more. `None` at once
+    /// when the cache is empty.
+    fn lake_window(
+        &self,
+        s: &mut State,
+        bytes: u64,
+        stream: StreamId,
+    ) -> PoolResult<Option<DeviceRange>> {
+        if s.reuse.is_empty() {
+            return Ok(None);
+        }
+        let site = Site {
+            stream: stream.0 as u32,
+            phase: 0,
+        };
+        let req = Requester {
+            stream: stream.0,
+            progress: &s.progress,
+        };
+        if let Some(range) = self
+            .lake
+            .alloc_cached_at(bytes, site, &req)
+            .map_err(PoolError::Lake)?
+        {
+            return Ok(Some(range));
+        }
+        self.drain_reuse(s)?;
+        Ok(None)
     }
 
     /// Serves a request of private pool `pool` on `stream`.
@@ -889,10 +967,10 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             };
             self.lake.alloc_for(bytes, site, &req)
         };
-        // The lake places nothing while the reuse cache holds blocks: they
-        // go back first, so that the lake sees every free chunk, as if they
-        // had been freed to it (a placement made beside cached blocks would
-        // leave them as holes that later requests stitch over).
+        // The lake places nothing but a window of its free chunks
+        // (`lake_window`) while the reuse cache holds blocks: they go back
+        // first, so that the lake sees every free chunk before it patches,
+        // stitches or grows, as if they had been freed to it.
         self.drain_reuse(s)?;
         let mut out = try_once(s);
         if matches!(&out, Err(e) if e.is_out_of_memory()) {
@@ -1156,6 +1234,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 Ok(())
             }
             (Home::General, Origin::Small) => {
+                let Err(block) = s.reuse.put(block, fence) else {
+                    return Ok(());
+                };
                 let freed = s.split.give_back(block.addr, fence, &s.progress);
                 debug_assert!(freed.is_some(), "piece {:#x} was in use", block.addr);
                 self.release_empty_chunks(s, SplitCache::SPARE_EMPTY)
@@ -1169,23 +1250,42 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 Ok(())
             }
             (Home::General, Origin::Large(range)) => {
-                match s.reuse.put(range, block.capacity, fence.clone()) {
-                    Some((old, old_fence)) => self
-                        .lake
-                        .free_fenced(old, Site::default(), &old_fence)
-                        .map_err(PoolError::Lake),
-                    None => Ok(()),
+                let kept = block.capacity <= reuse::MAX_BLOCK_CHUNKS * self.lake.granularity()
+                    && s.reuse.put(block, fence).is_ok();
+                if kept {
+                    return Ok(());
                 }
+                self.lake
+                    .free_fenced(range, Site::default(), fence)
+                    .map_err(PoolError::Lake)
             }
         }
     }
 
-    /// Gives every block of the reuse cache to the lake.
+    /// Gives every block of the reuse cache home: pieces to the split
+    /// cache (wholly free chunks beyond the spare on to the lake), large
+    /// blocks to the lake.
     fn drain_reuse(&self, s: &mut State) -> PoolResult<()> {
-        for (range, fence) in s.reuse.drain() {
-            self.lake
-                .free_fenced(range, Site::default(), &fence)
-                .map_err(PoolError::Lake)?;
+        if s.reuse.is_empty() {
+            return Ok(());
+        }
+        let mut pieces = false;
+        for (block, fence) in s.reuse.drain() {
+            match block.origin {
+                Origin::Small => {
+                    let freed = s.split.give_back(block.addr, &fence, &s.progress);
+                    debug_assert!(freed.is_some(), "piece {:#x} was in use", block.addr);
+                    pieces = true;
+                }
+                Origin::Large(range) => self
+                    .lake
+                    .free_fenced(range, Site::default(), &fence)
+                    .map_err(PoolError::Lake)?,
+                Origin::Planned => debug_assert!(false, "a planned block in the reuse cache"),
+            }
+        }
+        if pieces {
+            self.release_empty_chunks(s, SplitCache::SPARE_EMPTY)?;
         }
         Ok(())
     }

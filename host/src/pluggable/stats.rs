@@ -19,8 +19,8 @@ pub struct PoolBreakdown {
     pub large_rounding_bytes: u64,
     /// Free pieces of chunks the split cache holds.
     pub split_free_bytes: u64,
-    /// Freed large blocks the reuse cache keeps for requests of their size
-    /// (fences settled for every stream).
+    /// Freed blocks (split pieces and large blocks) the reuse cache keeps
+    /// for requests of their size (fences settled for every stream).
     pub reuse_free_bytes: u64,
     /// Free memory that CUDA graph (private) pools keep for their replays.
     pub private_free_bytes: u64,
@@ -100,8 +100,15 @@ pub struct PoolStats {
     pub split_free_bytes: u64,
     /// Free bytes held by private (CUDA graph) pools.
     pub private_free_bytes: u64,
-    /// Bytes of freed large blocks the reuse cache keeps.
+    /// Bytes of freed blocks (split pieces and large blocks) the reuse
+    /// cache keeps.
     pub reuse_free_bytes: u64,
+    /// Requests the reuse cache served (since creation).
+    pub reuse_hits: u64,
+    /// Blocks the reuse cache handed back to the split cache or the lake
+    /// because the lake lacked free chunks, or on `empty_cache` (since
+    /// creation).
+    pub reuse_returned: u64,
     /// Private pools that exist.
     pub private_pools: u64,
     /// The largest free extent: a free lake block or a free piece of the
