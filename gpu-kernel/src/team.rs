@@ -36,6 +36,31 @@ const WHOLE_SLOT_BUDGET_SHIFT: u32 = crate::class::build_knob(
     option_env!("GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT"),
     SLOT_BUDGET_SHIFT,
 );
+/// Slot blocks of every class whose block fills a segment, all of them
+/// together, stay within heap / 2^this (0, unset: off, and
+/// `WHOLE_SLOT_BUDGET_SHIFT` rules). A diagnostic for issue 12: at the
+/// first null every slot beyond a class's first strands about a whole
+/// segment when the class's demand is a few blocks (`docs/PERF.md`, "Where
+/// w6 and fmt2 strand"), so the budget is shared by the classes that hold
+/// whole segments rather than given to each: with 5, the bench's 16 GiB
+/// heap (8 MiB segments, 2 such classes) gives 2 and 4 KiB 32 slots as
+/// `w6` did, the 8.4 GiB demand + 3% heap (4 MiB, 3 classes) 16 where `w6`
+/// gave 32, and the 256 MiB heap (2 MiB, 4 classes) 1 as the default.
+const WHOLE_SLOT_SHARE_SHIFT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT"), 0);
+/// Heaps of at least 2^this bytes budget every slice class's slot blocks
+/// at heap / 2^`LARGE_HEAP_SLOT_BUDGET_SHIFT` (0, unset: off). A
+/// diagnostic for issue 12: the budget the bench's 16 GiB heap needs (32
+/// slots of 4 and 8 MiB blocks for 1, 2 and 4 KiB) is the same share of
+/// the heap that strands memory on the 256 MiB and 8.4 GiB heaps of the
+/// utilization workloads, so no share of the heap serves both; 34 gives it
+/// to heaps of 16 GiB and more only (`docs/PERF.md`).
+pub(crate) const LARGE_HEAP_SHIFT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_LARGE_HEAP_SHIFT"), 0);
+/// The slot budget of heaps of `LARGE_HEAP_SHIFT` and more (6: 1/64 of the
+/// heap per class, `GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT`).
+const LARGE_HEAP_SLOT_BUDGET_SHIFT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT"), 6);
 /// Slot and spare blocks of one class stay within heap / 2^this.
 const SPARE_BUDGET_SHIFT: u32 = 3;
 /// Slot and spare blocks of a class whose block fills a segment, counted for
@@ -171,11 +196,29 @@ impl Heap {
     /// 16 B … 512 B (blocks up to 2 MiB), 16 for 1 KiB (4 MiB blocks) and 8
     /// for 2 and 4 KiB (8 MiB); a 256 MiB heap one slot for 4 KiB slices
     /// (2 MiB blocks) and 16 for 16 B (64 KiB blocks).
+    ///
+    /// Build-time diagnostics change the budget: `WHOLE_SLOT_BUDGET_SHIFT`
+    /// and `WHOLE_SLOT_SHARE_SHIFT` for classes whose block fills a segment,
+    /// `LARGE_HEAP_SHIFT` for every class on large heaps. Unset, each
+    /// condition below is a constant false and folds away.
     #[inline(always)]
     pub(crate) fn slots_for(&self, class: SizeClass) -> u32 {
         let block_shift = class.block_shift(self.segment_shift);
-        let shift = if block_shift == self.segment_shift {
-            WHOLE_SLOT_BUDGET_SHIFT
+        let shift = if LARGE_HEAP_SHIFT != 0 && self.data_bytes() >> LARGE_HEAP_SHIFT != 0 {
+            LARGE_HEAP_SLOT_BUDGET_SHIFT
+        } else if block_shift == self.segment_shift {
+            if WHOLE_SLOT_SHARE_SHIFT != 0 {
+                // The classes whose block fills a segment: slices of
+                // 2^(segment_shift - SLICES_PER_BLOCK_SHIFT) ..= 2^MAX_SLICE_SHIFT
+                // bytes; the share is split among them, rounded up to a
+                // power of two (4 classes at 2 MiB segments, 3 at 4 MiB, 2
+                // at 8 MiB, 1 at 16 MiB: `ceil(log2(n))` = bits of n - 1).
+                let others = crate::class::MAX_SLICE_SHIFT + crate::class::SLICES_PER_BLOCK_SHIFT
+                    - self.segment_shift;
+                WHOLE_SLOT_SHARE_SHIFT + (32 - others.leading_zeros())
+            } else {
+                WHOLE_SLOT_BUDGET_SHIFT
+            }
         } else {
             SLOT_BUDGET_SHIFT
         };
