@@ -521,3 +521,46 @@ impl Heap {
         self.retire(class, SlotWord(current));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::class::Request;
+
+    /// Slots `slots_for` gives requests of `size` on a heap of `segments`
+    /// segments of 2^`shift` bytes.
+    fn slots(segments: u64, shift: u32, size: u64) -> u32 {
+        let layout = Heap::layout(segments, shift, 0).unwrap();
+        // SAFETY: the handle is used only for `slots_for`, which reads its
+        // geometry fields and touches neither data nor metadata.
+        let heap = unsafe { layout.bind(0, 0) };
+        match Request::for_size(size, shift) {
+            Request::Class(c) => heap.slots_for(c),
+            r => panic!("{size}: {r:?}"),
+        }
+    }
+
+    /// The slot counts of 1, 2 and 4 KiB that `docs/PERF.md` gives for the
+    /// default and the issue 12 variants of this build, on the bench heap
+    /// (16 GiB of 8 MiB segments), the demand + 3% heap (2,107 segments of
+    /// 4 MiB) and the 256 MiB heap (2 MiB). Other builds check nothing.
+    #[test]
+    fn issue12_slot_counts() {
+        let got = |segments, shift| [1024, 2048, 4096].map(|s| slots(segments, shift, s));
+        let seen = (got(2048, 23), got(2107, 22), got(128, 21));
+        let plain = SLOTS_PER_CLASS == 32 && SLOT_BUDGET_SHIFT == 8;
+        let expected = match (
+            WHOLE_SLOT_BUDGET_SHIFT,
+            WHOLE_SLOT_SHARE_SHIFT,
+            LARGE_HEAP_SHIFT,
+        ) {
+            _ if !plain => return,
+            (8, 0, 0) => ([16, 8, 8], [8, 8, 8], [1, 1, 1]),
+            (6, 0, 0) => ([16, 32, 32], [32, 32, 32], [2, 2, 2]),
+            (8, 5, 0) => ([16, 32, 32], [16, 16, 16], [1, 1, 1]),
+            (8, 0, 34) if LARGE_HEAP_SLOT_BUDGET_SHIFT == 6 => ([32, 32, 32], [8, 8, 8], [1, 1, 1]),
+            _ => return,
+        };
+        assert_eq!(seen, expected);
+    }
+}
