@@ -36,6 +36,24 @@
 #                  (GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT=6): 2 and 4 KiB get 32
 #                  slots on a 16 GiB heap (8 MiB segments) instead of 8,
 #                  every other class as in auto
+#   wshare5        slot blocks of all classes whose block fills a segment,
+#                  together, within 1/32 of the heap
+#                  (GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=5): 2 and 4 KiB 32 slots
+#                  on the 16 GiB bench heap (as w6), 16 for 1/2/4 KiB on the
+#                  8.4 GiB demand + 3% heap (w6: 32, auto: 8), 1 on 256 MiB
+#                  (as auto). Predicted: 2/4 KiB as w6 (-35..-40%), 1 KiB as
+#                  auto (+6..8%, still over 5%), 256 MiB rounds as auto
+#                  (90.8-91.5%), demand + 3% about 97.9% (auto 98.9%)
+#   big34          heaps of 16 GiB and more budget every slice class's slot
+#                  blocks at 1/64 of the heap (GPUMALLOC_LARGE_HEAP_SHIFT=34):
+#                  1, 2 and 4 KiB get 32 slots on the bench heap (auto: 16,
+#                  8, 8); smaller heaps exactly as auto. Predicted: 1 KiB
+#                  -0..-10%, 2/4 KiB -35..-40%, mixed about -10%, the
+#                  utilization workloads as auto (their heaps are < 16 GiB)
+#   big34f2        big34, and on those heaps the quarter rule for unlocked
+#                  formats (GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=2):
+#                  predicted as big34 plus 128 B -30..-36% (fmt2's gain), the
+#                  utilization workloads as auto
 #   m4096s3        at least 4096 segments (8 GiB: 2 MiB; 16 GiB: 4 MiB),
 #                  spares within 1/8
 #   claim          the defaults (the name of the earlier run, = auto)
@@ -61,6 +79,9 @@ settings() {
     m2048s3b6) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=2048 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3 GPUMALLOC_SLOT_BUDGET_SHIFT=6" ;;
     fmt2) echo "GPUMALLOC_UNLOCKED_FORMAT_SHIFT=2" ;;
     w6) echo "GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT=6" ;;
+    wshare5) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=5" ;;
+    big34) echo "GPUMALLOC_LARGE_HEAP_SHIFT=34" ;;
+    big34f2) echo "GPUMALLOC_LARGE_HEAP_SHIFT=34 GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=2" ;;
     m4096s3) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=4096 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     claim-b2) echo "GPUMALLOC_ALLOC_BLOCKS_PER_SM=2" ;;
     claim-slots128)

@@ -117,7 +117,10 @@ const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_BLOCK_CLASS_SHIFT + 6);
 
 /// A build-time setting (`GPUMALLOC_SEGMENT_SHIFT`, `GPUMALLOC_SLOTS`,
 /// `GPUMALLOC_SLOT_BUDGET_SHIFT`, `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT`,
-/// `GPUMALLOC_UNLOCKED_FORMAT_SHIFT`, `GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT`):
+/// `GPUMALLOC_UNLOCKED_FORMAT_SHIFT`, `GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT`,
+/// `GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT`, `GPUMALLOC_LARGE_HEAP_SHIFT`,
+/// `GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT`,
+/// `GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT`):
 /// the decimal number in `text`, else
 /// `default`. The root `build.rs` reruns the PTX build when one changes.
 pub(crate) const fn build_knob(text: Option<&str>, default: u32) -> u32 {

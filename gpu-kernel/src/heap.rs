@@ -49,6 +49,17 @@ use crate::veb::VebTree;
 /// be7ddc7"), so the default stays 1.
 const UNLOCKED_FORMAT_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_UNLOCKED_FORMAT_SHIFT"), 1);
+/// `UNLOCKED_FORMAT_SHIFT` on heaps of 2^`team::LARGE_HEAP_SHIFT` bytes
+/// and more (`GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT`; unset: the same
+/// as every heap). A diagnostic for issue 12: the quarter rule's herd leaves
+/// at most a segment per slot of a class formatted; on the 256 MiB heap that
+/// is 8 segments for 32 B slices, whose demand is under one block per round
+/// (`docs/PERF.md`, "Where w6 and fmt2 strand"), while on a 16 GiB heap
+/// it is at most 32 segments of 8 MiB (1.6%) for 128 B.
+const LARGE_HEAP_UNLOCKED_FORMAT_SHIFT: u32 = crate::class::build_knob(
+    option_env!("GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT"),
+    UNLOCKED_FORMAT_SHIFT,
+);
 
 /// A block claimed for a class: segment and block within it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -359,7 +370,9 @@ impl Heap {
                 continue;
             }
             let blocks = class.blocks_per_segment(self.segment_shift);
-            if blocks <= want || (class.is_slice() && blocks <= want << UNLOCKED_FORMAT_SHIFT) {
+            if blocks <= want
+                || (class.is_slice() && blocks <= want << self.unlocked_format_shift())
+            {
                 // The caller takes the whole segment: nothing to scatter. Or
                 // a slot installer takes a quarter of it or more (see
                 // `UNLOCKED_FORMAT_SHIFT`): a herd leaves at most one
@@ -386,6 +399,21 @@ impl Heap {
                 arch::backoff(round);
                 round += 1;
             }
+        }
+    }
+
+    /// `UNLOCKED_FORMAT_SHIFT`, or `LARGE_HEAP_UNLOCKED_FORMAT_SHIFT` on a
+    /// large heap (a constant unless both diagnostics are set).
+    #[inline(always)]
+    fn unlocked_format_shift(&self) -> u32 {
+        let large = crate::team::LARGE_HEAP_SHIFT;
+        if LARGE_HEAP_UNLOCKED_FORMAT_SHIFT != UNLOCKED_FORMAT_SHIFT
+            && large != 0
+            && self.data_bytes() >> large != 0
+        {
+            LARGE_HEAP_UNLOCKED_FORMAT_SHIFT
+        } else {
+            UNLOCKED_FORMAT_SHIFT
         }
     }
 

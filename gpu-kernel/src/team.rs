@@ -36,6 +36,31 @@ const WHOLE_SLOT_BUDGET_SHIFT: u32 = crate::class::build_knob(
     option_env!("GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT"),
     SLOT_BUDGET_SHIFT,
 );
+/// Slot blocks of every class whose block fills a segment, all of them
+/// together, stay within heap / 2^this (0, unset: off, and
+/// `WHOLE_SLOT_BUDGET_SHIFT` rules). A diagnostic for issue 12: at the
+/// first null every slot beyond a class's first strands about a whole
+/// segment when the class's demand is a few blocks (`docs/PERF.md`, "Where
+/// w6 and fmt2 strand"), so the budget is shared by the classes that hold
+/// whole segments rather than given to each: with 5, the bench's 16 GiB
+/// heap (8 MiB segments, 2 such classes) gives 2 and 4 KiB 32 slots as
+/// `w6` did, the 8.4 GiB demand + 3% heap (4 MiB, 3 classes) 16 where `w6`
+/// gave 32, and the 256 MiB heap (2 MiB, 4 classes) 1 as the default.
+const WHOLE_SLOT_SHARE_SHIFT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT"), 0);
+/// Heaps of at least 2^this bytes budget every slice class's slot blocks
+/// at heap / 2^`LARGE_HEAP_SLOT_BUDGET_SHIFT` (0, unset: off). A
+/// diagnostic for issue 12: the budget the bench's 16 GiB heap needs (32
+/// slots of 4 and 8 MiB blocks for 1, 2 and 4 KiB) is the same share of
+/// the heap that strands memory on the 256 MiB and 8.4 GiB heaps of the
+/// utilization workloads, so no share of the heap serves both; 34 gives it
+/// to heaps of 16 GiB and more only (`docs/PERF.md`).
+pub(crate) const LARGE_HEAP_SHIFT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_LARGE_HEAP_SHIFT"), 0);
+/// The slot budget of heaps of `LARGE_HEAP_SHIFT` and more (6: 1/64 of the
+/// heap per class, `GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT`).
+const LARGE_HEAP_SLOT_BUDGET_SHIFT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT"), 6);
 /// Slot and spare blocks of one class stay within heap / 2^this.
 const SPARE_BUDGET_SHIFT: u32 = 3;
 /// Slot and spare blocks of a class whose block fills a segment, counted for
@@ -171,11 +196,29 @@ impl Heap {
     /// 16 B … 512 B (blocks up to 2 MiB), 16 for 1 KiB (4 MiB blocks) and 8
     /// for 2 and 4 KiB (8 MiB); a 256 MiB heap one slot for 4 KiB slices
     /// (2 MiB blocks) and 16 for 16 B (64 KiB blocks).
+    ///
+    /// Build-time diagnostics change the budget: `WHOLE_SLOT_BUDGET_SHIFT`
+    /// and `WHOLE_SLOT_SHARE_SHIFT` for classes whose block fills a segment,
+    /// `LARGE_HEAP_SHIFT` for every class on large heaps. Unset, each
+    /// condition below is a constant false and folds away.
     #[inline(always)]
     pub(crate) fn slots_for(&self, class: SizeClass) -> u32 {
         let block_shift = class.block_shift(self.segment_shift);
-        let shift = if block_shift == self.segment_shift {
-            WHOLE_SLOT_BUDGET_SHIFT
+        let shift = if LARGE_HEAP_SHIFT != 0 && self.data_bytes() >> LARGE_HEAP_SHIFT != 0 {
+            LARGE_HEAP_SLOT_BUDGET_SHIFT
+        } else if block_shift == self.segment_shift {
+            if WHOLE_SLOT_SHARE_SHIFT != 0 {
+                // The classes whose block fills a segment: slices of
+                // 2^(segment_shift - SLICES_PER_BLOCK_SHIFT) ..= 2^MAX_SLICE_SHIFT
+                // bytes; the share is split among them, rounded up to a
+                // power of two (4 classes at 2 MiB segments, 3 at 4 MiB, 2
+                // at 8 MiB, 1 at 16 MiB: `ceil(log2(n))` = bits of n - 1).
+                let others = crate::class::MAX_SLICE_SHIFT + crate::class::SLICES_PER_BLOCK_SHIFT
+                    - self.segment_shift;
+                WHOLE_SLOT_SHARE_SHIFT + (32 - others.leading_zeros())
+            } else {
+                WHOLE_SLOT_BUDGET_SHIFT
+            }
         } else {
             SLOT_BUDGET_SHIFT
         };
@@ -476,5 +519,48 @@ impl Heap {
             }
         }
         self.retire(class, SlotWord(current));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::class::Request;
+
+    /// Slots `slots_for` gives requests of `size` on a heap of `segments`
+    /// segments of 2^`shift` bytes.
+    fn slots(segments: u64, shift: u32, size: u64) -> u32 {
+        let layout = Heap::layout(segments, shift, 0).unwrap();
+        // SAFETY: the handle is used only for `slots_for`, which reads its
+        // geometry fields and touches neither data nor metadata.
+        let heap = unsafe { layout.bind(0, 0) };
+        match Request::for_size(size, shift) {
+            Request::Class(c) => heap.slots_for(c),
+            r => panic!("{size}: {r:?}"),
+        }
+    }
+
+    /// The slot counts of 1, 2 and 4 KiB that `docs/PERF.md` gives for the
+    /// default and the issue 12 variants of this build, on the bench heap
+    /// (16 GiB of 8 MiB segments), the demand + 3% heap (2,107 segments of
+    /// 4 MiB) and the 256 MiB heap (2 MiB). Other builds check nothing.
+    #[test]
+    fn issue12_slot_counts() {
+        let got = |segments, shift| [1024, 2048, 4096].map(|s| slots(segments, shift, s));
+        let seen = (got(2048, 23), got(2107, 22), got(128, 21));
+        let plain = SLOTS_PER_CLASS == 32 && SLOT_BUDGET_SHIFT == 8;
+        let expected = match (
+            WHOLE_SLOT_BUDGET_SHIFT,
+            WHOLE_SLOT_SHARE_SHIFT,
+            LARGE_HEAP_SHIFT,
+        ) {
+            _ if !plain => return,
+            (8, 0, 0) => ([16, 8, 8], [8, 8, 8], [1, 1, 1]),
+            (6, 0, 0) => ([16, 32, 32], [32, 32, 32], [2, 2, 2]),
+            (8, 5, 0) => ([16, 32, 32], [16, 16, 16], [1, 1, 1]),
+            (8, 0, 34) if LARGE_HEAP_SLOT_BUDGET_SHIFT == 6 => ([32, 32, 32], [8, 8, 8], [1, 1, 1]),
+            _ => return,
+        };
+        assert_eq!(seen, expected);
     }
 }
