@@ -18,11 +18,13 @@
 //! `GPUMALLOC_CHUNK_MIB` sets the lake's chunk size (default
 //! [`DEFAULT_CHUNK_MIB`]); `GPUMALLOC_REUSE_ENTRIES` sets how
 //! many freed blocks (split pieces and large blocks) the pool's reuse cache
-//! keeps for requests of their size (default
-//! [`host::pluggable::reuse::SUGGESTED_ENTRIES`], 512; `0` turns the cache
-//! off, as `host` has it by default): on the CPU replay of the GPT-2 trace
-//! it serves ~70% of requests without the split cache's or the lake's
-//! trees (`docs/PERF.md`, "Reuse cache for every size");
+//! keeps for requests of their size (default 0: off; `512`, the
+//! suggested [`host::pluggable::reuse::SUGGESTED_ENTRIES`], turns it on:
+//! on the CPU replay of the GPT-2 trace it serves ~70% of requests without
+//! the split cache's or the lake's trees, `docs/PERF.md`, "Reuse cache for
+//! every size"; it is off by default because on the H100 a GPT-2 batch of
+//! 112 with it computed a wrong first loss and batch 120 failed in cuBLAS,
+//! which is not explained yet);
 //! `GPUMALLOC_SPILL_TO_HOST=1` turns the lake's spill on (default off:
 //! `0` or unset): when the GPU has no memory left for a new chunk (or the
 //! chunk would pass the limit above), the chunk is made in pinned host
@@ -58,9 +60,7 @@ use call_stats::{CallKind, CallStats};
 use cudarc::driver::CudaContext;
 use host::boundary::{ErrorKind, enter, set_error};
 use host::lake::{ChunkOptions, CudaVmm, Lake, LakeConfig};
-use host::pluggable::{
-    CudaEvents, PoolEntry, PoolId, PoolStats, Registry, StreamId, StreamPool, reuse,
-};
+use host::pluggable::{CudaEvents, PoolEntry, PoolId, PoolStats, Registry, StreamId, StreamPool};
 
 /// The pool of one device on the real driver.
 type CudaPool = StreamPool<CudaVmm, CudaEvents>;
@@ -329,7 +329,7 @@ fn make_device(device: i32) -> Result<Device, String> {
         Ok(v) => v
             .parse::<usize>()
             .map_err(|e| format!("{REUSE_ENV}={v:?} is not a number of blocks: {e}"))?,
-        Err(_) => reuse::SUGGESTED_ENTRIES,
+        Err(_) => 0,
     };
     pool.set_reuse_entries(entries)
         .map_err(|e| format!("{REUSE_ENV}: {e}"))?;
