@@ -63,16 +63,8 @@ pub fn pattern(id: u64, index: u64) -> u64 {
 /// `p` must be valid for `size` bytes of writes and 8-byte aligned.
 #[inline]
 pub unsafe fn fill(p: *mut u8, size: u64, id: u64) {
-    let words = size / 8;
-    for i in 0..words {
-        // SAFETY: i < size / 8 and p is aligned and valid for size bytes.
-        unsafe { (p as *mut u64).add(i as usize).write(pattern(id, i)) };
-    }
-    let tail = pattern(id, words);
-    for i in words * 8..size {
-        // SAFETY: i < size.
-        unsafe { p.add(i as usize).write((tail >> ((i % 8) * 8)) as u8) };
-    }
+    // SAFETY: as documented.
+    unsafe { fill_range(p, size, id, 0, size) }
 }
 
 /// Counts the words (and tail bytes) at `p` that do not hold `id`'s pattern.
@@ -81,18 +73,8 @@ pub unsafe fn fill(p: *mut u8, size: u64, id: u64) {
 /// `p` must be valid for `size` bytes of reads and 8-byte aligned.
 #[inline]
 pub unsafe fn verify(p: *const u8, size: u64, id: u64) -> u64 {
-    let words = size / 8;
-    let mut wrong = 0;
-    for i in 0..words {
-        // SAFETY: as in `fill`.
-        wrong += (unsafe { (p as *const u64).add(i as usize).read() } != pattern(id, i)) as u64;
-    }
-    let tail = pattern(id, words);
-    for i in words * 8..size {
-        // SAFETY: i < size.
-        wrong += (unsafe { p.add(i as usize).read() } != (tail >> ((i % 8) * 8)) as u8) as u64;
-    }
-    wrong
+    // SAFETY: as documented.
+    unsafe { verify_range(p, size, id, 0, size) }
 }
 
 /// Bytes of one allocation that one thread of the piecewise pattern
@@ -108,21 +90,9 @@ pub const PATTERN_PIECE: u64 = 4096;
 #[inline]
 pub unsafe fn fill_piece(p: *mut u8, size: u64, id: u64, piece: u64) {
     let start = piece * PATTERN_PIECE;
-    if start >= size {
-        return;
-    }
-    let end = (start + PATTERN_PIECE).min(size);
-    let (words, last_word) = (size / 8, end / 8);
-    for i in start / 8..last_word {
-        // SAFETY: i < size / 8 and p is aligned and valid for size bytes.
-        unsafe { (p as *mut u64).add(i as usize).write(pattern(id, i)) };
-    }
-    if end == size {
-        let tail = pattern(id, words);
-        for i in words * 8..size {
-            // SAFETY: i < size.
-            unsafe { p.add(i as usize).write((tail >> ((i % 8) * 8)) as u8) };
-        }
+    if start < size {
+        // SAFETY: as documented; start < end <= size.
+        unsafe { fill_range(p, size, id, start, (start + PATTERN_PIECE).min(size)) }
     }
 }
 
@@ -137,11 +107,43 @@ pub unsafe fn verify_piece(p: *const u8, size: u64, id: u64, piece: u64) -> u64 
     if start >= size {
         return 0;
     }
-    let end = (start + PATTERN_PIECE).min(size);
-    let (words, last_word) = (size / 8, end / 8);
+    // SAFETY: as documented; start < end <= size.
+    unsafe { verify_range(p, size, id, start, (start + PATTERN_PIECE).min(size)) }
+}
+
+/// Writes the words of `id`'s pattern from byte `start` (a multiple of 8)
+/// up to `end`, and the tail bytes after the last whole word if `end` is
+/// `size`.
+///
+/// # Safety
+/// As for [`fill`]; `start <= end <= size`.
+#[inline]
+unsafe fn fill_range(p: *mut u8, size: u64, id: u64, start: u64, end: u64) {
+    let words = size / 8;
+    for i in start / 8..end / 8 {
+        // SAFETY: i < size / 8 and p is aligned and valid for size bytes.
+        unsafe { (p as *mut u64).add(i as usize).write(pattern(id, i)) };
+    }
+    if end == size {
+        let tail = pattern(id, words);
+        for i in words * 8..size {
+            // SAFETY: i < size.
+            unsafe { p.add(i as usize).write((tail >> ((i % 8) * 8)) as u8) };
+        }
+    }
+}
+
+/// Counts the wrong words (and tail bytes) that [`fill_range`] with the
+/// same bounds writes.
+///
+/// # Safety
+/// As for [`verify`]; `start <= end <= size`.
+#[inline]
+unsafe fn verify_range(p: *const u8, size: u64, id: u64, start: u64, end: u64) -> u64 {
+    let words = size / 8;
     let mut wrong = 0;
-    for i in start / 8..last_word {
-        // SAFETY: as in `fill_piece`.
+    for i in start / 8..end / 8 {
+        // SAFETY: as in `fill_range`.
         wrong += (unsafe { (p as *const u64).add(i as usize).read() } != pattern(id, i)) as u64;
     }
     if end == size {
