@@ -336,10 +336,7 @@ pub unsafe extern "ptx-kernel" fn fill_pattern_pieces(
     errors: *const Word,
     n: u64,
 ) {
-    let pieces = size.div_ceil(workload::PATTERN_PIECE).max(1);
-    let g = arch::global_thread_index();
-    let (t, piece) = (g / pieces, g % pieces);
-    if t < n {
+    if let Some((t, piece)) = this_piece(size, n) {
         // SAFETY: as documented.
         unsafe {
             let p = *ptrs.add(t as usize) as *mut u8;
@@ -354,6 +351,15 @@ pub unsafe extern "ptx-kernel" fn fill_pattern_pieces(
     }
 }
 
+/// This thread's allocation and piece in the piecewise pattern kernels
+/// (thread `g`: piece `g % pieces` of allocation `g / pieces`), if its
+/// allocation is one of the `n`.
+fn this_piece(size: u64, n: u64) -> Option<(u64, u64)> {
+    let pieces = size.div_ceil(workload::PATTERN_PIECE).max(1);
+    let g = arch::global_thread_index();
+    (g / pieces < n).then_some((g / pieces, g % pieces))
+}
+
 /// `verify_pattern` piecewise, as `fill_pattern_pieces` fills; wrong words
 /// count in `errors[1]`.
 ///
@@ -366,10 +372,7 @@ pub unsafe extern "ptx-kernel" fn verify_pattern_pieces(
     errors: *const Word,
     n: u64,
 ) {
-    let pieces = size.div_ceil(workload::PATTERN_PIECE).max(1);
-    let g = arch::global_thread_index();
-    let (t, piece) = (g / pieces, g % pieces);
-    if t < n {
+    if let Some((t, piece)) = this_piece(size, n) {
         // SAFETY: as documented.
         unsafe {
             let p = *ptrs.add(t as usize) as *const u8;
