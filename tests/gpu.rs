@@ -227,3 +227,45 @@ fn a_wait_with_a_limit_gives_up_instead_of_blocking() {
     );
     assert_whole(&ours, "after the churn");
 }
+
+/// `Gpu::launch_with` runs a kernel with the caller's own grid and block:
+/// the piecewise pattern kernels, launched with 96-thread and 1024-thread
+/// blocks (not the 256 of `Gpu::launch`), fill and check 1 MiB
+/// allocations from the heap; a wrong word or a piece no thread covered
+/// would show in the check.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
+fn a_launch_with_its_own_grid_and_block() {
+    use gpumalloc::gpu_kernels::workload::PATTERN_PIECE;
+    use host::cudarc::driver::LaunchConfig;
+    let Some(gpu) = gpu() else { return };
+    let mut ours = checked(&gpu, GIB);
+    let (n, size) = (300, 1 << 20);
+    let buffers = Buffers::new(&gpu, n).unwrap();
+    let ptrs = gpu.address(&buffers.ptrs);
+    ours.alloc(&gpu, Sizes::Fixed(size), ptrs, n).unwrap();
+    let args = [
+        Arg::U64(ptrs),
+        Arg::U64(size),
+        Arg::U64(gpu.address(&buffers.errors)),
+        Arg::U64(n),
+    ];
+    let threads = n * size.div_ceil(PATTERN_PIECE);
+    for (kernel, block) in [("fill_pattern_pieces", 96), ("verify_pattern_pieces", 1024)] {
+        let cfg = LaunchConfig {
+            grid_dim: (threads.div_ceil(block) as u32, 1, 1),
+            block_dim: (block as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the pattern kernels take (ptrs, size, errors, n); the
+        // buffers live until the download below has synchronised.
+        unsafe { gpu.launch_with(kernel, cfg, &args) }.unwrap();
+    }
+    assert_eq!(
+        gpu.download(&buffers.errors).unwrap(),
+        vec![0, 0],
+        "[nulls, wrong words]"
+    );
+    ours.free(&gpu, ptrs, n).unwrap();
+    assert_whole(&ours, "after launch_with");
+}
