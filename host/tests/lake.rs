@@ -704,3 +704,58 @@ fn a_failed_extension_leaves_the_view_as_it_was() {
     write_through_homes(&lake, longer, 7);
     lake.check().unwrap();
 }
+
+#[test]
+fn a_view_freed_behind_a_pending_fence_is_not_remapped_until_settled() {
+    use host::lake::{Fence, Progress, Requester};
+    let lake = new_lake(64);
+    let singles: Vec<DeviceRange> = (0..16).map(|_| lake.alloc(G).unwrap()).collect();
+    for r in singles.iter().step_by(2) {
+        lake.free(*r).unwrap();
+    }
+    let mut progress = Progress::new();
+    fn on(progress: &Progress) -> Requester<'_> {
+        Requester {
+            stream: 1,
+            progress,
+        }
+    }
+    // 8 scattered free chunks stitched into one view, used and freed on
+    // stream 1 as its free 1: its kernels may still be queued.
+    let first = lake
+        .alloc_for(8 * G, Site::default(), &on(&progress))
+        .unwrap();
+    assert!(lake.is_stitched(first));
+    lake.free_fenced(first, Site::default(), &Fence::single(1, 1))
+        .unwrap();
+    // One of its chunks is taken at home; another chunk comes free.
+    let taker = lake.alloc_for(G, Site::default(), &on(&progress)).unwrap();
+    assert!(!lake.is_stitched(taker));
+    lake.free(singles[1]).unwrap();
+    // The view would be patched (one slot replaced, an unmap under the
+    // queued work): refused, a new view is stitched.
+    assert!(lake.placement_waits(8 * G, &on(&progress)));
+    let second = lake
+        .alloc_for(8 * G, Site::default(), &on(&progress))
+        .unwrap();
+    assert_ne!(second.addr, first.addr, "the pending view was remapped");
+    assert_eq!(lake.views_held_back(), 1);
+    let o = lake.stats().outcomes;
+    assert_eq!((o.patch, o.stitch), (0, 2));
+    lake.free_fenced(second, Site::default(), &Fence::single(1, 2))
+        .unwrap();
+    // Trim leaves both views mapped while stream 1's work may be queued,
+    // and drops them once it is seen complete.
+    lake.trim_settled(&progress).unwrap();
+    assert_eq!(lake.stats().stitched_views, 2);
+    progress.advance(1, 2);
+    lake.trim_settled(&progress).unwrap();
+    assert_eq!(lake.stats().stitched_views, 0);
+    let third = lake
+        .alloc_for(8 * G, Site::default(), &on(&progress))
+        .unwrap();
+    lake.check().unwrap();
+    lake.free(third).unwrap();
+    lake.free(taker).unwrap();
+    lake.check().unwrap();
+}

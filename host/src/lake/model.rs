@@ -62,8 +62,15 @@ struct Mapping {
 struct State {
     /// Reservations: start → size.
     reservations: BTreeMap<u64, u64>,
-    /// Next reservation address (reservations are never reused).
+    /// Next reservation address (reservations are never reused unless
+    /// `reuse_addresses`).
     next_address: u64,
+    /// Freed reservations, start -> size, to hand out again first
+    /// ([`ModelVmm::set_reuse_addresses`]).
+    freed_addresses: BTreeMap<u64, u64>,
+    /// Whether a reservation may get the addresses of a freed one, as
+    /// CUDA's `cuMemAddressReserve` does.
+    reuse_addresses: bool,
     chunks: HashMap<ChunkHandle, Chunk>,
     next_handle: u64,
     /// Mapped granules: granule address → mapping.
@@ -176,6 +183,27 @@ impl ModelVmm {
             rdma_chunks: s.chunks.values().filter(|c| c.rdma_capable).count(),
             host_chunks: s.host_chunks,
         }
+    }
+
+    /// Makes later reservations take the addresses of freed ones first
+    /// (lowest first fit), as CUDA may: a stale address kept anywhere then
+    /// names live memory of another reservation. Off by default (every
+    /// reservation gets fresh addresses).
+    pub fn set_reuse_addresses(&self, on: bool) {
+        self.state().reuse_addresses = on;
+    }
+
+    /// The chunk mapped at the granule holding `addr` and whether access
+    /// to it was granted, or `None` where nothing is mapped: which physical
+    /// memory backs a virtual address, so tests can tell two live ranges
+    /// that share memory through different mappings (a stitched view and a
+    /// home view of the same chunk). Works without data too.
+    pub fn chunk_at(&self, addr: u64) -> Option<(ChunkHandle, bool)> {
+        let granule = addr & !(self.granularity - 1);
+        self.state()
+            .mapped
+            .get(&granule)
+            .map(|m| (m.chunk, m.accessible))
     }
 
     /// Writes `bytes` at device address `addr`, through whatever chunks are
@@ -307,8 +335,25 @@ impl VmmDriver for ModelVmm {
                     format!("size {size} is not a positive multiple of the granularity"),
                 );
             }
-            let addr = s.next_address;
-            s.next_address += size;
+            let again = s
+                .reuse_addresses
+                .then(|| s.freed_addresses.iter().find(|&(_, &l)| l >= size))
+                .flatten()
+                .map(|(&a, &l)| (a, l));
+            let addr = match again {
+                Some((a, l)) => {
+                    s.freed_addresses.remove(&a);
+                    if l > size {
+                        s.freed_addresses.insert(a + size, l - size);
+                    }
+                    a
+                }
+                None => {
+                    let a = s.next_address;
+                    s.next_address += size;
+                    a
+                }
+            };
             s.reservations.insert(addr, size);
             Ok(addr)
         })
@@ -331,6 +376,9 @@ impl VmmDriver for ModelVmm {
                 );
             }
             s.reservations.remove(&addr);
+            if s.reuse_addresses {
+                s.freed_addresses.insert(addr, size);
+            }
             Ok(())
         })
     }

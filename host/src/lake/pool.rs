@@ -23,6 +23,21 @@
 //!    grows; often no stitch is then needed), else in emptied home slots,
 //!    else in a new home view; then 1, 2 or 3.
 //!
+//! **Remap rule**: a stitched view's slots are unmapped (patch, sweep,
+//! trim) only once every free of its windows is settled: the work a
+//! stream submitted before such a free may still be queued, reading and
+//! writing through the view's addresses, and `cuMemUnmap` does not wait
+//! for it (the kernels would fault, or, once another chunk is mapped
+//! there, use the wrong memory). Reusing the chunks themselves needs no
+//! such wait on the freeing stream (its later work is ordered after the
+//! free), so a view freed but not settled still serves windows as it
+//! lies, and a patch it would have needed becomes a stitch of a new view;
+//! [`Lake::views_held_back`] counts those, so that the caller may wait for
+//! the device ([`Lake::alloc_for`]'s `Requester::progress` then settles
+//! them). Each view keeps the joined fences of its frees
+//! (`View::fence`); the rule is checked in `patch`, `sweep` and
+//! `trim_settled`, where the unmapping is decided.
+//!
 //! "Free chunks" means those the requester may take: a chunk freed behind
 //! a fence ([`Lake::free_fenced`], `fence.rs`) is skipped by every outcome
 //! for a stream its fence does not admit (it counts as waiting), and growth
@@ -94,6 +109,8 @@ struct State {
     frees: u64,
     /// Logical time for the LRU sweep.
     clock: u64,
+    /// Patches and drops of stitched views refused by the remap rule.
+    held_back: u64,
     trace: Option<TraceRecorder>,
 }
 
@@ -131,6 +148,7 @@ impl<D: VmmDriver> Lake<D> {
                 outcomes: Outcomes::default(),
                 frees: 0,
                 clock: 0,
+                held_back: 0,
                 trace: None,
             }),
         }
@@ -273,7 +291,7 @@ impl<D: VmmDriver> Lake<D> {
             }
             let w = self.stitch(s, n, req)?;
             s.outcomes.stitch += 1;
-            self.sweep(s);
+            self.sweep(s, req.progress);
             return Ok(w);
         }
         self.grow(s, n, free, req)
@@ -300,23 +318,11 @@ impl<D: VmmDriver> Lake<D> {
     /// ([`super::tables::EXTEND_ROOM`]): a longer sequence's logits extend
     /// the last ones' view.
     fn patch(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Option<Window>> {
-        let best = s
-            .tables
-            .views()
-            .filter(|(_, v)| {
-                let m = v.slots.len();
-                v.stitched
-                    && v.users == 0
-                    && m <= n + n / super::tables::TIGHT + 1
-                    && (m >= n || (m + n / 4 >= n && v.reserved >= n))
-            })
-            .map(|(id, v)| {
-                let m = v.slots.len().min(n);
-                (s.tables.bad_prefix_slots(id, m, req), n - m, id)
-            })
-            .min_by_key(|(bad, extra, _)| bad.len() + extra);
-        let Some((bad, extra, view)) = best.filter(|(bad, extra, _)| bad.len() + extra <= n / 4)
-        else {
+        let (best, held_back) = best_patch(&s.tables, n, req, true);
+        if held_back {
+            s.held_back += 1;
+        }
+        let Some((bad, extra, view)) = best else {
             return Ok(None);
         };
         let with = s.tables.replacements(view, bad.len() + extra, req);
@@ -442,7 +448,7 @@ impl<D: VmmDriver> Lake<D> {
         match patched {
             Ok(w) => {
                 s.outcomes.grow_stitch += 1;
-                self.sweep(s);
+                self.sweep(s, req.progress);
                 Ok(w)
             }
             Err(e) => {
@@ -472,7 +478,7 @@ impl<D: VmmDriver> Lake<D> {
     /// Unmaps the least recently used unused stitched views beyond the
     /// cache limit. A failed unmap leaves the view cached (tried again on
     /// the next sweep).
-    fn sweep(&self, s: &mut State) {
+    fn sweep(&self, s: &mut State, progress: &Progress) {
         let mut idle: Vec<(u64, ViewId)> = s
             .tables
             .views()
@@ -482,9 +488,16 @@ impl<D: VmmDriver> Lake<D> {
         if idle.len() <= self.config.max_cached_stitched {
             return;
         }
-        idle.sort_unstable();
         let excess = idle.len() - self.config.max_cached_stitched;
-        for &(_, id) in &idle[..excess] {
+        // The remap rule: views whose last users' work may be queued stay
+        // mapped (dropped by a later sweep, once settled).
+        let before = idle.len();
+        idle.retain(|&(_, id)| !s.tables.view_in_flight(id, progress));
+        if idle.len() < before {
+            s.held_back += 1;
+        }
+        idle.sort_unstable();
+        for &(_, id) in &idle[..excess.min(idle.len())] {
             if let Ok(range) = s.tables.drop_stitched(&self.driver, id) {
                 forget(s, range);
             }
@@ -535,14 +548,17 @@ impl<D: VmmDriver> Lake<D> {
             t.record(EventKind::Free, live.len, range.addr, site);
         }
         if s.tables.view(live.window.view).stitched {
-            self.sweep(&mut s);
+            // No progress here: only views freed behind no fence (or
+            // none pending at all) may go; the next placement's sweep,
+            // which knows the requester's progress, drops the others.
+            self.sweep(&mut s, &Progress::new());
         }
         Ok(())
     }
 
-    /// Drops every unused stitched view and returns every unfenced free
-    /// chunk mapped nowhere else to the driver. Returns the physical bytes
-    /// released.
+    /// Drops every unused stitched view freed behind no fence and returns
+    /// every unfenced free chunk mapped nowhere else to the driver. Returns
+    /// the physical bytes released.
     pub fn trim(&self) -> LakeResult<u64> {
         self.trim_settled(&Progress::new())
     }
@@ -552,10 +568,12 @@ impl<D: VmmDriver> Lake<D> {
     pub fn trim_settled(&self, progress: &Progress) -> LakeResult<u64> {
         let mut s = self.state();
         let before = s.tables.chunk_count();
+        // The remap rule: a view whose last users' work `progress` does
+        // not show complete stays mapped.
         let idle: Vec<ViewId> = s
             .tables
             .views()
-            .filter(|(_, v)| v.stitched && v.users == 0)
+            .filter(|&(id, v)| v.stitched && v.users == 0 && !s.tables.view_in_flight(id, progress))
             .map(|(id, _)| id)
             .collect();
         for id in idle {
@@ -584,6 +602,33 @@ impl<D: VmmDriver> Lake<D> {
             .chunks_in(live.window)
             .map(|c| s.tables.home_addr(c))
             .collect())
+    }
+
+    /// Patches and drops of stitched views the remap rule has refused so
+    /// far (see the module docs): when this grows, waiting for the device
+    /// and placing with the progress that gives lets the next placement
+    /// patch and sweep them.
+    pub fn views_held_back(&self) -> u64 {
+        self.state().held_back
+    }
+
+    /// Whether placing `size` bytes for `req` now would patch a stitched
+    /// view that the remap rule holds back: no window of free chunks fits,
+    /// and the view a patch would pick, were the rule not there, may still
+    /// be used by queued work. A caller that can wait for the device (the
+    /// pool, with no capture open) does so first, so that the placement
+    /// patches that view instead of stitching a new one. No driver call,
+    /// nothing changed.
+    pub fn placement_waits(&self, size: u64, req: &Requester<'_>) -> bool {
+        let s = self.state();
+        let n = self.chunks_for(size.max(1));
+        if n > self.config.max_stitch_chunks || s.tables.best_window(n, req).is_some() {
+            return false;
+        }
+        match best_patch(&s.tables, n, req, false).0 {
+            Some((bad, _, view)) => !bad.is_empty() && s.tables.view_in_flight(view, req.progress),
+            None => false,
+        }
     }
 
     /// Whether `range` is served by a stitched view.
@@ -700,6 +745,46 @@ impl<D: VmmDriver> Lake<D> {
     pub fn take_trace(&self) -> Option<Trace> {
         self.state().trace.take().map(TraceRecorder::finish)
     }
+}
+
+/// The cached stitched view needing the fewest new mappings (at most
+/// `n / 4`) to serve `n` chunks for `req` (see `Lake::patch`): its slots
+/// of `[0, n)` to replace, the slots to append, the view. With `rule`, a
+/// view whose slots would be replaced is passed over while its last
+/// users' work may be queued (the remap rule), and the second answer says
+/// whether one was.
+fn best_patch(
+    tables: &Tables,
+    n: usize,
+    req: &Requester<'_>,
+    rule: bool,
+) -> (Option<(Vec<usize>, usize, ViewId)>, bool) {
+    let mut held_back = false;
+    let best = tables
+        .views()
+        .filter(|(_, v)| {
+            let m = v.slots.len();
+            v.stitched
+                && v.users == 0
+                && m <= n + n / super::tables::TIGHT + 1
+                && (m >= n || (m + n / 4 >= n && v.reserved >= n))
+        })
+        .map(|(id, v)| {
+            let m = v.slots.len().min(n);
+            (tables.bad_prefix_slots(id, m, req), n - m, id)
+        })
+        .filter(|(bad, _, id)| {
+            // Replacing a slot unmaps it; extending maps only slots
+            // nobody used, which is allowed.
+            let keep = !rule || bad.is_empty() || !tables.view_in_flight(*id, req.progress);
+            held_back |= !keep;
+            keep
+        })
+        .min_by_key(|(bad, extra, _)| bad.len() + extra);
+    (
+        best.filter(|(bad, extra, _)| bad.len() + extra <= n / 4),
+        held_back,
+    )
 }
 
 /// Forgets freed addresses inside a range given back to the driver.

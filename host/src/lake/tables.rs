@@ -105,6 +105,11 @@ pub struct View {
     pub reserved: usize,
     /// Slots holding a chunk (a home view with none left is freed).
     pub occupied: usize,
+    /// Stitched views: the fences of every free of a window of this view
+    /// since it was mapped, joined: GPU work submitted before those frees may still
+    /// read and write through its addresses, so a slot of it is unmapped
+    /// only once this fence is settled (`Lake`'s remap rule).
+    pub fence: Fence,
     /// Maximal runs of slots holding free chunks: start -> length.
     runs: BTreeMap<usize, usize>,
 }
@@ -554,6 +559,17 @@ impl Tables {
         let v = self.views.get_mut(&w.view).expect("live view");
         v.users -= 1;
         v.last_used = clock;
+        if v.stitched {
+            // Home views are never unmapped as views: a chunk leaves its
+            // home only by `release_chunk`, under the chunk's own fence.
+            v.fence.join(fence);
+        }
+    }
+
+    /// Whether work submitted before the frees of view `v`'s windows may
+    /// still use its addresses (its fence is not settled by `progress`).
+    pub fn view_in_flight(&self, v: ViewId, progress: &Progress) -> bool {
+        self.views[&v].fence.pending(progress)
     }
 
     fn set_used(&mut self, c: ChunkId, used: bool) {

@@ -38,6 +38,14 @@
 //!   to the split cache, blocks to the lake), so the lake patches,
 //!   stitches or grows only seeing every free chunk: the cache never makes
 //!   the pool reserve more. Private pools and the plan never use it;
+//! - **remapping waits for the device**: the lake never unmaps a stitched
+//!   view while work queued before one of its frees may still use its
+//!   addresses (its remap rule, `lake/pool.rs`; on one stream that is until
+//!   the pool waits for the device, since no event is recorded). When a
+//!   placement would patch such a view ([`Lake::placement_waits`]), the
+//!   pool waits for the device first (not while a window is open), so the
+//!   view is patched rather than a new one stitched: about one wait per
+//!   training step on the GPT-2 trace with the reuse cache;
 //! - **no event work while a window is open** ([`PrivatePools`]): while
 //!   any allocation window is open (a graph may be being captured), frees
 //!   that would need events are *parked* and nothing is polled; when the
@@ -972,6 +980,21 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         // first, so that the lake sees every free chunk before it patches,
         // stitches or grows, as if they had been freed to it.
         self.drain_reuse(s)?;
+        // The lake never unmaps a stitched view while work queued before
+        // its last free may use it (its remap rule, `lake/pool.rs`); when
+        // this placement would patch such a view, waiting for the device
+        // settles it, so the view is patched rather than a new one
+        // stitched (one wait instead of a stitch per step, and views that
+        // pile up). Not while a window is open: no event work then.
+        if !s.private.any_window() {
+            let req = Requester {
+                stream: stream.0,
+                progress: &s.progress,
+            };
+            if self.lake.placement_waits(bytes, &req) {
+                self.synchronize(s, false)?;
+            }
+        }
         let mut out = try_once(s);
         if matches!(&out, Err(e) if e.is_out_of_memory()) {
             // First what nobody uses any more (waiting memory, empty split

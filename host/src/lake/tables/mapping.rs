@@ -88,6 +88,7 @@ impl Tables {
                         filled_to: 0,
                         reserved: capacity,
                         occupied: 0,
+                        fence: Fence::none(),
                         runs: BTreeMap::new(),
                     },
                 );
@@ -231,6 +232,7 @@ impl Tables {
                 filled_to: chunks.len(),
                 reserved: room,
                 occupied: chunks.len(),
+                fence: Fence::none(),
                 runs: BTreeMap::new(),
             },
         );
