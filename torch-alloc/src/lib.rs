@@ -23,8 +23,9 @@
 //! on the CPU replay of the GPT-2 trace it serves ~70% of requests without
 //! the split cache's or the lake's trees, `docs/PERF.md`, "Reuse cache for
 //! every size"; it is off by default because on the H100 a GPT-2 batch of
-//! 112 with it computed a wrong first loss and batch 120 failed in cuBLAS,
-//! which is not explained yet);
+//! 112 with it computed a wrong first loss and batch 120 failed in cuBLAS;
+//! the cause found on the CPU, a stitched view remapped under queued work,
+//! is fixed in the lake, not yet confirmed on the GPU);
 //! `GPUMALLOC_SPILL_TO_HOST=1` turns the lake's spill on (default off:
 //! `0` or unset): when the GPU has no memory left for a new chunk (or the
 //! chunk would pass the limit above), the chunk is made in pinned host
