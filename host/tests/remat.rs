@@ -778,3 +778,94 @@ fn priced_recompute_memory_keeps_the_embedding_gradient() {
     };
     assert_eq!(victims(priced), [k], "and DTR with the pricing keeps e");
 }
+
+#[test]
+fn pool_keeps_the_gaps_between_pinned_tensors() {
+    let mut pool = Pool::new(100);
+    assert_eq!(pool.gaps_of_at_least(0), vec![(0, 100)]);
+    pool.place_pinned(0, 30, 10).expect("free space");
+    pool.place(1, 50, 10).expect("free space");
+    pool.place_pinned(2, 70, 5).expect("free space");
+    pool.check().expect("valid");
+    // A tensor placed unpinned does not split a gap.
+    assert_eq!(pool.gaps_of_at_least(0), vec![(0, 30), (40, 70), (75, 100)]);
+    assert_eq!(pool.gaps_of_at_least(26), vec![(0, 30), (40, 70)]);
+    assert_eq!(pool.gaps_of_at_least(31), vec![]);
+    let inside: Vec<_> = pool.intervals_in(40, 70).map(|i| i.addr).collect();
+    assert_eq!(inside, vec![40, 50, 60]);
+    // Releasing a pinned tensor joins the gaps on both sides.
+    pool.release(0).expect("placed");
+    pool.check().expect("valid");
+    assert_eq!(pool.gaps_of_at_least(0), vec![(0, 70), (75, 100)]);
+    pool.release(2).expect("placed");
+    pool.check().expect("valid");
+    assert_eq!(pool.gaps_of_at_least(0), vec![(0, 100)]);
+}
+
+/// Coop that runs its search over the gaps between pinned tensors and the
+/// search over the whole pool side by side, and fails on any difference.
+struct BothSearches {
+    coop: Coop,
+    searches: usize,
+}
+
+impl EvictionPolicy for BothSearches {
+    fn name(&self) -> &'static str {
+        self.coop.name()
+    }
+
+    fn next_eviction(
+        &mut self,
+        ctx: &SearchContext<'_>,
+        request: &Request,
+    ) -> Option<host::remat::policy::Eviction> {
+        let whole = self.coop.next_eviction_whole_pool(ctx, request);
+        let gaps = self.coop.next_eviction(ctx, request);
+        assert_eq!(gaps, whole, "search {} for {request:?}", self.searches);
+        self.searches += 1;
+        gaps
+    }
+
+    fn place(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<u64> {
+        self.coop.place(ctx, request)
+    }
+
+    fn recomputes_in_place(&self) -> bool {
+        self.coop.recomputes_in_place()
+    }
+
+    fn caches_prices(&self) -> bool {
+        self.coop.caches_prices()
+    }
+}
+
+#[test]
+fn gap_search_picks_the_windows_of_the_whole_pool_search() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results/remat");
+    let mut recorded = recorded_traces();
+    recorded.extend(["gpt2", "bert", "resnet50", "swin_t"].map(|name| {
+        let path = dir.join(format!("{name}.remat.gz"));
+        (name, Recorded::read(&path).expect("committed trace reads"))
+    }));
+    for (name, r) in recorded {
+        let trace = &r.trace;
+        // The tiny traces also run the pool's check of its gaps after every op.
+        let options = ReplayOptions {
+            check_invariants: name.ends_with("-tiny"),
+        };
+        for ratio in [0.9, 0.7, 0.5, 0.4] {
+            for coop in [Coop::default(), Coop::grouped()] {
+                let mut both = BothSearches { coop, searches: 0 };
+                let report = replay(trace, budget_for(trace, ratio), &mut both, options);
+                match &report.error {
+                    None | Some(RematError::OutOfMemory { .. }) => {}
+                    Some(other) => panic!("{name} at {ratio}, {}: {other}", report.policy),
+                }
+                assert!(
+                    both.searches > 0 || ratio > 0.5,
+                    "{name} at {ratio}: searched"
+                );
+            }
+        }
+    }
+}

@@ -302,7 +302,7 @@ impl<'p> Executor<'p> {
         }
         self.lock(input, -1)?;
         self.release(input)?;
-        self.pool.place(out, addr, size)?;
+        self.place(out, addr, size)?;
         self.tensors.set_resident(out, addr, self.now)?;
         self.lock(out, 1)?;
         Ok(true)
@@ -335,12 +335,22 @@ impl<'p> Executor<'p> {
         }
         self.pool.release(input)?;
         self.tensors.drop_value(input, Residency::Released)?;
-        self.pool.place(t, addr, size)?;
+        self.place(t, addr, size)?;
         self.tensors.set_resident(t, addr, self.now)?;
         for i in inputs.into_iter().filter(|&i| i != input) {
             self.tensors.get_mut(i)?.last_access = self.now;
         }
         Ok(true)
+    }
+
+    /// Puts `t` into the pool at `addr`, as pinned when it is (so that the
+    /// pool keeps the gaps between pinned tensors for window searches).
+    fn place(&mut self, t: TensorId, addr: u64, size: u64) -> RematResult<()> {
+        if self.tensors.is_pinned(t) {
+            self.pool.place_pinned(t, addr, size)
+        } else {
+            self.pool.place(t, addr, size)
+        }
     }
 
     /// Finds space for `t`, evicting as the policy says.
@@ -357,7 +367,7 @@ impl<'p> Executor<'p> {
             now: self.now,
         };
         if let Some(addr) = self.policy.place(&ctx, &request) {
-            self.pool.place(t, addr, request.size)?;
+            self.place(t, addr, request.size)?;
             return Ok(addr);
         }
         let (mut search_ns, mut evicted) = (0u64, 0usize);
@@ -388,7 +398,7 @@ impl<'p> Executor<'p> {
             };
             let addr = eviction.addr.or_else(|| self.policy.place(&ctx, &request));
             if let Some(addr) = addr {
-                self.pool.place(t, addr, request.size)?;
+                self.place(t, addr, request.size)?;
                 if evicted > 0 {
                     self.report.search_ns.push(search_ns);
                     let free = self.pool.free_bytes() as f64 / self.pool.capacity().max(1) as f64;

@@ -3,11 +3,20 @@
 //! evicted or released tensor held becomes free and merges with free
 //! neighbours, so no two free intervals are ever adjacent.
 //!
+//! The pool also keeps the *gaps* between the tensors placed as pinned
+//! (`place_pinned`): the maximal address ranges that hold no such tensor. A
+//! pinned tensor is never evicted, so no eviction window crosses one, and a
+//! window search need only walk the gaps at least as large as its request
+//! (`gaps_of_at_least`, from a size-ordered index) instead of the whole
+//! pool, most of whose intervals in a training step are parameters,
+//! gradients and optimizer state. Tensors placed with `place` count as not
+//! pinned here even when they are; the gaps are then only coarser.
+//!
 //! Owned by one executor, single-threaded; policies read it through `&Pool`.
 //! `check()` validates the invariants (tiling, no overlap, merged free space,
-//! index agreement) and is run by the tests after every step.
+//! index agreement, gaps) and is run by the tests after every step.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::error::{RematError, RematResult};
 use super::tensor::TensorId;
@@ -30,6 +39,12 @@ pub struct Pool {
     by_addr: BTreeMap<u64, Interval>,
     addr_of: HashMap<TensorId, u64>,
     free_bytes: u64,
+    /// Start -> end of each tensor placed as pinned.
+    pinned: BTreeMap<u64, u64>,
+    /// Start -> end of each gap between pinned tensors (never empty).
+    gaps: BTreeMap<u64, u64>,
+    /// The gaps as (bytes, start), to find the large ones.
+    gaps_by_size: BTreeSet<(u64, u64)>,
 }
 
 impl Pool {
@@ -46,12 +61,17 @@ impl Pool {
                 },
             );
         }
-        Pool {
+        let mut pool = Pool {
             capacity,
             by_addr,
             addr_of: HashMap::new(),
             free_bytes: capacity,
-        }
+            pinned: BTreeMap::new(),
+            gaps: BTreeMap::new(),
+            gaps_by_size: BTreeSet::new(),
+        };
+        pool.add_gap(0, capacity);
+        pool
     }
 
     /// Bytes in the pool.
@@ -117,6 +137,54 @@ impl Pool {
         (block.tensor.is_none() && addr < block.addr + block.size).then_some(*block)
     }
 
+    /// The gaps between pinned tensors (see the module docs) of at least
+    /// `bytes` bytes, as `(start, end)`, in address order.
+    pub fn gaps_of_at_least(&self, bytes: u64) -> Vec<(u64, u64)> {
+        let mut found: Vec<(u64, u64)> = self
+            .gaps_by_size
+            .range((bytes, 0)..)
+            .map(|&(size, start)| (start, start + size))
+            .collect();
+        found.sort_unstable();
+        found
+    }
+
+    /// Intervals whose start lies in `[start, end)`, in address order.
+    pub fn intervals_in(&self, start: u64, end: u64) -> impl Iterator<Item = &Interval> {
+        self.by_addr.range(start..end).map(|(_, i)| i)
+    }
+
+    fn add_gap(&mut self, start: u64, end: u64) {
+        if start < end {
+            self.gaps.insert(start, end);
+            self.gaps_by_size.insert((end - start, start));
+        }
+    }
+
+    fn remove_gap(&mut self, start: u64) -> Option<u64> {
+        let end = self.gaps.remove(&start)?;
+        self.gaps_by_size.remove(&(end - start, start));
+        Some(end)
+    }
+
+    /// Puts pinned tensor `id` of `size` bytes at `addr`, as [`Pool::place`],
+    /// and splits the gap it lands in.
+    pub fn place_pinned(&mut self, id: TensorId, addr: u64, size: u64) -> RematResult<()> {
+        self.place(id, addr, size)?;
+        if size > 0 {
+            // A placed range is free space, which no pinned tensor holds, so
+            // it lies inside one gap.
+            if let Some((&start, _)) = self.gaps.range(..=addr).next_back()
+                && let Some(end) = self.remove_gap(start)
+            {
+                self.add_gap(start, addr);
+                self.add_gap(addr + size, end);
+            }
+            self.pinned.insert(addr, addr + size);
+        }
+        Ok(())
+    }
+
     /// Puts tensor `id` of `size` bytes at `addr`; the space must be free.
     pub fn place(&mut self, id: TensorId, addr: u64, size: u64) -> RematResult<()> {
         if self.addr_of.contains_key(&id) {
@@ -180,6 +248,18 @@ impl Pool {
             .ok_or(RematError::UnknownTensor(id))?;
         self.free_bytes += freed.size;
         freed.tensor = None;
+        if let Some(end) = self.pinned.remove(&addr) {
+            // The gaps on either side (if any) and the tensor become one.
+            let mut start = addr;
+            if let Some((&left, &left_end)) = self.gaps.range(..addr).next_back()
+                && left_end == addr
+            {
+                self.remove_gap(left);
+                start = left;
+            }
+            let end = self.remove_gap(end).unwrap_or(end);
+            self.add_gap(start, end);
+        }
         if let Some((&left_addr, left)) = self.by_addr.range(..addr).next_back()
             && left.tensor.is_none()
         {
@@ -232,6 +312,29 @@ impl Pool {
                 "intervals end at {next:#x}, capacity is {:#x}",
                 self.capacity
             ));
+        }
+        let (mut gaps, mut from) = (BTreeMap::new(), 0u64);
+        for (&start, &end) in &self.pinned {
+            if self
+                .by_addr
+                .get(&start)
+                .is_none_or(|i| i.tensor.is_none() || start + i.size != end)
+            {
+                return broken(format!(
+                    "pinned range at {start:#x} is no tensor's interval"
+                ));
+            }
+            if from < start {
+                gaps.insert(from, start);
+            }
+            from = end;
+        }
+        if from < self.capacity {
+            gaps.insert(from, self.capacity);
+        }
+        let by_size: BTreeSet<_> = gaps.iter().map(|(&s, &e)| (e - s, s)).collect();
+        if gaps != self.gaps || by_size != self.gaps_by_size {
+            return broken("gaps between pinned tensors disagree with the pinned ranges".into());
         }
         if tensors != self.addr_of.len() || free != self.free_bytes {
             return broken(format!(

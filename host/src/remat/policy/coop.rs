@@ -8,6 +8,13 @@
 //! that window is also the cheapest ending there, so one pass (each pointer
 //! moves at most N times, O(N)) finds the cheapest window overall.
 //!
+//! Only part of the pool is scored: no window holds a pinned tensor, so the
+//! search walks the gaps between pinned tensors that the pool keeps
+//! (`Pool::gaps_of_at_least`) and are at least as large as the request,
+//! and skips the pinned intervals and the smaller gaps unread. It picks the
+//! same window as a sweep over the whole pool
+//! (`Coop::next_eviction_whole_pool`, which the tests compare it with).
+//!
 //! Cheap-tensor partitioning: a tensor whose op has a cost density (cost per
 //! byte) below the executor's threshold is "cheap" and goes to the right end of
 //! the highest free block that fits; an expensive one goes to the left end of
@@ -43,6 +50,7 @@
 //! search so that tests can check that the search is linear.
 
 use super::{Eviction, EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext, amplification};
+use crate::remat::pool::Interval;
 use crate::remat::tensor::{Prices, TensorId};
 
 /// One interval as the window search sees it.
@@ -165,6 +173,13 @@ pub fn cheapest_anchored_window(
     (best, right_steps + left_steps)
 }
 
+/// Window items and the tensor of each (`None`: free space or a stand-in).
+#[derive(Debug, Default)]
+struct Scan {
+    items: Vec<WindowItem>,
+    tensors: Vec<Option<TensorId>>,
+}
+
 /// The Coop policy.
 #[derive(Debug, Clone, Copy)]
 pub struct Coop {
@@ -206,22 +221,49 @@ impl Coop {
         }
     }
 
-    /// The pool as window items.
+    /// The whole pool as window items.
     pub fn items(&self, ctx: &SearchContext<'_>) -> Vec<WindowItem> {
-        self.items_and_tensors(ctx).0
+        let mut scan = Scan::default();
+        self.push_intervals(ctx, ctx.pool.intervals(), &mut scan);
+        scan.items
     }
 
-    /// The pool as window items, and the tensor of each (`None`: free), in
-    /// one pass. Scores come from the table's price cache when it has one,
+    /// Window items for a search for `request` bytes: the pool's gaps
+    /// between pinned tensors of at least `request` bytes
+    /// (`Pool::gaps_of_at_least`), in address order, each followed by a
+    /// pinned item of no bytes that stands for the pinned tensors and
+    /// smaller gaps left out. Every window of the whole pool's items lies in
+    /// one such gap (a pinned item blocks), and the sweep resets at the
+    /// first item of each gap either way, so it finds the same windows in
+    /// the same order with the same sums, and anchoring sees a pinned
+    /// neighbour where the pool has one. Only the skipped intervals are not
+    /// read.
+    fn gap_items(&self, ctx: &SearchContext<'_>, request: u64) -> Scan {
+        let mut scan = Scan::default();
+        for (start, end) in ctx.pool.gaps_of_at_least(request) {
+            self.push_intervals(ctx, ctx.pool.intervals_in(start, end), &mut scan);
+            scan.items.push(WindowItem {
+                addr: end,
+                size: 0,
+                score: None,
+                pinned: true,
+            });
+            scan.tensors.push(None);
+        }
+        scan
+    }
+
+    /// Appends intervals as window items, with the tensor of each (`None`:
+    /// free). Scores come from the table's price cache when it has one,
     /// borrowed once for the pass.
-    fn items_and_tensors(
+    fn push_intervals<'p>(
         &self,
         ctx: &SearchContext<'_>,
-    ) -> (Vec<WindowItem>, Vec<Option<TensorId>>) {
-        let count = ctx.pool.interval_count();
-        let (mut items, mut tensors) = (Vec::with_capacity(count), Vec::with_capacity(count));
+        intervals: impl Iterator<Item = &'p Interval>,
+        scan: &mut Scan,
+    ) {
         let mut prices = ctx.tensors.prices();
-        for i in ctx.pool.intervals() {
+        for i in intervals {
             // Most intervals of a training step are pinned (parameters,
             // gradients, optimizer state): one dense lookup settles them.
             let (score, pinned) = match i.tensor {
@@ -232,15 +274,55 @@ impl Coop {
                 }
                 Some(_) => (None, false),
             };
-            items.push(WindowItem {
+            scan.items.push(WindowItem {
                 addr: i.addr,
                 size: i.size,
                 score,
                 pinned,
             });
-            tensors.push(i.tensor);
+            scan.tensors.push(i.tensor);
         }
-        (items, tensors)
+    }
+
+    /// The search over the whole pool's items, as before the gaps: the
+    /// reference that tests compare `next_eviction` with.
+    pub fn next_eviction_whole_pool(
+        &mut self,
+        ctx: &SearchContext<'_>,
+        request: &Request,
+    ) -> Option<Eviction> {
+        let mut scan = Scan::default();
+        self.push_intervals(ctx, ctx.pool.intervals(), &mut scan);
+        self.search(scan, request)
+    }
+
+    /// The cheapest window over `scan` (anchored first for a pinned request
+    /// of Coop-G) and its eviction.
+    fn search(&mut self, scan: Scan, request: &Request) -> Option<Eviction> {
+        let Scan { items, tensors } = scan;
+        let (mut found, mut steps) = (None, 0);
+        if request.pinned && self.pinned_at_ends {
+            let (anchored, anchored_steps) = cheapest_anchored_window(&items, request.size);
+            (found, steps) = (anchored.map(|(w, side)| (w, Some(side))), anchored_steps);
+        }
+        if found.is_none() {
+            let (window, window_steps) = cheapest_window(&items, request.size);
+            found = window.map(|w| (w, None));
+            steps += window_steps;
+        }
+        (self.last_steps, self.last_items) = (steps, items.len());
+        let (window, side) = found?;
+        let span = (items[window.first].addr, window.bytes);
+        let victims = tensors[window.first..=window.last]
+            .iter()
+            .flatten()
+            .copied()
+            .collect();
+        Some(Eviction {
+            victims,
+            window: Some(span),
+            addr: Some(self.addr_in(span, request, side)),
+        })
     }
 
     /// An evictable tensor's score: h = c / s, the projected cost over
@@ -285,30 +367,8 @@ impl EvictionPolicy for Coop {
     }
 
     fn next_eviction(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<Eviction> {
-        let (items, tensors) = self.items_and_tensors(ctx);
-        let (mut found, mut steps) = (None, 0);
-        if request.pinned && self.pinned_at_ends {
-            let (anchored, anchored_steps) = cheapest_anchored_window(&items, request.size);
-            (found, steps) = (anchored.map(|(w, side)| (w, Some(side))), anchored_steps);
-        }
-        if found.is_none() {
-            let (window, window_steps) = cheapest_window(&items, request.size);
-            found = window.map(|w| (w, None));
-            steps += window_steps;
-        }
-        (self.last_steps, self.last_items) = (steps, items.len());
-        let (window, side) = found?;
-        let span = (items[window.first].addr, window.bytes);
-        let victims = tensors[window.first..=window.last]
-            .iter()
-            .flatten()
-            .copied()
-            .collect();
-        Some(Eviction {
-            victims,
-            window: Some(span),
-            addr: Some(self.addr_in(span, request, side)),
-        })
+        let scan = self.gap_items(ctx, request.size);
+        self.search(scan, request)
     }
 
     fn place(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<u64> {
