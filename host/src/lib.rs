@@ -7,8 +7,6 @@
 //! - [`device_heap::DeviceHeap`]: a heap in GPU memory.
 //! - [`cpu_heap::CpuHeap`]: the same heap in host memory, used by host threads
 //!   (tests, and the benchmark when no GPU is present).
-//! - [`graph`]: dynamic-graph workloads (R-MAT, `.mtx`, reference model, the
-//!   graph on a GPU).
 //! - [`lake`]: the CUDA VMM pool (GMLake stitching).
 //! - [`pluggable`]: the lake as a PyTorch pluggable allocator (split cache,
 //!   stream rule, one pool per device).
@@ -29,7 +27,6 @@ pub mod cpu_heap;
 pub mod device_heap;
 pub mod error;
 pub mod gpu;
-pub mod graph;
 pub mod lake;
 pub mod plan;
 pub mod pluggable;
