@@ -10,8 +10,6 @@
 //! - [`lake`]: the CUDA VMM pool (GMLake stitching).
 //! - [`pluggable`]: the lake as a PyTorch pluggable allocator (split cache,
 //!   stream rule, one pool per device).
-//! - [`remat`]: tensor rematerialization under a memory budget (DTR, DTE,
-//!   Coop's contiguous-window eviction) replayed over op traces.
 //! - [`boundary`]: what every C entry point goes through (panic guard,
 //!   CUDA context and capture mode kept, fork refused, last error).
 //! - [`selftest`]: runs `gpumalloc_selftest` and checks every result.
@@ -30,7 +28,6 @@ pub mod gpu;
 pub mod lake;
 pub mod plan;
 pub mod pluggable;
-pub mod remat;
 pub mod selftest;
 pub mod thread_cuda;
 pub mod vmm_heap;
