@@ -8,7 +8,7 @@
 //!
 //! - [`mtx`]: a Matrix Market reader for users' graphs.
 //! - [`rmat`]: a deterministic seeded R-MAT generator.
-//! - [`reference`]: the host model every device result is checked against.
+//! - [`reference`](mod@reference): the host model every device result is checked against.
 //! - [`edge_set`]: a faster host model for the benchmark's large graphs.
 //! - [`batch`]: an update batch grouped by source vertex, the form the
 //!   device kernels (`gpu_kernels::graph`) take.

@@ -10,6 +10,8 @@
 //! - [`lake`]: the CUDA VMM pool (GMLake stitching).
 //! - [`pluggable`]: the lake as a PyTorch pluggable allocator (split cache,
 //!   stream rule, one pool per device).
+//! - [`plan`]: planned allocation (addresses synthesized offline from
+//!   profiled steps of an allocation trace, served by the pool).
 //! - [`boundary`]: what every C entry point goes through (panic guard,
 //!   CUDA context and capture mode kept, fork refused, last error).
 //! - [`selftest`]: runs `gpumalloc_selftest` and checks every result.
