@@ -6,7 +6,7 @@ evicting allocation, from several runs of the same sweeps.
     python3 scripts/remat-latency.py DIR [DIR ...]
 
 Each DIR holds the `MODEL.sweep.csv` files of one run of
-`cargo run -p host --release --example remat -- TRACE --sweep --out DIR`.
+`cargo run -p remat --release --example remat -- TRACE --sweep --out DIR`.
 Everything but the search times is deterministic, so the runs must agree on
 every other column (checked). Per model, ratio and policy the search time is
 the median over the runs, which drops a replay whose few searches were

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Issue 16's done-when, checked from the sweep CSVs that
-`cargo run -p host --release --example remat -- TRACE --sweep --out DIR` writes.
+`cargo run -p remat --release --example remat -- TRACE --sweep --out DIR` writes.
 
     python3 scripts/remat-table.py [DIR]      # docs/results/remat by default
 

@@ -184,7 +184,7 @@ fn remat(args: RematArgs) -> Result<(), String> {
         args.budget
     };
     for trace in args.traces {
-        host::remat::sweep::run_command(&host::remat::sweep::Command {
+        remat::sweep::run_command(&remat::sweep::Command {
             trace,
             budgets: budgets.clone(),
             sweep_dir: args.sweep.then(|| args.out.clone()),

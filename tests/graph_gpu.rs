@@ -13,11 +13,11 @@
 //! per vertex and with one warp per vertex (issue 18). At the end every page
 //! goes back: the heap is whole, the pool full.
 
-use gpumalloc::graph::batch::GroupedBatch;
-use gpumalloc::graph::device::{DeviceBatch, DeviceGraph, DevicePool, Pages, UpdateBy};
-use gpumalloc::graph::reference::Reference;
-use gpumalloc::graph::rmat::{Rmat, SplitMix64};
 use gpumalloc::{DeviceHeap, Gpu, HeapConfig};
+use graph::batch::GroupedBatch;
+use graph::device::{DeviceBatch, DeviceGraph, DevicePool, Pages, UpdateBy};
+use graph::reference::Reference;
+use graph::rmat::{Rmat, SplitMix64};
 
 mod common;
 use common::gpu;

@@ -7,13 +7,11 @@
 //! - [`device_heap::DeviceHeap`]: a heap in GPU memory.
 //! - [`cpu_heap::CpuHeap`]: the same heap in host memory, used by host threads
 //!   (tests, and the benchmark when no GPU is present).
-//! - [`graph`]: dynamic-graph workloads (R-MAT, `.mtx`, reference model, the
-//!   graph on a GPU).
 //! - [`lake`]: the CUDA VMM pool (GMLake stitching).
 //! - [`pluggable`]: the lake as a PyTorch pluggable allocator (split cache,
 //!   stream rule, one pool per device).
-//! - [`remat`]: tensor rematerialization under a memory budget (DTR, DTE,
-//!   Coop's contiguous-window eviction) replayed over op traces.
+//! - [`plan`]: planned allocation (addresses synthesized offline from
+//!   profiled steps of an allocation trace, served by the pool).
 //! - [`boundary`]: what every C entry point goes through (panic guard,
 //!   CUDA context and capture mode kept, fork refused, last error).
 //! - [`selftest`]: runs `gpumalloc_selftest` and checks every result.
@@ -29,11 +27,9 @@ pub mod cpu_heap;
 pub mod device_heap;
 pub mod error;
 pub mod gpu;
-pub mod graph;
 pub mod lake;
 pub mod plan;
 pub mod pluggable;
-pub mod remat;
 pub mod selftest;
 pub mod thread_cuda;
 pub mod vmm_heap;

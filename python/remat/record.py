@@ -1,5 +1,5 @@
 """Records one PyTorch training step as an op trace for the rematerialization
-executor (issue 16; read by host/src/remat/recorded.rs, format described there).
+executor (issue 16; read by remat/src/recorded.rs, format described there).
 
     python3 python/remat/record.py --model gpt2 --out traces/gpt2.remat.gz
     python3 python/remat/record.py --model bert --batch 4 --seq 256 --out bert.remat.gz

@@ -1,7 +1,7 @@
 """CPU tests of the rematerialization recorder (python/remat/record.py, issue
 16): a hand-made step shows how views, in-place ops, lifetimes and pinned
 tensors are written; each of the four models records a tiny step whose trace
-obeys the rules host/src/remat/recorded.rs checks. Skipped, with the reason,
+obeys the rules remat/src/recorded.rs checks. Skipped, with the reason,
 without torch (and per model without transformers or timm). No GPU needed:
 
     python3 -m pytest -rs python/tests/test_remat_record.py

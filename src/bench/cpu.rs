@@ -394,9 +394,9 @@ pub fn run(test: &str, opts: &Options) -> Result<Vec<Record>> {
             }
         }
         "graph" => eprintln!(
-            "graph has no CPU run (its kernels need a GPU); `cargo run -p host --release \
+            "graph has no CPU run (its kernels need a GPU); `cargo run -p graph --release \
              --example graph_host_phases -- SCALE` times its host side, and \
-             `cargo test -p host --release --test graph` runs its update logic on host threads"
+             `cargo test -p graph --release --test graph` runs its update logic on host threads"
         ),
         _ => {}
     }

@@ -66,10 +66,10 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use gpu_kernels::graph::page::{EDGES_PER_PAGE, PAGE_BYTES};
-use host::graph::batch::GroupedBatch;
-use host::graph::device::{DeviceBatch, DeviceGraph, DevicePool, Pages, UpdateBy};
-use host::graph::edge_set::EdgeSet;
-use host::graph::rmat::{Rmat, SplitMix64};
+use graph::batch::GroupedBatch;
+use graph::device::{DeviceBatch, DeviceGraph, DevicePool, Pages, UpdateBy};
+use graph::edge_set::EdgeSet;
+use graph::rmat::{Rmat, SplitMix64};
 use host::{DeviceHeap, Gpu, HeapConfig, Result};
 
 use super::measure::Summary;

@@ -1,5 +1,6 @@
 //! The usage text of an example: its module doc comment, as `--help` prints
-//! it (shared by the examples, which include this file with `#[path]`).
+//! it (shared by the examples of `host` and `remat`, which include this file
+//! with `#[path]`).
 
 /// The `//!` lines at the top of `source`, without the comment marks and the
 /// code-fence lines.

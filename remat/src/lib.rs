@@ -14,7 +14,9 @@
 //! - [`compare`]: the policies (with Coop-G) over a trace, as a table; [`sweep`]: the
 //!   budget sweep of `gpumalloc remat` (CSV, and a PNG drawn by [`plot`]).
 //!
-//! Everything here is single-threaded and CPU-only.
+//! Everything here is single-threaded and CPU-only: a simulator of the
+//! policies, not an allocator; it owns no GPU memory and uses `host` only
+//! for its PNG encoder (`host::plan::png`).
 
 pub mod compare;
 pub mod error;

@@ -6,15 +6,15 @@
 //! per-vertex B-tree `Reference` the sweep used before (built once, cloned
 //! per group, its fingerprint recomputed per check).
 //!
-//! `cargo run -p host --release --example graph_host_phases -- [SCALE]...`
+//! `cargo run -p graph --release --example graph_host_phases -- [SCALE]...`
 //! (default 16 18).
 
 use std::time::Instant;
 
-use host::graph::batch::GroupedBatch;
-use host::graph::edge_set::EdgeSet;
-use host::graph::reference::Reference;
-use host::graph::rmat::{Rmat, SplitMix64};
+use graph::batch::GroupedBatch;
+use graph::edge_set::EdgeSet;
+use graph::reference::Reference;
+use graph::rmat::{Rmat, SplitMix64};
 
 fn seconds(clock: Instant) -> f64 {
     clock.elapsed().as_secs_f64()
@@ -74,7 +74,7 @@ fn main() {
         assert_eq!(set.difference(&degrees, &edges), None);
         let set_check = seconds(clock);
         let clock = Instant::now();
-        let adjacency = host::graph::split_by_degrees(&degrees, &edges);
+        let adjacency = graph::split_by_degrees(&degrees, &edges);
         assert_eq!(reference.quick_difference(&adjacency), None);
         let reference_check = seconds(clock);
         println!(

@@ -10,12 +10,12 @@
 //! swept). Fixed seeds throughout.
 
 use gpu_kernels::workload::SplitMix64;
-use host::remat::compare::{sweep, table};
-use host::remat::policy::coop::{Side, WindowItem, cheapest_anchored_window, cheapest_window};
-use host::remat::policy::{Coop, Dte, Dtr, EvictionPolicy, Request, SearchContext};
-use host::remat::pool::Pool;
-use host::remat::tensor::{Residency, TensorTable};
-use host::remat::{
+use remat::compare::{sweep, table};
+use remat::policy::coop::{Side, WindowItem, cheapest_anchored_window, cheapest_window};
+use remat::policy::{Coop, Dte, Dtr, EvictionPolicy, Request, SearchContext};
+use remat::pool::Pool;
+use remat::tensor::{Residency, TensorTable};
+use remat::{
     OutputSpec, Recorded, RematError, ReplayOptions, Trace, TraceBuilder, budget_for, replay, synth,
 };
 
@@ -531,8 +531,8 @@ fn comparison_on_synthetic_traces() {
 #[test]
 fn minimum_budget_bisection_lands_on_a_finishing_budget() {
     let trace = synth::transformer(3, 4, 3).expect("valid");
-    for (name, make) in host::remat::compare::all_policies() {
-        let ratio = host::remat::min_budget_ratio(&trace, &make, (0.05, 1.2), 0.01)
+    for (name, make) in remat::compare::all_policies() {
+        let ratio = remat::min_budget_ratio(&trace, &make, (0.05, 1.2), 0.01)
             .unwrap_or_else(|| panic!("{name} does not finish at 1.2"));
         let mut policy = make();
         let at = replay(
@@ -559,7 +559,7 @@ fn minimum_budget_bisection_lands_on_a_finishing_budget() {
 #[test]
 fn cheap_threshold_splits_element_wise_from_matmul_ops() {
     let trace = synth::transformer(4, 4, 5).expect("valid");
-    let threshold = host::remat::executor::cheap_threshold(&trace);
+    let threshold = remat::executor::cheap_threshold(&trace);
     let per_mib = threshold * (1u64 << 20) as f64;
     assert!((1.5..8.0).contains(&per_mib), "threshold {per_mib} per MiB");
 }
@@ -643,7 +643,7 @@ fn recorded_traces_replay_under_every_policy_with_invariants_checked() {
 #[test]
 fn sweep_of_a_recorded_trace_writes_csv_text_and_png() {
     let (name, r) = recorded_traces().remove(0);
-    let sweep = host::remat::sweep::run(&r.trace, 0.1);
+    let sweep = remat::sweep::run(&r.trace, 0.1);
     assert_eq!(sweep.min_ratios.len(), 4);
     let lowest = sweep
         .min_ratios
@@ -818,7 +818,7 @@ impl EvictionPolicy for BothSearches {
         &mut self,
         ctx: &SearchContext<'_>,
         request: &Request,
-    ) -> Option<host::remat::policy::Eviction> {
+    ) -> Option<remat::policy::Eviction> {
         let whole = self.coop.next_eviction_whole_pool(ctx, request);
         let gaps = self.coop.next_eviction(ctx, request);
         assert_eq!(gaps, whole, "search {} for {request:?}", self.searches);

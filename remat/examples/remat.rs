@@ -1,11 +1,11 @@
 //! Rematerialization under a memory budget (issue 16): DTR, DTE and Coop
 //! replay a training step recorded from PyTorch (`python/remat/record.py`)
 //! at budget ratios of its peak live bytes; with no trace, they run on the
-//! seeded synthetic steps of `host::remat::synth` (a transformer-like and a
+//! seeded synthetic steps of `remat::synth` (a transformer-like and a
 //! ResNet-like one) with an ablation of Coop's layout modules.
 //!
 //! ```text
-//! cargo run -p host --release --example remat -- [OPTIONS] [TRACE.remat.gz]...
+//! cargo run -p remat --release --example remat -- [OPTIONS] [TRACE.remat.gz]...
 //!   --budget R     replay the four policies at budget ratio R (repeatable;
 //!                  0.5 when neither --budget nor --sweep is given)
 //!   --sweep        each policy's minimum ratio (bisection), then every policy
@@ -20,16 +20,17 @@
 //! ```
 //! The same runs as `gpumalloc remat TRACE --budget R` / `--sweep`.
 
-#[path = "common/usage.rs"]
+// The usage helper shared with host's examples (one file, included by path).
+#[path = "../../host/examples/common/usage.rs"]
 mod usage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use host::remat::compare::{latency_ablation, memory_ablation, min_ratios, sweep, table};
-use host::remat::sweep::{Command, run_command};
-use host::remat::synth;
-use host::remat::{Coop, RematResult, ReplayOptions, Trace, budget_for, replay};
+use remat::compare::{latency_ablation, memory_ablation, min_ratios, sweep, table};
+use remat::sweep::{Command, run_command};
+use remat::synth;
+use remat::{Coop, RematResult, ReplayOptions, Trace, budget_for, replay};
 
 const RATIOS: [f64; 6] = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4];
 
@@ -71,7 +72,7 @@ fn run() -> Result<(), String> {
     }
     if do_ablation || do_latency {
         for path in &traces {
-            let recorded = host::remat::Recorded::read(path).map_err(|e| e.to_string())?;
+            let recorded = remat::Recorded::read(path).map_err(|e| e.to_string())?;
             if do_ablation {
                 println!("{}\n{}", path.display(), memory_ablation(&recorded.trace));
             }

@@ -11,9 +11,9 @@ use gpu_kernels::graph::adjacency::{ERROR_WORDS, GraphError};
 use gpu_kernels::graph::pool::PagePool;
 
 use super::batch::GroupedBatch;
-use crate::device_heap::DeviceHeap;
-use crate::error::{DriverCall, Error, Result};
-use crate::gpu::{Arg, BLOCK_THREADS, Gpu};
+use host::device_heap::DeviceHeap;
+use host::error::{DriverCall, Error, Result};
+use host::gpu::{Arg, BLOCK_THREADS, Gpu};
 
 // The warp kernels need whole warps: a block is a multiple of a warp.
 const _: () = assert!(BLOCK_THREADS.is_multiple_of(gpu_kernel::arch::WARP_SIZE));

@@ -19,14 +19,14 @@ use gpu_kernels::graph::adjacency::{ERROR_WORDS, Graph, GraphError};
 use gpu_kernels::graph::page::{EDGES_PER_PAGE, PAGE_BYTES};
 use gpu_kernels::graph::pool::PagePool;
 use gpu_kernels::graph::source::PageSource;
-use host::graph::batch::GroupedBatch;
-use host::graph::edge_set::EdgeSet;
-use host::graph::mtx::{self, MtxError};
-use host::graph::reference::Reference;
-use host::graph::rmat::{CHUNK_EDGES, Rmat, SplitMix64};
+use graph::batch::GroupedBatch;
+use graph::edge_set::EdgeSet;
+use graph::mtx::{self, MtxError};
+use graph::reference::Reference;
+use graph::rmat::{CHUNK_EDGES, Rmat, SplitMix64};
 use host::{CpuHeap, HeapConfig};
 
-fn read(text: &str) -> Result<host::graph::EdgeList, MtxError> {
+fn read(text: &str) -> Result<graph::EdgeList, MtxError> {
     mtx::read(Cursor::new(text))
 }
 

@@ -1,8 +1,14 @@
-//! Dynamic-graph workloads (issue 5): input graphs and a host reference.
+//! The dynamic-graph workload's host side (issue 5): input graphs, the host
+//! models every device result is checked against, and the graph on a GPU.
+//! The device side (adjacency pages, update kernels, page sources) is
+//! `gpu_kernels::graph`; this crate owns no allocator code and reaches the
+//! GPU only through `host` (`Gpu`, `DeviceHeap`). The host models are
+//! plain values; the device types launch on their GPU's one stream and are
+//! owned and called by one thread.
 //!
 //! - [`mtx`]: a Matrix Market reader for users' graphs.
 //! - [`rmat`]: a deterministic seeded R-MAT generator.
-//! - [`reference`]: the host model every device result is checked against.
+//! - [`reference`](mod@reference): the host model every device result is checked against.
 //! - [`edge_set`]: a faster host model for the benchmark's large graphs.
 //! - [`batch`]: an update batch grouped by source vertex, the form the
 //!   device kernels (`gpu_kernels::graph`) take.

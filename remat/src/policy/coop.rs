@@ -50,8 +50,8 @@
 //! search so that tests can check that the search is linear.
 
 use super::{Eviction, EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext, amplification};
-use crate::remat::pool::Interval;
-use crate::remat::tensor::{Prices, TensorId};
+use crate::pool::Interval;
+use crate::tensor::{Prices, TensorId};
 
 /// One interval as the window search sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
