@@ -269,3 +269,18 @@ fn a_launch_with_its_own_grid_and_block() {
     ours.free(&gpu, ptrs, n).unwrap();
     assert_whole(&ours, "after launch_with");
 }
+
+/// Buffers of other types than `u64` go up and come back unchanged
+/// (`Gpu::upload`, `Gpu::download`, `Gpu::zeros_of`).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
+fn typed_buffers_round_trip() {
+    let Some(gpu) = gpu() else { return };
+    let floats: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 7.25).collect();
+    let on_device = gpu.upload(&floats).unwrap();
+    assert_eq!(gpu.download(&on_device).unwrap(), floats);
+    let bytes: Vec<u8> = (0..=255).collect();
+    assert_eq!(gpu.download(&gpu.upload(&bytes).unwrap()).unwrap(), bytes);
+    let zeros = gpu.zeros_of::<i32>(17).unwrap();
+    assert_eq!(gpu.download(&zeros).unwrap(), vec![0i32; 17]);
+}

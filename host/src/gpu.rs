@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg, sys,
+    LaunchConfig, PushKernelArg, ValidAsZeroBits, sys,
 };
 use cudarc::nvrtc::Ptx;
 use gpu_kernel::layout::HeapImage;
@@ -171,18 +171,25 @@ impl Gpu {
 
     /// `n` zeroed words of device memory.
     pub fn zeros(&self, n: usize) -> Result<CudaSlice<u64>> {
+        self.zeros_of::<u64>(n)
+    }
+
+    /// `n` zeroed values of any type cudarc can hold on the device (at
+    /// least one, so the buffer has an address).
+    pub fn zeros_of<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
         self.stream
-            .alloc_zeros::<u64>(n.max(1))
+            .alloc_zeros::<T>(n.max(1))
             .call("cuMemAllocAsync")
     }
 
-    /// A device copy of `words`.
-    pub fn upload(&self, words: &[u64]) -> Result<CudaSlice<u64>> {
-        self.stream.clone_htod(words).call("cuMemcpyHtoD")
+    /// A device copy of `values` (`u64` words, `f32`s, bytes, …).
+    pub fn upload<T: DeviceRepr>(&self, values: &[T]) -> Result<CudaSlice<T>> {
+        self.stream.clone_htod(values).call("cuMemcpyHtoD")
     }
 
-    /// A host copy of a device buffer.
-    pub fn download(&self, buffer: &CudaSlice<u64>) -> Result<Vec<u64>> {
+    /// A host copy of a device buffer, after the work queued before it on
+    /// this `Gpu`'s stream.
+    pub fn download<T: DeviceRepr>(&self, buffer: &CudaSlice<T>) -> Result<Vec<T>> {
         self.stream.clone_dtoh(buffer).call("cuMemcpyDtoH")
     }
 
