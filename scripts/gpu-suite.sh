@@ -39,7 +39,7 @@ if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     TAIL=6 GPUMALLOC_TEST_THREADS=${SANITIZER_THREADS:-4096} step "$OUT/sanitizer-$tool.log" \
       compute-sanitizer --tool $tool --error-exitcode 9 \
-      "$BIN/test-gpu" --include-ignored --test-threads=1 selftest every_class mixed_sizes bad_frees
+      "$BIN/test-gpu" --include-ignored --test-threads=1 selftest every_class mixed_sizes bad_frees a_launch_with
   done
   # Issue 12's workloads on unchecked heaps (and the bad frees, both kinds).
   for tool in memcheck synccheck; do
