@@ -29,6 +29,7 @@ step "$OUT/lake.log" "$BIN/test-lake_gpu" --include-ignored --test-threads=1 --n
 step "$OUT/vmm-heap.log" "$BIN/test-gpu_vmm_heap" --include-ignored --test-threads=1 --nocapture
 step "$OUT/call-cost.log" "$BIN/test-call_cost" --include-ignored --test-threads=1 --nocapture
 step "$OUT/graph.log" "$BIN/test-graph_gpu" --include-ignored --test-threads=1 --nocapture
+step "$OUT/example-01.log" "$BIN/01_first_alloc"
 step "$OUT/example-02.log" "$BIN/02_linked_list"
 if command -v "${NVCC:-nvcc}" >/dev/null; then
   step "$OUT/cpp-example.log" env GPU_DIR="$BIN" scripts/build-cpp-example.sh
