@@ -36,6 +36,7 @@ if command -v "${NVCC:-nvcc}" >/dev/null; then
 else
   echo "== C++ example skipped: no nvcc"
 fi
+step "$OUT/example-04.log" "$BIN/04_growing_heap"
 if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     TAIL=6 GPUMALLOC_TEST_THREADS=${SANITIZER_THREADS:-4096} step "$OUT/sanitizer-$tool.log" \

@@ -11,7 +11,7 @@ cargo build --release --bins --examples
 cargo build --release -p torch-alloc -p capi
 cp target/release/gpumalloc target/release/libgpumalloc_torch.so target/release/libgpumalloc_c.so .gpu/
 # The numbered Rust examples (03 is CUDA C++: scripts/build-cpp-example.sh).
-for example in 01_first_alloc 02_linked_list; do
+for example in 01_first_alloc 02_linked_list 04_growing_heap; do
   cp "target/release/examples/$example" .gpu/
 done
 for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:gpu_vmm_heap gpumalloc:graph_gpu host:lake_gpu torch-alloc:call_cost capi:capi_gpu; do
