@@ -32,7 +32,7 @@ step "$OUT/graph.log" "$BIN/test-graph_gpu" --include-ignored --test-threads=1 -
 step "$OUT/example-01.log" "$BIN/01_first_alloc"
 step "$OUT/example-02.log" "$BIN/02_linked_list"
 if command -v "${NVCC:-nvcc}" >/dev/null; then
-  step "$OUT/cpp-example.log" env GPU_DIR="$BIN" scripts/build-cpp-example.sh
+  step "$OUT/example-03.log" env GPU_DIR="$BIN" scripts/build-cpp-example.sh
 else
   echo "== C++ example skipped: no nvcc"
 fi
