@@ -1,7 +1,7 @@
 //! Compiles `gpu-kernels` (the host's kernels over the `gpu-kernel`
 //! allocator) to PTX and embeds it in the root library (`gpumalloc::PTX`),
-//! and compiles the example user kernel crate
-//! (`examples/user-kernel`) for `examples/user_kernel.rs`, and the device C
+//! and compiles the example user kernel crate (`examples/user-kernel`) for
+//! the numbered examples (`examples/01_first_alloc.rs` …), and the device C
 //! ABI (`device-c-abi`, the PTX CUDA C++ links). All go through
 //! `ptx_builder`, as a user's own `build.rs` would. Set `GPUMALLOC_PTX_ARCH`
 //! to change the architecture (default sm_80).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs the CUDA C++ example (examples/cpp/alloc_check.cu) on a GPU
-# machine with nvcc and no Rust, from what scripts/stage-gpu.sh put in .gpu/
+# Builds and runs example 03, the CUDA C++ one (examples/cpp/03_alloc_check.cu),
+# on a GPU machine with nvcc and no Rust, from what scripts/stage-gpu.sh put in .gpu/
 # (device_c_abi.ptx, gpu_kernels.ptx for the C API test, libgpumalloc_c.so,
 # test-capi_gpu), then runs the C API's
 # GPU test. The build lines are the README's ("Linking from CUDA C++").
@@ -29,12 +29,12 @@ lib_dir=$(cd "$GPU_DIR" && pwd)
 
 echo "== nvcc $($NVCC --version | tail -1), $ARCH"
 set -x
-"$NVCC" -arch="$ARCH" -rdc=true -I include -c examples/cpp/alloc_check.cu -o "$OUT/alloc_check.o"
+"$NVCC" -arch="$ARCH" -rdc=true -I include -c examples/cpp/03_alloc_check.cu -o "$OUT/03_alloc_check.o"
 "$NVCC" -arch="$ARCH" -dc "$PTX" -o "$OUT/device_c_abi.o"
-"$NVCC" -arch="$ARCH" -dlink "$OUT/alloc_check.o" "$OUT/device_c_abi.o" -o "$OUT/alloc_check_dlink.o"
-"$NVCC" -arch="$ARCH" "$OUT/alloc_check.o" "$OUT/device_c_abi.o" "$OUT/alloc_check_dlink.o" \
-  -L "$lib_dir" -lgpumalloc_c -Xlinker -rpath -Xlinker "$lib_dir" -o "$OUT/alloc_check"
-"$OUT/alloc_check" "${1:-1048576}"
+"$NVCC" -arch="$ARCH" -dlink "$OUT/03_alloc_check.o" "$OUT/device_c_abi.o" -o "$OUT/03_alloc_check_dlink.o"
+"$NVCC" -arch="$ARCH" "$OUT/03_alloc_check.o" "$OUT/device_c_abi.o" "$OUT/03_alloc_check_dlink.o" \
+  -L "$lib_dir" -lgpumalloc_c -Xlinker -rpath -Xlinker "$lib_dir" -o "$OUT/03_alloc_check"
+"$OUT/03_alloc_check" "${1:-1048576}"
 { set +x; } 2>/dev/null
 
 if [[ -x $GPU_DIR/test-capi_gpu ]]; then

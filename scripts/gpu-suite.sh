@@ -29,12 +29,14 @@ step "$OUT/lake.log" "$BIN/test-lake_gpu" --include-ignored --test-threads=1 --n
 step "$OUT/vmm-heap.log" "$BIN/test-gpu_vmm_heap" --include-ignored --test-threads=1 --nocapture
 step "$OUT/call-cost.log" "$BIN/test-call_cost" --include-ignored --test-threads=1 --nocapture
 step "$OUT/graph.log" "$BIN/test-graph_gpu" --include-ignored --test-threads=1 --nocapture
-step "$OUT/example.log" "$BIN/user_kernel"
+step "$OUT/example-01.log" "$BIN/01_first_alloc"
+step "$OUT/example-02.log" "$BIN/02_linked_list"
 if command -v "${NVCC:-nvcc}" >/dev/null; then
-  step "$OUT/cpp-example.log" env GPU_DIR="$BIN" scripts/build-cpp-example.sh
+  step "$OUT/example-03.log" env GPU_DIR="$BIN" scripts/build-cpp-example.sh
 else
   echo "== C++ example skipped: no nvcc"
 fi
+step "$OUT/example-04.log" "$BIN/04_growing_heap"
 if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     TAIL=6 GPUMALLOC_TEST_THREADS=${SANITIZER_THREADS:-4096} step "$OUT/sanitizer-$tool.log" \

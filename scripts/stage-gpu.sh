@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds everything the GPU machine needs (it has CUDA but no Rust) and copies
-# it into .gpu/: the gpumalloc program, the GPU test binaries, the example,
+# it into .gpu/: the gpumalloc program, the GPU test binaries, the examples,
 # the PTX, and the C API (libgpumalloc_c.so, with include/gpumalloc.h from the
 # repository) that scripts/build-cpp-example.sh links the CUDA C++ example
 # against. Then run scripts/gpu-suite.sh there with GPUMALLOC_BIN=.gpu.
@@ -9,8 +9,11 @@ cd "$(dirname "$0")/.."
 mkdir -p .gpu
 cargo build --release --bins --examples
 cargo build --release -p torch-alloc -p capi
-cp target/release/gpumalloc target/release/examples/user_kernel target/release/libgpumalloc_torch.so \
-   target/release/libgpumalloc_c.so .gpu/
+cp target/release/gpumalloc target/release/libgpumalloc_torch.so target/release/libgpumalloc_c.so .gpu/
+# The numbered Rust examples (03 is CUDA C++: scripts/build-cpp-example.sh).
+for example in 01_first_alloc 02_linked_list 04_growing_heap; do
+  cp "target/release/examples/$example" .gpu/
+done
 for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:gpu_vmm_heap gpumalloc:graph_gpu host:lake_gpu torch-alloc:call_cost capi:capi_gpu; do
   pkg=${spec%%:*}; t=${spec#*:}
   bin=$(cargo test --release -p "$pkg" --no-run --test "$t" --message-format=json 2>/dev/null \

@@ -1,4 +1,5 @@
-// alloc_check.cu: a CUDA C++ program that allocates from a gpumalloc heap.
+// 03_alloc_check.cu: example 03, a CUDA C++ program that allocates from a
+// gpumalloc heap (examples 01, 02 and 04 are Rust: examples/*.rs).
 //
 // The host creates a heap with the C API (libgpumalloc_c.so) and passes its
 // `gm_heap` by value to two kernels. In the first each thread allocates
@@ -11,20 +12,20 @@
 // Build (scripts/build-cpp-example.sh runs this; device_c_abi.ptx and
 // libgpumalloc_c.so come from scripts/stage-gpu.sh into .gpu/):
 //
-//   nvcc -arch=sm_90 -rdc=true -I include -c examples/cpp/alloc_check.cu -o alloc_check.o
+//   nvcc -arch=sm_90 -rdc=true -I include -c examples/cpp/03_alloc_check.cu -o 03_alloc_check.o
 //   nvcc -arch=sm_90 -dc .gpu/device_c_abi.ptx -o device_c_abi.o
-//   nvcc -arch=sm_90 -dlink alloc_check.o device_c_abi.o -o alloc_check_dlink.o
-//   nvcc -arch=sm_90 alloc_check.o device_c_abi.o alloc_check_dlink.o -L .gpu -lgpumalloc_c \
-//        -Xlinker -rpath -Xlinker "$PWD/.gpu" -o alloc_check
-//   ./alloc_check
+//   nvcc -arch=sm_90 -dlink 03_alloc_check.o device_c_abi.o -o 03_alloc_check_dlink.o
+//   nvcc -arch=sm_90 03_alloc_check.o device_c_abi.o 03_alloc_check_dlink.o -L .gpu -lgpumalloc_c \
+//        -Xlinker -rpath -Xlinker "$PWD/.gpu" -o 03_alloc_check
+//   ./03_alloc_check
 //
 // -rdc=true leaves the calls to gallatin_malloc/gallatin_free unresolved in
-// alloc_check.o; -dc compiles the allocator's PTX (ptxas) into an object
+// 03_alloc_check.o; -dc compiles the allocator's PTX (ptxas) into an object
 // with relocatable device code and its host-side registration; -dlink links
 // the device code of both; the last line links the host side against the C
 // API. (nvcc refuses a .ptx in a whole-program build, and `-dlink` given the
 // .ptx itself leaves the registration undefined at the final link.) The
-// last two steps can be one: nvcc -arch=sm_90 -rdc=true alloc_check.o
+// last two steps can be one: nvcc -arch=sm_90 -rdc=true 03_alloc_check.o
 // device_c_abi.o -L .gpu -lgpumalloc_c ... device-links on its own.
 
 #include <cstdio>
@@ -129,7 +130,7 @@ int main(int argc, char **argv) {
                live.live_bytes == expected_bytes && after.live_allocations == 0 &&
                after.live_bytes == 0 && after.invalid_frees == 0 && after.double_frees == 0 &&
                after.failed_mallocs == 0;
-    printf("gpumalloc C++ example: %llu threads, %llu MiB heap (%llu segments of %llu MiB): "
+    printf("03_alloc_check (C++): %llu threads, %llu MiB heap (%llu segments of %llu MiB): "
            "nulls %llu, mismatches %llu, live between kernels %llu allocations / %llu bytes "
            "(expected %llu / %llu), live after free %llu, bad frees %llu: %s\n",
            (unsigned long long)n, (unsigned long long)(live.heap_bytes >> 20),

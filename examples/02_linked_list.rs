@@ -1,10 +1,12 @@
-//! The whole path for a user: a kernel crate of their own
-//! (`examples/user-kernel`, which depends on `gpu-kernel`) → `ptx_builder`
-//! in `build.rs` → PTX → this host program, which sets up a heap and
-//! launches the user's kernel. Each thread builds a linked list in heap
-//! memory, sums it and frees it.
+//! Example 02: a linked list per thread. The same path as example 01 (a
+//! kernel crate of your own, `examples/user-kernel`, which depends on
+//! `gpu-kernel` → `ptx_builder` in `build.rs` → PTX → this host program),
+//! with many small allocations per thread that point at each other: each
+//! of 65,536 threads builds a list of 16 nodes in heap memory, sums it and
+//! frees it (`user_list_sum`). The host checks every sum and that nothing
+//! is left allocated.
 //!
-//! Run: `cargo run --release --example user_kernel`
+//! Run: `cargo run --release --example 02_linked_list`
 
 use gpumalloc::gpu::Arg;
 use gpumalloc::{DeviceHeap, Gpu, HeapConfig};
@@ -38,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let stats = heap.stats()?;
     println!(
-        "user kernel on {}: {threads} threads built, summed and freed {len}-node lists; live bytes after: {}",
+        "02_linked_list on {}: {threads} threads built, summed and freed {len}-node lists; live bytes after: {}",
         gpu.name()?,
         stats.live_bytes
     );
