@@ -7,7 +7,10 @@
 # registers (scripts/ptxas-report.sh over the PTX that build embeds).
 #
 # Variants (issue 12's speed work; predictions in docs/PERF.md):
-#   auto           the defaults of this tree: each heap's segment size from
+#   pre-s24        the defaults before 2026-11-22's second session (no
+#                  shared whole-segment slot budget, no large-heap rule):
+#                  what `auto` was for every variant below except wshare5f2
+#   auto           the defaults of this tree (= wshare5f2 since then): each heap's segment size from
 #                  its size (at least 2048 segments: 8 MiB for bench's 16 GiB
 #                  heaps, 4 MiB for the 8.4 GiB demand + 3% heap, 2 MiB for
 #                  256 MiB), spare segments for whole-segment classes within
@@ -54,6 +57,13 @@
 #                  formats (GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=2):
 #                  predicted as big34 plus 128 B -30..-36% (fmt2's gain), the
 #                  utilization workloads as auto
+#   wshare5f2      (the defaults now) wshare5's slot budget everywhere, and big34f2's quarter
+#                  rule for unlocked formats on heaps of 16 GiB and more
+#                  (GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT=0 keeps big34's
+#                  slot budget off): on the H100 wshare5 met issue 12's
+#                  utilization floors with 2/4 KiB -38..-40% and 128 B at
+#                  +5%, and big34f2 took 128 B to -32%; predicted: both
+#                  gains, utilization as wshare5 (its heaps are < 16 GiB)
 #   m4096s3        at least 4096 segments (8 GiB: 2 MiB; 16 GiB: 4 MiB),
 #                  spares within 1/8
 #   claim          the defaults (the name of the earlier run, = auto)
@@ -79,9 +89,13 @@ settings() {
     m2048s3b6) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=2048 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3 GPUMALLOC_SLOT_BUDGET_SHIFT=6" ;;
     fmt2) echo "GPUMALLOC_UNLOCKED_FORMAT_SHIFT=2" ;;
     w6) echo "GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT=6" ;;
-    wshare5) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=5" ;;
-    big34) echo "GPUMALLOC_LARGE_HEAP_SHIFT=34" ;;
-    big34f2) echo "GPUMALLOC_LARGE_HEAP_SHIFT=34 GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=2" ;;
+    pre-s24) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=0 GPUMALLOC_LARGE_HEAP_SHIFT=0" ;;
+    wshare5) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=5 GPUMALLOC_LARGE_HEAP_SHIFT=0" ;;
+    big34)
+      echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=0 GPUMALLOC_LARGE_HEAP_SHIFT=34 GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT=6 GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=1" ;;
+    big34f2)
+      echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=0 GPUMALLOC_LARGE_HEAP_SHIFT=34 GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT=6 GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=2" ;;
+    wshare5f2) echo "" ;;
     m4096s3) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=4096 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3" ;;
     claim-b2) echo "GPUMALLOC_ALLOC_BLOCKS_PER_SM=2" ;;
     claim-slots128)

@@ -50,16 +50,15 @@ use crate::veb::VebTree;
 const UNLOCKED_FORMAT_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_UNLOCKED_FORMAT_SHIFT"), 1);
 /// `UNLOCKED_FORMAT_SHIFT` on heaps of 2^`team::LARGE_HEAP_SHIFT` bytes
-/// and more (`GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT`; unset: the same
-/// as every heap). A diagnostic for issue 12: the quarter rule's herd leaves
+/// and more (`GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT`; 2 by default:
+/// the quarter rule, 128 B 35% faster than be7ddc7 on the H100's 16 GiB
+/// bench heap). Why only there: the quarter rule's herd leaves
 /// at most a segment per slot of a class formatted; on the 256 MiB heap that
 /// is 8 segments for 32 B slices, whose demand is under one block per round
 /// (`docs/PERF.md`, "Where w6 and fmt2 strand"), while on a 16 GiB heap
 /// it is at most 32 segments of 8 MiB (1.6%) for 128 B.
-const LARGE_HEAP_UNLOCKED_FORMAT_SHIFT: u32 = crate::class::build_knob(
-    option_env!("GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT"),
-    UNLOCKED_FORMAT_SHIFT,
-);
+const LARGE_HEAP_UNLOCKED_FORMAT_SHIFT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT"), 2);
 
 /// A block claimed for a class: segment and block within it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

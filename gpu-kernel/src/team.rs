@@ -37,8 +37,8 @@ const WHOLE_SLOT_BUDGET_SHIFT: u32 = crate::class::build_knob(
     SLOT_BUDGET_SHIFT,
 );
 /// Slot blocks of every class whose block fills a segment, all of them
-/// together, stay within heap / 2^this (0, unset: off, and
-/// `WHOLE_SLOT_BUDGET_SHIFT` rules). A diagnostic for issue 12: at the
+/// together, stay within heap / 2^this (5 by default; 0: off, and
+/// `WHOLE_SLOT_BUDGET_SHIFT` rules). Chosen for issue 12: at the
 /// first null every slot beyond a class's first strands about a whole
 /// segment when the class's demand is a few blocks (`docs/PERF.md`, "Where
 /// w6 and fmt2 strand"), so the budget is shared by the classes that hold
@@ -47,20 +47,23 @@ const WHOLE_SLOT_BUDGET_SHIFT: u32 = crate::class::build_knob(
 /// `w6` did, the 8.4 GiB demand + 3% heap (4 MiB, 3 classes) 16 where `w6`
 /// gave 32, and the 256 MiB heap (2 MiB, 4 classes) 1 as the default.
 const WHOLE_SLOT_SHARE_SHIFT: u32 =
-    crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT"), 0);
-/// Heaps of at least 2^this bytes budget every slice class's slot blocks
-/// at heap / 2^`LARGE_HEAP_SLOT_BUDGET_SHIFT` (0, unset: off). A
-/// diagnostic for issue 12: the budget the bench's 16 GiB heap needs (32
-/// slots of 4 and 8 MiB blocks for 1, 2 and 4 KiB) is the same share of
-/// the heap that strands memory on the 256 MiB and 8.4 GiB heaps of the
-/// utilization workloads, so no share of the heap serves both; 34 gives it
-/// to heaps of 16 GiB and more only (`docs/PERF.md`).
+    crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT"), 5);
+/// Heaps of at least 2^this bytes (16 GiB by default; 0: none) follow the
+/// large-heap rules: the unlocked-format rule of `heap.rs`
+/// (`LARGE_HEAP_UNLOCKED_FORMAT_SHIFT`) and, where
+/// `LARGE_HEAP_SLOT_BUDGET_SHIFT` is set, that slot budget. Issue 12: a
+/// herd that formats without the lock strands at most a segment per slot,
+/// 1.6% of a 16 GiB heap but a tenth of a 256 MiB one, so only large heaps
+/// take the faster rule (`docs/PERF.md`, "wshare5f2").
 pub(crate) const LARGE_HEAP_SHIFT: u32 =
-    crate::class::build_knob(option_env!("GPUMALLOC_LARGE_HEAP_SHIFT"), 0);
-/// The slot budget of heaps of `LARGE_HEAP_SHIFT` and more (6: 1/64 of the
-/// heap per class, `GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT`).
+    crate::class::build_knob(option_env!("GPUMALLOC_LARGE_HEAP_SHIFT"), 34);
+/// The slot budget of every slice class on heaps of `LARGE_HEAP_SHIFT` and
+/// more, as heap / 2^this (`GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT`; 0, the
+/// default: none, the budgets of other heaps). A diagnostic for issue 12
+/// (`big34` sets 6): it made 2 and 4 KiB as fast as the shared budget
+/// does, but frees of 4 KiB 23-25% slower than be7ddc7 on the H100.
 const LARGE_HEAP_SLOT_BUDGET_SHIFT: u32 =
-    crate::class::build_knob(option_env!("GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT"), 6);
+    crate::class::build_knob(option_env!("GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT"), 0);
 /// Slot and spare blocks of one class stay within heap / 2^this.
 const SPARE_BUDGET_SHIFT: u32 = 3;
 /// Slot and spare blocks of a class whose block fills a segment, counted for
@@ -192,19 +195,24 @@ impl Heap {
     /// Slots in use for `class` (a power of two, 1 ..= `SLOTS_PER_CLASS`):
     /// as many as keep one block per slot within 1/256 of the heap, so the
     /// partly used blocks slots hold (which no other class can use) scale
-    /// with the heap. A 16 GiB heap (8 MiB segments) uses all 32 slots for
-    /// 16 B … 512 B (blocks up to 2 MiB), 16 for 1 KiB (4 MiB blocks) and 8
-    /// for 2 and 4 KiB (8 MiB); a 256 MiB heap one slot for 4 KiB slices
-    /// (2 MiB blocks) and 16 for 16 B (64 KiB blocks).
+    /// with the heap; the classes whose block fills a segment share 1/32 of
+    /// the heap (`WHOLE_SLOT_SHARE_SHIFT`). A 16 GiB heap (8 MiB segments)
+    /// uses all 32 slots for 16 B … 512 B (blocks up to 2 MiB), 16 for 1 KiB
+    /// (4 MiB blocks) and 32 for 2 and 4 KiB (8 MiB, whole segments); a
+    /// 256 MiB heap one slot for 4 KiB slices (2 MiB blocks) and 16 for
+    /// 16 B (64 KiB blocks).
     ///
-    /// Build-time diagnostics change the budget: `WHOLE_SLOT_BUDGET_SHIFT`
+    /// Build-time settings change the budget: `WHOLE_SLOT_BUDGET_SHIFT`
     /// and `WHOLE_SLOT_SHARE_SHIFT` for classes whose block fills a segment,
-    /// `LARGE_HEAP_SHIFT` for every class on large heaps. Unset, each
-    /// condition below is a constant false and folds away.
+    /// `LARGE_HEAP_SLOT_BUDGET_SHIFT` for every class on large heaps. Off,
+    /// each condition below is a constant false and folds away.
     #[inline(always)]
     pub(crate) fn slots_for(&self, class: SizeClass) -> u32 {
         let block_shift = class.block_shift(self.segment_shift);
-        let shift = if LARGE_HEAP_SHIFT != 0 && self.data_bytes() >> LARGE_HEAP_SHIFT != 0 {
+        let shift = if LARGE_HEAP_SHIFT != 0
+            && LARGE_HEAP_SLOT_BUDGET_SHIFT != 0
+            && self.data_bytes() >> LARGE_HEAP_SHIFT != 0
+        {
             LARGE_HEAP_SLOT_BUDGET_SHIFT
         } else if block_shift == self.segment_shift {
             if WHOLE_SLOT_SHARE_SHIFT != 0 {
@@ -558,6 +566,9 @@ mod tests {
             (8, 0, 0) => ([16, 8, 8], [8, 8, 8], [1, 1, 1]),
             (6, 0, 0) => ([16, 32, 32], [32, 32, 32], [2, 2, 2]),
             (8, 5, 0) => ([16, 32, 32], [16, 16, 16], [1, 1, 1]),
+            (8, 5, 34) if LARGE_HEAP_SLOT_BUDGET_SHIFT == 0 => {
+                ([16, 32, 32], [16, 16, 16], [1, 1, 1])
+            }
             (8, 0, 34) if LARGE_HEAP_SLOT_BUDGET_SHIFT == 6 => ([32, 32, 32], [8, 8, 8], [1, 1, 1]),
             _ => return,
         };
