@@ -218,6 +218,17 @@ fn a_wait_with_a_limit_gives_up_instead_of_blocking() {
         Err(e @ gpumalloc::Error::Timeout { .. }) => println!("timeout: {e}"),
         other => panic!("a 1 µs limit on a churn of {n} threads answered {other:?}"),
     }
+    // The same limit on every wait of a `Gpu`: download and the heap's
+    // stats give up too, while the churn still runs.
+    let impatient = gpu.with_wait_limit(Some(Duration::from_micros(1)));
+    match impatient.download(&errors) {
+        Err(e @ gpumalloc::Error::Timeout { .. }) => println!("download: {e}"),
+        other => panic!("download with a 1 µs limit during the churn answered {other:?}"),
+    }
+    match impatient.sync() {
+        Err(gpumalloc::Error::Timeout { .. }) => {}
+        other => panic!("sync with a 1 µs limit during the churn answered {other:?}"),
+    }
     gpu.sync_timeout(Duration::from_secs(60))
         .expect("the churn ends");
     assert_eq!(

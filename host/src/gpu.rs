@@ -46,6 +46,10 @@ pub struct Gpu {
     /// `None` when opened with [`Gpu::open_device`]: no kernel to launch.
     module: Option<Arc<CudaModule>>,
     functions: Arc<Mutex<HashMap<String, CudaFunction>>>,
+    /// How long [`Gpu::sync`] and [`Gpu::download`] (and so every heap's
+    /// `stats`) wait for queued work before [`Error::Timeout`]; `None`:
+    /// as long as it takes ([`Gpu::with_wait_limit`]).
+    wait_limit: Option<std::time::Duration>,
 }
 
 impl Gpu {
@@ -89,6 +93,7 @@ impl Gpu {
             stream,
             module: None,
             functions: Arc::new(Mutex::new(HashMap::new())),
+            wait_limit: None,
         })
     }
 
@@ -137,9 +142,25 @@ impl Gpu {
         &self.stream
     }
 
-    /// Waits for all launched work.
+    /// The same device, module and stream, whose waits give up after
+    /// `limit`: [`Gpu::sync`], [`Gpu::download`] and what calls them (a
+    /// heap's `stats`, `reset`) answer [`Error::Timeout`] instead of
+    /// blocking forever behind a hung kernel. `None` waits as long as it
+    /// takes (the default).
+    pub fn with_wait_limit(&self, limit: Option<std::time::Duration>) -> Gpu {
+        Gpu {
+            wait_limit: limit,
+            ..self.clone()
+        }
+    }
+
+    /// Waits for all launched work (for at most the wait limit, if this
+    /// `Gpu` has one).
     pub fn sync(&self) -> Result<()> {
-        self.stream.synchronize().call("cuStreamSynchronize")
+        match self.wait_limit {
+            Some(limit) => self.sync_timeout(limit),
+            None => self.stream.synchronize().call("cuStreamSynchronize"),
+        }
     }
 
     /// Waits for all work launched so far, for at most `limit`: an event
@@ -188,8 +209,12 @@ impl Gpu {
     }
 
     /// A host copy of a device buffer, after the work queued before it on
-    /// this `Gpu`'s stream.
+    /// this `Gpu`'s stream. With a wait limit, that work must finish within
+    /// it (else [`Error::Timeout`], and nothing is copied).
     pub fn download<T: DeviceRepr>(&self, buffer: &CudaSlice<T>) -> Result<Vec<T>> {
+        if let Some(limit) = self.wait_limit {
+            self.sync_timeout(limit)?;
+        }
         self.stream.clone_dtoh(buffer).call("cuMemcpyDtoH")
     }
 
