@@ -17,10 +17,15 @@ done
 for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:gpu_vmm_heap gpumalloc:graph_gpu host:lake_gpu torch-alloc:call_cost capi:capi_gpu; do
   pkg=${spec%%:*}; t=${spec#*:}
   bin=$(cargo test --release -p "$pkg" --no-run --test "$t" --message-format=json 2>/dev/null \
-        | python3 -c 'import json,sys
+        | T="$t" python3 -c 'import json,os,sys
+# The test binary itself: cargo also lists the package binaries the
+# test depends on, in no fixed order.
 for l in sys.stdin:
     m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
+    if (m.get("reason")=="compiler-artifact" and m.get("executable")
+            and m["target"]["kind"]==["test"] and m["target"]["name"]==os.environ["T"]):
+        print(m["executable"])' | tail -1)
+  if [ -z "$bin" ]; then echo "no test binary for $spec" >&2; exit 1; fi
   cp "$bin" ".gpu/test-$t"
 done
 find target/release/build -path '*ptx-target/nvptx64-nvidia-cuda/release/*.ptx' -exec cp {} .gpu/ \;
