@@ -107,10 +107,34 @@ impl VmmDriver for Watch {
     }
 }
 
-/// Replay events, counting the pool's waits for the device.
+/// Replay events, counting the pool's waits for the device and noting
+/// which recorded events the pool has seen complete (or waited for): the
+/// work before such an event's free is done, so its range may be unmapped.
 struct Syncs {
     events: ReplayEvents,
     syncs: AtomicU64,
+    log: Mutex<EventLog>,
+}
+
+/// Events by record order, per stream.
+#[derive(Default)]
+struct EventLog {
+    /// Every record so far: (stream, its index on that stream).
+    records: Vec<(u64, u64)>,
+    /// Live events: (stream, index).
+    live: HashMap<EventId, (u64, u64)>,
+    /// Per stream, the highest index seen complete (events of a stream
+    /// complete in order).
+    done: HashMap<u64, u64>,
+}
+
+impl EventLog {
+    fn seen_complete(&mut self, event: EventId) {
+        if let Some(&(stream, index)) = self.live.get(&event) {
+            let d = self.done.entry(stream).or_default();
+            *d = (*d).max(index + 1);
+        }
+    }
 }
 
 impl Syncs {
@@ -124,10 +148,26 @@ impl Syncs {
 
 impl EventSource for Syncs {
     fn record(&self, stream: StreamId) -> Result<EventId, EventFailure> {
-        self.events.record(stream)
+        let event = self.events.record(stream)?;
+        let mut log = self.log.lock().unwrap();
+        let index = log.records.iter().filter(|r| r.0 == stream.0).count() as u64;
+        log.records.push((stream.0, index));
+        log.live.insert(event, (stream.0, index));
+        Ok(event)
     }
     fn is_complete(&self, event: EventId) -> Result<bool, EventFailure> {
-        self.events.is_complete(event)
+        let complete = self.events.is_complete(event)?;
+        if complete {
+            self.log.lock().unwrap().seen_complete(event);
+        }
+        Ok(complete)
+    }
+    fn synchronize(&self, event: EventId) -> Result<(), EventFailure> {
+        // Counted as that event only: the checker keeps later frees in
+        // flight, whatever the replay's events do meanwhile.
+        self.events.synchronize(event)?;
+        self.log.lock().unwrap().seen_complete(event);
+        Ok(())
     }
     fn destroy(&self, event: EventId) {
         self.events.destroy(event)
@@ -157,6 +197,7 @@ fn pool_with(reuse: usize, limit: u64, timing: EventTiming) -> Pool {
     let events = Syncs {
         events: ReplayEvents::new(timing),
         syncs: AtomicU64::new(0),
+        log: Mutex::new(EventLog::default()),
     };
     let p = StreamPool::new(lake, events);
     p.set_reuse_entries(reuse).unwrap();
@@ -176,9 +217,24 @@ struct Checker {
     /// submitted before their free may still read or write them through
     /// their virtual addresses (PyTorch frees a tensor when its last
     /// Python reference goes, while the kernels that use it are queued).
-    in_flight: Vec<(u64, u64)>,
+    in_flight: Vec<InFlight>,
     /// The pool's waits for the device seen so far.
     syncs: u64,
+    /// Event records seen so far (`EventLog::records`).
+    records: usize,
+}
+
+/// A freed range whose work may still be queued, with the events that
+/// mark its free (stream, index): those recorded by the free itself, or
+/// else the next event its stream records. Events of a stream complete in
+/// order, so once the pool has seen them complete the work is done.
+struct InFlight {
+    range: (u64, u64),
+    stream: u64,
+    events: Vec<(u64, u64)>,
+    /// Freed in the pool call now being checked (its events are those
+    /// that call recorded).
+    fresh: bool,
 }
 
 impl Checker {
@@ -251,6 +307,23 @@ impl Checker {
             self.syncs = syncs;
             self.in_flight.clear();
         }
+        {
+            let log = p.events().log.lock().unwrap();
+            let recorded = &log.records[self.records..];
+            self.records = log.records.len();
+            for f in self.in_flight.iter_mut().filter(|f| f.fresh) {
+                f.events = recorded.to_vec();
+                if f.events.is_empty() {
+                    // No event of its own: the next one on its stream.
+                    let next = log.records.iter().filter(|r| r.0 == f.stream).count() as u64;
+                    f.events.push((f.stream, next));
+                }
+                f.fresh = false;
+            }
+            let done =
+                |&(stream, index): &(u64, u64)| log.done.get(&stream).is_some_and(|&d| index < d);
+            self.in_flight.retain(|f| !f.events.iter().all(done));
+        }
         for a in p.lake().driver().take_unmapped() {
             let hit = |&(start, end): &(u64, u64)| a < end && a + CHUNK > start;
             if let Some(r) = self.virt.iter().map(|(&s, &e)| (s, e)).find(hit) {
@@ -259,7 +332,7 @@ impl Checker {
                     r.0, r.1
                 ));
             }
-            if let Some(r) = self.in_flight.iter().find(|r| hit(r)) {
+            if let Some(r) = self.in_flight.iter().map(|f| f.range).find(hit) {
                 return Err(format!(
                     "{what}: granule {a:#x} unmapped under [{:#x}, +{}), freed since the \
                      device was last waited for: work queued before that free may still use \
@@ -272,8 +345,20 @@ impl Checker {
         Ok(())
     }
 
-    fn free(&mut self, p: &Pool, addr: u64, len: u64, what: &str) -> Result<(), String> {
-        self.in_flight.push((addr, addr + len));
+    fn free(
+        &mut self,
+        p: &Pool,
+        stream: StreamId,
+        addr: u64,
+        len: u64,
+        what: &str,
+    ) -> Result<(), String> {
+        self.in_flight.push(InFlight {
+            range: (addr, addr + len),
+            stream: stream.0,
+            events: Vec::new(),
+            fresh: true,
+        });
         let pieces = self
             .pieces
             .remove(&addr)
@@ -356,7 +441,7 @@ fn replay_checked(p: &Pool, trace: &Trace, scale_num: u64, scale_den: u64) -> Re
                 let Some((ours, size)) = live.remove(&e.addr) else {
                     continue;
                 };
-                checker.free(p, ours, size, &what)?;
+                checker.free(p, stream, ours, size, &what)?;
                 p.free(ours, stream)
                     .map_err(|err| format!("{what}: free failed: {err}"))?;
                 checker.after_call(p, &what)?;
@@ -456,7 +541,7 @@ fn a_9_gib_request_among_many_smaller_ones_never_aliases() {
         let mut kept = Vec::new();
         for (i, (a, size)) in acts.drain(..).enumerate() {
             if i % 3 == 0 {
-                checker.free(&p, a, size, "activation").unwrap();
+                checker.free(&p, s, a, size, "activation").unwrap();
                 p.free(a, s).unwrap();
                 checker.after_call(&p, "activation").unwrap();
             } else {
@@ -470,7 +555,7 @@ fn a_9_gib_request_among_many_smaller_ones_never_aliases() {
         alloc(&p, &mut checker, &mut live, 21 * MIB);
         alloc(&p, &mut checker, &mut live, l);
         for (a, size) in live.drain(..) {
-            checker.free(&p, a, size, "logits").unwrap();
+            checker.free(&p, s, a, size, "logits").unwrap();
             p.free(a, s).unwrap();
             checker.after_call(&p, "logits").unwrap();
         }
@@ -480,7 +565,7 @@ fn a_9_gib_request_among_many_smaller_ones_never_aliases() {
             alloc(&p, &mut checker, &mut live, size + round * 4096);
         }
         for (a, size) in live.drain(..).chain(kept) {
-            checker.free(&p, a, size, "backward").unwrap();
+            checker.free(&p, s, a, size, "backward").unwrap();
             p.free(a, s).unwrap();
             checker.after_call(&p, "backward").unwrap();
         }
@@ -533,7 +618,7 @@ fn random_requests_of_every_scale_never_alias() {
             if !live.is_empty() && rng.below(100) < 45 {
                 let i = rng.below(live.len() as u64) as usize;
                 let (a, size) = live.swap_remove(i);
-                checker.free(&p, a, size, &what).unwrap();
+                checker.free(&p, s, a, size, &what).unwrap();
                 p.free(a, s).unwrap();
                 checker.after_call(&p, &what).unwrap();
                 continue;

@@ -68,6 +68,7 @@ class GmStats(ctypes.Structure):
         ("spilled", ctypes.c_uint64),
         ("peak_spilled", ctypes.c_uint64),
         ("spills", ctypes.c_uint64),
+        ("placement_waits", ctypes.c_uint64),
     ]
 
 

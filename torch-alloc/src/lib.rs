@@ -200,6 +200,9 @@ pub struct GmStats {
     pub peak_spilled: u64,
     /// Chunks ever made in host memory.
     pub spills: u64,
+    /// Placements that waited for the device first, so that they could
+    /// patch a stitched view still in use by queued work.
+    pub placement_waits: u64,
 }
 
 impl From<PoolStats> for GmStats {
@@ -243,6 +246,7 @@ impl From<PoolStats> for GmStats {
             spilled: s.spilled_bytes,
             peak_spilled: s.peak_spilled_bytes,
             spills: s.spills,
+            placement_waits: s.placement_waits,
         }
     }
 }

@@ -67,6 +67,11 @@ impl Fence {
         }
     }
 
+    /// (stream, free number) for each stream it names.
+    pub fn numbers(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.entries().iter().copied()
+    }
+
     /// The streams it names.
     pub fn streams(&self) -> impl Iterator<Item = u64> + '_ {
         self.entries().iter().map(|&(s, _)| s)

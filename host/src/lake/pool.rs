@@ -620,14 +620,27 @@ impl<D: VmmDriver> Lake<D> {
     /// patches that view instead of stitching a new one. No driver call,
     /// nothing changed.
     pub fn placement_waits(&self, size: u64, req: &Requester<'_>) -> bool {
+        self.placement_blocker(size, req).is_some()
+    }
+
+    /// What [`Lake::placement_waits`] waits for: the fence of the view a
+    /// patch would pick (the joined fences of its frees), whose settling
+    /// lets the placement patch it; `None` when the placement would not
+    /// wait. A caller that can wait for that fence alone (an event at the
+    /// view's last free) need not wait for everything queued since.
+    pub fn placement_blocker(&self, size: u64, req: &Requester<'_>) -> Option<Fence> {
         let s = self.state();
         let n = self.chunks_for(size.max(1));
         if n > self.config.max_stitch_chunks || s.tables.best_window(n, req).is_some() {
-            return false;
+            return None;
         }
         match best_patch(&s.tables, n, req, false).0 {
-            Some((bad, _, view)) => !bad.is_empty() && s.tables.view_in_flight(view, req.progress),
-            None => false,
+            Some((bad, _, view))
+                if !bad.is_empty() && s.tables.view_in_flight(view, req.progress) =>
+            {
+                Some(s.tables.view(view).fence.clone())
+            }
+            _ => None,
         }
     }
 

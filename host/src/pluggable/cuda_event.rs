@@ -129,6 +129,16 @@ impl EventSource for CudaEvents {
         check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
 
+    fn synchronize(&self, event: EventId) -> Result<(), EventFailure> {
+        self.bind()?;
+        self.count();
+        // SAFETY: `event` came from `record` and was not destroyed; the call
+        // only waits.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(raw(event))
+        })
+    }
+
     fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
     }

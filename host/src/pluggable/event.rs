@@ -42,6 +42,15 @@ pub trait EventSource: Send + Sync {
     /// is declared and before a graph's memory returns to general use.
     fn synchronize_all(&self) -> Result<(), EventFailure>;
 
+    /// Waits until `event` has completed (the work submitted to its stream
+    /// before it), not for later work. `event` came from
+    /// [`EventSource::record`] and was not destroyed. By default the whole
+    /// device, which is correct and slower.
+    fn synchronize(&self, event: EventId) -> Result<(), EventFailure> {
+        let _ = event;
+        self.synchronize_all()
+    }
+
     /// Driver calls made so far (creations, records, queries and
     /// synchronisations).
     fn calls(&self) -> u64;

@@ -153,6 +153,7 @@ struct Counters {
     frees: u64,
     retries: u64,
     ooms: u64,
+    placement_waits: u64,
 }
 
 /// Everything behind the pool's mutex.
@@ -515,7 +516,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         // The arena's stream reused its memory without events; the range
         // goes to every stream only behind a free numbered on it now.
         let fence = match route.arena_stream() {
-            Some(stream) => self.fence_free(s, stream)?,
+            Some(stream) => self.fence_free(s, stream, false)?,
             None => Fence::none(),
         };
         let route = s.planned.take().expect("checked above");
@@ -747,6 +748,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             spilled_bytes: lake.spilled_bytes,
             peak_spilled_bytes: c.peak_spilled.max(lake.spilled_bytes),
             spills: lake.spills,
+            placement_waits: c.placement_waits,
             waiting_bytes: waiting,
             split_chunks: (s.split.chunk_count() + s.private.split_chunks()) as u64,
             split_free_bytes: s.split.free_bytes(),
@@ -991,8 +993,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 stream: stream.0,
                 progress: &s.progress,
             };
-            if self.lake.placement_waits(bytes, &req) {
-                self.synchronize(s, false)?;
+            if let Some(fence) = self.lake.placement_blocker(bytes, &req) {
+                s.counters.placement_waits += 1;
+                self.wait_for_fence(s, &fence)?;
             }
         }
         let mut out = try_once(s);
@@ -1102,6 +1105,48 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
         Ok(())
     }
 
+    /// Waits until `fence` is settled: for each stream it names, the
+    /// oldest recorded event at or after its free number (the work queued
+    /// before that free, not what was queued since), else the whole device.
+    /// Completed events are taken first without waiting.
+    fn wait_for_fence(&self, s: &mut State, fence: &Fence) -> PoolResult<()> {
+        self.poll(s)?;
+        for (stream, seq) in fence.numbers() {
+            if s.progress.done(stream) >= seq {
+                continue;
+            }
+            let id = StreamId(stream);
+            let covering = s
+                .events
+                .get(&id)
+                .and_then(|l| l.iter().find(|&&(q, _)| q >= seq).copied());
+            let Some((reached, event)) = covering else {
+                // A free without an event (a lone stream's): only the
+                // device can say.
+                return self.synchronize(s, false);
+            };
+            self.events.synchronize(event)?;
+            // Events of one stream complete in order: every older one too.
+            while let Some(&(q, e)) = s.events.get(&id).and_then(|l| l.front()) {
+                if q > reached {
+                    break;
+                }
+                s.events.get_mut(&id).map(VecDeque::pop_front);
+                self.events.destroy(e);
+            }
+            if s.events.get(&id).is_some_and(VecDeque::is_empty) {
+                s.events.remove(&id);
+            }
+            s.progress.advance(stream, reached);
+        }
+        s.split.settle(&s.progress);
+        s.private.settle(&s.progress);
+        if let Some(p) = s.planned.as_mut() {
+            p.settle(&s.progress);
+        }
+        Ok(())
+    }
+
     /// Waits for the device (if some free is not known complete, or
     /// `always`): every free so far is complete, every event is given back,
     /// fences settle.
@@ -1131,8 +1176,8 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
 
     /// Numbers a free on `stream` and returns the fence it puts the freed
     /// memory behind, recording its event unless `stream` is alone.
-    fn fence_free(&self, s: &mut State, stream: StreamId) -> PoolResult<Fence> {
-        if s.streams == Streams::Alone(stream) {
+    fn fence_free(&self, s: &mut State, stream: StreamId, event: bool) -> PoolResult<Fence> {
+        if s.streams == Streams::Alone(stream) && !event {
             let seq = s.frees.entry(stream).or_default();
             *seq += 1;
             return Ok(Fence::single(stream.0, *seq));
@@ -1173,6 +1218,13 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             Home::Private(_, stream) => Some(stream),
             Home::General => None,
         };
+        // A block of a stitched view gets its event even on a lone stream:
+        // a placement that would patch the view then waits for that event
+        // (`wait_for_fence`), not for everything queued since.
+        let stitched = matches!(
+            (live.home, live.block.origin),
+            (Home::General, Origin::Large(range)) if self.lake.is_stitched(range)
+        );
         // The freeing stream, then the other users: by index, so that the
         // common free (no other user) allocates no list.
         for i in 0..=live.uses.len() {
@@ -1184,7 +1236,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             if Some(stream) == home_stream {
                 continue;
             }
-            match self.fence_free(s, stream) {
+            match self.fence_free(s, stream, stitched) {
                 Ok(f) => fence.join(&f),
                 Err(e) => return Err(Box::new((e, live))),
             }
@@ -1209,7 +1261,8 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
     /// Polls every stream's oldest events, recording what completed.
     fn poll(&self, s: &mut State) -> PoolResult<()> {
         if s.events.is_empty() {
-            // One stream: no event is ever recorded.
+            // No event outstanding (a lone stream records one only at
+            // frees of stitched views).
             return Ok(());
         }
         let streams: Vec<StreamId> = s.events.keys().copied().collect();

@@ -90,6 +90,10 @@ pub struct PoolStats {
     pub peak_spilled_bytes: u64,
     /// Chunks ever made in host memory.
     pub spills: u64,
+    /// Placements that waited for the device first (the event of a stitched
+    /// view's last free, or the whole device when it has none), so that
+    /// they could patch that view instead of stitching a new one.
+    pub placement_waits: u64,
     /// Bytes freed whose events have not been seen complete (reusable only
     /// by the freeing stream), or freed while an allocation window was
     /// open.
