@@ -18,6 +18,11 @@
 //!    allocated, never both), so nothing can reach it; only then
 //!    `cuMemUnmap` and `cuMemRelease` give the memory back to the driver.
 //!
+//! [`VmmHeap::alloc_large`] (module `large`) moves the chunks of withdrawn free
+//! segments under a stretch of absent ones and publishes it as a live run,
+//! so present segments need not be a prefix: the ledger keeps absence per
+//! segment, grow maps the lowest absent ids and trim takes the highest free.
+//!
 //! Everything runs over the [`VmmDriver`] trait, so the same code runs on
 //! the CPU model ([`ModelVmm`], host threads allocating through
 //! [`HostMetadata`]) and on a GPU ([`CudaVmm`], kernels allocating through
@@ -161,7 +166,7 @@ struct Ledger {
     /// Mapped granules: address → chunk (each chunk once: its owner).
     mapped: BTreeMap<u64, ChunkHandle>,
     /// Second mappings of chunks that `mapped` owns at another address,
-    /// made by `alloc_large` while it moves chunks (see [`large`]):
+    /// made by `alloc_large` while it moves chunks (module `large`):
     /// unmapped, never released. Empty between calls unless an unmap
     /// failed.
     aliases: BTreeMap<u64, ChunkHandle>,
