@@ -108,11 +108,34 @@ fn half_the_heap_in_one_piece_is_stitched_from_every_other_segment() {
     assert!(h.heap().malloc(half).is_null(), "malloc finds no run");
     assert!(h.heap().malloc(2 * seg).is_null(), "not even of two");
 
+    // The chunks of each free segment, in address order.
+    let granule = vmm.granularity();
+    let chunks_of = |base: u64| -> Vec<_> {
+        (base..base + seg)
+            .step_by(granule as usize)
+            .map(|a| vmm.chunk_at(a).map(|(c, _)| c))
+            .collect()
+    };
+    let live_set: BTreeSet<u64> = live.iter().copied().collect();
+    let freed: Vec<u64> = (0..PRESENT)
+        .map(|i| h.data_address() + i * seg)
+        .filter(|a| !live_set.contains(a))
+        .collect();
+    assert_eq!(freed.len() as u64, PRESENT / 2);
+    let free_chunks: BTreeSet<Vec<_>> = freed.iter().map(|&a| chunks_of(a)).collect();
+
     let r = h.alloc_large(half).unwrap();
     assert_eq!(
         (r.bytes, r.stitched_segments, r.new_segments),
         (half, 16, 0)
     );
+    // Each segment of the range holds one free segment's chunks in their
+    // order, and every free segment went into it.
+    let stitched: BTreeSet<Vec<_>> = (r.address..r.address + r.bytes)
+        .step_by(seg as usize)
+        .map(chunks_of)
+        .collect();
+    assert_eq!(stitched, free_chunks);
     assert_eq!(
         r.address,
         h.data_address() + PRESENT * seg,
@@ -128,7 +151,6 @@ fn half_the_heap_in_one_piece_is_stitched_from_every_other_segment() {
     // Every granule of the range is mapped, with access, to a distinct
     // chunk, and the freed segments' addresses are unmapped: their chunks
     // moved.
-    let granule = vmm.granularity();
     let chunks: BTreeSet<_> = (r.address..r.address + r.bytes)
         .step_by(granule as usize)
         .map(|a| {
@@ -138,12 +160,6 @@ fn half_the_heap_in_one_piece_is_stitched_from_every_other_segment() {
         })
         .collect();
     assert_eq!(chunks.len() as u64, PRESENT / 2 * CHUNKS_PER_SEGMENT);
-    let live_set: BTreeSet<u64> = live.iter().copied().collect();
-    let freed: Vec<u64> = (0..PRESENT)
-        .map(|i| h.data_address() + i * seg)
-        .filter(|a| !live_set.contains(a))
-        .collect();
-    assert_eq!(freed.len() as u64, PRESENT / 2);
     for &a in &freed {
         assert!(vmm.chunk_at(a).is_none(), "segment at {a:#x} still mapped");
     }
