@@ -1,5 +1,6 @@
 //! Issue 13 on a real GPU: a heap on CUDA virtual memory (`CudaVmmHeap`).
-//! It confirms there what `host/tests/vmm_heap.rs` proves on the CPU model
+//! It confirms there what `host/tests/vmm_heap.rs` (and
+//! `host/tests/vmm_heap_large.rs`, for `alloc_large`) proves on the CPU model
 //! (first run on an H100: growth 30 ms/GiB under a running kernel, trim
 //! shown free by cuMemGetInfo at once; the drop check failed until the
 //! heap's drop waited for cudarc's stream-ordered free of the metadata). Without a GPU it prints `skipped: no GPU (…)`
@@ -430,4 +431,202 @@ fn kernels_wait_for_the_growth_service_instead_of_failing() {
     .unwrap();
     gpu.sync().unwrap();
     assert_eq!(heap.stop_growth(), None, "the service met no error");
+}
+
+/// Runs `fill_pattern_pieces` then `verify_pattern_pieces` (a thread per
+/// piece) over the `n` allocations of `size` bytes at `ptrs`, or only the
+/// verification; returns [nulls, wrong words].
+fn pieces(
+    gpu: &gpumalloc::gpu::Gpu,
+    kernels: &[&str],
+    ptrs: &CudaSlice<u64>,
+    size: u64,
+    n: u64,
+) -> [u64; 2] {
+    use gpumalloc::cudarc::driver::LaunchConfig;
+    use gpumalloc::gpu_kernels::workload::PATTERN_PIECE;
+    let errors = gpu.zeros(2).unwrap();
+    let args = [
+        Arg::U64(gpu.address(ptrs)),
+        Arg::U64(size),
+        Arg::U64(gpu.address(&errors)),
+        Arg::U64(n),
+    ];
+    let threads = n * size.div_ceil(PATTERN_PIECE);
+    let block = 256;
+    for kernel in kernels {
+        let cfg = LaunchConfig {
+            grid_dim: (threads.div_ceil(block) as u32, 1, 1),
+            block_dim: (block as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the pattern kernels take (ptrs, size, errors, n); `ptrs`
+        // and `errors` live until the download below has synchronised.
+        unsafe { gpu.launch_with(kernel, cfg, &args) }.unwrap();
+    }
+    let e = gpu.download(&errors).unwrap();
+    [e[0], e[1]]
+}
+
+/// GMLake's stitching on the device heap (`VmmHeap::alloc_large`): a 4 GiB
+/// reservation with 1 GiB mapped (2 MiB chunks); every mapped segment
+/// taken by a segment-sized `heap_alloc` (passes until all are taken, the
+/// slots flushed between), every other one in address order freed, the
+/// rest filled with the pattern. Half the mapped heap in one piece:
+/// `heap_alloc` gets null (a fixed heap's answer: no two free segments are
+/// adjacent); `alloc_large` stitches the free segments' chunks under
+/// absent segments, and `fill_pattern_pieces` / `verify_pattern_pieces`
+/// find no wrong word in it, nor in the live segments around the holes.
+/// `heap_free` (device code) frees it; the heap is whole after (no live
+/// byte, every present segment free, no bad free), a device run of half
+/// the heap then fits, and a second stitched range freed by the host
+/// (`free_large`) leaves it whole too. Trim gives everything back.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
+fn half_the_heap_in_one_piece_is_stitched_from_every_other_segment() {
+    let Some(gpu) = gpu() else { return };
+    let vmm = CudaVmm::open(0, ChunkOptions::default()).unwrap();
+    let heap = CudaVmmHeap::on_gpu(&gpu, vmm, VmmHeapConfig::new(4 * GIB, GIB)).unwrap();
+    let seg = heap.segment_bytes();
+    let present = heap.stats().unwrap().present_segments as u64;
+    assert_eq!(present * seg, GIB);
+    let alloc = |size: u64, n: u64| -> Vec<u64> {
+        let ptrs = gpu.zeros(n as usize).unwrap();
+        gpu.launch(
+            "heap_alloc",
+            n,
+            &[
+                heap.arg(),
+                Arg::U64(size),
+                Arg::U64(0),
+                Arg::U64(gpu.address(&ptrs)),
+                Arg::U64(n),
+            ],
+        )
+        .unwrap();
+        gpu.download(&ptrs).unwrap()
+    };
+    let free = |ptrs: &[u64]| {
+        let list = gpu.upload(ptrs).unwrap();
+        gpu.launch(
+            "heap_free",
+            ptrs.len() as u64,
+            &[
+                heap.arg(),
+                Arg::U64(gpu.address(&list)),
+                Arg::U64(ptrs.len() as u64),
+            ],
+        )
+        .unwrap();
+        gpu.sync().unwrap();
+    };
+
+    // Every segment taken; whole-segment blocks may sit in slots as spares
+    // until a flush returns them.
+    let mut taken: Vec<u64> = Vec::new();
+    for _ in 0..8 {
+        let want = present - taken.len() as u64;
+        if want == 0 {
+            break;
+        }
+        taken.extend(alloc(seg, want).into_iter().filter(|&p| p != 0));
+        heap.flush().unwrap();
+    }
+    taken.sort_unstable();
+    assert_eq!(taken.len() as u64, present, "one allocation per segment");
+    let live: Vec<u64> = taken.iter().copied().step_by(2).collect();
+    let freed: Vec<u64> = taken.iter().copied().skip(1).step_by(2).collect();
+    free(&freed);
+    heap.flush().unwrap();
+    let live_dev = gpu.upload(&live).unwrap();
+    let n_live = live.len() as u64;
+    assert_eq!(
+        pieces(&gpu, &["fill_pattern_pieces"], &live_dev, seg, n_live),
+        [0, 0]
+    );
+    assert_eq!(heap.stats().unwrap().free_segments as u64, present / 2);
+
+    let half = present / 2 * seg;
+    let fixed = alloc(half, 1)[0];
+    assert_eq!(
+        fixed, 0,
+        "malloc of half the heap: no contiguous run is free"
+    );
+
+    let start = Instant::now();
+    let r = heap.alloc_large(half).unwrap();
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "issue13: alloc_large of {} MiB stitched {} segments of {} MiB ({} new) in {ms:.1} ms \
+         at {:#x}",
+        r.bytes / MIB,
+        r.stitched_segments,
+        seg / MIB,
+        r.new_segments,
+        r.address
+    );
+    assert_eq!(
+        (r.bytes, r.stitched_segments as u64, r.new_segments),
+        (half, present / 2, 0)
+    );
+    let range = gpu.upload(&[r.address]).unwrap();
+    assert_eq!(
+        pieces(
+            &gpu,
+            &["fill_pattern_pieces", "verify_pattern_pieces"],
+            &range,
+            half,
+            1
+        ),
+        [0, 0],
+        "the stitched range: [nulls, wrong words]"
+    );
+    assert_eq!(
+        pieces(&gpu, &["verify_pattern_pieces"], &live_dev, seg, n_live),
+        [0, 0],
+        "the live segments around the holes"
+    );
+    let hs = heap.heap_stats().unwrap();
+    assert_eq!(hs.live_runs, 1, "{hs:?}");
+
+    // Device code frees it, and the live segments.
+    free(&[r.address]);
+    free(&live);
+    heap.flush().unwrap();
+    let whole = |what: &str| {
+        let hs = heap.heap_stats().unwrap();
+        assert_eq!(
+            (hs.live_bytes, hs.invalid_frees, hs.double_frees),
+            (0, 0, 0),
+            "{what}: {hs:?}"
+        );
+        let s = heap.stats().unwrap();
+        assert_eq!(s.free_segments, s.present_segments, "{what}: {s:?}");
+        assert_eq!(s.present_segments as u64, present, "{what}: {s:?}");
+        assert_eq!(s.mapped_bytes, GIB, "{what}: {s:?}");
+    };
+    whole("after the device freed the stitched range");
+
+    // The stitched segments are a contiguous run of the heap now.
+    let run = alloc(half, 1)[0];
+    assert_ne!(run, 0, "a device run of half the heap after the stitch");
+    free(&[run]);
+    heap.flush().unwrap();
+
+    let r = heap.alloc_large(GIB / 4).unwrap();
+    let range = gpu.upload(&[r.address]).unwrap();
+    assert_eq!(
+        pieces(
+            &gpu,
+            &["fill_pattern_pieces", "verify_pattern_pieces"],
+            &range,
+            r.bytes,
+            1
+        ),
+        [0, 0]
+    );
+    heap.free_large(r.address).unwrap();
+    whole("after the host freed a second stitched range");
+    println!("issue13: {:?}", heap.stats().unwrap());
+    assert_eq!(heap.trim().unwrap(), GIB);
 }

@@ -65,6 +65,7 @@ fn host_ptx_holds_the_kernels_the_host_launches() {
     for kernel in [
         "heap_grow",
         "heap_trim",
+        "heap_adopt_run",
         "heap_flush",
         "heap_alloc",
         "heap_free",

@@ -151,6 +151,8 @@ fn status_of(e: &Error) -> GmStatus {
             FailureCause::OutOfMemory => GmStatus::OutOfMemory,
             _ => GmStatus::Cuda,
         },
+        // Not made by the C API's calls (the VMM heap's `alloc_large`).
+        Error::NoRoom(_) => GmStatus::OutOfMemory,
         // Not made by the C API's calls (none waits with a limit).
         Error::Check(_) | Error::Config(_) | Error::Timeout { .. } => GmStatus::Internal,
     }

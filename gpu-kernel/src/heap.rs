@@ -654,6 +654,36 @@ impl Heap {
         true
     }
 
+    /// Publishes *absent* segments `head..head + count` (mapped by the
+    /// host, in no tree) as one live run, as if `malloc` had claimed them:
+    /// [`Heap::free`] of the run's address ends it like any run, and its
+    /// segments then join the segment tree as free segments. What the VMM
+    /// heap's `alloc_large` uses to hand out a range it stitched from
+    /// physical memory taken elsewhere. Returns false (and does nothing)
+    /// for an empty or out-of-range run, or one with a segment that is not
+    /// `Free` (in use) or is in the segment tree (free, not absent).
+    ///
+    /// The caller must pass only absent ids, and publish nothing else over
+    /// them meanwhile: a free segment still in the tree could be claimed by
+    /// an allocation as well. No allocation reaches an absent segment, so
+    /// the stores need no claim; the head's release store orders the tail
+    /// stores before a `free` that reads it.
+    pub fn adopt_run(&self, head: u32, count: u32) -> bool {
+        let Some(end) = head.checked_add(count) else {
+            return false;
+        };
+        if count == 0 || end > self.segments {
+            return false;
+        }
+        let table = self.table();
+        let tree = self.segment_tree();
+        if (head..end).any(|s| table.load(s) != SegmentState::Free || tree.contains(s)) {
+            return false;
+        }
+        table.publish_run(head, count);
+        true
+    }
+
     /// Takes the highest free segment out of the segment tree and returns
     /// its id: it is now absent, reachable by no allocation, and its memory
     /// may be unmapped. The removal is the same claim allocations make, so a

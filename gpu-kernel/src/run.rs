@@ -264,6 +264,26 @@ mod tests {
         assert_eq!(taken, [7, 6, 5, 4, 3, 2, 1, 0]);
     }
 
+    /// A run adopted over absent segments is a live run: `free` ends it
+    /// and puts its segments in the tree. Segments in use or in the tree
+    /// are refused.
+    #[test]
+    fn an_adopted_run_is_freed_into_the_tree() {
+        let (h, _words) = heap(8);
+        let seg = 1u64 << MIN_SEGMENT_SHIFT;
+        assert!(!h.adopt_run(6, 4), "segments 6 and 7 are in the tree");
+        assert!(!h.adopt_run(126, 4), "past the end");
+        assert!(!h.adopt_run(20, 0), "empty");
+        assert!(h.adopt_run(20, 4));
+        assert!(!h.adopt_run(22, 2), "in use by the adopted run");
+        assert_eq!(h.free_segments(), 8);
+        h.free((h.data + 20 * seg) as *mut u8);
+        assert_eq!(h.free_segments(), 12, "freed into the tree");
+        assert!((20..24).all(|s| h.segment_tree().contains(s)));
+        h.free((h.data + 20 * seg) as *mut u8);
+        assert_eq!(h.free_segments(), 12, "a second free is refused");
+    }
+
     /// Many threads claiming runs of 3 at once, each until it gets `None`,
     /// fill the heap as one thread would: every claim that fails leaves
     /// no stretch of 3 free. A cursor that wrapped past segment 0 while

@@ -222,6 +222,25 @@ pub unsafe extern "ptx-kernel" fn heap_grow(
     }
 }
 
+/// One thread publishes absent segments `head..head + count` as one live
+/// run (`Heap::adopt_run`), the range the host's `alloc_large` stitched;
+/// `ok` is 1 if it did, 0 if not.
+///
+/// # Safety
+/// `ok` is one word; the segments are absent and mapped with access.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn heap_adopt_run(heap: Heap, head: u64, count: u64, ok: *mut u64) {
+    if arch::global_thread_index() != 0 {
+        return;
+    }
+    let adopted = u32::try_from(head)
+        .ok()
+        .zip(u32::try_from(count).ok())
+        .is_some_and(|(h, c)| heap.adopt_run(h, c));
+    // SAFETY: ok is one word.
+    unsafe { *ok = adopted as u64 };
+}
+
 /// One thread withdraws up to `max` wholly free segments from the top
 /// (`Heap::withdraw_free_segment`) into `ids` and their count into `count`.
 ///

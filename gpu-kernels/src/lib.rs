@@ -3,7 +3,7 @@
 //! depends on the allocator only, gets none of them in its PTX.
 //!
 //! - [`kernels`] (GPU only): the heap-service kernels the host calls
-//!   (`heap_grow`, `heap_trim`, `heap_flush`), the self-test, the test and
+//!   (`heap_grow`, `heap_trim`, `heap_adopt_run`, `heap_flush`), the self-test, the test and
 //!   benchmark kernels, the baselines (CUDA's `malloc`, a bump allocator).
 //!   The `extern "C"` functions `gallatin_malloc` / `gallatin_free` are
 //!   `device-c-abi`'s, linked here so the host's PTX holds them too (CUDA

@@ -31,6 +31,10 @@ pub enum Error {
     Check(String),
     /// A setting the caller chose cannot be used; the text says which and why.
     Config(String),
+    /// The heap cannot hold what was asked within its limits (free
+    /// memory, room under its mapping limit, or address space); nothing
+    /// was changed. The text says what was short.
+    NoRoom(String),
     /// A wait gave up: the work it waited for had not completed within the
     /// limit (a kernel may be hung). The work was not cancelled: it still
     /// runs, and the stream stays busy until it ends.
@@ -64,6 +68,7 @@ impl fmt::Display for Error {
             }
             Error::Check(what) => write!(f, "check failed: {what}"),
             Error::Config(what) => write!(f, "bad setting: {what}"),
+            Error::NoRoom(what) => write!(f, "no room in the heap: {what}"),
             Error::Vmm { doing, source } => write!(f, "{doing}: {source}"),
             Error::Timeout { what, waited } => write!(
                 f,

@@ -1,6 +1,6 @@
 //! `GpuMetadata`: a VMM heap's metadata in device memory. Kernels allocate
 //! with the handle ([`GpuMetadata::arg`]); the host publishes and withdraws
-//! segments with the `heap_grow`, `heap_trim` and `heap_flush` kernels on a
+//! segments with the `heap_grow`, `heap_trim`, `heap_adopt_run` and `heap_flush` kernels on a
 //! non-blocking stream of its own, so they run while user kernels on the
 //! `Gpu`'s stream allocate, and counts free segments by copying the
 //! segment tree's leaf words (a few KiB) on that stream.
@@ -125,6 +125,34 @@ impl SegmentTree for GpuMetadata {
         let n = self.side.download(&count)?[0] as usize;
         let ids = self.side.download(&ids)?;
         Ok(ids[..n].iter().map(|&id| id as u32).collect())
+    }
+
+    fn adopt_run(&self, head: u32, count: u32) -> Result<bool> {
+        let _side = self.side();
+        let ok = self.side.zeros(1)?;
+        self.side.launch(
+            "heap_adopt_run",
+            1,
+            &[
+                self.arg(),
+                Arg::U64(head as u64),
+                Arg::U64(count as u64),
+                Arg::U64(self.side.address(&ok)),
+            ],
+        )?;
+        self.side.sync()?;
+        Ok(self.side.download(&ok)?[0] == 1)
+    }
+
+    fn free(&self, address: u64) -> Result<()> {
+        let _side = self.side();
+        let ptrs = self.side.upload(&[address])?;
+        self.side.launch(
+            "heap_free",
+            1,
+            &[self.arg(), Arg::U64(self.side.address(&ptrs)), Arg::U64(1)],
+        )?;
+        self.side.sync()
     }
 
     fn flush(&self) -> Result<()> {

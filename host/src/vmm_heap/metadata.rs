@@ -28,6 +28,14 @@ pub trait SegmentTree: Send + Sync {
     /// allocation can reach them and their memory may be unmapped.
     fn withdraw(&self, max: u32) -> Result<Vec<u32>>;
 
+    /// Publishes absent segments `head..head + count` (mapped, with
+    /// access, by the caller) as one live run ([`Heap::adopt_run`]); false
+    /// if it could not (a segment was not absent: a bug).
+    fn adopt_run(&self, head: u32, count: u32) -> Result<bool>;
+
+    /// Frees `address` as device code would ([`Heap::free`]).
+    fn free(&self, address: u64) -> Result<()>;
+
     /// Empties the per-class slots, so partly used blocks and spare
     /// segments go back to the trees (safe while others allocate).
     fn flush(&self) -> Result<()>;
@@ -97,6 +105,15 @@ impl SegmentTree for HostMetadata {
         Ok((0..max)
             .map_while(|_| self.heap.withdraw_free_segment())
             .collect())
+    }
+
+    fn adopt_run(&self, head: u32, count: u32) -> Result<bool> {
+        Ok(self.heap.adopt_run(head, count))
+    }
+
+    fn free(&self, address: u64) -> Result<()> {
+        self.heap.free(address as *mut u8);
+        Ok(())
     }
 
     fn flush(&self) -> Result<()> {

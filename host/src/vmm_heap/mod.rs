@@ -18,6 +18,11 @@
 //!    allocated, never both), so nothing can reach it; only then
 //!    `cuMemUnmap` and `cuMemRelease` give the memory back to the driver.
 //!
+//! [`VmmHeap::alloc_large`] (module `large`) moves the chunks of withdrawn free
+//! segments under a stretch of absent ones and publishes it as a live run,
+//! so present segments need not be a prefix: the ledger keeps absence per
+//! segment, grow maps the lowest absent ids and trim takes the highest free.
+//!
 //! Everything runs over the [`VmmDriver`] trait, so the same code runs on
 //! the CPU model ([`ModelVmm`], host threads allocating through
 //! [`HostMetadata`]) and on a GPU ([`CudaVmm`], kernels allocating through
@@ -38,6 +43,7 @@
 //! (independent statistics).
 
 mod gpu_metadata;
+mod large;
 mod metadata;
 mod service;
 
@@ -49,6 +55,7 @@ use std::time::Instant;
 use gpu_kernel::stats::HeapStats;
 
 pub use gpu_metadata::GpuMetadata;
+pub use large::LargeRange;
 pub use metadata::{HostMetadata, SegmentTree};
 pub use service::GrowthPolicy;
 
@@ -128,6 +135,13 @@ pub struct VmmHeapStats {
     pub segments_trimmed: u64,
     /// Nanoseconds spent trimming (flush, withdraw and driver calls).
     pub trim_nanos: u64,
+    /// Calls to `alloc_large` that succeeded.
+    pub large_allocs: u64,
+    /// Segments they took from free segments elsewhere in the heap (their
+    /// chunks moved under the new range).
+    pub segments_stitched: u64,
+    /// Nanoseconds spent in `alloc_large` (successful calls).
+    pub large_nanos: u64,
     /// Driver calls made so far (all of the driver's users).
     pub driver: DriverCounters,
 }
@@ -149,8 +163,13 @@ struct Ledger {
     /// Segments mapped (wholly or partly) that may not be used: a failed
     /// unmap left chunks there, or a failed publish may have published it.
     stranded: BTreeSet<u32>,
-    /// Mapped granules: address → chunk.
+    /// Mapped granules: address → chunk (each chunk once: its owner).
     mapped: BTreeMap<u64, ChunkHandle>,
+    /// Second mappings of chunks that `mapped` owns at another address,
+    /// made by `alloc_large` while it moves chunks (module `large`):
+    /// unmapped, never released. Empty between calls unless an unmap
+    /// failed.
+    aliases: BTreeMap<u64, ChunkHandle>,
     /// Chunks created and mapped nowhere, waiting for `cuMemRelease`.
     unmapped: Vec<ChunkHandle>,
 }
@@ -164,6 +183,9 @@ struct Counters {
     trims: AtomicU64,
     segments_trimmed: AtomicU64,
     trim_nanos: AtomicU64,
+    large_allocs: AtomicU64,
+    segments_stitched: AtomicU64,
+    large_nanos: AtomicU64,
 }
 
 /// What the heap and its growth service share.
@@ -350,6 +372,35 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
         Ok(self.shared.trim_segments(keep)? as u64 * self.shared.segment_bytes())
     }
 
+    /// One contiguous range of `bytes` (rounded up to whole segments),
+    /// stitched from free segments wherever they lie in the heap: their
+    /// physical chunks are moved, in order, under a stretch of absent
+    /// segments (the lowest one long enough), and the stretch is published
+    /// in the device metadata as a live run, so device code frees it with
+    /// `free` like any allocation (the host with [`VmmHeap::free_large`]).
+    /// Segments short of what is free are created and mapped as `grow`
+    /// maps them, within the limit. Works where `malloc` of the same size
+    /// finds no contiguous free run; see `docs/vmm-heap-large.md`.
+    ///
+    /// Errors: [`Error::NoRoom`] when the reservation has no stretch of
+    /// absent segments that long, or free segments plus the room under the
+    /// limit fall short (nothing changed); a driver call that fails is
+    /// named and everything this call did is undone (what an undo could
+    /// not undo is stranded, given back on drop).
+    pub fn alloc_large(&self, bytes: u64) -> Result<LargeRange> {
+        self.shared.alloc_large(bytes)
+    }
+
+    /// Frees, from the host, a range [`VmmHeap::alloc_large`] returned (or
+    /// any allocation of the heap): `Heap::free` of `address`, on the GPU
+    /// by the `heap_free` kernel on the heap's own stream. Its segments
+    /// become free segments of the tree, mapped, which `trim` may give
+    /// back. A pointer the heap did not hand out is counted as an invalid
+    /// free, as device code's would be.
+    pub fn free_large(&self, address: u64) -> Result<()> {
+        self.shared.tree.free(address)
+    }
+
     /// Forgets every allocation at once: the metadata goes back to its
     /// initial image with every mapped segment wholly free in the tree; the
     /// mapping is kept (a fresh heap of the size grown to, as a benchmark
@@ -460,6 +511,9 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
             trims: load(&c.trims),
             segments_trimmed: load(&c.segments_trimmed),
             trim_nanos: load(&c.trim_nanos),
+            large_allocs: load(&c.large_allocs),
+            segments_stitched: load(&c.segments_stitched),
+            large_nanos: load(&c.large_nanos),
             driver: s.driver.counters(),
         })
     }
@@ -585,18 +639,26 @@ impl<D: VmmDriver, M: SegmentTree> Shared<D, M> {
         Err(e)
     }
 
-    /// Unmaps every granule of the segment at `base` that the ledger holds,
+    /// Unmaps every granule of the segment at `base` that the ledger holds
+    /// (second mappings first: their chunks are owned elsewhere and stay),
     /// then releases every chunk waiting for release.
     fn unmap_range(
         &self,
         ledger: &mut Ledger,
         base: u64,
     ) -> std::result::Result<(), DriverFailure> {
-        let granules: Vec<(u64, ChunkHandle)> = ledger
-            .mapped
-            .range(base..base + self.segment_bytes())
-            .map(|(&a, &c)| (a, c))
+        let range = base..base + self.segment_bytes();
+        let aliases: Vec<u64> = ledger
+            .aliases
+            .range(range.clone())
+            .map(|(&a, _)| a)
             .collect();
+        for addr in aliases {
+            self.driver.unmap(addr)?;
+            ledger.aliases.remove(&addr);
+        }
+        let granules: Vec<(u64, ChunkHandle)> =
+            ledger.mapped.range(range).map(|(&a, &c)| (a, c)).collect();
         for (addr, chunk) in granules {
             self.driver.unmap(addr)?;
             ledger.mapped.remove(&addr);
@@ -665,6 +727,14 @@ impl<D: VmmDriver, M: SegmentTree> Drop for Shared<D, M> {
         }
         let ledger = self.ledger.get_mut().unwrap_or_else(|e| e.into_inner());
         let mut first: Option<DriverFailure> = None;
+        // Second mappings first: their chunks are released once, through
+        // their owners in `mapped`.
+        for &addr in ledger.aliases.keys() {
+            if let Err(e) = self.driver.unmap(addr) {
+                first.get_or_insert(e);
+            }
+        }
+        ledger.aliases.clear();
         for (&addr, &chunk) in &ledger.mapped {
             match self.driver.unmap(addr) {
                 Ok(()) => ledger.unmapped.push(chunk),
