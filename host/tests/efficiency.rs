@@ -466,10 +466,16 @@ fn gpt2_trace_replay_predicts_the_h100_peak_reserved_at_each_chunk_size() {
         return;
     };
     for (chunk, gpu_bytes) in H100_B16_PEAK_RESERVED {
+        // Events complete 2,000 pool calls after they are recorded (about
+        // a sixth of a step): since frees of stitched views record events
+        // on a lone stream too, events that complete at once settle views
+        // sooner than the H100 does (12.203 GiB at 16 MiB, -0.76%). 2,000
+        // is the replay example's default lagging timing; it was checked
+        // against these two GPU figures, not fitted to them by a search.
         let report = replay::replay(
             &trace,
             &ReplayConfig {
-                timing: EventTiming::AtOnce,
+                timing: EventTiming::AfterOps(2000),
                 chunk_bytes: Some(chunk),
                 ..ReplayConfig::default()
             },
