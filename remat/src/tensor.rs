@@ -182,7 +182,10 @@ impl TensorTable {
         self.prices().projected_cost(id)
     }
 
-    fn projected_cost_uncached(&self, id: TensorId) -> f64 {
+    /// [`Self::projected_cost`] computed afresh, never read from or written
+    /// to the price cache (the reference that cached prices are checked
+    /// against).
+    pub fn projected_cost_uncached(&self, id: TensorId) -> f64 {
         self.tensors[id].cost + self.classes.neighbour_cost(&self.neighbours(id))
     }
 
@@ -206,7 +209,9 @@ impl TensorTable {
         self.prices().recompute_peak(id, depth)
     }
 
-    fn recompute_peak_uncached(&self, id: TensorId, depth: u32) -> u64 {
+    /// [`Self::recompute_peak`] computed afresh, never read from or written
+    /// to the price cache.
+    pub fn recompute_peak_uncached(&self, id: TensorId, depth: u32) -> u64 {
         let tensor = &self.tensors[id];
         let inputs = &tensor.inputs;
         // Missing inputs, each once (an op may read a tensor twice); input

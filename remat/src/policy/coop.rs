@@ -15,6 +15,15 @@
 //! same window as a sweep over the whole pool
 //! (`Coop::next_eviction_whole_pool`, which the tests compare it with).
 //!
+//! The scan is most of a search, and it is kept lean without changing a
+//! score's bits: the projected cost and the recompute amplification come
+//! from one read of the price cache (`Prices::projected_and_amplification`;
+//! the amplification is cached beside the peak, the same division done
+//! once), the tensor's record is read once for pinned, locks and staleness,
+//! and the buffers are kept from search to search. The staleness term is
+//! the only part that must be computed at every search (it changes with
+//! every op).
+//!
 //! Cheap-tensor partitioning: a tensor whose op has a cost density (cost per
 //! byte) below the executor's threshold is "cheap" and goes to the right end of
 //! the highest free block that fits; an expensive one goes to the left end of
@@ -308,19 +317,43 @@ impl Coop {
         }
     }
 
-    /// The search over the whole pool's items, as before the gaps: the
-    /// reference that tests compare `next_eviction` with.
+    /// The reference search that tests compare `next_eviction` with: every
+    /// interval of the pool (no gaps), each score computed term by term as
+    /// the module docs define it, h = c / s times the amplification of the
+    /// recompute peak, from fresh prices (`TensorTable::*_uncached`, not the
+    /// cache) and the interval's own size, into fresh buffers.
     pub fn next_eviction_whole_pool(
         &mut self,
         ctx: &SearchContext<'_>,
         request: &Request,
     ) -> Option<Eviction> {
-        let mut scan = std::mem::take(&mut self.scratch);
-        scan.clear();
-        self.push_intervals(ctx, ctx.pool.intervals(), &mut scan);
-        let found = self.search(&scan, request);
-        self.scratch = scan;
-        found
+        let table = ctx.tensors;
+        let mut scan = Scan::default();
+        for i in ctx.pool.intervals() {
+            let (score, pinned) = match i.tensor {
+                None => (Some(0.0), false),
+                Some(t) if table.is_pinned(t) => (None, true),
+                Some(t) if table.is_evictable(t) => {
+                    let h = table.projected_cost_uncached(t) / table.staleness(t, ctx.now);
+                    let score = if self.price_recompute_memory {
+                        let peak = table.recompute_peak_uncached(t, RECOMPUTE_DEPTH);
+                        h * super::amplification(peak, i.size)
+                    } else {
+                        h
+                    };
+                    (Some(score), false)
+                }
+                Some(_) => (None, false),
+            };
+            scan.items.push(WindowItem {
+                addr: i.addr,
+                size: i.size,
+                score,
+                pinned,
+            });
+            scan.tensors.push(i.tensor);
+        }
+        self.search(&scan, request)
     }
 
     /// The cheapest window over `scan` (anchored first for a pinned request
