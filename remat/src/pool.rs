@@ -140,13 +140,21 @@ impl Pool {
     /// The gaps between pinned tensors (see the module docs) of at least
     /// `bytes` bytes, as `(start, end)`, in address order.
     pub fn gaps_of_at_least(&self, bytes: u64) -> Vec<(u64, u64)> {
-        let mut found: Vec<(u64, u64)> = self
-            .gaps_by_size
-            .range((bytes, 0)..)
-            .map(|&(size, start)| (start, start + size))
-            .collect();
-        found.sort_unstable();
+        let mut found = Vec::new();
+        self.gaps_of_at_least_into(bytes, &mut found);
         found
+    }
+
+    /// [`Pool::gaps_of_at_least`] into `found` (cleared first), so that a
+    /// search can reuse its buffer.
+    pub fn gaps_of_at_least_into(&self, bytes: u64, found: &mut Vec<(u64, u64)>) {
+        found.clear();
+        found.extend(
+            self.gaps_by_size
+                .range((bytes, 0)..)
+                .map(|&(size, start)| (start, start + size)),
+        );
+        found.sort_unstable();
     }
 
     /// Intervals whose start lies in `[start, end)`, in address order.

@@ -34,13 +34,18 @@
 
 use super::tensor::TensorId;
 
-/// Both cached prices of one tensor, side by side (a search reads both).
+/// Both cached prices of one tensor, side by side (a search reads both),
+/// with the recompute amplification of the cached peak (Coop's score reads
+/// it at every search; it changes only with the peak).
 #[derive(Debug, Clone, Copy, Default)]
 struct Entry {
-    projected: Option<f64>,
-    peak: Option<u64>,
+    projected: f64,
+    peak: u64,
+    /// `policy::amplification(peak, size)`, valid with `peak`.
+    amplification: f64,
+    has_projected: bool,
+    has_peak: bool,
 }
-
 /// The cached prices of one tensor table.
 #[derive(Debug, Clone, Default)]
 pub struct PriceCache {
@@ -83,7 +88,8 @@ impl PriceCache {
 
     /// The cached projected cost of `t`, if still valid.
     pub fn projected(&mut self, t: TensorId) -> Option<f64> {
-        let value = self.entries[t].projected;
+        let entry = &self.entries[t];
+        let value = entry.has_projected.then_some(entry.projected);
         self.count(value.is_some());
         value
     }
@@ -91,7 +97,8 @@ impl PriceCache {
     /// Caches the projected cost of `t`, computed from the classes whose
     /// roots are in `self.roots`; `t` watches those roots.
     pub fn store_projected(&mut self, t: TensorId, value: f64) {
-        self.entries[t].projected = Some(value);
+        let entry = &mut self.entries[t];
+        (entry.projected, entry.has_projected) = (value, true);
         for &root in &self.roots {
             if self.watchers.len() <= root {
                 self.watchers.resize_with(root + 1, Vec::new);
@@ -102,14 +109,42 @@ impl PriceCache {
 
     /// The cached recompute peak of `t`, if still valid.
     pub fn peak(&mut self, t: TensorId) -> Option<u64> {
-        let value = self.entries[t].peak;
+        let entry = &self.entries[t];
+        let value = entry.has_peak.then_some(entry.peak);
         self.count(value.is_some());
         value
     }
 
-    /// Caches the recompute peak of `t`.
-    pub fn store_peak(&mut self, t: TensorId, value: u64) {
-        self.entries[t].peak = Some(value);
+    /// The cached recompute amplification of `t`, if its peak is still
+    /// valid (counted as a read of the peak).
+    #[inline]
+    pub fn amplification(&mut self, t: TensorId) -> Option<f64> {
+        let entry = &self.entries[t];
+        let value = entry.has_peak.then_some(entry.amplification);
+        self.count(value.is_some());
+        value
+    }
+
+    /// Both the projected cost and the recompute amplification of `t`
+    /// when both are cached (counted as two reads), else `None` (counting
+    /// nothing: the caller reads them one by one).
+    #[inline]
+    pub fn projected_and_amplification(&mut self, t: TensorId) -> Option<(f64, f64)> {
+        let entry = &self.entries[t];
+        if entry.has_projected && entry.has_peak {
+            self.hits += 2;
+            Some((entry.projected, entry.amplification))
+        } else {
+            None
+        }
+    }
+
+    /// Caches the recompute peak of `t`, a tensor of `size` bytes, and its
+    /// recompute amplification.
+    pub fn store_peak(&mut self, t: TensorId, value: u64, size: u64) {
+        let entry = &mut self.entries[t];
+        (entry.peak, entry.has_peak) = (value, true);
+        entry.amplification = crate::policy::amplification(value, size);
     }
 
     fn count(&mut self, hit: bool) {
@@ -127,7 +162,18 @@ impl PriceCache {
 
     /// Both cached prices of `t` (for checks; counts nothing).
     pub fn cached(&self, t: TensorId) -> (Option<f64>, Option<u64>) {
-        (self.entries[t].projected, self.entries[t].peak)
+        let entry = &self.entries[t];
+        (
+            entry.has_projected.then_some(entry.projected),
+            entry.has_peak.then_some(entry.peak),
+        )
+    }
+
+    /// The cached recompute amplification of `t` (for checks; counts
+    /// nothing).
+    pub fn cached_amplification(&self, t: TensorId) -> Option<f64> {
+        let entry = &self.entries[t];
+        entry.has_peak.then_some(entry.amplification)
     }
 
     /// Forgets both prices of `t`.
@@ -139,7 +185,7 @@ impl PriceCache {
     /// joined or left an evicted class).
     pub fn invalidate_projected(&mut self, neighbours: impl Iterator<Item = TensorId>) {
         for n in neighbours {
-            self.entries[n].projected = None;
+            self.entries[n].has_projected = false;
         }
     }
 
@@ -151,7 +197,7 @@ impl PriceCache {
                 continue;
             };
             for t in list.drain(..) {
-                self.entries[t].projected = None;
+                self.entries[t].has_projected = false;
             }
         }
     }
@@ -181,7 +227,7 @@ impl PriceCache {
         stack.push((from, 0));
         while let Some((t, level)) = stack.pop() {
             for &c in &consumers[t] {
-                self.entries[c].peak = None;
+                self.entries[c].has_peak = false;
                 // A price at depth d reads ancestors up to d + 1 levels up.
                 if level < self.depth && missing(c) {
                     stack.push((c, level + 1));

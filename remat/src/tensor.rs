@@ -57,6 +57,18 @@ impl Tensor {
     pub fn cost_density(&self) -> f64 {
         self.cost / self.size.max(1) as f64
     }
+
+    /// Logical time since the last use, at least 1.
+    #[inline]
+    pub fn staleness(&self, now: u64) -> f64 {
+        (now.saturating_sub(self.last_access) + 1) as f64
+    }
+
+    /// True when a policy may evict it now: resident, not pinned, not locked.
+    #[inline]
+    pub fn is_evictable(&self) -> bool {
+        !self.pinned && self.locks == 0 && matches!(self.residency, Residency::Resident(_))
+    }
 }
 
 /// All tensors of a replay plus who consumes whom and the evicted classes.
@@ -155,9 +167,7 @@ impl TensorTable {
 
     /// True when a policy may evict it now: resident, not pinned, not locked.
     pub fn is_evictable(&self, id: TensorId) -> bool {
-        self.tensors.get(id).is_some_and(|t| {
-            !t.pinned && t.locks == 0 && matches!(t.residency, Residency::Resident(_))
-        })
+        self.tensors.get(id).is_some_and(Tensor::is_evictable)
     }
 
     /// Inputs and consumers of a tensor: its graph neighbourhood.
@@ -172,7 +182,10 @@ impl TensorTable {
         self.prices().projected_cost(id)
     }
 
-    fn projected_cost_uncached(&self, id: TensorId) -> f64 {
+    /// [`Self::projected_cost`] computed afresh, never read from or written
+    /// to the price cache (the reference that cached prices are checked
+    /// against).
+    pub fn projected_cost_uncached(&self, id: TensorId) -> f64 {
         self.tensors[id].cost + self.classes.neighbour_cost(&self.neighbours(id))
     }
 
@@ -196,7 +209,9 @@ impl TensorTable {
         self.prices().recompute_peak(id, depth)
     }
 
-    fn recompute_peak_uncached(&self, id: TensorId, depth: u32) -> u64 {
+    /// [`Self::recompute_peak`] computed afresh, never read from or written
+    /// to the price cache.
+    pub fn recompute_peak_uncached(&self, id: TensorId, depth: u32) -> u64 {
         let tensor = &self.tensors[id];
         let inputs = &tensor.inputs;
         // Missing inputs, each once (an op may read a tensor twice); input
@@ -218,7 +233,7 @@ impl TensorTable {
 
     /// Logical time since the last use, at least 1.
     pub fn staleness(&self, id: TensorId, now: u64) -> f64 {
-        (now.saturating_sub(self.tensors[id].last_access) + 1) as f64
+        self.tensors[id].staleness(now)
     }
 
     /// Marks a resident tensor as gone (`Evicted` or `Released`) and joins it
@@ -296,6 +311,13 @@ impl TensorTable {
                     "tensor {id}: cached recompute peak {peak:?}, fresh {fresh}"
                 )));
             }
+            let fresh = crate::policy::amplification(fresh, self.tensors[id].size);
+            let amplification = prices.cached_amplification(id);
+            if amplification.is_some_and(|a| a.to_bits() != fresh.to_bits()) {
+                return Err(RematError::Invariant(format!(
+                    "tensor {id}: cached recompute amplification {amplification:?}, fresh {fresh}"
+                )));
+            }
         }
         Ok(())
     }
@@ -338,10 +360,51 @@ impl Prices<'_> {
                     return peak;
                 }
                 let peak = table.recompute_peak_uncached(id, depth);
-                cache.store_peak(id, peak);
+                cache.store_peak(id, peak, table.tensors[id].size);
                 peak
             }
             _ => table.recompute_peak_uncached(id, depth),
+        }
+    }
+
+    /// `(self.projected_cost(id), self.recompute_amplification(id, depth))`,
+    /// the two prices of Coop's score, with one read of the cache when it
+    /// holds both.
+    #[inline]
+    pub fn projected_and_amplification(&mut self, id: TensorId, depth: u32) -> (f64, f64) {
+        if let Some(cache) = &mut self.cache
+            && cache.depth() == depth
+            && let Some(both) = cache.projected_and_amplification(id)
+        {
+            return both;
+        }
+        self.projected_and_amplification_one_by_one(id, depth)
+    }
+
+    #[inline(never)]
+    fn projected_and_amplification_one_by_one(&mut self, id: TensorId, depth: u32) -> (f64, f64) {
+        (
+            self.projected_cost(id),
+            self.recompute_amplification(id, depth),
+        )
+    }
+
+    /// `policy::amplification(self.recompute_peak(id, depth), size of id)`,
+    /// kept in the cache beside the peak (no division when cached).
+    #[inline]
+    pub fn recompute_amplification(&mut self, id: TensorId, depth: u32) -> f64 {
+        let table = self.table;
+        let size = table.tensors[id].size;
+        match &mut self.cache {
+            Some(cache) if cache.depth() == depth => {
+                if let Some(amplification) = cache.amplification(id) {
+                    return amplification;
+                }
+                let peak = table.recompute_peak_uncached(id, depth);
+                cache.store_peak(id, peak, size);
+                crate::policy::amplification(peak, size)
+            }
+            _ => crate::policy::amplification(table.recompute_peak_uncached(id, depth), size),
         }
     }
 }

@@ -802,8 +802,10 @@ fn pool_keeps_the_gaps_between_pinned_tensors() {
     assert_eq!(pool.gaps_of_at_least(0), vec![(0, 100)]);
 }
 
-/// Coop that runs its search over the gaps between pinned tensors and the
-/// search over the whole pool side by side, and fails on any difference.
+/// Coop that runs its search (over the gaps between pinned tensors, scored
+/// from the price cache through reused buffers) and the reference search
+/// (the whole pool, each score computed term by term from fresh prices)
+/// side by side, and fails on any difference in victims, window or address.
 struct BothSearches {
     coop: Coop,
     searches: usize,
@@ -842,16 +844,28 @@ impl EvictionPolicy for BothSearches {
 #[test]
 fn gap_search_picks_the_windows_of_the_whole_pool_search() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results/remat");
-    let mut recorded = recorded_traces();
-    recorded.extend(["gpt2", "bert", "resnet50", "swin_t"].map(|name| {
+    let mut traces: Vec<(&str, Trace)> = recorded_traces()
+        .into_iter()
+        .map(|(name, r)| (name, r.trace))
+        .collect();
+    traces.extend(["gpt2", "bert", "resnet50", "swin_t"].map(|name| {
         let path = dir.join(format!("{name}.remat.gz"));
-        (name, Recorded::read(&path).expect("committed trace reads"))
+        (
+            name,
+            Recorded::read(&path).expect("committed trace reads").trace,
+        )
     }));
-    for (name, r) in recorded {
-        let trace = &r.trace;
-        // The tiny traces also run the pool's check of its gaps after every op.
+    // Seeded synthetic steps: different layouts, the same guarantee.
+    traces.push((
+        "synth-transformer",
+        synth::transformer(6, 4, 11).expect("valid"),
+    ));
+    traces.push(("synth-resnet", synth::resnet(4, 2, 32, 12).expect("valid")));
+    for (name, trace) in &traces {
+        // The tiny and synthetic traces also run the pool's check of its
+        // gaps and the price cache's check after every op.
         let options = ReplayOptions {
-            check_invariants: name.ends_with("-tiny"),
+            check_invariants: name.ends_with("-tiny") || name.starts_with("synth"),
         };
         for ratio in [0.9, 0.7, 0.5, 0.4] {
             for coop in [Coop::default(), Coop::grouped()] {

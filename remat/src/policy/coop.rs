@@ -15,6 +15,15 @@
 //! same window as a sweep over the whole pool
 //! (`Coop::next_eviction_whole_pool`, which the tests compare it with).
 //!
+//! The scan is most of a search, and it is kept lean without changing a
+//! score's bits: the projected cost and the recompute amplification come
+//! from one read of the price cache (`Prices::projected_and_amplification`;
+//! the amplification is cached beside the peak, the same division done
+//! once), the tensor's record is read once for pinned, locks and staleness,
+//! and the buffers are kept from search to search. The staleness term is
+//! the only part that must be computed at every search (it changes with
+//! every op).
+//!
 //! Cheap-tensor partitioning: a tensor whose op has a cost density (cost per
 //! byte) below the executor's threshold is "cheap" and goes to the right end of
 //! the highest free block that fits; an expensive one goes to the left end of
@@ -49,9 +58,9 @@
 //! Owned by one executor; single-threaded. Keeps the step count of its last
 //! search so that tests can check that the search is linear.
 
-use super::{Eviction, EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext, amplification};
+use super::{Eviction, EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext};
 use crate::pool::Interval;
-use crate::tensor::{Prices, TensorId};
+use crate::tensor::TensorId;
 
 /// One interval as the window search sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -173,15 +182,26 @@ pub fn cheapest_anchored_window(
     (best, right_steps + left_steps)
 }
 
-/// Window items and the tensor of each (`None`: free space or a stand-in).
-#[derive(Debug, Default)]
-struct Scan {
+/// Window items and the tensor of each (`None`: free space or a stand-in),
+/// with the gaps they came from: a search's buffers, kept by the policy so
+/// that a search allocates nothing but its victim list.
+#[derive(Debug, Clone, Default)]
+pub struct Scan {
     items: Vec<WindowItem>,
     tensors: Vec<Option<TensorId>>,
+    gaps: Vec<(u64, u64)>,
+}
+
+impl Scan {
+    fn clear(&mut self) {
+        self.items.clear();
+        self.tensors.clear();
+        self.gaps.clear();
+    }
 }
 
 /// The Coop policy.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Coop {
     /// Cheap-tensor partitioning on.
     pub partition: bool,
@@ -197,6 +217,8 @@ pub struct Coop {
     pub last_steps: usize,
     /// Intervals seen by the last search.
     pub last_items: usize,
+    /// Buffers reused from search to search (no meaning between them).
+    pub scratch: Scan,
 }
 
 impl Default for Coop {
@@ -208,6 +230,7 @@ impl Default for Coop {
             price_recompute_memory: true,
             last_steps: 0,
             last_items: 0,
+            scratch: Scan::default(),
         }
     }
 }
@@ -238,10 +261,12 @@ impl Coop {
     /// the same order with the same sums, and anchoring sees a pinned
     /// neighbour where the pool has one. Only the skipped intervals are not
     /// read.
-    fn gap_items(&self, ctx: &SearchContext<'_>, request: u64) -> Scan {
-        let mut scan = Scan::default();
-        for (start, end) in ctx.pool.gaps_of_at_least(request) {
-            self.push_intervals(ctx, ctx.pool.intervals_in(start, end), &mut scan);
+    fn gap_items(&self, ctx: &SearchContext<'_>, request: u64, scan: &mut Scan) {
+        scan.clear();
+        ctx.pool.gaps_of_at_least_into(request, &mut scan.gaps);
+        for k in 0..scan.gaps.len() {
+            let (start, end) = scan.gaps[k];
+            self.push_intervals(ctx, ctx.pool.intervals_in(start, end), scan);
             scan.items.push(WindowItem {
                 addr: end,
                 size: 0,
@@ -250,7 +275,6 @@ impl Coop {
             });
             scan.tensors.push(None);
         }
-        scan
     }
 
     /// Appends intervals as window items, with the tensor of each (`None`:
@@ -264,13 +288,22 @@ impl Coop {
     ) {
         let mut prices = ctx.tensors.prices();
         for i in intervals {
-            // Most intervals of a training step are pinned (parameters,
-            // gradients, optimizer state): one dense lookup settles them.
-            let (score, pinned) = match i.tensor {
+            // The tensor's record settles pinned, locked and staleness in
+            // one read; most intervals of a training step are pinned
+            // (parameters, gradients, optimizer state).
+            let (score, pinned) = match i.tensor.map(|t| (t, ctx.tensors.get(t))) {
                 None => (Some(0.0), false),
-                Some(t) if ctx.tensors.is_pinned(t) => (None, true),
-                Some(t) if ctx.tensors.is_evictable(t) => {
-                    (Some(self.score(ctx, &mut prices, t, i.size)), false)
+                Some((_, Ok(tensor))) if tensor.pinned => (None, true),
+                Some((t, Ok(tensor))) if tensor.is_evictable() => {
+                    let staleness = tensor.staleness(ctx.now);
+                    let score = if self.price_recompute_memory {
+                        let (projected, amplification) =
+                            prices.projected_and_amplification(t, RECOMPUTE_DEPTH);
+                        projected / staleness * amplification
+                    } else {
+                        prices.projected_cost(t) / staleness
+                    };
+                    (Some(score), false)
                 }
                 Some(_) => (None, false),
             };
@@ -284,29 +317,56 @@ impl Coop {
         }
     }
 
-    /// The search over the whole pool's items, as before the gaps: the
-    /// reference that tests compare `next_eviction` with.
+    /// The reference search that tests compare `next_eviction` with: every
+    /// interval of the pool (no gaps), each score computed term by term as
+    /// the module docs define it, h = c / s times the amplification of the
+    /// recompute peak, from fresh prices (`TensorTable::*_uncached`, not the
+    /// cache) and the interval's own size, into fresh buffers.
     pub fn next_eviction_whole_pool(
         &mut self,
         ctx: &SearchContext<'_>,
         request: &Request,
     ) -> Option<Eviction> {
+        let table = ctx.tensors;
         let mut scan = Scan::default();
-        self.push_intervals(ctx, ctx.pool.intervals(), &mut scan);
-        self.search(scan, request)
+        for i in ctx.pool.intervals() {
+            let (score, pinned) = match i.tensor {
+                None => (Some(0.0), false),
+                Some(t) if table.is_pinned(t) => (None, true),
+                Some(t) if table.is_evictable(t) => {
+                    let h = table.projected_cost_uncached(t) / table.staleness(t, ctx.now);
+                    let score = if self.price_recompute_memory {
+                        let peak = table.recompute_peak_uncached(t, RECOMPUTE_DEPTH);
+                        h * super::amplification(peak, i.size)
+                    } else {
+                        h
+                    };
+                    (Some(score), false)
+                }
+                Some(_) => (None, false),
+            };
+            scan.items.push(WindowItem {
+                addr: i.addr,
+                size: i.size,
+                score,
+                pinned,
+            });
+            scan.tensors.push(i.tensor);
+        }
+        self.search(&scan, request)
     }
 
     /// The cheapest window over `scan` (anchored first for a pinned request
     /// of Coop-G) and its eviction.
-    fn search(&mut self, scan: Scan, request: &Request) -> Option<Eviction> {
-        let Scan { items, tensors } = scan;
+    fn search(&mut self, scan: &Scan, request: &Request) -> Option<Eviction> {
+        let Scan { items, tensors, .. } = scan;
         let (mut found, mut steps) = (None, 0);
         if request.pinned && self.pinned_at_ends {
-            let (anchored, anchored_steps) = cheapest_anchored_window(&items, request.size);
+            let (anchored, anchored_steps) = cheapest_anchored_window(items, request.size);
             (found, steps) = (anchored.map(|(w, side)| (w, Some(side))), anchored_steps);
         }
         if found.is_none() {
-            let (window, window_steps) = cheapest_window(&items, request.size);
+            let (window, window_steps) = cheapest_window(items, request.size);
             found = window.map(|w| (w, None));
             steps += window_steps;
         }
@@ -323,23 +383,6 @@ impl Coop {
             window: Some(span),
             addr: Some(self.addr_in(span, request, side)),
         })
-    }
-
-    /// An evictable tensor's score: h = c / s, the projected cost over
-    /// staleness, times the recompute amplification when priced.
-    fn score(
-        &self,
-        ctx: &SearchContext<'_>,
-        prices: &mut Prices<'_>,
-        t: TensorId,
-        size: u64,
-    ) -> f64 {
-        let h = prices.projected_cost(t) / ctx.tensors.staleness(t, ctx.now);
-        if self.price_recompute_memory {
-            h * amplification(prices.recompute_peak(t, RECOMPUTE_DEPTH), size)
-        } else {
-            h
-        }
     }
 
     /// Where `request` goes in the span `(start, bytes)`: against the anchor
@@ -367,8 +410,11 @@ impl EvictionPolicy for Coop {
     }
 
     fn next_eviction(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<Eviction> {
-        let scan = self.gap_items(ctx, request.size);
-        self.search(scan, request)
+        let mut scan = std::mem::take(&mut self.scratch);
+        self.gap_items(ctx, request.size, &mut scan);
+        let found = self.search(&scan, request);
+        self.scratch = scan;
+        found
     }
 
     fn place(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<u64> {
