@@ -24,8 +24,11 @@ use std::time::{Duration, Instant};
 
 use gpu_kernels::workload::{SplitMix64, log_uniform_size};
 use host::HeapConfig;
-use host::lake::{ChunkOptions, ModelCensus, ModelVmm, VmmCall, VmmDriver};
+use host::lake::{ChunkOptions, ModelCensus, ModelVmm, VmmCall};
 use host::vmm_heap::{GrowthPolicy, ModelVmmHeap, VmmHeapConfig};
+
+mod common;
+use common::{assert_mapping_consistent, pattern};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -37,28 +40,6 @@ fn model(granularity: u64) -> Arc<ModelVmm> {
 
 fn model_without_data(granularity: u64) -> Arc<ModelVmm> {
     Arc::new(ModelVmm::without_data(granularity, ChunkOptions::default()))
-}
-
-/// A byte pattern unique to (tag, position); never all zeros.
-fn pattern(tag: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (tag.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8 | 1)
-        .collect()
-}
-
-/// Mapped bytes are exactly the present segments, and the model agrees.
-fn assert_mapping_consistent(h: &ModelVmmHeap, vmm: &ModelVmm) {
-    let s = h.stats().unwrap();
-    assert_eq!(
-        s.mapped_bytes,
-        (s.present_segments + s.stranded_segments) as u64 * s.segment_bytes,
-        "{s:?}"
-    );
-    assert_eq!(
-        vmm.census().mappings as u64 * vmm.granularity(),
-        s.mapped_bytes,
-        "the model maps what the heap's ledger says: {s:?}"
-    );
 }
 
 #[test]

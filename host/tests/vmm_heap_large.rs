@@ -18,37 +18,15 @@ use host::Error;
 use host::lake::{ChunkOptions, ModelCensus, ModelVmm, VmmCall, VmmDriver};
 use host::vmm_heap::{ModelVmmHeap, VmmHeapConfig};
 
+mod common;
+use common::{assert_mapping_consistent, pattern};
+
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 /// Chunks of a segment: 2 MiB segments on 512 KiB chunks.
 const CHUNKS_PER_SEGMENT: u64 = 4;
 /// Segments mapped at creation.
 const PRESENT: u64 = 32;
-
-/// A byte pattern unique to (tag, position); never all zeros.
-fn pattern(tag: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (tag.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8 | 1)
-        .collect()
-}
-
-/// Mapped bytes are exactly the present and stranded segments, the model
-/// maps what the ledger says, and every live chunk is mapped once.
-fn assert_mapping_consistent(h: &ModelVmmHeap, vmm: &ModelVmm) {
-    let s = h.stats().unwrap();
-    assert_eq!(
-        s.mapped_bytes,
-        (s.present_segments + s.stranded_segments) as u64 * s.segment_bytes,
-        "{s:?}"
-    );
-    let census = vmm.census();
-    assert_eq!(
-        census.mappings as u64 * vmm.granularity(),
-        s.mapped_bytes,
-        "{s:?}"
-    );
-    assert_eq!(census.mappings, census.chunks, "one mapping per chunk");
-}
 
 /// The workload's heap with every other segment free; returns the heap,
 /// the model, and the live segment-sized allocations (each filled with
