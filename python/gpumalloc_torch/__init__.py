@@ -206,7 +206,9 @@ def stats(device=0):
     spilled / peak_spilled / spills: bytes of chunks made in host memory when
     the GPU was full (GPUMALLOC_SPILL_TO_HOST=1), their peak and how many
     chunks were made so; not part of reserved, and the breakdown above sums to
-    reserved + spilled.
+    reserved + spilled. placement_waits: placements that first waited for
+    the device (the event of a stitched view's last free) so that they could
+    patch that view instead of stitching a new one.
     """
     lib = _lib_or_default()
     out = GmStats()

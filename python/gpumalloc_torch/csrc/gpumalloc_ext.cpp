@@ -53,7 +53,7 @@ struct GmStats {
       large_rounding, lake_free, driver_ns, call_ns, alloc_call_ns,
       free_call_ns, alloc_calls, free_calls, slow_calls, slow_call_ns,
       thread_switches, planned_free, planned_arena, spilled, peak_spilled,
-      spills;
+      spills, placement_waits;
 };
 
 // Mirror of `#[repr(C)] PoolEntry` in host/src/pluggable/pool.rs.
