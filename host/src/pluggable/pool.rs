@@ -1139,11 +1139,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             }
             s.progress.advance(stream, reached);
         }
-        s.split.settle(&s.progress);
-        s.private.settle(&s.progress);
-        if let Some(p) = s.planned.as_mut() {
-            p.settle(&s.progress);
-        }
+        settle_stores(s);
         Ok(())
     }
 
@@ -1166,16 +1162,13 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             self.events.destroy(event);
         }
         s.catch_up.clear();
-        s.split.settle(&s.progress);
-        s.private.settle(&s.progress);
-        if let Some(p) = s.planned.as_mut() {
-            p.settle(&s.progress);
-        }
+        settle_stores(s);
         Ok(())
     }
 
     /// Numbers a free on `stream` and returns the fence it puts the freed
-    /// memory behind, recording its event unless `stream` is alone.
+    /// memory behind, recording its event unless `stream` is alone and
+    /// `event` is false.
     fn fence_free(&self, s: &mut State, stream: StreamId, event: bool) -> PoolResult<Fence> {
         if s.streams == Streams::Alone(stream) && !event {
             let seq = s.frees.entry(stream).or_default();
@@ -1286,11 +1279,7 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
             advanced = true;
         }
         if advanced {
-            s.split.settle(&s.progress);
-            s.private.settle(&s.progress);
-            if let Some(p) = s.planned.as_mut() {
-                p.settle(&s.progress);
-            }
+            settle_stores(s);
         }
         if s.events.get(&stream).is_some_and(VecDeque::is_empty) {
             s.events.remove(&stream);
@@ -1417,5 +1406,16 @@ impl<D: VmmDriver, E: EventSource> Drop for StreamPool<D, E> {
         for (_, event) in s.events.drain().flat_map(|(_, l)| l) {
             self.events.destroy(event);
         }
+    }
+}
+
+/// Lets the stores that keep freed memory behind fences (the split cache,
+/// private pools, the plan's arena) see the progress made: what it settles
+/// merges and serves every stream.
+fn settle_stores(s: &mut State) {
+    s.split.settle(&s.progress);
+    s.private.settle(&s.progress);
+    if let Some(p) = s.planned.as_mut() {
+        p.settle(&s.progress);
     }
 }
