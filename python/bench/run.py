@@ -312,9 +312,12 @@ def out_of_memory(res):
                                           and res.get("profile_status") == "oom")
 
 
-def suite_planned(r, allocs, configs, profile_steps=3, steps=6, timeout=180, profiler="ours"):
+def suite_planned(r, allocs, configs, profile_steps=3, steps=6, timeout=180, profiler="ours",
+                  spill=False):
     """Per configuration: a profile run (`profiler` records steps 0..K and synthesizes the
     plan), then a planned run from it in a fresh process; then the baselines `allocs`.
+    With `spill`, the planned run too may place chunks in host memory where the GPU has
+    none (GPUMALLOC_SPILL_TO_HOST=1; spilled bytes are reported apart from reserved).
     Per allocator and model, a batch larger than one that ran out of memory is skipped
     (so `--planned-configs 113,114` probes the boundary without wasting runs)."""
     kept = False
@@ -348,7 +351,8 @@ def suite_planned(r, allocs, configs, profile_steps=3, steps=6, timeout=180, pro
             note("planned", batch, lora, res)
             continue
         res = r.train(f"planned-{tag}", "ours", batch, lora=lora, timeout=timeout,
-                      args=["--plan", str(plan), "--steps", str(steps)], label="planned")
+                      args=["--plan", str(plan), "--steps", str(steps)], label="planned",
+                      env=PROFILE_ENV if spill else None)
         note("planned", batch, lora, res)
         if not kept:
             kept = r.keep(plan, plan.name) is not None  # one plan file, for the record
@@ -778,6 +782,10 @@ def main(argv=None):
     p.add_argument("--plan-profile-with", default="ours", metavar="VARIANT",
                    help="planned mode: the allocator of the profiling process, ours or a variant "
                         "(ours-c2: 2 MiB chunks reserve less, for batches at the memory boundary)")
+    p.add_argument("--planned-spill", action="store_true",
+                   help="planned suite: the planned runs may spill chunks to host memory "
+                        "(GPUMALLOC_SPILL_TO_HOST=1), as the profiles do: a batch whose live "
+                        "tensors exceed the GPU's free memory then trains, slower")
     p.add_argument("--merge", nargs="+", metavar="DIR",
                    help="only combine the results.jsonl of these folders into --out")
     args = p.parse_args(argv)
@@ -816,7 +824,7 @@ def main(argv=None):
         if args.suite == "milestone1":
             suite_milestone1(r)
         elif args.suite == "planned":
-            suite_planned(r, allocs, configs, **planning)
+            suite_planned(r, allocs, configs, spill=args.planned_spill, **planning)
             write_full_reports(r)
         elif args.suite == "throughput":
             plan = tuple((int(b), int(n)) for b, n in

@@ -229,7 +229,7 @@ def test_bindings_synthesize_and_refuse_bad_plans_without_a_gpu(tmp_path):
     import gpumalloc_torch as gm
 
     gm._load(str(LIB))
-    assert ctypes.sizeof(gm.GmStats) == 38 * 8 and ctypes.sizeof(gm.GmPlanStats) == 8 * 8
+    assert ctypes.sizeof(gm.GmStats) == 39 * 8 and ctypes.sizeof(gm.GmPlanStats) == 8 * 8
     trace = ROOT / "host" / "tests" / "data" / "gpt2-b16-6steps.trace.gz"
     plan = tmp_path / "b16.plan"
     seconds = gm.synthesize_plan(trace, plan, 3, 1)
