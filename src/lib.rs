@@ -1,6 +1,7 @@
 //! gpumalloc: a fast concurrent `malloc`/`free` for GPU kernels.
 //!
-//! This facade re-exports the host API ([`host`]) and embeds the PTX of the
+//! This facade re-exports the host API ([`host`]), the lake crate (as
+//! [`lake`], with its [`pluggable`] pool and [`plan`]ner) and embeds the PTX of the
 //! device allocator ([`PTX`]), compiled by `build.rs` with rustc's NVPTX
 //! backend. [`open_gpu`] loads it onto a GPU.
 //!
@@ -14,6 +15,8 @@
 pub use gpu_kernel;
 pub use gpu_kernels;
 pub use host::*;
+pub use lake;
+pub use lake::{plan, pluggable};
 
 pub mod bench;
 

@@ -27,7 +27,7 @@ use gpu_kernel::class::CLASSES;
 use gpu_kernel::layout::HeapImage;
 use host::boundary::{ErrorKind, enter, forked, set_error};
 use host::cudarc::driver::sys::CUresult;
-use host::lake::FailureCause;
+use host::vmm::FailureCause;
 use host::{DeviceHeap, Error, Gpu, HeapConfig, HeapStats};
 
 /// What a call answers (`gm_status`).

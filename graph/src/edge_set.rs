@@ -5,11 +5,11 @@
 //! order-independent [`fingerprint`] kept up to date on every change, so a
 //! device graph is checked in one pass over its exported edges. Cloning is a
 //! copy of one table. The set hashes with the lake's one-multiply
-//! [`host::lake::AddrHasher`] (the keys are R-MAT ids, far from adversarial;
+//! [`host::addr_map::AddrHasher`] (the keys are R-MAT ids, far from adversarial;
 //! SipHash would double the sweep's host time); nothing iterates it, so its
 //! order does not matter. Single-threaded.
 
-use host::lake::AddrSet;
+use host::addr_map::AddrSet;
 
 use super::reference::{fingerprint, mix};
 

@@ -50,7 +50,7 @@ pub enum Error {
         /// What the heap was doing, e.g. "growing the heap by segment 12".
         doing: String,
         /// The call and the driver's reason.
-        source: crate::lake::DriverFailure,
+        source: crate::vmm::DriverFailure,
     },
 }
 

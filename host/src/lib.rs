@@ -7,11 +7,10 @@
 //! - [`device_heap::DeviceHeap`]: a heap in GPU memory.
 //! - [`cpu_heap::CpuHeap`]: the same heap in host memory, used by host threads
 //!   (tests, and the benchmark when no GPU is present).
-//! - [`lake`]: the CUDA VMM pool (GMLake stitching).
-//! - [`pluggable`]: the lake as a PyTorch pluggable allocator (split cache,
-//!   stream rule, one pool per device).
-//! - [`plan`]: planned allocation (addresses synthesized offline from
-//!   profiled steps of an allocation trace, served by the pool).
+//! - [`vmm`]: the CUDA virtual memory driver layer ([`vmm::VmmDriver`],
+//!   real [`vmm::CudaVmm`] and CPU model [`vmm::ModelVmm`]) that
+//!   [`vmm_heap`] and the `lake` crate's pool are written against.
+//! - [`addr_map`]: hash maps and sets keyed by device address.
 //! - [`boundary`]: what every C entry point goes through (panic guard,
 //!   CUDA context and capture mode kept, fork refused, last error).
 //! - [`selftest`]: runs `gpumalloc_selftest` and checks every result.
@@ -20,18 +19,20 @@
 //! - [`vmm_heap::VmmHeap`]: a heap on CUDA virtual memory: a large virtual
 //!   range reserved at creation, physical memory mapped per segment as it
 //!   grows (`grow`, a growth service) and given back by `trim`.
+//!
+//! The lake (the CUDA VMM stitching pool), the PyTorch pool and the planner
+//! are the `lake` crate, built on this one.
 
+pub mod addr_map;
 pub mod boundary;
 pub mod config;
 pub mod cpu_heap;
 pub mod device_heap;
 pub mod error;
 pub mod gpu;
-pub mod lake;
-pub mod plan;
-pub mod pluggable;
 pub mod selftest;
 pub mod thread_cuda;
+pub mod vmm;
 pub mod vmm_heap;
 
 pub use config::HeapConfig;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use gpu_kernels::workload::{SplitMix64, log_uniform_size};
 use host::HeapConfig;
-use host::lake::{ChunkOptions, ModelCensus, ModelVmm, VmmCall};
+use host::vmm::{ChunkOptions, ModelCensus, ModelVmm, VmmCall};
 use host::vmm_heap::{GrowthPolicy, ModelVmmHeap, VmmHeapConfig};
 
 mod common;

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use host::Error;
-use host::lake::{ChunkOptions, ModelCensus, ModelVmm, VmmCall, VmmDriver};
+use host::vmm::{ChunkOptions, ModelCensus, ModelVmm, VmmCall, VmmDriver};
 use host::vmm_heap::{ModelVmmHeap, VmmHeapConfig};
 
 mod common;

@@ -21,7 +21,7 @@
 //! The same runs as `gpumalloc remat TRACE --budget R` / `--sweep`.
 
 // The usage helper shared with host's examples (one file, included by path).
-#[path = "../../host/examples/common/usage.rs"]
+#[path = "../../lake/examples/common/usage.rs"]
 mod usage;
 
 use std::path::PathBuf;

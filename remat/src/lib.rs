@@ -15,8 +15,8 @@
 //!   budget sweep of `gpumalloc remat` (CSV, and a PNG drawn by [`plot`]).
 //!
 //! Everything here is single-threaded and CPU-only: a simulator of the
-//! policies, not an allocator; it owns no GPU memory and uses `host` only
-//! for its PNG encoder (`host::plan::png`).
+//! policies, not an allocator; it owns no GPU memory and uses `lake` only
+//! for its PNG encoder (`lake::plan::png`).
 
 pub mod compare;
 pub mod error;

@@ -4,7 +4,7 @@
 //! series, and a legend. Encoded by `plan::png::encode_rgb`, so no image or
 //! plotting crate is needed. Pure functions; no shared state.
 
-use host::plan::png::encode_rgb;
+use lake::plan::png::encode_rgb;
 
 /// One line: its name (for the legend) and its `(x, y)` points.
 #[derive(Debug, Clone)]

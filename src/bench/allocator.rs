@@ -6,7 +6,7 @@
 
 use cudarc::driver::CudaSlice;
 use host::gpu::Arg;
-use host::lake::{ChunkOptions, CudaVmm};
+use host::vmm::{ChunkOptions, CudaVmm};
 use host::vmm_heap::{CudaVmmHeap, VmmHeapConfig};
 use host::{DeviceHeap, Gpu, HeapConfig, Result};
 

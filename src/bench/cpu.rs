@@ -15,7 +15,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use gpu_kernels::workload::{fill, mixed_size, verify};
-use host::lake::ModelVmm;
+use host::vmm::ModelVmm;
 use host::vmm_heap::{ModelVmmHeap, VmmHeapConfig};
 use host::{CpuHeap, HeapConfig, Result};
 

@@ -19,7 +19,7 @@
 //! [`DEFAULT_CHUNK_MIB`]); `GPUMALLOC_REUSE_ENTRIES` sets how
 //! many freed blocks (split pieces and large blocks) the pool's reuse cache
 //! keeps for requests of their size (default 0: off; `512`, the
-//! suggested [`host::pluggable::reuse::SUGGESTED_ENTRIES`], turns it on:
+//! suggested [`lake::pluggable::reuse::SUGGESTED_ENTRIES`], turns it on:
 //! on the CPU replay of the GPT-2 trace it serves ~70% of requests without
 //! the split cache's or the lake's trees, `docs/PERF.md`, "Reuse cache for
 //! every size"; it is off by default because on the H100 a GPT-2 batch of
@@ -37,7 +37,7 @@
 //! `peak_spilled` and `spills`. Needs CUDA 12.2+ host-NUMA VMM support;
 //! where the driver has none, the chunk's `cuMemCreate` error says so.
 //!
-//! Planned mode (STWeaver, `host::plan`): `gm_plan_synthesize` turns a
+//! Planned mode (STWeaver, `lake::plan`): `gm_plan_synthesize` turns a
 //! trace saved with `gm_trace_save` into a plan file (no device needed),
 //! `gm_plan_load` serves a device's general pool from it (before its
 //! first allocation), `gm_trace_step` marks iterations for the plan as for
@@ -49,7 +49,7 @@
 //! with them).
 //!
 //! Concurrency: the registry of pools is a process-wide static; each pool
-//! is thread-safe (see `host::pluggable::pool`).
+//! is thread-safe (see `lake::pluggable::pool`).
 
 mod call_stats;
 
@@ -60,8 +60,8 @@ use std::time::Instant;
 use call_stats::{CallKind, CallStats};
 use cudarc::driver::CudaContext;
 use host::boundary::{ErrorKind, enter, set_error};
-use host::lake::{ChunkOptions, CudaVmm, Lake, LakeConfig};
-use host::pluggable::{CudaEvents, PoolEntry, PoolId, PoolStats, Registry, StreamId, StreamPool};
+use lake::pluggable::{CudaEvents, PoolEntry, PoolId, PoolStats, Registry, StreamId, StreamPool};
+use lake::{ChunkOptions, CudaVmm, Lake, LakeConfig};
 
 /// The pool of one device on the real driver.
 type CudaPool = StreamPool<CudaVmm, CudaEvents>;
@@ -275,7 +275,7 @@ pub struct GmPlanStats {
 }
 
 impl GmPlanStats {
-    fn of(pool: &host::pluggable::PoolStats) -> GmPlanStats {
+    fn of(pool: &lake::pluggable::PoolStats) -> GmPlanStats {
         match pool.plan {
             None => GmPlanStats::default(),
             Some(p) => GmPlanStats {
@@ -388,7 +388,7 @@ fn with_private_pool(
     device: i32,
     hi: u64,
     lo: u64,
-    call: impl FnOnce(&CudaPool, PoolId) -> host::pluggable::PoolResult<()>,
+    call: impl FnOnce(&CudaPool, PoolId) -> lake::pluggable::PoolResult<()>,
 ) -> i32 {
     with_device(device, |d| {
         call(&d.pool, PoolId(hi, lo)).map_err(|e| e.to_string())
@@ -660,7 +660,7 @@ unsafe fn copy_out<T: Copy>(items: &[T], out: *mut T, cap: usize) {
 }
 
 /// Starts recording every allocation and free of `device`'s pool (the
-/// GMLKTRC format of `host::lake::trace`). 0, or -1.
+/// GMLKTRC format of `lake::trace`). 0, or -1.
 #[unsafe(no_mangle)]
 pub extern "C" fn gm_trace_start(device: i32) -> i32 {
     with_device(device, |d| {
@@ -725,7 +725,7 @@ unsafe fn path_arg(path: *const c_char, what: &str) -> Option<std::path::PathBuf
 /// `gm_trace_save`, plain or gzip'd) and writes it to `plan_path`:
 /// `warmup` steps (set-up and the first step: 1) are planned as recorded,
 /// the next `iterations` steps (3) are overlaid into the iteration every
-/// later step repeats; the other settings are `host::plan`'s defaults.
+/// later step repeats; the other settings are `lake::plan`'s defaults.
 /// Needs no device. Returns the synthesis time in milliseconds (profile
 /// and synthesis, not reading or writing), or -1 (see `gm_last_error`:
 /// unreadable trace, too few steps, unwritable plan).
@@ -748,13 +748,13 @@ pub unsafe extern "C" fn gm_plan_synthesize(
         return -1;
     };
     enter(-1, None, || {
-        let profile = host::plan::ProfileConfig {
+        let profile = lake::plan::ProfileConfig {
             iterations: iterations as usize,
             warmup_steps: warmup as usize,
-            ..host::plan::ProfileConfig::default()
+            ..lake::plan::ProfileConfig::default()
         };
-        let synth = host::plan::SynthConfig::default();
-        match host::plan::synthesize_file(&trace, &plan, &profile, &synth) {
+        let synth = lake::plan::SynthConfig::default();
+        match lake::plan::synthesize_file(&trace, &plan, &profile, &synth) {
             Ok(made) => (made.seconds * 1000.0).round() as i64,
             Err(e) => {
                 set_error(ErrorKind::Other, format!("gm_plan_synthesize: {e}"));
@@ -780,7 +780,7 @@ pub unsafe extern "C" fn gm_plan_load(device: i32, path: *const c_char) -> i32 {
     let Some(path) = (unsafe { path_arg(path, "gm_plan_load") }) else {
         return -1;
     };
-    let plan = enter(None, None, || match host::plan::Plan::load(&path) {
+    let plan = enter(None, None, || match lake::plan::Plan::load(&path) {
         Ok(plan) => Some(plan),
         Err(e) => {
             set_error(
@@ -1008,7 +1008,7 @@ mod tests {
         let ms =
             unsafe { gm_plan_synthesize(c_path(&trace).as_ptr(), c_path(&plan).as_ptr(), 3, 1) };
         assert!((0..10_000).contains(&ms), "{ms} ms: {:?}", last_error());
-        let back = host::plan::Plan::load(&plan).unwrap();
+        let back = lake::plan::Plan::load(&plan).unwrap();
         assert!(
             back.arena > 11 << 30 && back.arena < 13 << 30,
             "{}",
@@ -1052,10 +1052,10 @@ mod tests {
 
     #[test]
     fn plan_stats_mirror_the_pools_counters() {
-        let mut pool = host::pluggable::PoolStats::default();
+        let mut pool = lake::pluggable::PoolStats::default();
         assert_eq!(GmPlanStats::of(&pool), GmPlanStats::default());
         pool.planned_arena_bytes = 12 << 30;
-        pool.plan = Some(host::plan::RuntimeStats {
+        pool.plan = Some(lake::plan::RuntimeStats {
             plan_hits: 5,
             dynamic_slot: 4,
             dynamic_idle: 3,
@@ -1093,12 +1093,12 @@ mod tests {
 
     #[test]
     fn gm_stats_reports_spilled_bytes_apart_from_reserved() {
-        let pool = host::pluggable::PoolStats {
+        let pool = lake::pluggable::PoolStats {
             reserved_bytes: 7 << 30,
             spilled_bytes: 3 << 30,
             peak_spilled_bytes: 4 << 30,
             spills: 200,
-            ..host::pluggable::PoolStats::default()
+            ..lake::pluggable::PoolStats::default()
         };
         let s = GmStats::from(pool);
         assert_eq!(

@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use super::{Ledger, SegmentTree, Shared, nanos_since, vmm};
 use crate::error::{Error, Result};
-use crate::lake::VmmDriver;
+use crate::vmm::VmmDriver;
 
 /// What [`super::VmmHeap::alloc_large`] handed out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

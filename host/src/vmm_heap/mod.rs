@@ -62,7 +62,7 @@ pub use service::GrowthPolicy;
 use crate::config::HeapConfig;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::lake::{ChunkHandle, CudaVmm, DriverCounters, DriverFailure, ModelVmm, VmmDriver};
+use crate::vmm::{ChunkHandle, CudaVmm, DriverCounters, DriverFailure, ModelVmm, VmmDriver};
 
 /// A VMM heap on the CPU model: host threads allocate.
 pub type ModelVmmHeap = VmmHeap<Arc<ModelVmm>, HostMetadata>;

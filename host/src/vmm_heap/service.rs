@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use super::{SegmentTree, Shared};
 use crate::error::{Error, Result};
-use crate::lake::VmmDriver;
+use crate::vmm::VmmDriver;
 
 /// When and how much the growth service maps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! Helpers shared by the VMM heap's CPU tests (`vmm_heap.rs`,
 //! `vmm_heap_large.rs`): a data pattern and the ledger/model agreement.
 
-use host::lake::{ModelVmm, VmmDriver};
+use host::vmm::{ModelVmm, VmmDriver};
 use host::vmm_heap::ModelVmmHeap;
 
 /// A byte pattern unique to (tag, position); never all zeros.

@@ -1,4 +1,4 @@
-//! CPU tests of the pool's reuse cache (`host::pluggable::reuse`) on the
+//! CPU tests of the pool's reuse cache (`lake::pluggable::reuse`) on the
 //! model driver and model events: a freed piece or large block serves the
 //! next request of its size with neither the split cache nor the lake
 //! touched; the stream rule and `record_stream` still hold; private pools
@@ -6,9 +6,9 @@
 //! cache goes home before the lake would grow or fail, and on
 //! `empty_cache`; blocks over the bound go straight to the lake.
 
-use host::lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};
-use host::pluggable::reuse::{MAX_BLOCK_CHUNKS, SUGGESTED_ENTRIES};
-use host::pluggable::{ModelEvents, PoolId, StreamId, StreamPool};
+use lake::pluggable::reuse::{MAX_BLOCK_CHUNKS, SUGGESTED_ENTRIES};
+use lake::pluggable::{ModelEvents, PoolId, StreamId, StreamPool};
+use lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};
 
 /// Model granularity: small, so host backing is cheap.
 const G: u64 = 64 << 10;

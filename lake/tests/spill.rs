@@ -14,11 +14,11 @@
 
 use gpu_kernels::workload::SplitMix64;
 
-use host::lake::{
+use lake::pluggable::{ModelEvents, StreamId, StreamPool};
+use lake::{
     ChunkOptions, DeviceRange, EventKind, Lake, LakeConfig, LakeError, ModelCensus, ModelVmm, Site,
     Trace, VmmCall,
 };
-use host::pluggable::{ModelEvents, StreamId, StreamPool};
 
 /// Model granularity: small, so host backing is cheap.
 const G: u64 = 64 << 10;
@@ -146,7 +146,7 @@ fn requests(t: &Trace) -> Requests {
 /// Runs a fixed alloc/free sequence (forward grows, backward shrinks, three
 /// steps with a long temporary that stitches) and returns the addresses
 /// handed out, the outcomes and the trace's requests.
-fn training_steps(l: &Lake<ModelVmm>) -> (Vec<u64>, host::lake::Outcomes, Requests) {
+fn training_steps(l: &Lake<ModelVmm>) -> (Vec<u64>, lake::Outcomes, Requests) {
     l.start_trace();
     let mut addrs = Vec::new();
     let mut keep: Vec<DeviceRange> = Vec::new();

@@ -1,9 +1,9 @@
 //! Replays allocation traces through the pluggable pool on the CPU model
 //! driver and prints efficiency, the reserved breakdown at its peak, and
-//! driver calls per step (see `host::pluggable::replay`).
+//! driver calls per step (see `lake::pluggable::replay`).
 //!
 //! ```text
-//! cargo run -p host --release --example replay -- [OPTIONS] TRACE[.gz]...
+//! cargo run -p lake --release --example replay -- [OPTIONS] TRACE[.gz]...
 //!   --events at-once|step|ops:N   event completion (repeatable; default:
 //!                                 at-once, step and ops:2000)
 //!   --cost name=µs[+µs/chunk],... call costs over the H100 defaults; names:
@@ -31,8 +31,8 @@ mod usage;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use host::lake::synthetic::{Gpt2Shape, gpt2_trace};
-use host::pluggable::replay::{self, CostModel, EventTiming, ReplayConfig};
+use lake::pluggable::replay::{self, CostModel, EventTiming, ReplayConfig};
+use lake::synthetic::{Gpt2Shape, gpt2_trace};
 
 fn main() -> ExitCode {
     match run() {
@@ -47,7 +47,7 @@ fn main() -> ExitCode {
 fn run() -> Result<(), String> {
     let mut timings = Vec::new();
     let mut config = ReplayConfig::default();
-    let mut traces: Vec<(String, host::lake::Trace)> = Vec::new();
+    let mut traces: Vec<(String, lake::Trace)> = Vec::new();
     let mut save: Option<PathBuf> = None;
     let mut loop_steps: Option<u32> = None;
     let mut args = std::env::args().skip(1);
@@ -110,7 +110,7 @@ fn run() -> Result<(), String> {
         return Err("no trace given (a path, or --synthetic BATCH); --help says more".into());
     }
     if let Some(steps) = loop_steps {
-        let longer: Vec<(String, host::lake::Trace)> = traces
+        let longer: Vec<(String, lake::Trace)> = traces
             .iter()
             .map(|(name, t)| {
                 replay::looped(t, steps, 11)

@@ -40,7 +40,7 @@ use super::event::{EventId, EventSource, StreamId};
 use super::pool::StreamPool;
 use super::split::SplitCache;
 use super::stats::PoolBreakdown;
-use crate::lake::{
+use crate::{
     ChunkOptions, DriverCounters, EventKind, Lake, LakeConfig, ModelVmm, Trace, TraceError,
     VmmCall, VmmDriver,
 };
@@ -99,7 +99,7 @@ pub struct CostModel {
 impl Default for CostModel {
     /// The H100 model for 2 MiB chunks ([`CostModel::h100`]).
     fn default() -> CostModel {
-        CostModel::h100(crate::lake::model::H100_GRANULARITY)
+        CostModel::h100(crate::model::H100_GRANULARITY)
     }
 }
 
@@ -374,7 +374,7 @@ pub struct ReplayReport {
     /// Stitched views cached at the end, and the chunks they map.
     pub stitched_views: (u64, u64),
     /// How the lake served allocations over the whole replay.
-    pub outcomes: crate::lake::Outcomes,
+    pub outcomes: crate::Outcomes,
 }
 
 impl ReplayReport {
@@ -603,7 +603,7 @@ pub fn save_gz(trace: &Trace, path: &Path) -> Result<(), TraceError> {
 /// training loop once warm), else the answer says which does not.
 pub fn looped(trace: &Trace, steps: u32, seed: u64) -> Result<Trace, String> {
     let mut phases: Vec<u32> = Vec::new();
-    let mut by_phase: HashMap<u32, Vec<crate::lake::Event>> = HashMap::new();
+    let mut by_phase: HashMap<u32, Vec<crate::Event>> = HashMap::new();
     for e in &trace.events {
         if phases.last() != Some(&e.site.phase) {
             if by_phase.contains_key(&e.site.phase) {
@@ -679,7 +679,7 @@ pub fn replay_pool(granularity: u64, config: &ReplayConfig) -> ReplayPool {
 pub fn replay(trace: &Trace, config: &ReplayConfig) -> Result<ReplayReport, ReplayError> {
     let granularity = match (config.chunk_bytes, trace.granularity) {
         (Some(chunk), _) => chunk,
-        (None, 0) => crate::lake::model::H100_GRANULARITY,
+        (None, 0) => crate::model::H100_GRANULARITY,
         (None, recorded) => recorded,
     };
     let pool = replay_pool(granularity, config);
@@ -712,7 +712,7 @@ pub fn replay_on(
         steps: Vec::new(),
         warmup_steps: config.warmup_steps,
         stitched_views: (0, 0),
-        outcomes: crate::lake::Outcomes::default(),
+        outcomes: crate::Outcomes::default(),
     };
     // Trace address -> (our address, size).
     let mut live: HashMap<u64, (u64, u64)> = HashMap::new();

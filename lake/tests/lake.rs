@@ -1,4 +1,4 @@
-//! CPU tests of `host::lake` on the model driver.
+//! CPU tests of `lake` on the model driver.
 //!
 //! Workloads: seeded random alloc/free sequences (sizes 1 byte to 12 chunks,
 //! a small granularity so chunks are cheap host memory) checked after every
@@ -7,7 +7,7 @@
 //! exact matches; injected map failures that must roll back; error messages.
 
 use gpu_kernels::workload::SplitMix64;
-use host::lake::{
+use lake::{
     ChunkOptions, DeviceRange, Lake, LakeConfig, LakeError, ModelCensus, ModelVmm, Site, Trace,
     VmmCall,
 };
@@ -394,7 +394,7 @@ fn errors_name_their_cause() {
         "{e}"
     );
     // The model refuses what CUDA would: mapping over a mapping.
-    use host::lake::VmmDriver;
+    use lake::VmmDriver;
     let m = lake.driver();
     let c = m.create().unwrap();
     let e = m.map(r.addr, c).unwrap_err();
@@ -707,7 +707,7 @@ fn a_failed_extension_leaves_the_view_as_it_was() {
 
 #[test]
 fn a_view_freed_behind_a_pending_fence_is_not_remapped_until_settled() {
-    use host::lake::{Fence, Progress, Requester};
+    use lake::{Fence, Progress, Requester};
     let lake = new_lake(64);
     let singles: Vec<DeviceRange> = (0..16).map(|_| lake.alloc(G).unwrap()).collect();
     for r in singles.iter().step_by(2) {

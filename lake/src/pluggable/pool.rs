@@ -85,11 +85,11 @@ use super::private::PrivatePools;
 use super::reuse::{self, ReuseCache};
 use super::split::{Piece, SplitCache};
 use super::stats::{PoolBreakdown, PoolStats};
-use crate::lake::{
+use crate::plan::{Plan, RuntimeStats};
+use crate::{
     AddrHasher, AddrMap, DeviceRange, EventKind, Fence, Lake, LakeError, Progress, Requester, Site,
     Trace, TraceRecorder, VmmDriver,
 };
-use crate::plan::{Plan, RuntimeStats};
 
 /// Most events kept per stream (see the stream rule).
 pub const MAX_EVENTS_PER_STREAM: usize = 64;

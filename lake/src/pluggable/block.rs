@@ -4,7 +4,7 @@
 //!
 //! Concurrency: plain values, kept in tables behind the pool's lock.
 
-use crate::lake::DeviceRange;
+use crate::DeviceRange;
 
 /// The id of a private pool: PyTorch's `MempoolId_t` (a CUDA graph's pool,
 /// shared by graphs captured with the same `graph_pool_handle`, or a

@@ -36,8 +36,8 @@ use std::collections::HashMap;
 
 use super::block::{Block, Origin};
 use super::event::StreamId;
-use crate::lake::{DeviceRange, Fence, Progress, Requester};
 use crate::plan::{Plan, PlannedArena, RuntimeStats, align_up};
+use crate::{DeviceRange, Fence, Progress, Requester};
 
 /// The planned arena of a pool and the streams it has seen.
 #[derive(Debug)]

@@ -1,4 +1,4 @@
-//! CPU tests of `host::pluggable` (the PyTorch pluggable pool) on the model
+//! CPU tests of `lake::pluggable` (the PyTorch pluggable pool) on the model
 //! driver and model events.
 //!
 //! Workloads: a seeded random mix of small requests checked for overlap and
@@ -11,8 +11,8 @@
 use gpu_kernels::workload::SplitMix64;
 use std::sync::Arc;
 
-use host::lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};
-use host::pluggable::{ModelEvents, PoolError, PoolId, Registry, SplitCache, StreamId, StreamPool};
+use lake::pluggable::{ModelEvents, PoolError, PoolId, Registry, SplitCache, StreamId, StreamPool};
+use lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};
 
 /// Model granularity: small, so host backing is cheap.
 const G: u64 = 64 << 10;
@@ -200,7 +200,7 @@ fn empty_cache_of_a_lone_stream_waits_and_releases_everything() {
 #[test]
 fn reuse_cache_serves_a_freed_size_without_the_lake_and_never_grows_the_pool() {
     let p = pool(16, ModelEvents::completing());
-    p.set_reuse_entries(host::pluggable::reuse::SUGGESTED_ENTRIES)
+    p.set_reuse_entries(lake::pluggable::reuse::SUGGESTED_ENTRIES)
         .unwrap();
     let a = p.alloc(3 * G, S1).unwrap();
     let b = p.alloc(3 * G, S1).unwrap();
@@ -644,11 +644,11 @@ fn a_recorded_trace_replays_to_the_same_peak() {
     // Through a file and back, then replayed: the same peak of live bytes.
     let path = std::env::temp_dir().join(format!("gm-trace-{}.bin", std::process::id()));
     trace.save(&path).unwrap();
-    let back = host::pluggable::replay::load(&path).unwrap();
+    let back = lake::pluggable::replay::load(&path).unwrap();
     std::fs::remove_file(&path).ok();
     assert_eq!(back.events, trace.events);
     let report =
-        host::pluggable::replay::replay(&back, &host::pluggable::replay::ReplayConfig::default())
+        lake::pluggable::replay::replay(&back, &lake::pluggable::replay::ReplayConfig::default())
             .unwrap();
     assert_eq!(report.unmatched_frees, 0);
     assert_eq!(report.peak_active, st.peak_active_bytes);

@@ -178,7 +178,7 @@ pub trait VmmDriver: Send + Sync {
     /// [`VmmDriver::set_access`] treat like any other: mapped in device
     /// address space and granted to the device, kernels read and write it
     /// over the bus (correct, only slower). The lake's spill
-    /// ([`super::LakeConfig::spill_to_host`]) makes these when
+    /// (`lake::LakeConfig::spill_to_host` in the `lake` crate) makes these when
     /// [`VmmDriver::create`] runs out of device memory. Counted as a
     /// [`VmmCall::Create`]; released with [`VmmDriver::release`]. Host
     /// chunks take no device memory (`cuMemGetInfo` does not see them).

@@ -1,9 +1,9 @@
 //! Synthesizes a STWeaver-style allocation plan from a trace, prints its
 //! summary, and replays the trace through the planned arena
-//! (see `host::plan`).
+//! (see `lake::plan`).
 //!
 //! ```text
-//! cargo run -p host --release --example plan -- TRACE[.gz] [OPTIONS]
+//! cargo run -p lake --release --example plan -- TRACE[.gz] [OPTIONS]
 //!   -o PLAN             write the plan file
 //!   --iterations K      profiled iterations (3)
 //!   --warmup N          steps planned as recorded before them (1)
@@ -21,7 +21,7 @@
 //! ```
 //!
 //! A TRACE of the form `synthetic:BATCH:STEPS:SEED` is the synthetic GPT-2
-//! trace (`host::lake::synthetic`) of that shape: a plan made from one seed
+//! trace (`lake::synthetic`) of that shape: a plan made from one seed
 //! and replayed on another shows how it serves sequence lengths it never
 //! saw.
 
@@ -32,10 +32,10 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use host::lake::Trace;
-use host::lake::synthetic::{Gpt2Shape, gpt2_trace};
-use host::plan::{Plan, Profile, ProfileConfig, SynthConfig, runtime};
-use host::pluggable::replay;
+use lake::Trace;
+use lake::plan::{Plan, Profile, ProfileConfig, SynthConfig, runtime};
+use lake::pluggable::replay;
+use lake::synthetic::{Gpt2Shape, gpt2_trace};
 
 fn main() -> ExitCode {
     match run() {
@@ -165,7 +165,7 @@ fn run() -> Result<(), String> {
     );
     if through_pool {
         let started = std::time::Instant::now();
-        let r = host::plan::pool::replay(&plan, &target, 80 << 30)?;
+        let r = lake::plan::pool::replay(&plan, &target, 80 << 30)?;
         let s = r.stats;
         println!(
             "planned pool (model driver, lake of 80 GiB): peak live {:.1} MiB, peak reserved {:.1} MiB, efficiency {:.4}; plan hits {}, dynamic {} + {}, fallbacks {}; {:.2} s",

@@ -17,16 +17,16 @@ use std::path::Path;
 use std::time::Instant;
 
 use gpu_kernels::workload::SplitMix64;
-use host::lake::synthetic::{Gpt2Shape, gpt2_trace};
-use host::lake::{Event, EventKind, Site, Trace};
-use host::plan::pool::{drive, model_pool};
-use host::plan::profile::peak_live;
-use host::plan::{
+use lake::plan::pool::{drive, model_pool};
+use lake::plan::profile::peak_live;
+use lake::plan::{
     Part, Placement, Plan, PlannedArena, Profile, ProfileConfig, RuntimeStats, SynthConfig,
     align_up,
 };
-use host::pluggable::replay;
-use host::pluggable::{PoolError, StreamId};
+use lake::pluggable::replay;
+use lake::pluggable::{PoolError, StreamId};
+use lake::synthetic::{Gpt2Shape, gpt2_trace};
+use lake::{Event, EventKind, Site, Trace};
 
 fn gpt2_b16() -> Trace {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-b16-6steps.trace.gz");
@@ -356,7 +356,7 @@ fn recorded_gpt2_plan_is_sound_tight_and_fast() {
     assert!(plan.arena >= plan.planned_peak());
     let stats = checked_replay(&plan, &trace);
     assert_eq!(stats.fallbacks, 0, "{stats:?}");
-    let r = host::plan::runtime::replay(&plan, &trace);
+    let r = lake::plan::runtime::replay(&plan, &trace);
     assert!(
         r.efficiency() >= 0.97,
         "planned efficiency {:.4} ({r:?})",
@@ -529,7 +529,7 @@ fn checked_pool_replay(plan: &Plan, trace: &Trace) -> RuntimeStats {
 fn planned_pool_replays_recorded_gpt2_on_the_model_driver() {
     let trace = gpt2_b16();
     let plan = default_plan(&trace);
-    let r = host::plan::pool::replay(&plan, &trace, 80 << 30).unwrap();
+    let r = lake::plan::pool::replay(&plan, &trace, 80 << 30).unwrap();
     assert_eq!(r.stats.fallbacks, 0, "{r:?}");
     assert!(
         r.efficiency() >= 0.97,
@@ -650,7 +650,7 @@ fn planned_mode_falls_back_on_mismatching_traces() {
 /// back when dropped; private pools never see the plan.
 #[test]
 fn use_plan_and_drop_plan_keep_the_pool_consistent() {
-    use host::pluggable::PoolId;
+    use lake::pluggable::PoolId;
     let plan = default_plan(&gpt2_b16());
     let pool = model_pool(2 << 20, 64 << 30);
     let s0 = StreamId(0);
@@ -705,8 +705,8 @@ fn use_plan_and_drop_plan_keep_the_pool_consistent() {
 /// keeps it live and the bytes count as waiting.
 #[test]
 fn planned_blocks_used_by_other_streams_wait_for_their_events() {
-    use host::lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};
-    use host::pluggable::{ModelEvents, StreamPool};
+    use lake::pluggable::{ModelEvents, StreamPool};
+    use lake::{ChunkOptions, Lake, LakeConfig, ModelVmm};
     let trace = gpt2_b16();
     let plan = default_plan(&trace);
     let lake = Lake::new(
@@ -750,7 +750,7 @@ fn plan_file_from_a_trace_file_serves_the_pool() {
     let trace_path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-b16-6steps.trace.gz");
     let plan_path = dir.join("b16.plan");
-    let made = host::plan::synthesize_file(
+    let made = lake::plan::synthesize_file(
         &trace_path,
         &plan_path,
         &ProfileConfig::default(),
@@ -762,7 +762,7 @@ fn plan_file_from_a_trace_file_serves_the_pool() {
     let back = Plan::load(&plan_path).unwrap();
     assert_eq!(back.requests, made.plan.requests);
     assert_eq!(back.arena, default_plan(&gpt2_b16()).arena);
-    let r = host::plan::pool::replay(&back, &gpt2_b16(), 80 << 30).unwrap();
+    let r = lake::plan::pool::replay(&back, &gpt2_b16(), 80 << 30).unwrap();
     assert!(r.efficiency() >= 0.97, "{r:?}");
     assert_eq!(r.stats.fallbacks, 0);
     // One step only: nothing to profile after the warm-up.
@@ -771,10 +771,10 @@ fn plan_file_from_a_trace_file_serves_the_pool() {
         warmup_steps: 2,
         ..ProfileConfig::default()
     };
-    let e = host::plan::synthesize_file(&short, &dir.join("x.plan"), &one, &SynthConfig::default())
+    let e = lake::plan::synthesize_file(&short, &dir.join("x.plan"), &one, &SynthConfig::default())
         .unwrap_err();
     assert!(e.contains("at least one profiled step"), "{e}");
-    let e = host::plan::synthesize_file(
+    let e = lake::plan::synthesize_file(
         &dir.join("missing.trace"),
         &dir.join("y.plan"),
         &ProfileConfig::default(),
@@ -807,7 +807,7 @@ fn profile_run_then_planned_run_as_the_benchmark_does() {
     // Runs `trace`'s steps through `pool`, calling `at_step(step)` at the
     // start of each and stopping after step `last`.
     let drive =
-        |pool: &host::pluggable::StreamPool<_, _>, last: u32, at_step: &mut dyn FnMut(u32)| {
+        |pool: &lake::pluggable::StreamPool<_, _>, last: u32, at_step: &mut dyn FnMut(u32)| {
             let mut at: HashMap<u64, u64> = HashMap::new();
             let mut step = None;
             for e in &trace.events {
@@ -842,7 +842,7 @@ fn profile_run_then_planned_run_as_the_benchmark_does() {
     let trace_path = dir.join("b16.plan.trace");
     recorded.save(&trace_path).unwrap();
     let plan_path = dir.join("b16.plan");
-    let made = host::plan::synthesize_file(
+    let made = lake::plan::synthesize_file(
         &trace_path,
         &plan_path,
         &ProfileConfig::default(),

@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::lake::{AddrMap, DeviceRange, Fence, Progress, Requester};
+use crate::{AddrMap, DeviceRange, Fence, Progress, Requester};
 
 /// Granularity of pieces: sizes are rounded up to it, pieces start on it.
 pub const PIECE_ALIGN: u64 = 512;

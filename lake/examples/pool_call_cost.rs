@@ -13,8 +13,8 @@
 //! milliseconds; the others run untimed, so the pool's state is the same).
 //!
 //! ```text
-//! cargo run -p host --release --example pool_call_cost -- [OPTIONS] [TRACE[.gz]]
-//!   TRACE            default: host/tests/data/gpt2-b16-6steps.trace.gz
+//! cargo run -p lake --release --example pool_call_cost -- [OPTIONS] [TRACE[.gz]]
+//!   TRACE            default: lake/tests/data/gpt2-b16-6steps.trace.gz
 //!   --chunk-mib N    the lake's chunk size (16)
 //!   --evict-mib N    bytes read between timed calls in the cold mode (48)
 //!   --every N        cold mode: time one call in N (4)
@@ -32,9 +32,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use host::lake::{EventKind, Trace};
-use host::pluggable::StreamId;
-use host::pluggable::replay::{self, ReplayConfig};
+use lake::pluggable::StreamId;
+use lake::pluggable::replay::{self, ReplayConfig};
+use lake::{EventKind, Trace};
 
 fn main() -> ExitCode {
     match run() {

@@ -43,7 +43,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
 use super::block::{Block, Origin};
-use crate::lake::{AddrHasher, Fence, Progress, Requester};
+use crate::{AddrHasher, Fence, Progress, Requester};
 
 /// Entries kept by default in `host`: none (the cache is off, so the
 /// pool's own tests see the split cache and the lake alone). `torch-alloc`
@@ -253,7 +253,7 @@ impl ReuseCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lake::DeviceRange;
+    use crate::DeviceRange;
 
     const MIB: u64 = 1 << 20;
 

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use crate::lake::{EventKind, Trace};
+use crate::{EventKind, Trace};
 
 use super::align_up;
 use super::profile::{Part, peak_live};

@@ -5,6 +5,12 @@
 //! and Transparent GPU Memory Defragmentation for Large-scale DNN Training
 //! with Virtual Memory Stitching", ASPLOS 2024).
 //!
+//! The crate also holds what is built on the lake: [`pluggable`], the lake
+//! as a PyTorch pluggable allocator (split cache, private pools of CUDA
+//! graphs, stream rule, one pool per device, `replay` of allocation traces),
+//! and [`plan`], planned allocation (addresses synthesized offline from
+//! profiled steps of an allocation trace, served by the pool).
+//!
 //! Glossary:
 //! - **chunk**: one granule of physical memory (`cuMemCreate`), mapped at its
 //!   *home* slot for as long as it lives;
@@ -17,27 +23,28 @@
 //! - **driver**: the [`VmmDriver`] boundary, real ([`CudaVmm`]) or modelled
 //!   on the CPU ([`ModelVmm`]).
 //!
-//! Files: `addr_map` (hash maps keyed by device address), `driver` (the boundary), `cuda` and `model` (its two sides),
-//! `tables` (chunks, views, free runs) and `tables/mapping` (the driver
+//! The driver layer (`driver`, the boundary; `cuda` and `model`, its two
+//! sides) and `addr_map` (hash maps keyed by device address) live in the
+//! `host` crate (`host::vmm`, `host::addr_map`), where the VMM heap uses
+//! them too; they are re-exported here under their old names.
+//!
+//! Files: `tables` (chunks, views, free runs) and `tables/mapping` (the driver
 //! work that changes them, with rollback), `fence`
 //! (the stream rule kept on free memory), `pool`
 //! (the policy and the thread-safe [`Lake`]), `config`, `stats`, `error`,
 //! `trace`, `synthetic` (a GPT-2-like trace generator).
 
-pub mod addr_map;
 pub mod config;
-pub mod cuda;
-pub mod driver;
 pub mod error;
 pub mod fence;
-pub mod model;
+pub mod plan;
+pub mod pluggable;
 pub mod pool;
 pub mod stats;
 pub mod synthetic;
 pub mod tables;
 pub mod trace;
 
-pub use addr_map::{AddrHasher, AddrMap, AddrSet};
 pub use config::LakeConfig;
 pub use cuda::CudaVmm;
 pub use driver::{
@@ -46,6 +53,8 @@ pub use driver::{
 };
 pub use error::{LakeError, LakeResult};
 pub use fence::{Fence, Progress, Requester};
+pub use host::addr_map::{self, AddrHasher, AddrMap, AddrSet};
+pub use host::vmm::{cuda, driver, model};
 pub use model::{ModelCensus, ModelVmm};
 pub use pool::{DeviceRange, Lake};
 pub use stats::{LakeBreakdown, LakeStats, Outcomes};

@@ -1,4 +1,4 @@
-//! GPU tests of `host::lake` on a real device through `CudaVmm`: real chunks,
+//! GPU tests of `lake` on a real device through `CudaVmm`: real chunks,
 //! data written through primitive ranges read back through a stitched
 //! range; chunks spilled to host memory (`LakeConfig::spill_to_host`), made
 //! by filling the device, that hold data and take no device memory. Without
@@ -8,7 +8,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use host::Gpu;
-use host::lake::{ChunkOptions, CudaVmm, DeviceRange, Lake, LakeConfig, VmmCall, VmmDriver};
+use lake::{ChunkOptions, CudaVmm, DeviceRange, Lake, LakeConfig, VmmCall, VmmDriver};
 
 /// One test on the device at a time (the spill test fills it).
 fn gpu_lock() -> MutexGuard<'static, ()> {

@@ -8,8 +8,8 @@
 
 use std::collections::HashMap;
 
-use crate::lake::{ChunkOptions, EventKind, Lake, LakeConfig, ModelVmm, Trace};
 use crate::pluggable::{ModelEvents, StreamId, StreamPool};
+use crate::{ChunkOptions, EventKind, Lake, LakeConfig, ModelVmm, Trace};
 
 use super::profile::peak_live;
 use super::runtime::RuntimeStats;
@@ -37,7 +37,7 @@ impl PoolReplay {
 /// the H100's, a lake of `limit_bytes`, events complete at once).
 pub fn model_pool(granularity: u64, limit_bytes: u64) -> StreamPool<ModelVmm, ModelEvents> {
     let granularity = match granularity {
-        0 => crate::lake::model::H100_GRANULARITY,
+        0 => crate::model::H100_GRANULARITY,
         g => g,
     };
     let lake = Lake::new(

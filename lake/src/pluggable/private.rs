@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use super::block::{Block, Origin, PoolId};
 use super::event::StreamId;
 use super::split::SplitCache;
-use crate::lake::{DeviceRange, Fence, Progress, Requester};
+use crate::{DeviceRange, Fence, Progress, Requester};
 
 /// Free memory of one private pool on one stream.
 #[derive(Debug)]

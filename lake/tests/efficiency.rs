@@ -12,11 +12,9 @@
 use std::path::Path;
 
 use gpu_kernels::workload::SplitMix64;
-use host::lake::{
-    ChunkOptions, Fence, Lake, LakeConfig, ModelVmm, Progress, Requester, Site, VmmCall,
-};
-use host::pluggable::replay::{self, EventTiming, ReplayConfig};
-use host::pluggable::{ModelEvents, SplitCache, StreamId, StreamPool};
+use lake::pluggable::replay::{self, EventTiming, ReplayConfig};
+use lake::pluggable::{ModelEvents, SplitCache, StreamId, StreamPool};
+use lake::{ChunkOptions, Fence, Lake, LakeConfig, ModelVmm, Progress, Requester, Site, VmmCall};
 
 /// Model granularity: small, so host backing is cheap.
 const G: u64 = 64 << 10;
@@ -185,7 +183,7 @@ fn trim_settled_keeps_memory_a_stream_may_still_use() {
     let p = pool(64);
     let a = p.alloc(4 * G, S1).unwrap();
     p.free(a, S1).unwrap();
-    let none = host::lake::Progress::new();
+    let none = lake::Progress::new();
     assert_eq!(
         p.lake().trim_settled(&none).unwrap(),
         0,
@@ -250,7 +248,7 @@ fn a_stitched_view_serves_a_smaller_request_by_its_prefix_but_not_a_much_smaller
 
 #[test]
 fn looped_traces_repeat_whole_steps_only() {
-    use host::lake::{Event, EventKind, Trace};
+    use lake::{Event, EventKind, Trace};
     let ev = |kind, addr, phase| Event {
         kind,
         size: 4096,
@@ -292,7 +290,7 @@ const EXPANDABLE_B16_RESERVED_GIB: f64 = 12.92;
 
 /// A trace of `tests/data`, if the file is there (it is in the
 /// repository; a trimmed checkout skips with a message).
-fn load_trace(relative: &str) -> Option<host::lake::Trace> {
+fn load_trace(relative: &str) -> Option<lake::Trace> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
     if !path.exists() {
         println!("skipped: {} is absent", path.display());
@@ -343,7 +341,7 @@ fn gpt2_trace_replays_with_efficiency_over_0_9() {
 
 /// A 12-chunk stitched view over four free runs of 3 chunks (each between
 /// used chunks), free again.
-fn free_stitched_view(l: &Lake<ModelVmm>) -> host::lake::DeviceRange {
+fn free_stitched_view(l: &Lake<ModelVmm>) -> lake::DeviceRange {
     let parts: Vec<_> = (0..8)
         .map(|i| l.alloc(if i % 2 == 0 { 3 * G } else { G }).unwrap())
         .collect();
@@ -358,7 +356,7 @@ fn free_stitched_view(l: &Lake<ModelVmm>) -> host::lake::DeviceRange {
 
 /// A 12-chunk stitched view, free again, with one of its chunks then
 /// taken by a 1-chunk allocation (a home run of 3 is the best fit for it).
-fn view_with_one_chunk_taken(l: &Lake<ModelVmm>) -> (host::lake::DeviceRange, u64) {
+fn view_with_one_chunk_taken(l: &Lake<ModelVmm>) -> (lake::DeviceRange, u64) {
     let big = free_stitched_view(l);
     let one = l.alloc(G).unwrap();
     assert!(!l.is_stitched(one));

@@ -30,7 +30,7 @@
 
 use std::collections::HashMap;
 
-use crate::lake::{EventKind, Trace};
+use crate::{EventKind, Trace};
 
 use super::align_up;
 

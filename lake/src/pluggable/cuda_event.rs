@@ -41,7 +41,7 @@ fn raw(event: EventId) -> sys::CUevent {
 impl CudaEvents {
     /// Events on device `ordinal` (its primary context).
     pub fn open(ordinal: usize) -> Result<CudaEvents, EventFailure> {
-        crate::thread_cuda::before_driver_call();
+        host::thread_cuda::before_driver_call();
         let ctx = CudaContext::new(ordinal).map_err(|e| EventFailure {
             call: "cuDevicePrimaryCtxRetain",
             cause: e.to_string(),
@@ -54,7 +54,7 @@ impl CudaEvents {
     }
 
     fn bind(&self) -> Result<(), EventFailure> {
-        crate::thread_cuda::before_driver_call();
+        host::thread_cuda::before_driver_call();
         self.ctx.bind_to_thread().map_err(|e| EventFailure {
             call: "cuCtxSetCurrent",
             cause: e.to_string(),

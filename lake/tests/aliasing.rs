@@ -1,5 +1,5 @@
 //! Aliasing and remapping stress of the pluggable pool
-//! (`host::pluggable::StreamPool`) on the CPU model driver: no two live
+//! (`lake::pluggable::StreamPool`) on the CPU model driver: no two live
 //! allocations may share memory, neither by virtual address nor by
 //! physical chunk (a stitched view maps chunks that also sit at home, so
 //! two different virtual ranges can be the same memory), and no address
@@ -36,13 +36,13 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use host::lake::driver::VmmResult;
-use host::lake::{
+use lake::driver::VmmResult;
+use lake::pluggable::replay::{self, EventTiming, ReplayEvents};
+use lake::pluggable::reuse::SUGGESTED_ENTRIES;
+use lake::pluggable::{EventFailure, EventId, EventSource, PoolError, StreamId, StreamPool};
+use lake::{
     ChunkHandle, ChunkOptions, DriverCounters, Lake, LakeConfig, ModelVmm, Trace, VmmDriver,
 };
-use host::pluggable::replay::{self, EventTiming, ReplayEvents};
-use host::pluggable::reuse::SUGGESTED_ENTRIES;
-use host::pluggable::{EventFailure, EventId, EventSource, PoolError, StreamId, StreamPool};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -394,10 +394,10 @@ fn replay_checked(p: &Pool, trace: &Trace, scale_num: u64, scale_den: u64) -> Re
     let mut kept: HashMap<u64, u64> = HashMap::new();
     for e in trace.events.iter().take_while(|e| e.site.phase == first) {
         match e.kind {
-            host::lake::EventKind::Alloc => {
+            lake::EventKind::Alloc => {
                 kept.insert(e.addr, e.size);
             }
-            host::lake::EventKind::Free => {
+            lake::EventKind::Free => {
                 kept.remove(&e.addr);
             }
         }
@@ -424,7 +424,7 @@ fn replay_checked(p: &Pool, trace: &Trace, scale_num: u64, scale_den: u64) -> Re
         p.events().tick(stream);
         let what = format!("record {i} (step {})", e.site.phase);
         match e.kind {
-            host::lake::EventKind::Alloc => {
+            lake::EventKind::Alloc => {
                 let size = scale(e.size);
                 let ours = match p.alloc(size, stream) {
                     Ok(a) => a,
@@ -437,7 +437,7 @@ fn replay_checked(p: &Pool, trace: &Trace, scale_num: u64, scale_den: u64) -> Re
                 checker.alloc(p, ours, size, &what)?;
                 live.insert(e.addr, (ours, size));
             }
-            host::lake::EventKind::Free => {
+            lake::EventKind::Free => {
                 let Some((ours, size)) = live.remove(&e.addr) else {
                     continue;
                 };
@@ -574,7 +574,7 @@ fn a_9_gib_request_among_many_smaller_ones_never_aliases() {
 }
 
 fn run_synthetic(reuse: usize, batch: u64) {
-    use host::lake::synthetic::{Gpt2Shape, gpt2_trace};
+    use lake::synthetic::{Gpt2Shape, gpt2_trace};
     let trace = gpt2_trace(Gpt2Shape {
         batch,
         steps: 4,

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::lake::LakeError;
+use crate::LakeError;
 
 /// Result of pool calls.
 pub type PoolResult<T> = Result<T, PoolError>;
