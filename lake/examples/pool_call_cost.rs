@@ -6,7 +6,7 @@
 //!
 //! Workload: the trace replayed through a fresh pool on the data-less model
 //! driver (as `replay`), at the chunk size `torch-alloc` uses (16 MiB),
-//! reuse cache off (`host`'s default; `--reuse N` keeps N blocks, as
+//! reuse cache off (`lake`'s default; `--reuse N` keeps N blocks, as
 //! `torch-alloc` does by default). The first `--warmup` steps (growth) are
 //! run but not timed. In cold mode only every `--every`-th call of the
 //! timed steps is preceded by the eviction and timed (the eviction costs

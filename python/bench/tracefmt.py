@@ -3,7 +3,7 @@
 Pure Python (no torch): `train_gpt2.py` hands in the `device_traces[0]` list of
 `torch.cuda.memory._snapshot()`, the tests hand in dicts of the same shape.
 
-Binary format, as host/src/lake/trace.rs reads it, all little-endian:
+Binary format, as lake/src/trace.rs reads it, all little-endian:
 
     header  magic b"GMLKTRC\\0" (8) | version u32 = 1 | record bytes u32 = 33
             | granularity u64 | record count u64

@@ -196,7 +196,7 @@ class PlanHooks:
 
 def plan_summary(path):
     """The scalar lines of a plan file's head (`arena`, `peak`, ... as written by
-    host/src/plan/file.rs) as numbers where they are numbers."""
+    lake/src/plan/file.rs) as numbers where they are numbers."""
     out = {}
     try:
         with open(path) as f:

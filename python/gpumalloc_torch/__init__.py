@@ -287,7 +287,7 @@ def plan_stats(device=0):
 
 def save_trace(path, device=0):
     """Stops the recording and writes it to `path` (GMLKTRC; replay it with
-    `cargo run -p host --release --example replay -- PATH`)."""
+    `cargo run -p lake --release --example replay -- PATH`)."""
     lib = _lib_or_default()
     if lib.gm_trace_save(device, os.fsencode(str(path))) != 0:
         raise RuntimeError(f"gm_trace_save failed: {_last_error(lib)}")

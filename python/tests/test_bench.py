@@ -1,5 +1,5 @@
 """CPU tests of the benchmark's pure parts: PyTorch trace entries -> the lake's
-binary trace ("GMLKTRC" v1, host/src/lake/trace.rs), result tables and the
+binary trace ("GMLKTRC" v1, lake/src/trace.rs), result tables and the
 loss check, and vmm_cost's call sequence against a fake driver. No torch, no
 GPU:
 

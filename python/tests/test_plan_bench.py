@@ -230,14 +230,14 @@ def test_bindings_synthesize_and_refuse_bad_plans_without_a_gpu(tmp_path):
 
     gm._load(str(LIB))
     assert ctypes.sizeof(gm.GmStats) == 39 * 8 and ctypes.sizeof(gm.GmPlanStats) == 8 * 8
-    trace = ROOT / "host" / "tests" / "data" / "gpt2-b16-6steps.trace.gz"
+    trace = ROOT / "lake" / "tests" / "data" / "gpt2-b16-6steps.trace.gz"
     plan = tmp_path / "b16.plan"
     seconds = gm.synthesize_plan(trace, plan, 3, 1)
     assert 0 <= seconds < 10
     head = train_gpt2.plan_summary(plan)
     assert head["plan_iterations"] == 3 and 11 * GIB < head["plan_arena"] < 13 * GIB
     with pytest.raises(RuntimeError, match="at least one profiled step"):
-        gm.synthesize_plan(ROOT / "host" / "tests" / "data" / "gpt2-b16-2steps.trace.gz",
+        gm.synthesize_plan(ROOT / "lake" / "tests" / "data" / "gpt2-b16-2steps.trace.gz",
                            tmp_path / "x.plan", 3, 2)
     bad = tmp_path / "bad.plan"
     bad.write_text(plan.read_text()[:1000])

@@ -1002,7 +1002,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gm-abi-plan-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../host/tests/data/gpt2-b16-6steps.trace.gz");
+            .join("../lake/tests/data/gpt2-b16-6steps.trace.gz");
         let plan = dir.join("b16.plan");
         // SAFETY: both are NUL-terminated strings.
         let ms =

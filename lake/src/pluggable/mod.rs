@@ -22,7 +22,7 @@
 //! and its model), `cuda_event` (its CUDA side), `split` (the small-request
 //! cache, whose free pieces carry fences), `reuse` (freed large blocks kept
 //! for requests of their size), `private` (graph pools
-//! and windows), `planned` (the planned mode's arena, `host::plan`), `pool` (the thread-safe [`StreamPool`] over all of them),
+//! and windows), `planned` (the planned mode's arena, `lake::plan`), `pool` (the thread-safe [`StreamPool`] over all of them),
 //! `stats`, `error`, `registry` (one pool per device).
 
 pub mod block;

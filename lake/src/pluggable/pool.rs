@@ -52,7 +52,7 @@
 //!   last window closes, parked blocks get their events;
 //! - **planned mode** ([`StreamPool::use_plan`], off unless a plan is
 //!   loaded): general requests first ask the [`PlannedRoute`] (one lake
-//!   range of the plan's arena, served by `host::plan`'s arena: planned
+//!   range of the plan's arena, served by `lake::plan`'s arena: planned
 //!   offsets in order, dynamic slots, idle planned space), which serves
 //!   one stream and keeps its own fences (`planned.rs`); what it does not
 //!   serve is routed as above. Private pools never see the plan. Step

@@ -45,7 +45,7 @@ use std::hash::BuildHasherDefault;
 use super::block::{Block, Origin};
 use crate::{AddrHasher, Fence, Progress, Requester};
 
-/// Entries kept by default in `host`: none (the cache is off, so the
+/// Entries kept by default in `lake`: none (the cache is off, so the
 /// pool's own tests see the split cache and the lake alone). `torch-alloc`
 /// turns it on with [`SUGGESTED_ENTRIES`] (`docs/PERF.md`, "Reuse cache
 /// for every size").

@@ -56,7 +56,7 @@ struct GmStats {
       spills, placement_waits;
 };
 
-// Mirror of `#[repr(C)] PoolEntry` in host/src/pluggable/pool.rs.
+// Mirror of `#[repr(C)] PoolEntry` in lake/src/pluggable/pool.rs.
 struct GmPoolEntry {
   uint64_t addr, size, stream;
 };
