@@ -121,6 +121,8 @@ struct Syncs {
 struct EventLog {
     /// Every record so far: (stream, its index on that stream).
     records: Vec<(u64, u64)>,
+    /// Records so far per stream (the next index).
+    per_stream: HashMap<u64, u64>,
     /// Live events: (stream, index).
     live: HashMap<EventId, (u64, u64)>,
     /// Per stream, the highest index seen complete (events of a stream
@@ -150,7 +152,9 @@ impl EventSource for Syncs {
     fn record(&self, stream: StreamId) -> Result<EventId, EventFailure> {
         let event = self.events.record(stream)?;
         let mut log = self.log.lock().unwrap();
-        let index = log.records.iter().filter(|r| r.0 == stream.0).count() as u64;
+        let next = log.per_stream.entry(stream.0).or_default();
+        let index = *next;
+        *next += 1;
         log.records.push((stream.0, index));
         log.live.insert(event, (stream.0, index));
         Ok(event)
@@ -315,7 +319,7 @@ impl Checker {
                 f.events = recorded.to_vec();
                 if f.events.is_empty() {
                     // No event of its own: the next one on its stream.
-                    let next = log.records.iter().filter(|r| r.0 == f.stream).count() as u64;
+                    let next = log.per_stream.get(&f.stream).copied().unwrap_or(0);
                     f.events.push((f.stream, next));
                 }
                 f.fresh = false;

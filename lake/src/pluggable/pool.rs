@@ -1126,17 +1126,9 @@ impl<D: VmmDriver, E: EventSource> StreamPool<D, E> {
                 return self.synchronize(s, false);
             };
             self.events.synchronize(event)?;
-            // Events of one stream complete in order: every older one too.
-            while let Some(&(q, e)) = s.events.get(&id).and_then(|l| l.front()) {
-                if q > reached {
-                    break;
-                }
-                s.events.get_mut(&id).map(VecDeque::pop_front);
-                self.events.destroy(e);
-            }
-            if s.events.get(&id).is_some_and(VecDeque::is_empty) {
-                s.events.remove(&id);
-            }
+            // It and every older event of the stream are complete now (they
+            // complete in order): the poll takes them.
+            self.poll_stream(s, id)?;
             s.progress.advance(stream, reached);
         }
         settle_stores(s);
