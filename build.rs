@@ -13,22 +13,8 @@ fn main() {
     let root = Path::new(&manifest_dir);
     // Build-time settings of `gpu-kernel` (read with `option_env!`): the
     // nested PTX builds must run again when one changes.
-    for knob in [
-        "GPUMALLOC_SEGMENT_SHIFT",
-        "GPUMALLOC_SLOTS",
-        "GPUMALLOC_SLOT_BUDGET_SHIFT",
-        "GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT",
-        "GPUMALLOC_AUTO_MIN_SEGMENTS",
-        "GPUMALLOC_UNLOCKED_FORMAT_SHIFT",
-        "GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT",
-        "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT",
-        "GPUMALLOC_LARGE_HEAP_SHIFT",
-        "GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT",
-        "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT",
-        ALLOC_BLOCKS_ENV,
-    ] {
-        println!("cargo:rerun-if-env-changed={knob}");
-    }
+    ptx_builder::rerun_if_allocator_settings_change();
+    println!("cargo:rerun-if-env-changed={ALLOC_BLOCKS_ENV}");
     for (crate_dir, env) in [
         ("gpu-kernels", "GPUMALLOC_PTX_PATH"),
         ("examples/user-kernel", "GPUMALLOC_USER_KERNEL_PTX_PATH"),

@@ -11,11 +11,10 @@
 //! `trim` then gives the memory back to the driver. The host prints what was
 //! mapped before, after the kernel and after the trim.
 //!
-//! Two handles on the same GPU: the heap's own kernels (`heap_grow`,
-//! `heap_trim`, `heap_flush`, which the service and `trim` launch on a
-//! stream of their own) are in the host's module, `gpumalloc::PTX`; your
-//! kernels are in your crate's PTX. Both handles use the device's primary
-//! context and its default stream, so buffers and the heap are shared.
+//! One handle, opened with your crate's PTX only: the heap's own kernels
+//! (`heap_grow`, `heap_trim`, `heap_flush`, which the service and `trim`
+//! launch on a stream of their own) come from the host crate, which loads
+//! them into the same context the first time the heap needs them.
 //!
 //! Run: `cargo run --release --example 04_growing_heap`
 
@@ -49,14 +48,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("skipped: no GPU ({e})");
         return Ok(());
     }
-    let host = gpumalloc::open_gpu(0)?;
     let gpu = Gpu::open(0, USER_PTX)?;
     // One physical chunk per 16 MiB segment: one create and one map per
     // segment the heap grows by.
     let vmm = CudaVmm::open_with_chunk(0, ChunkOptions::default(), Some(16 * MIB))?;
     let mut config = VmmHeapConfig::new(RESERVE, INITIAL);
     config.max_mapped_bytes = Some(LIMIT);
-    let mut heap = CudaVmmHeap::on_gpu(&host, vmm, config)?;
+    let mut heap = CudaVmmHeap::on_gpu(&gpu, vmm, config)?;
     let before = heap.stats()?;
     println!(
         "04_growing_heap on {}: reserved {} GiB of addresses, mapped {} MiB \

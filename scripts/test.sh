@@ -22,5 +22,7 @@ RUSTFLAGS="--cfg loom" cargo test -p gpu-kernel --test loom --release
 
 echo "== ptxas"
 ptx_dir=$(ls -td target/release/build/gpumalloc-*/out/ptx-target/nvptx64-nvidia-cuda/release | head -1)
-scripts/ptxas-report.sh "$PTXAS" "$ptx_dir/gpu_kernels.ptx" "$ptx_dir/user_kernel.ptx"
+heap_kernels_dir=$(ls -td target/release/build/host-*/out/ptx-target/nvptx64-nvidia-cuda/release | head -1)
+scripts/ptxas-report.sh "$PTXAS" "$ptx_dir/gpu_kernels.ptx" "$ptx_dir/user_kernel.ptx" \
+  "$heap_kernels_dir/heap_kernels.ptx"
 echo "all checks passed"

@@ -295,3 +295,50 @@ fn typed_buffers_round_trip() {
     let zeros = gpu.zeros_of::<i32>(17).unwrap();
     assert_eq!(gpu.download(&zeros).unwrap(), vec![0i32; 17]);
 }
+
+/// A heap's own kernels come with the `host` crate: a heap made on a `Gpu`
+/// opened with the user's PTX only, or with no module, still flushes its
+/// slots (before `heap-kernels`, `flush` failed there: `heap_flush` was in
+/// `gpumalloc::PTX` only). The allocations are made by our kernels from
+/// another handle on the same device and context.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
+fn a_heap_flushes_on_a_gpu_without_our_module() {
+    let Some(ours) = gpu() else { return };
+    const USER_PTX: &str = include_str!(env!("GPUMALLOC_USER_KERNEL_PTX_PATH"));
+    let n = threads().min(1 << 16);
+    for (what, user) in [
+        (
+            "the user's PTX",
+            Gpu::open(0, USER_PTX).expect("user PTX loads"),
+        ),
+        ("no module", Gpu::open_device(0).expect("device opens")),
+    ] {
+        let heap = host::DeviceHeap::new(&user, HeapConfig::checked(GIB)).expect("heap");
+        let ptrs = ours.zeros(n as usize).unwrap();
+        let p = Arg::U64(ours.address(&ptrs));
+        ours.launch(
+            "heap_alloc",
+            n,
+            &[heap.arg(), Arg::U64(64), Arg::U64(0), p, Arg::U64(n)],
+        )
+        .unwrap();
+        ours.launch("heap_free", n, &[heap.arg(), p, Arg::U64(n)])
+            .unwrap();
+        ours.sync().unwrap();
+        let before = heap.stats().unwrap();
+        assert!(
+            before.free_segments < before.segments,
+            "{what}: the slots hold blocks before the flush: {before:?}"
+        );
+        heap.flush()
+            .unwrap_or_else(|e| panic!("{what}: flush: {e}"));
+        let after = heap.stats().unwrap();
+        assert_eq!(after.live_bytes, 0, "{what}: {after:?}");
+        assert_eq!(after.free_segments, after.segments, "{what}: {after:?}");
+        println!(
+            "{what}: flushed, {} of {} segments free",
+            after.free_segments, after.segments
+        );
+    }
+}

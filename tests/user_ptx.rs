@@ -6,8 +6,10 @@
 //! writes, and it must export no other global symbol (the allocator's
 //! `gallatin_*` functions included). The PTX CUDA C++ links
 //! (`device-c-abi`) holds `gallatin_malloc` and `gallatin_free` and no
-//! kernel. The host's PTX (`gpumalloc::PTX`, from
-//! `gpu-kernels`) must still hold the kernels the host launches by name.
+//! kernel. The heap kernels' PTX (`host::gpu::HEAP_KERNELS_PTX`, from
+//! `heap-kernels`) holds exactly the kernels a heap launches on itself, and
+//! the host's PTX (`gpumalloc::PTX`, from `gpu-kernels`) the benchmark and
+//! test kernels the `gpumalloc` program launches by name.
 
 /// The PTX of `examples/user-kernel`.
 const USER_PTX: &str = include_str!(env!("GPUMALLOC_USER_KERNEL_PTX_PATH"));
@@ -63,10 +65,6 @@ fn c_abi_ptx_holds_only_the_two_c_functions() {
 fn host_ptx_holds_the_kernels_the_host_launches() {
     let host = entries(gpumalloc::PTX);
     for kernel in [
-        "heap_grow",
-        "heap_trim",
-        "heap_adopt_run",
-        "heap_flush",
         "heap_alloc",
         "heap_free",
         "gpumalloc_selftest",
@@ -95,4 +93,30 @@ fn entry_lines_are_parsed() {
         ".visible .entry a(\n\t.param .u64 x\n)\n.visible .func  (.param .b64 r) f(\n.entry b (\n";
     assert_eq!(entries(ptx), ["a", "b"]);
     assert_eq!(visible(ptx), ["a", "f"]);
+}
+
+#[test]
+fn heap_kernels_ptx_holds_only_the_heap_kernels() {
+    let mut kernels = entries(host::gpu::HEAP_KERNELS_PTX);
+    kernels.sort_unstable();
+    assert_eq!(
+        kernels,
+        [
+            "heap_adopt_run",
+            "heap_flush",
+            "heap_free",
+            "heap_grow",
+            "heap_trim"
+        ]
+    );
+    let mut exported = visible(host::gpu::HEAP_KERNELS_PTX);
+    exported.sort_unstable();
+    assert_eq!(exported, kernels, "only the kernels are exported");
+    let host = entries(gpumalloc::PTX);
+    for kernel in ["heap_flush", "heap_grow", "heap_trim", "heap_adopt_run"] {
+        assert!(
+            !host.contains(&kernel),
+            "{kernel} is a heap kernel: it belongs in heap-kernels only"
+        );
+    }
 }

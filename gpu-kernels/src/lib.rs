@@ -2,9 +2,10 @@
 //! allocator crate (`gpu-kernel`) so that a user's kernel crate, which
 //! depends on the allocator only, gets none of them in its PTX.
 //!
-//! - [`kernels`] (GPU only): the heap-service kernels the host calls
-//!   (`heap_grow`, `heap_trim`, `heap_adopt_run`, `heap_flush`), the self-test, the test and
-//!   benchmark kernels, the baselines (CUDA's `malloc`, a bump allocator).
+//! - [`kernels`] (GPU only): the self-test, the test and benchmark kernels,
+//!   the baselines (CUDA's `malloc`, a bump allocator). The kernels a heap
+//!   launches on itself (flush, grow, trim) are in `heap-kernels`, which the
+//!   host crate embeds.
 //!   The `extern "C"` functions `gallatin_malloc` / `gallatin_free` are
 //!   `device-c-abi`'s, linked here so the host's PTX holds them too (CUDA
 //!   C++ links `device-c-abi`'s own PTX, see `examples/cpp`).

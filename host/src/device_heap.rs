@@ -83,7 +83,11 @@ impl DeviceHeap {
     /// segments (a kernel; safe while other kernels allocate).
     pub fn flush(&self) -> Result<()> {
         let threads = (gpu_kernel::class::SLICE_CLASSES * gpu_kernel::slot::SLOTS_PER_CLASS) as u64;
-        self.gpu.launch("heap_flush", threads, &[self.arg()])
+        // SAFETY: `heap_flush` takes the heap by value; no buffer.
+        unsafe {
+            self.gpu
+                .launch_heap_kernel("heap_flush", threads, &[self.arg()])
+        }
     }
 
     /// Waits for the stream, then reads what the heap holds. Call it when no

@@ -1,7 +1,12 @@
 //! `Gpu`: one CUDA device with one stream and the loaded PTX module (none
 //! for [`Gpu::open_device`], which serves heaps whose kernels the caller
 //! launches itself), over cudarc's driver API (loaded at run time). Every
-//! failure names the driver call.
+//! failure names the driver call. A second module, the heap kernels
+//! ([`HEAP_KERNELS_PTX`]), is loaded the first time a heap needs one, so a
+//! heap's flush, growth and trim do not depend on the user's module.
+//!
+//! Concurrency: a `Gpu` and its clones may be used from several threads;
+//! the function caches are behind mutexes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,6 +22,31 @@ use crate::error::{DriverCall, Error, Result};
 
 /// Threads per block of every launch.
 pub const BLOCK_THREADS: u32 = 256;
+
+/// PTX of the kernels a heap launches on itself (crate `heap-kernels`:
+/// `heap_flush`, `heap_grow`, `heap_trim`, `heap_adopt_run`), built by this
+/// crate's `build.rs`. Every [`Gpu`] loads it on first use, so heaps work on
+/// a `Gpu` opened with any module or none.
+pub const HEAP_KERNELS_PTX: &str = include_str!(env!("GPUMALLOC_HEAP_KERNELS_PTX_PATH"));
+
+/// The heap kernels' module in one context, once loaded, and the functions
+/// looked up in it.
+#[derive(Default)]
+struct HeapKernels {
+    module: Option<Arc<CudaModule>>,
+    functions: HashMap<String, CudaFunction>,
+}
+
+/// One-dimensional blocks of [`BLOCK_THREADS`] covering `threads` (at least
+/// one block; kernels skip the threads past their count).
+fn grid_for(threads: u64) -> LaunchConfig {
+    let blocks = threads.div_ceil(BLOCK_THREADS as u64).max(1);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (BLOCK_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
 
 /// A kernel parameter.
 #[derive(Clone, Copy, Debug)]
@@ -45,7 +75,12 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     /// `None` when opened with [`Gpu::open_device`]: no kernel to launch.
     module: Option<Arc<CudaModule>>,
+    /// Functions of `module` looked up so far, by name.
     functions: Arc<Mutex<HashMap<String, CudaFunction>>>,
+    /// The heap kernels' module ([`HEAP_KERNELS_PTX`]), loaded into the
+    /// context on the first [`Gpu::launch_heap_kernel`], and its functions
+    /// looked up so far; shared by every clone.
+    heap_kernels: Arc<Mutex<HeapKernels>>,
     /// How long [`Gpu::sync`] and [`Gpu::download`] (and so every heap's
     /// `stats`) wait for queued work before [`Error::Timeout`]; `None`:
     /// as long as it takes ([`Gpu::with_wait_limit`]).
@@ -93,6 +128,7 @@ impl Gpu {
             stream,
             module: None,
             functions: Arc::new(Mutex::new(HashMap::new())),
+            heap_kernels: Arc::new(Mutex::new(HeapKernels::default())),
             wait_limit: None,
         })
     }
@@ -239,16 +275,53 @@ impl Gpu {
         Ok(f)
     }
 
+    /// The heap kernel `kernel` (of [`HEAP_KERNELS_PTX`]), loading that
+    /// module into this context the first time.
+    fn heap_kernel(&self, kernel: &str) -> Result<CudaFunction> {
+        let mut loaded = self.heap_kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = loaded.functions.get(kernel) {
+            return Ok(f.clone());
+        }
+        let module = match &loaded.module {
+            Some(m) => m.clone(),
+            None => {
+                let m = self
+                    .ctx
+                    .load_module(Ptx::from_src(HEAP_KERNELS_PTX))
+                    .call("cuModuleLoadData(heap kernels)")?;
+                loaded.module = Some(m.clone());
+                m
+            }
+        };
+        let f = module.load_function(kernel).call("cuModuleGetFunction")?;
+        loaded.functions.insert(kernel.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// Launches heap kernel `kernel` (`heap_flush`, `heap_grow`,
+    /// `heap_trim`, `heap_adopt_run`) over `threads` threads on this
+    /// `Gpu`'s stream, whatever module the `Gpu` was opened with.
+    ///
+    /// # Safety
+    /// `args` match the kernel's parameters (`heap-kernels`) in number,
+    /// order and type, and every buffer it touches stays alive until the
+    /// stream has finished it.
+    pub(crate) unsafe fn launch_heap_kernel(
+        &self,
+        kernel: &str,
+        threads: u64,
+        args: &[Arg],
+    ) -> Result<()> {
+        let f = self.heap_kernel(kernel)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_function(&f, grid_for(threads), args) }
+    }
+
     /// Launches `kernel` over `threads` threads (rounded up to whole blocks
     /// of [`BLOCK_THREADS`]; every kernel takes its thread count and skips
     /// the rest).
     pub fn launch(&self, kernel: &str, threads: u64, args: &[Arg]) -> Result<()> {
-        let blocks = threads.div_ceil(BLOCK_THREADS as u64).max(1);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (BLOCK_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = grid_for(threads);
         // SAFETY: the argument lists of our kernels are fixed by
         // `gpu_kernels::kernels`; each caller in this crate passes them in
         // order with buffers it keeps alive until it synchronises.
@@ -265,7 +338,21 @@ impl Gpu {
     /// finished it (e.g. [`Gpu::sync`]).
     pub unsafe fn launch_with(&self, kernel: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
         let f = self.function(kernel)?;
-        let mut builder = self.stream.launch_builder(&f);
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_function(&f, cfg, args) }
+    }
+
+    /// Launches `f` on this `Gpu`'s stream.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch_with`].
+    unsafe fn launch_function(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &[Arg],
+    ) -> Result<()> {
+        let mut builder = self.stream.launch_builder(f);
         for a in args {
             match a {
                 Arg::U64(v) => builder.arg(v),

@@ -35,6 +35,34 @@ pub const DEFAULT_ARCH: &str = "sm_80";
 /// Environment variable that overrides the architecture of every PTX build.
 pub const ARCH_ENV: &str = "GPUMALLOC_PTX_ARCH";
 
+/// Build-time settings of the allocator crate `gpu-kernel` (read there with
+/// `option_env!`). They change the heap's layout, so every PTX build of a
+/// crate over the allocator, and every host build that lays heaps out, must
+/// see the same values: a `build.rs` calls
+/// [`rerun_if_allocator_settings_change`] so that cargo rebuilds when one
+/// changes.
+pub const ALLOCATOR_SETTINGS: &[&str] = &[
+    "GPUMALLOC_SEGMENT_SHIFT",
+    "GPUMALLOC_SLOTS",
+    "GPUMALLOC_SLOT_BUDGET_SHIFT",
+    "GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT",
+    "GPUMALLOC_AUTO_MIN_SEGMENTS",
+    "GPUMALLOC_UNLOCKED_FORMAT_SHIFT",
+    "GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT",
+    "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT",
+    "GPUMALLOC_LARGE_HEAP_SHIFT",
+    "GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT",
+    "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT",
+];
+
+/// Prints a `cargo:rerun-if-env-changed` line for each of
+/// [`ALLOCATOR_SETTINGS`] (call it from a `build.rs`).
+pub fn rerun_if_allocator_settings_change() {
+    for setting in ALLOCATOR_SETTINGS {
+        println!("cargo:rerun-if-env-changed={setting}");
+    }
+}
+
 /// Why a PTX build failed.
 #[derive(Debug)]
 pub enum BuildError {

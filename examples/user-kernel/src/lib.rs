@@ -17,8 +17,8 @@
 //! no kernel and no `#[no_mangle]` function, so none of its code appears
 //! under a global name (`tests/user_ptx.rs` checks the `.entry` lines). The
 //! host sets up a heap without launching a kernel (`host::DeviceHeap::new`);
-//! a heap that grows on the device (`host::VmmHeap`) needs the host's own
-//! module, `gpumalloc::PTX`, for its growth kernels (example 04 opens both).
+//! the kernels a heap launches on itself (flush, grow, trim) are the host
+//! crate's own (`heap-kernels`), loaded beside this PTX when first needed.
 //!
 //! The per-thread work is in plain functions (`write_read_free`,
 //! `list_sum`, `fill`, `count_wrong`), so they build for the host too; the

@@ -90,16 +90,20 @@ impl SegmentTree for GpuMetadata {
         let words: Vec<u64> = ids.iter().map(|&id| id as u64).collect();
         let ids_dev = self.side.upload(&words)?;
         let added = self.side.zeros(1)?;
-        self.side.launch(
-            "heap_grow",
-            words.len() as u64,
-            &[
-                self.arg(),
-                Arg::U64(self.side.address(&ids_dev)),
-                Arg::U64(self.side.address(&added)),
-                Arg::U64(words.len() as u64),
-            ],
-        )?;
+        // SAFETY: `heap_grow(heap, ids, added, n)`; both buffers live until
+        // the sync below.
+        unsafe {
+            self.side.launch_heap_kernel(
+                "heap_grow",
+                words.len() as u64,
+                &[
+                    self.arg(),
+                    Arg::U64(self.side.address(&ids_dev)),
+                    Arg::U64(self.side.address(&added)),
+                    Arg::U64(words.len() as u64),
+                ],
+            )
+        }?;
         self.side.sync()?;
         Ok(self.side.download(&added)?[0] as u32)
     }
@@ -111,16 +115,20 @@ impl SegmentTree for GpuMetadata {
         let _side = self.side();
         let ids = self.side.zeros(max as usize)?;
         let count = self.side.zeros(1)?;
-        self.side.launch(
-            "heap_trim",
-            1,
-            &[
-                self.arg(),
-                Arg::U64(max as u64),
-                Arg::U64(self.side.address(&ids)),
-                Arg::U64(self.side.address(&count)),
-            ],
-        )?;
+        // SAFETY: `heap_trim(heap, max, ids, count)`; both buffers live
+        // until the sync below.
+        unsafe {
+            self.side.launch_heap_kernel(
+                "heap_trim",
+                1,
+                &[
+                    self.arg(),
+                    Arg::U64(max as u64),
+                    Arg::U64(self.side.address(&ids)),
+                    Arg::U64(self.side.address(&count)),
+                ],
+            )
+        }?;
         self.side.sync()?;
         let n = self.side.download(&count)?[0] as usize;
         let ids = self.side.download(&ids)?;
@@ -130,16 +138,20 @@ impl SegmentTree for GpuMetadata {
     fn adopt_run(&self, head: u32, count: u32) -> Result<bool> {
         let _side = self.side();
         let ok = self.side.zeros(1)?;
-        self.side.launch(
-            "heap_adopt_run",
-            1,
-            &[
-                self.arg(),
-                Arg::U64(head as u64),
-                Arg::U64(count as u64),
-                Arg::U64(self.side.address(&ok)),
-            ],
-        )?;
+        // SAFETY: `heap_adopt_run(heap, head, count, ok)`; `ok` lives until
+        // the sync below.
+        unsafe {
+            self.side.launch_heap_kernel(
+                "heap_adopt_run",
+                1,
+                &[
+                    self.arg(),
+                    Arg::U64(head as u64),
+                    Arg::U64(count as u64),
+                    Arg::U64(self.side.address(&ok)),
+                ],
+            )
+        }?;
         self.side.sync()?;
         Ok(self.side.download(&ok)?[0] == 1)
     }
@@ -147,18 +159,26 @@ impl SegmentTree for GpuMetadata {
     fn free(&self, address: u64) -> Result<()> {
         let _side = self.side();
         let ptrs = self.side.upload(&[address])?;
-        self.side.launch(
-            "heap_free",
-            1,
-            &[self.arg(), Arg::U64(self.side.address(&ptrs)), Arg::U64(1)],
-        )?;
+        // SAFETY: `heap_free(heap, ptrs, n)`; `ptrs` lives until the sync
+        // below.
+        unsafe {
+            self.side.launch_heap_kernel(
+                "heap_free",
+                1,
+                &[self.arg(), Arg::U64(self.side.address(&ptrs)), Arg::U64(1)],
+            )
+        }?;
         self.side.sync()
     }
 
     fn flush(&self) -> Result<()> {
         let _side = self.side();
         let threads = (gpu_kernel::class::SLICE_CLASSES * gpu_kernel::slot::SLOTS_PER_CLASS) as u64;
-        self.side.launch("heap_flush", threads, &[self.arg()])?;
+        // SAFETY: `heap_flush(heap)`; no buffer.
+        unsafe {
+            self.side
+                .launch_heap_kernel("heap_flush", threads, &[self.arg()])
+        }?;
         self.side.sync()
     }
 
