@@ -15,6 +15,9 @@
 //!   --out DIR      where the sweep's files go (results/remat)
 //!   --memory-ablation  each policy with recompute-memory pricing off and on
 //!                  (minimum ratio, overhead at 0.9, 0.7, 0.5)
+//!   --ranking-ablation  Coop and Coop-G with windows ranked by summed score
+//!                  (the paper) and per byte (the default): minimum ratio,
+//!                  overhead at 0.9, 0.7, 0.5
 //!   --latency-ablation  search time of DTR, DTR with Coop's price cache
 //!                  and Coop at 0.9 to 0.5 (median of 5 replays each)
 //! ```
@@ -27,7 +30,9 @@ mod usage;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use remat::compare::{latency_ablation, memory_ablation, min_ratios, sweep, table};
+use remat::compare::{
+    latency_ablation, memory_ablation, min_ratios, ranking_ablation, sweep, table,
+};
 use remat::sweep::{Command, run_command};
 use remat::synth;
 use remat::{Coop, RematResult, ReplayOptions, Trace, budget_for, replay};
@@ -46,7 +51,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let (mut traces, mut budgets, mut do_sweep) = (Vec::new(), Vec::new(), false);
-    let (mut do_ablation, mut do_latency) = (false, false);
+    let (mut do_ablation, mut do_latency, mut do_ranking) = (false, false, false);
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -57,6 +62,7 @@ fn run() -> Result<(), String> {
             "--sweep" => do_sweep = true,
             "--memory-ablation" => do_ablation = true,
             "--latency-ablation" => do_latency = true,
+            "--ranking-ablation" => do_ranking = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
             "-h" | "--help" => {
@@ -70,11 +76,14 @@ fn run() -> Result<(), String> {
     if traces.is_empty() {
         return synthetic().map_err(|e| e.to_string());
     }
-    if do_ablation || do_latency {
+    if do_ablation || do_latency || do_ranking {
         for path in &traces {
             let recorded = remat::Recorded::read(path).map_err(|e| e.to_string())?;
             if do_ablation {
                 println!("{}\n{}", path.display(), memory_ablation(&recorded.trace));
+            }
+            if do_ranking {
+                println!("{}\n{}", path.display(), ranking_ablation(&recorded.trace));
             }
             if do_latency {
                 println!(

@@ -72,15 +72,16 @@ pub fn table(title: &str, rows: &[(f64, Report)]) -> String {
     out
 }
 
+/// A policy with one switch off and on: its name, whether the switch is on
+/// by default, and the policy with the switch off or on.
+type Switched = (&'static str, bool, fn(bool) -> Box<dyn EvictionPolicy>);
+
 /// Each policy with recompute-memory pricing off and on: the bisected
 /// minimum budget ratio and the overhead at a few ratios (✗: fails). Coop
 /// and Coop-G price it by default and DTR and DTE do not; this shows what
 /// the pricing alone does to each.
 pub fn memory_ablation(trace: &Trace) -> String {
-    const RATIOS: [f64; 3] = [0.9, 0.7, 0.5];
-    // (name, pricing on by default, the policy with pricing off or on)
-    type Maker = (&'static str, bool, fn(bool) -> Box<dyn EvictionPolicy>);
-    let makers: [Maker; 4] = [
+    let makers: [Switched; 4] = [
         ("DTR", false, |on| {
             Box::new(Dtr {
                 price_recompute_memory: on,
@@ -105,12 +106,40 @@ pub fn memory_ablation(trace: &Trace) -> String {
             })
         }),
     ];
-    let mut out = String::from("recompute-memory pricing: policy, pricing, min ratio, overhead at");
+    switch_ablation(trace, "recompute-memory pricing", &makers)
+}
+
+/// Coop and Coop-G with windows ranked by summed score (the paper) and per
+/// byte (`Coop::rank_per_byte`, the default): minimum ratio and overhead at
+/// a few ratios, as [`memory_ablation`].
+pub fn ranking_ablation(trace: &Trace) -> String {
+    let makers: [Switched; 2] = [
+        ("Coop", true, |on| {
+            Box::new(Coop {
+                rank_per_byte: on,
+                ..Coop::default()
+            })
+        }),
+        ("Coop-G", true, |on| {
+            Box::new(Coop {
+                rank_per_byte: on,
+                ..Coop::grouped()
+            })
+        }),
+    ];
+    switch_ablation(trace, "per-byte window ranking", &makers)
+}
+
+/// Each policy of `makers` with its switch off and on: the bisected minimum
+/// budget ratio and the overhead at 0.9, 0.7 and 0.5 (✗: fails).
+fn switch_ablation(trace: &Trace, switch: &str, makers: &[Switched]) -> String {
+    const RATIOS: [f64; 3] = [0.9, 0.7, 0.5];
+    let mut out = format!("{switch}: policy, switch, min ratio, overhead at");
     for r in RATIOS {
         let _ = write!(out, " {r}");
     }
     out.push('\n');
-    for (name, default, make) in makers {
+    for &(name, default, make) in makers {
         for on in [false, true] {
             let min = min_budget_ratio(trace, &|| make(on), (0.05, 1.2), 0.005);
             let min = min.map_or("-".to_string(), |m| format!("{m:.3}"));

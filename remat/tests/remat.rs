@@ -11,7 +11,7 @@
 
 use gpu_kernels::workload::SplitMix64;
 use remat::compare::{sweep, table};
-use remat::policy::coop::{Side, WindowItem, cheapest_anchored_window, cheapest_window};
+use remat::policy::coop::{Ranking, Side, WindowItem, cheapest_anchored_window, cheapest_window};
 use remat::policy::{Coop, Dte, Dtr, EvictionPolicy, Request, SearchContext};
 use remat::pool::Pool;
 use remat::tensor::{Residency, TensorTable};
@@ -127,9 +127,12 @@ fn motivating_example_dtr_scatters_coop_evicts_one_window() {
         tensors: &table,
         now: 2,
     };
-    let step = Coop::default()
-        .next_eviction(&ctx, &request)
-        .expect("a window fits");
+    // The paper's ranking (summed score); the per-byte ranking is below.
+    let mut by_sum = Coop {
+        rank_per_byte: false,
+        ..Coop::default()
+    };
+    let step = by_sum.next_eviction(&ctx, &request).expect("a window fits");
     assert_eq!(
         step.victims.len(),
         1,
@@ -145,6 +148,15 @@ fn motivating_example_dtr_scatters_coop_evicts_one_window() {
             .iter()
             .all(|&v| pool.interval_of(v).is_some_and(|i| i.addr >= start))
     );
+    // Per byte (our addition, the default), the convolution and the cheap
+    // activation after it are one window: 1050 / 150 bytes is less than
+    // 1000 / 100. Still one contiguous window, and the 50 bytes it frees
+    // beyond the request stay free for the next one.
+    let step = Coop::default()
+        .next_eviction(&ctx, &request)
+        .expect("a window fits");
+    assert_eq!(step.victims, [1, 2]);
+    assert_eq!(step.window, Some((50, 150)));
 }
 
 #[test]
@@ -365,7 +377,7 @@ fn window_search_is_cheapest_and_linear() {
     for _ in 0..200 {
         let items = random_items(&mut rng, 60);
         let request = 1 + rng.below(400);
-        let (window, steps) = cheapest_window(&items, request);
+        let (window, steps) = cheapest_window(&items, request, Ranking::Sum);
         let expected = brute_force_cheapest(&items, request);
         assert_eq!(window.is_some(), expected.is_some());
         if let (Some(w), Some(e)) = (window, expected) {
@@ -384,7 +396,7 @@ fn window_search_is_cheapest_and_linear() {
     for count in [1_000, 10_000, 100_000, 1_000_000] {
         let items = random_items(&mut rng, count);
         let started = std::time::Instant::now();
-        let (_, steps) = cheapest_window(&items, 500);
+        let (_, steps) = cheapest_window(&items, 500, Ranking::Sum);
         let micros = started.elapsed().as_secs_f64() * 1e6;
         println!("{count:>9} {steps:>9} {micros:>10.1}");
         assert!(
@@ -392,6 +404,69 @@ fn window_search_is_cheapest_and_linear() {
             "{steps} steps for {count} intervals"
         );
     }
+}
+
+/// The per-byte ranking by brute force: for every right end, the shortest
+/// window ending there that holds the request (the sweep's candidates), the
+/// lowest summed score over bytes of those.
+fn brute_force_per_byte(items: &[WindowItem], request: u64) -> Option<f64> {
+    let mut best: Option<f64> = None;
+    for last in 0..items.len() {
+        let (mut bytes, mut score) = (0, 0.0);
+        for item in items[..=last].iter().rev() {
+            let Some(s) = item.score else { break };
+            bytes += item.size;
+            score += s;
+            if bytes >= request {
+                let per_byte = score / bytes as f64;
+                best = Some(best.map_or(per_byte, |b: f64| b.min(per_byte)));
+                break;
+            }
+        }
+    }
+    best
+}
+
+#[test]
+fn per_byte_window_search_is_cheapest_per_byte_and_linear() {
+    let mut rng = SplitMix64(17);
+    for _ in 0..200 {
+        let items = random_items(&mut rng, 60);
+        let request = 1 + rng.below(400);
+        let (window, steps) = cheapest_window(&items, request, Ranking::PerByte);
+        let expected = brute_force_per_byte(&items, request);
+        assert_eq!(window.is_some(), expected.is_some());
+        if let (Some(w), Some(e)) = (window, expected) {
+            let per_byte = w.score / w.bytes as f64;
+            assert!(
+                (per_byte - e).abs() < 1e-9,
+                "sweep {per_byte} against brute force {e}"
+            );
+            assert!(
+                w.bytes >= request && items[w.first..=w.last].iter().all(|i| i.score.is_some())
+            );
+        }
+        assert!(steps <= 2 * items.len());
+    }
+}
+
+/// A shrinking CNN in miniature: a large old activation (400 bytes, score 8)
+/// and a small recent one (100 bytes, score 4), and a 100-byte request. The
+/// paper's ranking evicts the small one, the cheapest window that fits this
+/// request alone; per byte, the large one frees 300 bytes more for the
+/// requests after it at half the cost per byte, and goes.
+#[test]
+fn per_byte_ranking_evicts_the_large_stale_tensor() {
+    let item = |addr, size, score| WindowItem {
+        addr,
+        size,
+        score: Some(score),
+        pinned: false,
+    };
+    let items = [item(0, 400, 8.0), item(400, 100, 4.0)];
+    let first = |ranking| cheapest_window(&items, 100, ranking).0.map(|w| w.first);
+    assert_eq!(first(Ranking::Sum), Some(1));
+    assert_eq!(first(Ranking::PerByte), Some(0));
 }
 
 /// The cheapest window that touches an end or a pinned item, by brute force:
@@ -424,7 +499,7 @@ fn anchored_window_search_is_cheapest_and_linear() {
     for _ in 0..300 {
         let items = random_items(&mut rng, 40);
         let request = 1 + rng.below(300);
-        let (found, steps) = cheapest_anchored_window(&items, request);
+        let (found, steps) = cheapest_anchored_window(&items, request, Ranking::Sum);
         let expected = brute_force_anchored(&items, request);
         assert_eq!(found.is_some(), expected.is_some(), "{items:?} {request}");
         if let (Some((w, side)), Some(e)) = (found, expected) {
@@ -765,10 +840,7 @@ fn priced_recompute_memory_keeps_the_embedding_gradient() {
             .expect("something evictable")
             .victims
     };
-    let paper = &mut Coop {
-        price_recompute_memory: false,
-        ..Coop::default()
-    };
+    let paper = &mut Coop::paper();
     assert_eq!(victims(paper), [e], "as published, Coop evicts e");
     assert_eq!(victims(&mut Coop::default()), [k], "priced, it keeps e");
     assert_eq!(victims(&mut Dtr::default()), [e], "so does published DTR");
@@ -868,7 +940,11 @@ fn gap_search_picks_the_windows_of_the_whole_pool_search() {
             check_invariants: name.ends_with("-tiny") || name.starts_with("synth"),
         };
         for ratio in [0.9, 0.7, 0.5, 0.4] {
-            for coop in [Coop::default(), Coop::grouped()] {
+            let by_sum = Coop {
+                rank_per_byte: false,
+                ..Coop::default()
+            };
+            for coop in [Coop::default(), Coop::grouped(), by_sum] {
                 let mut both = BothSearches { coop, searches: 0 };
                 let report = replay(trace, budget_for(trace, ratio), &mut both, options);
                 match &report.error {

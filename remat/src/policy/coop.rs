@@ -53,6 +53,22 @@
 //! while cheaper room exists. The projected cost already counts the compute
 //! time of those inputs; this prices their memory.
 //!
+//! Windows ranked per byte (`rank_per_byte`, not in the paper, on by
+//! default): the sweep's candidates are the paper's, the shortest window
+//! ending at each interval that holds the request, but the cheapest is the
+//! one with the lowest summed score over its bytes, not the lowest sum. The
+//! paper's h has no size term because the layout carries the sizes; but a
+//! window that frees more than the request leaves the rest free, and the
+//! requests after it use that space without a search. On the vision traces,
+//! whose activations shrink stage by stage, the summed ranking picks for
+//! each request the one small tensor that just fits it (ResNet-50 at 0.9:
+//! 19 evictions, each a 25 MiB activation whose BatchNorm input was
+//! overwritten in place, so each costs a two-op recomputation), where DTR
+//! evicts a few large old tensors whose space then serves several requests
+//! (6 evictions); per byte, Coop does the same (4). It is DTR's size term,
+//! c / (m s), taken from one tensor to one window. The comparison
+//! cross-multiplies (no division), so the search stays one linear pass.
+//!
 //! Each layout rule can be switched off (or on) for ablations.
 //!
 //! Owned by one executor; single-threaded. Keeps the step count of its last
@@ -89,21 +105,44 @@ pub struct Window {
 }
 
 impl Window {
-    fn better_than(&self, other: Option<&Window>) -> bool {
-        other
-            .is_none_or(|b| self.score < b.score || (self.score == b.score && self.bytes < b.bytes))
+    /// Whether this window ranks before `other` (none: it does) under
+    /// `ranking`; ties go to the smaller window.
+    fn better_than(&self, other: Option<&Window>, ranking: Ranking) -> bool {
+        other.is_none_or(|b| {
+            let (mine, theirs) = match ranking {
+                Ranking::Sum => (self.score, b.score),
+                // score / bytes < b.score / b.bytes, without a division
+                // (bytes > 0: a window holds the request).
+                Ranking::PerByte => (self.score * b.bytes as f64, b.score * self.bytes as f64),
+            };
+            mine < theirs || (mine == theirs && self.bytes < b.bytes)
+        })
     }
+}
+
+/// How the sweep ranks the candidate windows (the shortest window that
+/// holds the request, one per right end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ranking {
+    /// By summed score, as the paper does.
+    Sum,
+    /// By summed score over the bytes the window frees (not in the paper):
+    /// a window that frees more than the request leaves the rest free for
+    /// the requests after it, so its cost is spread over more bytes.
+    PerByte,
 }
 
 /// The two-pointer sweep over items in the order `at(0), at(1), ...`: for
 /// each position `right` that `accept`s, the shortest window ending there
 /// with at least `request` bytes and no blocked item (with scores not
-/// negative it is also the cheapest ending there); the cheapest of those, as
-/// sweep positions, and the number of pointer moves (at most 2N).
+/// negative it is also the cheapest ending there); the cheapest of those
+/// under `ranking`, as sweep positions, and the number of pointer moves (at
+/// most 2N).
 fn sweep<'a>(
     count: usize,
     at: impl Fn(usize) -> &'a WindowItem,
     request: u64,
+    ranking: Ranking,
     accept: impl Fn(usize) -> bool,
 ) -> (Option<Window>, usize) {
     let (mut left, mut bytes, mut score, mut steps) = (0usize, 0u64, 0.0f64, 0usize);
@@ -129,7 +168,7 @@ fn sweep<'a>(
             score: score.max(0.0),
             bytes,
         };
-        if bytes >= request && accept(right) && window.better_than(best.as_ref()) {
+        if bytes >= request && accept(right) && window.better_than(best.as_ref(), ranking) {
             best = Some(window);
         }
     }
@@ -137,9 +176,14 @@ fn sweep<'a>(
 }
 
 /// The cheapest run of consecutive items with at least `request` bytes and no
-/// blocked item, and the number of pointer moves the sweep made (at most 2N).
-pub fn cheapest_window(items: &[WindowItem], request: u64) -> (Option<Window>, usize) {
-    sweep(items.len(), |k| &items[k], request, |_| true)
+/// blocked item under `ranking`, and the number of pointer moves the sweep
+/// made (at most 2N).
+pub fn cheapest_window(
+    items: &[WindowItem],
+    request: u64,
+    ranking: Ranking,
+) -> (Option<Window>, usize) {
+    sweep(items.len(), |k| &items[k], request, ranking, |_| true)
 }
 
 /// Which side of an anchored window touches its anchor.
@@ -157,16 +201,18 @@ pub enum Side {
 pub fn cheapest_anchored_window(
     items: &[WindowItem],
     request: u64,
+    ranking: Ranking,
 ) -> (Option<(Window, Side)>, usize) {
     let n = items.len();
     let anchors = |k: usize| k + 1 >= n || items[k + 1].pinned;
-    let (right, right_steps) = sweep(n, |k| &items[k], request, anchors);
+    let (right, right_steps) = sweep(n, |k| &items[k], request, ranking, anchors);
     // Backwards: position k is item n-1-k, and the item after position k in
     // the sweep is the one before it in the pool.
     let (left, left_steps) = sweep(
         n,
         |k| &items[n - 1 - k],
         request,
+        ranking,
         |k| k + 1 >= n || items[n - 2 - k].pinned,
     );
     let left = left.map(|w| Window {
@@ -175,7 +221,7 @@ pub fn cheapest_anchored_window(
         ..w
     });
     let best = match (right, left) {
-        (Some(r), Some(l)) if l.better_than(Some(&r)) => Some((l, Side::Left)),
+        (Some(r), Some(l)) if l.better_than(Some(&r), ranking) => Some((l, Side::Left)),
         (Some(r), _) => Some((r, Side::Right)),
         (None, l) => l.map(|l| (l, Side::Left)),
     };
@@ -213,6 +259,10 @@ pub struct Coop {
     /// A tensor's score is scaled by its recompute amplification (not in
     /// the paper; on by default here, see the module docs).
     pub price_recompute_memory: bool,
+    /// Windows ranked by summed score per byte freed (`Ranking::PerByte`,
+    /// not in the paper; on by default here, see the module docs) instead
+    /// of by summed score.
+    pub rank_per_byte: bool,
     /// Pointer moves of the last search.
     pub last_steps: usize,
     /// Intervals seen by the last search.
@@ -228,6 +278,7 @@ impl Default for Coop {
             in_place: true,
             pinned_at_ends: false,
             price_recompute_memory: true,
+            rank_per_byte: true,
             last_steps: 0,
             last_items: 0,
             scratch: Scan::default(),
@@ -241,6 +292,25 @@ impl Coop {
         Coop {
             pinned_at_ends: true,
             ..Coop::default()
+        }
+    }
+
+    /// The paper's Coop: windows ranked by summed score, no recompute-memory
+    /// pricing (partitioning and recomputable in-place on).
+    pub fn paper() -> Coop {
+        Coop {
+            price_recompute_memory: false,
+            rank_per_byte: false,
+            ..Coop::default()
+        }
+    }
+
+    /// How this Coop ranks windows.
+    pub fn ranking(&self) -> Ranking {
+        if self.rank_per_byte {
+            Ranking::PerByte
+        } else {
+            Ranking::Sum
         }
     }
 
@@ -362,11 +432,12 @@ impl Coop {
         let Scan { items, tensors, .. } = scan;
         let (mut found, mut steps) = (None, 0);
         if request.pinned && self.pinned_at_ends {
-            let (anchored, anchored_steps) = cheapest_anchored_window(items, request.size);
+            let (anchored, anchored_steps) =
+                cheapest_anchored_window(items, request.size, self.ranking());
             (found, steps) = (anchored.map(|(w, side)| (w, Some(side))), anchored_steps);
         }
         if found.is_none() {
-            let (window, window_steps) = cheapest_window(items, request.size);
+            let (window, window_steps) = cheapest_window(items, request.size, self.ranking());
             found = window.map(|w| (w, None));
             steps += window_steps;
         }
