@@ -250,7 +250,7 @@ impl Heap {
             Request::Empty => return ptr::null_mut(),
             Request::Class(class) if class.is_slice() => self.malloc_slice(class),
             Request::Class(class) => self.malloc_block(class),
-            Request::Segments(count) => self.malloc_run(count),
+            Request::Segments(count) => self.by_value().malloc_run(count),
         };
         match address {
             Some(a) => a as *mut u8,
@@ -281,7 +281,7 @@ impl Heap {
         if !p.is_null() || wait_ns == 0 || size == 0 {
             return p;
         }
-        self.wait_and_retry(size, wait_ns)
+        self.by_value().wait_and_retry(size, wait_ns)
     }
 
     /// The waiting part of [`Heap::malloc_waiting`], out of line: the
@@ -316,7 +316,7 @@ impl Heap {
             let rank = arch::rank_in(team, lane);
             let mut claim = 0;
             if lane == leader {
-                claim = self.claim_blocks(class, team.count_ones()).0;
+                claim = self.by_value().claim_blocks(class, team.count_ones()).0;
             }
             let mut claim = Claim(arch::shfl_u64(team, claim, leader));
             if claim.count() == 0 {
@@ -324,7 +324,10 @@ impl Heap {
                 // try once more (the leader alone: one reclaim per team).
                 let mut again = 0;
                 if lane == leader {
-                    again = self.reclaim_and_claim(class, team.count_ones()).0;
+                    again = self
+                        .by_value()
+                        .reclaim_and_claim(class, team.count_ones())
+                        .0;
                 }
                 claim = Claim(arch::shfl_u64(team, again, leader));
                 if claim.count() == 0 {
@@ -334,7 +337,7 @@ impl Heap {
             if rank < claim.count() {
                 let block = claim.take(self, class, rank);
                 if self.checked() {
-                    self.mark_block_handed_out(block);
+                    self.by_value().mark_block_handed_out(block);
                 }
                 return Some(self.block_address(class, block));
             }
@@ -562,17 +565,20 @@ impl Heap {
         // touched. Unchecked heaps: the bitmap bit detects a block that is
         // free already, freed before or never handed out (counted double).
         if self.checked() {
-            match self.check_unit_free(self.block_bits(b.segment), b.block) {
+            match self
+                .by_value()
+                .check_unit_free(self.block_bits(b.segment), b.block)
+            {
                 CheckedFree::Freed => {}
                 CheckedFree::Double => {
-                    return self.misuse(
+                    return self.by_value().misuse(
                         Stat::DoubleFrees,
                         b"gpumalloc: double free of a block in segment %llu\n\0",
                         b.segment as u64,
                     );
                 }
                 CheckedFree::NeverHandedOut => {
-                    return self.misuse(
+                    return self.by_value().misuse(
                         Stat::InvalidFrees,
                         b"gpumalloc: free of a block never handed out in segment %llu\n\0",
                         b.segment as u64,
@@ -581,7 +587,7 @@ impl Heap {
             }
         }
         if !self.bitmap(b.segment).give_back(b.block) {
-            return self.misuse(
+            return self.by_value().misuse(
                 Stat::DoubleFrees,
                 b"gpumalloc: double free of a block in segment %llu\n\0",
                 b.segment as u64,
@@ -596,7 +602,8 @@ impl Heap {
         // `match` orders nothing, `bar.warp.sync` over the team does.
         arch::warp_sync(team);
         if arch::lane_id() == arch::lowest_lane(team) {
-            self.return_blocks(class, b.segment, team.count_ones());
+            self.by_value()
+                .return_blocks(class, b.segment, team.count_ones());
         }
     }
 
@@ -721,7 +728,7 @@ impl Heap {
         }
         let offset = (p as u64).wrapping_sub(self.data);
         if offset >= self.data_bytes() {
-            return self.misuse(
+            return self.by_value().misuse(
                 Stat::InvalidFrees,
                 b"gpumalloc: free of a pointer outside the heap (%llx)\n\0",
                 p as u64,
@@ -733,7 +740,7 @@ impl Heap {
             SegmentState::Active { class, .. } => {
                 let unit_mask = (1u64 << class.unit_shift()) - 1;
                 if within & unit_mask != 0 {
-                    return self.misuse(
+                    return self.by_value().misuse(
                         Stat::InvalidFrees,
                         b"gpumalloc: free of a misaligned pointer (%llx)\n\0",
                         p as u64,
@@ -753,7 +760,7 @@ impl Heap {
             }
             SegmentState::RunHead { .. } if within == 0 => match self.table().end_run(segment) {
                 Some(count) => self.segment_tree().release_run(segment, count),
-                None => self.misuse(
+                None => self.by_value().misuse(
                     Stat::DoubleFrees,
                     b"gpumalloc: double free of a run at %llx\n\0",
                     p as u64,
@@ -769,20 +776,20 @@ impl Heap {
                     Previous::Nothing => false,
                 };
                 if double {
-                    self.misuse(
+                    self.by_value().misuse(
                         Stat::DoubleFrees,
                         b"gpumalloc: double free in a free segment (%llx)\n\0",
                         p as u64,
                     )
                 } else {
-                    self.misuse(
+                    self.by_value().misuse(
                         Stat::InvalidFrees,
                         b"gpumalloc: free of memory not allocated (%llx)\n\0",
                         p as u64,
                     )
                 }
             }
-            _ => self.misuse(
+            _ => self.by_value().misuse(
                 Stat::InvalidFrees,
                 b"gpumalloc: free of memory not allocated (%llx)\n\0",
                 p as u64,
@@ -796,17 +803,20 @@ impl Heap {
     fn free_slice(&self, class: SizeClass, b: BlockId, slice: u32) {
         let global = self.global(b);
         if self.checked() {
-            match self.check_unit_free(self.slice_bits(global), slice) {
+            match self
+                .by_value()
+                .check_unit_free(self.slice_bits(global), slice)
+            {
                 CheckedFree::Freed => {}
                 CheckedFree::Double => {
-                    return self.misuse(
+                    return self.by_value().misuse(
                         Stat::DoubleFrees,
                         b"gpumalloc: double free of a slice in block %llu\n\0",
                         global,
                     );
                 }
                 CheckedFree::NeverHandedOut => {
-                    return self.misuse(
+                    return self.by_value().misuse(
                         Stat::InvalidFrees,
                         b"gpumalloc: free of a slice never handed out in block %llu\n\0",
                         global,
@@ -830,7 +840,7 @@ impl Heap {
                 class.slices_per_block(self.segment_shift),
             )
         {
-            self.release_block(class, b);
+            self.by_value().release_block(class, b);
         }
     }
 

@@ -254,6 +254,21 @@ impl Heap {
         }
     }
 
+    /// A copy of this handle for a call out of line (crate-private, so no
+    /// `Heap` escapes to safe code). Why it exists: a kernel receives its
+    /// `Heap` by value in the parameter space; passing `&self` of that
+    /// parameter to a function that is not inlined takes its address, and
+    /// the compiler then copies the whole handle (160 bytes) to local
+    /// memory at kernel entry, in every thread, whether the call happens
+    /// or not. Out-of-line paths take `self` by value from this copy
+    /// instead, so the copy is made only where the call is. `black_box`
+    /// keeps the copy there: without it LLVM passes the parameter's own
+    /// address again (the callee only reads it), and the entry copy is back.
+    #[inline(always)]
+    pub(crate) fn by_value(&self) -> Heap {
+        core::hint::black_box(Heap { ..*self })
+    }
+
     /// The handle's bytes as a kernel parameter.
     pub fn image(&self) -> HeapImage {
         // SAFETY: `Heap` is `repr(C)`, 8-byte aligned, made of integers with

@@ -151,7 +151,9 @@ impl Heap {
             let mut fresh = 0;
             if installer {
                 if lane == leader {
-                    fresh = self.install(class, slot, first + size - cap, seen.generation());
+                    fresh =
+                        self.by_value()
+                            .install(class, slot, first + size - cap, seen.generation());
                 }
                 fresh = arch::shfl_u64(team, fresh, leader);
             }
@@ -240,7 +242,7 @@ impl Heap {
     #[inline(always)]
     fn hand_out(&self, class: SizeClass, global: u64, slice: u32) -> u64 {
         if self.checked() {
-            self.mark_live(global, slice);
+            self.by_value().mark_live(global, slice);
         }
         self.block_address(class, self.block_id(global)) + ((slice as u64) << class.unit_shift())
     }
