@@ -404,7 +404,7 @@ impl Heap {
     /// `UNLOCKED_FORMAT_SHIFT`, or `LARGE_HEAP_UNLOCKED_FORMAT_SHIFT` on a
     /// large heap (a constant unless both diagnostics are set).
     #[inline(always)]
-    fn unlocked_format_shift(&self) -> u32 {
+    pub(crate) fn unlocked_format_shift(&self) -> u32 {
         let large = crate::team::LARGE_HEAP_SHIFT;
         if LARGE_HEAP_UNLOCKED_FORMAT_SHIFT != UNLOCKED_FORMAT_SHIFT
             && large != 0

@@ -16,7 +16,7 @@
 
 use crate::arch::{self, Word};
 use crate::block;
-use crate::class::SizeClass;
+use crate::class::{SLICE_CLASSES, SizeClass};
 use crate::heap::{BlockId, Claim};
 use crate::layout::{Heap, NO_SPARES, RECLAIMS_WORD};
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
@@ -79,6 +79,20 @@ const SPARE_BUDGET_SHIFT: u32 = 3;
 /// bench's 4 KiB allocations 20% on the H100 (`docs/PERF.md`).
 const SEGMENT_SPARE_BUDGET_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"), 3);
+
+/// The size-dependent rules of a heap ([`Heap::rules`]): what its size
+/// selects, for tests that compare heaps and for reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapRules {
+    /// Slots in use per slice class, 16 B first (`Heap::slots_for`).
+    pub slots: [u32; SLICE_CLASSES as usize],
+    /// Spare blocks an install claims per slice class (0 or
+    /// `SPARES_PER_SLOT`).
+    pub spares: [u32; SLICE_CLASSES as usize],
+    /// A slot installer that takes 1 / 2^this of a new segment's blocks
+    /// formats it without the class's format lock (`heap.rs`).
+    pub unlocked_format_shift: u32,
+}
 
 /// What [`Heap::reserve_if_open`] answers for a slot with nothing left (not
 /// a valid slot word: its block field is all ones).
@@ -235,6 +249,39 @@ impl Heap {
         1 << (31 - slots.leading_zeros())
     }
 
+    /// Spare blocks an install of `class` claims beyond the one it
+    /// installs: `SPARES_PER_SLOT`, or none where the class's slots with
+    /// all their spares would take more than its share of the heap (see
+    /// [`Heap::claim_for_slot`]) or the heap keeps no spares (`NO_SPARES`).
+    #[inline(always)]
+    fn spares_for(&self, class: SizeClass) -> u32 {
+        let whole_segments = class.blocks_per_segment(self.segment_shift) == 1;
+        let (budget, slots) = if whole_segments {
+            (SEGMENT_SPARE_BUDGET_SHIFT, SLOTS_PER_CLASS)
+        } else {
+            (SPARE_BUDGET_SHIFT, self.slots_for(class))
+        };
+        let cached = (slots * (1 + SPARES_PER_SLOT)) as u64;
+        let room = self.data_bytes() >> (budget + class.block_shift(self.segment_shift));
+        if self.flags & NO_SPARES != 0 || room < cached {
+            0
+        } else {
+            SPARES_PER_SLOT
+        }
+    }
+
+    /// The size-dependent rules this handle applies: slots and spares per
+    /// slice class, and the unlocked-format threshold. For tests and
+    /// reports (nothing on the allocation paths calls it).
+    pub fn rules(&self) -> HeapRules {
+        let class = |i: u32| SizeClass::new(i).expect("a slice class index");
+        HeapRules {
+            slots: core::array::from_fn(|i| self.slots_for(class(i as u32))),
+            spares: core::array::from_fn(|i| self.spares_for(class(i as u32))),
+            unlocked_format_shift: self.unlocked_format_shift(),
+        }
+    }
+
     /// Slice `slice` of global block `global`: its address. On checked heaps
     /// it is marked live, so a free can tell it from one never handed out.
     #[inline(always)]
@@ -352,20 +399,8 @@ impl Heap {
         // (the slot count grows with the heap, which would keep the share
         // the same on every heap): heaps of 1024 segments and more keep
         // these spares (see `SEGMENT_SPARE_BUDGET_SHIFT`).
-        let whole_segments = class.blocks_per_segment(self.segment_shift) == 1;
-        let (budget, slots) = if whole_segments {
-            (SEGMENT_SPARE_BUDGET_SHIFT, SLOTS_PER_CLASS)
-        } else {
-            (SPARE_BUDGET_SHIFT, self.slots_for(class))
-        };
-        let cached = (slots * (1 + SPARES_PER_SLOT)) as u64;
-        let room = self.data_bytes() >> (budget + class.block_shift(self.segment_shift));
-        let spares = if self.flags & NO_SPARES != 0 || room < cached {
-            0
-        } else {
-            SPARES_PER_SLOT
-        };
-        if whole_segments {
+        let spares = self.spares_for(class);
+        if class.blocks_per_segment(self.segment_shift) == 1 {
             let (first, taken) = self.claim_whole_segments(class, 1 + spares)?;
             *extra = Extra::Segments {
                 first,
@@ -573,5 +608,73 @@ mod tests {
             _ => return,
         };
         assert_eq!(seen, expected);
+    }
+}
+
+#[cfg(test)]
+mod rules_tests {
+    use super::*;
+
+    /// The rules of a fixed heap of `segments` segments of 2^`shift` bytes.
+    fn rules(segments: u64, shift: u32) -> HeapRules {
+        let layout = Heap::layout(segments, shift, 0).unwrap();
+        // SAFETY: the handle is used only for `rules`, which reads its
+        // geometry fields and touches neither data nor metadata.
+        unsafe { layout.bind(0, 0) }.rules()
+    }
+
+    /// Whether this build sets none of the knobs the rules depend on.
+    fn default_build() -> bool {
+        [
+            option_env!("GPUMALLOC_SLOTS"),
+            option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
+            option_env!("GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT"),
+            option_env!("GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT"),
+            option_env!("GPUMALLOC_LARGE_HEAP_SHIFT"),
+            option_env!("GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT"),
+            option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"),
+            option_env!("GPUMALLOC_UNLOCKED_FORMAT_SHIFT"),
+            option_env!("GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT"),
+        ]
+        .iter()
+        .all(Option::is_none)
+    }
+
+    /// The rules fixed heaps get with the default build, as the code gave
+    /// them before budgets could differ from the heap's size: 256 MiB,
+    /// 1 GiB and 4 GiB of 2 MiB segments, 4, 8 and 16 GiB of 8 MiB (the
+    /// bench's `ours-sized` and `ours`), the demand + 3% heap (2,107 of
+    /// 4 MiB) and the largest heap of 16 MiB segments. Slots and spares
+    /// list the classes 16 B … 4 KiB.
+    #[test]
+    fn fixed_heaps_keep_their_rules() {
+        if !default_build() {
+            return;
+        }
+        let r = |slots, spares, unlocked_format_shift| HeapRules {
+            slots,
+            spares,
+            unlocked_format_shift,
+        };
+        let all = [3; 9];
+        let five = [3, 3, 3, 3, 3, 0, 0, 0, 0];
+        let seven = [3, 3, 3, 3, 3, 3, 3, 0, 0];
+        let expected = [
+            ((128, 21), r([16, 8, 4, 2, 1, 1, 1, 1, 1], five, 1)),
+            ((512, 21), r([32, 32, 16, 8, 4, 4, 4, 4, 4], five, 1)),
+            ((2048, 21), r([32, 32, 32, 32, 16, 16, 16, 16, 16], all, 1)),
+            ((512, 23), r([32, 32, 32, 32, 16, 8, 4, 8, 8], seven, 1)),
+            ((1024, 23), r([32, 32, 32, 32, 32, 16, 8, 16, 16], all, 1)),
+            ((2048, 23), r([32, 32, 32, 32, 32, 32, 16, 32, 32], all, 2)),
+            ((2107, 22), r([32, 32, 32, 32, 32, 16, 16, 16, 16], all, 1)),
+            ((65535, 24), r([32; 9], all, 2)),
+        ];
+        for ((segments, shift), want) in expected {
+            assert_eq!(
+                rules(segments, shift),
+                want,
+                "{segments} segments of 2^{shift}"
+            );
+        }
     }
 }
