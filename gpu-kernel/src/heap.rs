@@ -408,7 +408,7 @@ impl Heap {
         let large = crate::team::LARGE_HEAP_SHIFT;
         if LARGE_HEAP_UNLOCKED_FORMAT_SHIFT != UNLOCKED_FORMAT_SHIFT
             && large != 0
-            && self.data_bytes() >> large != 0
+            && self.budget_bytes() >> large != 0
         {
             LARGE_HEAP_UNLOCKED_FORMAT_SHIFT
         } else {

@@ -22,7 +22,11 @@ use crate::layout::{Heap, NO_SPARES, RECLAIMS_WORD};
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
 
 /// Slot blocks of one class stay within heap / 2^this (8 unless
-/// `GPUMALLOC_SLOT_BUDGET_SHIFT` is set at build time).
+/// `GPUMALLOC_SLOT_BUDGET_SHIFT` is set at build time). "Heap" in this
+/// budget and those below is the handle's budget (`Heap::budget_bytes`):
+/// the heap's size, or on a heap that maps memory as it grows, what is
+/// mapped (a heap reserving 16 GiB with 4 GiB mapped gets a 4 GiB heap's
+/// budgets).
 const SLOT_BUDGET_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"), 8);
 /// Slot blocks of a class whose block fills a segment stay within heap /
@@ -48,7 +52,7 @@ const WHOLE_SLOT_BUDGET_SHIFT: u32 = crate::class::build_knob(
 /// gave 32, and the 256 MiB heap (2 MiB, 4 classes) 1 as the default.
 const WHOLE_SLOT_SHARE_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT"), 5);
-/// Heaps of at least 2^this bytes (16 GiB by default; 0: none) follow the
+/// Heaps of at least 2^this bytes of budget (16 GiB by default; 0: none) follow the
 /// large-heap rules: the unlocked-format rule of `heap.rs`
 /// (`LARGE_HEAP_UNLOCKED_FORMAT_SHIFT`) and, where
 /// `LARGE_HEAP_SLOT_BUDGET_SHIFT` is set, that slot budget. Issue 12: a
@@ -207,7 +211,8 @@ impl Heap {
     }
 
     /// Slots in use for `class` (a power of two, 1 ..= `SLOTS_PER_CLASS`):
-    /// as many as keep one block per slot within 1/256 of the heap, so the
+    /// as many as keep one block per slot within 1/256 of the heap (its
+    /// budget, `Heap::budget_bytes`: what is mapped on a VMM heap), so the
     /// partly used blocks slots hold (which no other class can use) scale
     /// with the heap; the classes whose block fills a segment share 1/32 of
     /// the heap (`WHOLE_SLOT_SHARE_SHIFT`). A 16 GiB heap (8 MiB segments)
@@ -225,7 +230,7 @@ impl Heap {
         let block_shift = class.block_shift(self.segment_shift);
         let shift = if LARGE_HEAP_SHIFT != 0
             && LARGE_HEAP_SLOT_BUDGET_SHIFT != 0
-            && self.data_bytes() >> LARGE_HEAP_SHIFT != 0
+            && self.budget_bytes() >> LARGE_HEAP_SHIFT != 0
         {
             LARGE_HEAP_SLOT_BUDGET_SHIFT
         } else if block_shift == self.segment_shift {
@@ -244,7 +249,7 @@ impl Heap {
         } else {
             SLOT_BUDGET_SHIFT
         };
-        let budget = self.data_bytes() >> (shift + block_shift);
+        let budget = self.budget_bytes() >> (shift + block_shift);
         let slots = budget.clamp(1, SLOTS_PER_CLASS as u64) as u32;
         1 << (31 - slots.leading_zeros())
     }
@@ -262,7 +267,7 @@ impl Heap {
             (SPARE_BUDGET_SHIFT, self.slots_for(class))
         };
         let cached = (slots * (1 + SPARES_PER_SLOT)) as u64;
-        let room = self.data_bytes() >> (budget + class.block_shift(self.segment_shift));
+        let room = self.budget_bytes() >> (budget + class.block_shift(self.segment_shift));
         if self.flags & NO_SPARES != 0 || room < cached {
             0
         } else {
@@ -676,5 +681,40 @@ mod rules_tests {
                 "{segments} segments of 2^{shift}"
             );
         }
+    }
+
+    /// A heap that reserves 16 GiB (2,048 segments of 8 MiB) with 4 GiB
+    /// mapped follows the rules of a fixed 4 GiB heap of the same segments,
+    /// and those of 8 and 16 GiB as it grows (before budgets it kept the
+    /// 16 GiB heap's rules whatever was mapped). The copy keeps the
+    /// handle's addresses and geometry; the budget is capped at its
+    /// segments.
+    #[test]
+    fn a_budget_gives_the_rules_of_a_heap_of_its_size() {
+        let layout = Heap::layout(2048, 23, 0).unwrap();
+        // SAFETY: as in `rules`.
+        let heap = unsafe { layout.bind(0x1000_0000, 0x2000) };
+        assert_eq!(heap.budget_segments(), 2048, "a fixed heap counts all");
+        for mapped in [0, 1, 128, 512, 1024, 2048] {
+            let budgeted = heap.with_budget(mapped);
+            assert_eq!(budgeted.budget_segments(), mapped);
+            if mapped > 0 {
+                assert_eq!(
+                    budgeted.rules(),
+                    rules(mapped as u64, 23),
+                    "{mapped} mapped"
+                );
+            }
+            let geometry = |h: &Heap| (h.data(), h.metadata(), h.metadata_words(), h.segments());
+            assert_eq!(geometry(&budgeted), geometry(&heap));
+            assert_eq!(budgeted.data_bytes(), heap.data_bytes());
+            assert_eq!(budgeted.image() == heap.image(), mapped == 2048);
+        }
+        assert_eq!(heap.with_budget(u32::MAX).budget_segments(), 2048);
+        assert_ne!(
+            heap.with_budget(512).rules(),
+            heap.rules(),
+            "a 4 GiB budget differs from the 16 GiB heap's"
+        );
     }
 }
