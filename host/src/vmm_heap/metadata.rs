@@ -96,7 +96,8 @@ impl HostMetadata {
         let words: Vec<Word> = image.into_iter().map(Word::new).collect();
         // SAFETY: `words` holds the initial image and lives as long as the
         // handle (both are fields of this value, which hands the handle out
-        // only as `&Heap`); the caller vouches for `data`.
+        // only as `&Heap` or as a `BudgetedHeap` borrowed from it); the
+        // caller vouches for `data`.
         let heap = unsafe { layout.bind(data, words.as_ptr() as u64) };
         HostMetadata {
             heap,
