@@ -76,7 +76,7 @@ typedef struct gm_heap {
     uint32_t segments;
     uint32_t flags;          /* GM_HEAP_CHECKED | GM_HEAP_TRAP_ON_MISUSE | no-spares (4) */
     uint32_t segment_shift;  /* log2 of the segment size (21..24) */
-    uint32_t _reserved;
+    uint32_t budget_segments; /* segments the slot and spare budgets count */
     uint64_t stats_at;       /* word offsets into the metadata, from here on */
     uint64_t slots_at;
     uint64_t locks_at;
@@ -110,7 +110,7 @@ GM_CHECK_FIELD(metadata_words, 16, 8);
 GM_CHECK_FIELD(segments, 24, 4);
 GM_CHECK_FIELD(flags, 28, 4);
 GM_CHECK_FIELD(segment_shift, 32, 4);
-GM_CHECK_FIELD(_reserved, 36, 4);
+GM_CHECK_FIELD(budget_segments, 36, 4);
 GM_CHECK_FIELD(stats_at, 40, 8);
 GM_CHECK_FIELD(slots_at, 48, 8);
 GM_CHECK_FIELD(locks_at, 56, 8);

@@ -55,7 +55,7 @@ fields! {
     "segments" => segments: u32,
     "flags" => flags: u32,
     "segment_shift" => segment_shift: u32,
-    "_reserved" => _reserved: u32,
+    "budget_segments" => budget_segments: u32,
     "stats_at" => stats_at: u64,
     "slots_at" => slots_at: u64,
     "locks_at" => locks_at: u64,

@@ -407,11 +407,11 @@ impl Heap {
     /// `UNLOCKED_FORMAT_SHIFT`, or `LARGE_HEAP_UNLOCKED_FORMAT_SHIFT` on a
     /// large heap (a constant unless both diagnostics are set).
     #[inline(always)]
-    fn unlocked_format_shift(&self) -> u32 {
+    pub(crate) fn unlocked_format_shift(&self) -> u32 {
         let large = crate::team::LARGE_HEAP_SHIFT;
         if LARGE_HEAP_UNLOCKED_FORMAT_SHIFT != UNLOCKED_FORMAT_SHIFT
             && large != 0
-            && self.data_bytes() >> large != 0
+            && self.budget_bytes() >> large != 0
         {
             LARGE_HEAP_UNLOCKED_FORMAT_SHIFT
         } else {

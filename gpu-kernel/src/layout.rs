@@ -72,8 +72,26 @@ pub struct Heap {
     /// log2 of the segment size (`MIN_SEGMENT_SHIFT..=MAX_SEGMENT_SHIFT`),
     /// fixed when the heap is laid out.
     pub(crate) segment_shift: u32,
-    /// Zero: keeps the handle a whole number of words with no padding.
-    pub(crate) _reserved: u32,
+    /// Segments the size-dependent rules count (`Heap::budget_bytes`): slot
+    /// and spare budgets (`team`) and the large-heap format rule (`heap`).
+    /// `segments` on a fixed heap; on a heap that maps its memory as it
+    /// grows (the host's VMM heap) the segments mapped when the handle was
+    /// made ([`Heap::with_budget`]), so a heap that reserves 16 GiB and maps
+    /// 4 GiB follows the rules of a 4 GiB heap. At most `segments`.
+    ///
+    /// Correctness never depends on it, so handles with different budgets
+    /// may be used at once (a kernel launched before the heap grew keeps
+    /// the smaller heap's rules until it ends). It only chooses among
+    /// correct behaviours: how many of the `SLOTS_PER_CLASS` slots of a
+    /// class a thread uses (every slot word exists whatever the budget, and
+    /// `flush_slots` and `reclaim` visit all of them, so blocks left in a
+    /// slot a smaller budget no longer uses still come back), how many
+    /// spares an install parks (every spare word is popped by whoever looks,
+    /// whatever its own budget), and whether a formatting installer takes
+    /// the format lock (formatting claims a free segment from the segment
+    /// tree either way; the lock only serialises). Addresses and bounds
+    /// (`free`'s range check, ids in the trees) follow `segments`.
+    pub(crate) budget_segments: u32,
     /// Word offset of the statistics.
     pub(crate) stats_at: u64,
     /// Word offset of the slot words.
@@ -95,6 +113,23 @@ pub struct Heap {
     pub(crate) slice_bits_at: u64,
     /// Shape shared by every tree.
     pub(crate) tree: TreeShape,
+}
+
+/// A copy of a [`Heap`] handle with another budget ([`Heap::with_budget`]):
+/// use it as the `Heap` it dereferences to, or launch with its image. It
+/// borrows the handle it copies, so it lives no longer than its memory.
+#[derive(Debug)]
+pub struct BudgetedHeap<'a> {
+    heap: Heap,
+    _original: core::marker::PhantomData<&'a Heap>,
+}
+
+impl core::ops::Deref for BudgetedHeap<'_> {
+    type Target = Heap;
+
+    fn deref(&self) -> &Heap {
+        &self.heap
+    }
 }
 
 /// Words of a [`HeapImage`].
@@ -232,7 +267,7 @@ impl Heap {
             segments: segments as u32,
             flags,
             segment_shift,
-            _reserved: 0,
+            budget_segments: segments as u32,
             stats_at,
             slots_at,
             locks_at,
@@ -354,6 +389,36 @@ impl Heap {
     /// Bytes of data (whole segments).
     pub fn data_bytes(&self) -> u64 {
         (self.segments as u64) << self.segment_shift
+    }
+
+    /// Segments the size-dependent rules count (see the field's docs):
+    /// [`Heap::segments`] unless the handle came from [`Heap::with_budget`].
+    pub fn budget_segments(&self) -> u32 {
+        self.budget_segments
+    }
+
+    /// Bytes the size-dependent rules count: the budget's segments. Read
+    /// where `data_bytes` was before budgets (the fast path of `malloc`
+    /// reads this field instead of `segments`: one handle field either way).
+    #[inline(always)]
+    pub(crate) fn budget_bytes(&self) -> u64 {
+        (self.budget_segments as u64) << self.segment_shift
+    }
+
+    /// A copy of this handle whose size-dependent rules count `segments`
+    /// segments (at most [`Heap::segments`]): what a heap that maps its
+    /// memory as it grows hands to threads and launches, with the segments
+    /// it has mapped. Safe: the copy has the same addresses and borrows
+    /// this handle, so it cannot outlive the memory behind it, and no
+    /// budget makes `malloc` or `free` incorrect (see the field's docs).
+    pub fn with_budget(&self, segments: u32) -> BudgetedHeap<'_> {
+        BudgetedHeap {
+            heap: Heap {
+                budget_segments: segments.min(self.segments),
+                ..self.duplicate()
+            },
+            _original: core::marker::PhantomData,
+        }
     }
 
     /// Bytes of metadata.

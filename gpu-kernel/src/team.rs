@@ -16,13 +16,17 @@
 
 use crate::arch::{self, Word};
 use crate::block;
-use crate::class::SizeClass;
+use crate::class::{SLICE_CLASSES, SizeClass};
 use crate::heap::{BlockId, Claim};
 use crate::layout::{Heap, NO_SPARES, RECLAIMS_WORD};
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
 
 /// Slot blocks of one class stay within heap / 2^this (8 unless
-/// `GPUMALLOC_SLOT_BUDGET_SHIFT` is set at build time).
+/// `GPUMALLOC_SLOT_BUDGET_SHIFT` is set at build time). "Heap" in this
+/// budget and those below is the handle's budget (`Heap::budget_bytes`):
+/// the heap's size, or on a heap that maps memory as it grows, what is
+/// mapped (a heap reserving 16 GiB with 4 GiB mapped gets a 4 GiB heap's
+/// budgets).
 const SLOT_BUDGET_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"), 8);
 /// Slot blocks of a class whose block fills a segment stay within heap /
@@ -48,7 +52,7 @@ const WHOLE_SLOT_BUDGET_SHIFT: u32 = crate::class::build_knob(
 /// gave 32, and the 256 MiB heap (2 MiB, 4 classes) 1 as the default.
 const WHOLE_SLOT_SHARE_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT"), 5);
-/// Heaps of at least 2^this bytes (16 GiB by default; 0: none) follow the
+/// Heaps of at least 2^this bytes of budget (16 GiB by default; 0: none) follow the
 /// large-heap rules: the unlocked-format rule of `heap.rs`
 /// (`LARGE_HEAP_UNLOCKED_FORMAT_SHIFT`) and, where
 /// `LARGE_HEAP_SLOT_BUDGET_SHIFT` is set, that slot budget. Issue 12: a
@@ -79,6 +83,20 @@ const SPARE_BUDGET_SHIFT: u32 = 3;
 /// bench's 4 KiB allocations 20% on the H100 (`docs/PERF.md`).
 const SEGMENT_SPARE_BUDGET_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"), 3);
+
+/// The size-dependent rules of a heap ([`Heap::rules`]): what its size
+/// selects, for tests that compare heaps and for reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapRules {
+    /// Slots in use per slice class, 16 B first (`Heap::slots_for`).
+    pub slots: [u32; SLICE_CLASSES as usize],
+    /// Spare blocks an install claims per slice class (0 or
+    /// `SPARES_PER_SLOT`).
+    pub spares: [u32; SLICE_CLASSES as usize],
+    /// A slot installer that takes 1 / 2^this of a new segment's blocks
+    /// formats it without the class's format lock (`heap.rs`).
+    pub unlocked_format_shift: u32,
+}
 
 /// What [`Heap::reserve_if_open`] answers for a slot with nothing left (not
 /// a valid slot word: its block field is all ones).
@@ -195,7 +213,8 @@ impl Heap {
     }
 
     /// Slots in use for `class` (a power of two, 1 ..= `SLOTS_PER_CLASS`):
-    /// as many as keep one block per slot within 1/256 of the heap, so the
+    /// as many as keep one block per slot within 1/256 of the heap (its
+    /// budget, `Heap::budget_bytes`: what is mapped on a VMM heap), so the
     /// partly used blocks slots hold (which no other class can use) scale
     /// with the heap; the classes whose block fills a segment share 1/32 of
     /// the heap (`WHOLE_SLOT_SHARE_SHIFT`). A 16 GiB heap (8 MiB segments)
@@ -213,7 +232,7 @@ impl Heap {
         let block_shift = class.block_shift(self.segment_shift);
         let shift = if LARGE_HEAP_SHIFT != 0
             && LARGE_HEAP_SLOT_BUDGET_SHIFT != 0
-            && self.data_bytes() >> LARGE_HEAP_SHIFT != 0
+            && self.budget_bytes() >> LARGE_HEAP_SHIFT != 0
         {
             LARGE_HEAP_SLOT_BUDGET_SHIFT
         } else if block_shift == self.segment_shift {
@@ -232,9 +251,42 @@ impl Heap {
         } else {
             SLOT_BUDGET_SHIFT
         };
-        let budget = self.data_bytes() >> (shift + block_shift);
+        let budget = self.budget_bytes() >> (shift + block_shift);
         let slots = budget.clamp(1, SLOTS_PER_CLASS as u64) as u32;
         1 << (31 - slots.leading_zeros())
+    }
+
+    /// Spare blocks an install of `class` claims beyond the one it
+    /// installs: `SPARES_PER_SLOT`, or none where the class's slots with
+    /// all their spares would take more than its share of the heap (see
+    /// [`Heap::claim_for_slot`]) or the heap keeps no spares (`NO_SPARES`).
+    #[inline(always)]
+    fn spares_for(&self, class: SizeClass) -> u32 {
+        let whole_segments = class.blocks_per_segment(self.segment_shift) == 1;
+        let (budget, slots) = if whole_segments {
+            (SEGMENT_SPARE_BUDGET_SHIFT, SLOTS_PER_CLASS)
+        } else {
+            (SPARE_BUDGET_SHIFT, self.slots_for(class))
+        };
+        let cached = (slots * (1 + SPARES_PER_SLOT)) as u64;
+        let room = self.budget_bytes() >> (budget + class.block_shift(self.segment_shift));
+        if self.flags & NO_SPARES != 0 || room < cached {
+            0
+        } else {
+            SPARES_PER_SLOT
+        }
+    }
+
+    /// The size-dependent rules this handle applies: slots and spares per
+    /// slice class, and the unlocked-format threshold. For tests and
+    /// reports (nothing on the allocation paths calls it).
+    pub fn rules(&self) -> HeapRules {
+        let class = |i: u32| SizeClass::new(i).expect("a slice class index");
+        HeapRules {
+            slots: core::array::from_fn(|i| self.slots_for(class(i as u32))),
+            spares: core::array::from_fn(|i| self.spares_for(class(i as u32))),
+            unlocked_format_shift: self.unlocked_format_shift(),
+        }
     }
 
     /// Slice `slice` of global block `global`: its address. On checked heaps
@@ -354,20 +406,8 @@ impl Heap {
         // (the slot count grows with the heap, which would keep the share
         // the same on every heap): heaps of 1024 segments and more keep
         // these spares (see `SEGMENT_SPARE_BUDGET_SHIFT`).
-        let whole_segments = class.blocks_per_segment(self.segment_shift) == 1;
-        let (budget, slots) = if whole_segments {
-            (SEGMENT_SPARE_BUDGET_SHIFT, SLOTS_PER_CLASS)
-        } else {
-            (SPARE_BUDGET_SHIFT, self.slots_for(class))
-        };
-        let cached = (slots * (1 + SPARES_PER_SLOT)) as u64;
-        let room = self.data_bytes() >> (budget + class.block_shift(self.segment_shift));
-        let spares = if self.flags & NO_SPARES != 0 || room < cached {
-            0
-        } else {
-            SPARES_PER_SLOT
-        };
-        if whole_segments {
+        let spares = self.spares_for(class);
+        if class.blocks_per_segment(self.segment_shift) == 1 {
             let (first, taken) = self.claim_whole_segments(class, 1 + spares)?;
             *extra = Extra::Segments {
                 first,
@@ -575,5 +615,108 @@ mod tests {
             _ => return,
         };
         assert_eq!(seen, expected);
+    }
+}
+
+#[cfg(test)]
+mod rules_tests {
+    use super::*;
+
+    /// The rules of a fixed heap of `segments` segments of 2^`shift` bytes.
+    fn rules(segments: u64, shift: u32) -> HeapRules {
+        let layout = Heap::layout(segments, shift, 0).unwrap();
+        // SAFETY: the handle is used only for `rules`, which reads its
+        // geometry fields and touches neither data nor metadata.
+        unsafe { layout.bind(0, 0) }.rules()
+    }
+
+    /// Whether this build sets none of the knobs the rules depend on.
+    fn default_build() -> bool {
+        [
+            option_env!("GPUMALLOC_SLOTS"),
+            option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
+            option_env!("GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT"),
+            option_env!("GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT"),
+            option_env!("GPUMALLOC_LARGE_HEAP_SHIFT"),
+            option_env!("GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT"),
+            option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"),
+            option_env!("GPUMALLOC_UNLOCKED_FORMAT_SHIFT"),
+            option_env!("GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT"),
+        ]
+        .iter()
+        .all(Option::is_none)
+    }
+
+    /// The rules fixed heaps get with the default build, as the code gave
+    /// them before budgets could differ from the heap's size: 256 MiB,
+    /// 1 GiB and 4 GiB of 2 MiB segments, 4, 8 and 16 GiB of 8 MiB (the
+    /// bench's `ours-sized` and `ours`), the demand + 3% heap (2,107 of
+    /// 4 MiB) and the largest heap of 16 MiB segments. Slots and spares
+    /// list the classes 16 B … 4 KiB.
+    #[test]
+    fn fixed_heaps_keep_their_rules() {
+        if !default_build() {
+            return;
+        }
+        let r = |slots, spares, unlocked_format_shift| HeapRules {
+            slots,
+            spares,
+            unlocked_format_shift,
+        };
+        let all = [3; 9];
+        let five = [3, 3, 3, 3, 3, 0, 0, 0, 0];
+        let seven = [3, 3, 3, 3, 3, 3, 3, 0, 0];
+        let expected = [
+            ((128, 21), r([16, 8, 4, 2, 1, 1, 1, 1, 1], five, 1)),
+            ((512, 21), r([32, 32, 16, 8, 4, 4, 4, 4, 4], five, 1)),
+            ((2048, 21), r([32, 32, 32, 32, 16, 16, 16, 16, 16], all, 1)),
+            ((512, 23), r([32, 32, 32, 32, 16, 8, 4, 8, 8], seven, 1)),
+            ((1024, 23), r([32, 32, 32, 32, 32, 16, 8, 16, 16], all, 1)),
+            ((2048, 23), r([32, 32, 32, 32, 32, 32, 16, 32, 32], all, 2)),
+            ((2107, 22), r([32, 32, 32, 32, 32, 16, 16, 16, 16], all, 1)),
+            ((65535, 24), r([32; 9], all, 2)),
+        ];
+        for ((segments, shift), want) in expected {
+            assert_eq!(
+                rules(segments, shift),
+                want,
+                "{segments} segments of 2^{shift}"
+            );
+        }
+    }
+
+    /// A heap that reserves 16 GiB (2,048 segments of 8 MiB) with 4 GiB
+    /// mapped follows the rules of a fixed 4 GiB heap of the same segments,
+    /// and those of 8 and 16 GiB as it grows (before budgets it kept the
+    /// 16 GiB heap's rules whatever was mapped). The copy keeps the
+    /// handle's addresses and geometry; the budget is capped at its
+    /// segments.
+    #[test]
+    fn a_budget_gives_the_rules_of_a_heap_of_its_size() {
+        let layout = Heap::layout(2048, 23, 0).unwrap();
+        // SAFETY: as in `rules`.
+        let heap = unsafe { layout.bind(0x1000_0000, 0x2000) };
+        assert_eq!(heap.budget_segments(), 2048, "a fixed heap counts all");
+        for mapped in [0, 1, 128, 512, 1024, 2048] {
+            let budgeted = heap.with_budget(mapped);
+            assert_eq!(budgeted.budget_segments(), mapped);
+            if mapped > 0 {
+                assert_eq!(
+                    budgeted.rules(),
+                    rules(mapped as u64, 23),
+                    "{mapped} mapped"
+                );
+            }
+            let geometry = |h: &Heap| (h.data(), h.metadata(), h.metadata_words(), h.segments());
+            assert_eq!(geometry(&budgeted), geometry(&heap));
+            assert_eq!(budgeted.data_bytes(), heap.data_bytes());
+            assert_eq!(budgeted.image() == heap.image(), mapped == 2048);
+        }
+        assert_eq!(heap.with_budget(u32::MAX).budget_segments(), 2048);
+        assert_ne!(
+            heap.with_budget(512).rules(),
+            heap.rules(),
+            "a 4 GiB budget differs from the 16 GiB heap's"
+        );
     }
 }

@@ -8,6 +8,8 @@
 //!
 //! Workloads (fixed seeds):
 //! - a 1 TiB reservation with 4 segments mapped (model without data);
+//! - 16 GiB reserved with 4 GiB mapped, grown to 8 and trimmed back: the
+//!   size-dependent rules are those of a heap of what is mapped;
 //! - 3 threads allocating and freeing log-uniform 16 B–64 KiB, each
 //!   allocation filled and verified, every live range checked against all
 //!   others, while the main thread grows and trims; after each step mapped
@@ -122,6 +124,65 @@ impl LiveRanges {
 /// segments and trims keeping 0–3 free, checking mapped == present ×
 /// segment after each step. At the end everything is freed and a trim
 /// returns every segment.
+/// A VMM heap of 8 MiB segments with `initial` of its `reserve` bytes
+/// mapped (model without data).
+fn heap_of_8mib_segments(reserve: u64, initial: u64) -> ModelVmmHeap {
+    let config = VmmHeapConfig {
+        heap: HeapConfig {
+            segment_shift: Some(23),
+            ..HeapConfig::unchecked(reserve)
+        },
+        initial_bytes: initial,
+        max_mapped_bytes: None,
+    };
+    ModelVmmHeap::on_model(model_without_data(2 * MIB), config).unwrap()
+}
+
+/// The size-dependent rules (slots, spares, unlocked formats) of a heap of
+/// `bytes` that has all its memory: what a fixed heap of that size gets.
+fn rules_of_a_whole_heap(bytes: u64) -> gpu_kernel::team::HeapRules {
+    let h = heap_of_8mib_segments(bytes, bytes);
+    let heap = h.heap();
+    assert_eq!(heap.budget_segments(), heap.segments(), "all of it counts");
+    heap.rules()
+}
+
+/// Issue 13: a heap reserving 16 GiB with 4 GiB mapped (the bench's
+/// `ours-vmm` once grown) applies the rules of a 4 GiB heap of the same
+/// segments (the bench's `ours-sized`), not those of 16 GiB, and follows
+/// as it grows and trims. Before budgets it kept the 16 GiB rules whatever
+/// was mapped. A handle taken before the growth stays usable.
+#[test]
+fn the_rules_follow_what_is_mapped() {
+    let h = heap_of_8mib_segments(16 * GIB, 4 * GIB);
+    assert_eq!(
+        h.heap().segments(),
+        2048,
+        "16 GiB of 8 MiB segments reserved"
+    );
+    assert_eq!(h.heap().budget_segments(), 512, "4 GiB mapped");
+    let (four, eight) = (
+        rules_of_a_whole_heap(4 * GIB),
+        rules_of_a_whole_heap(8 * GIB),
+    );
+    assert_eq!(h.heap().rules(), four);
+    assert_ne!(h.heap().rules(), rules_of_a_whole_heap(16 * GIB));
+
+    let before = h.heap();
+    assert_eq!(h.grow(4 * GIB).unwrap(), 4 * GIB);
+    assert_eq!(h.heap().rules(), eight, "grown to 8 GiB");
+    assert_eq!(before.rules(), four, "a handle keeps its own budget");
+    // Both handles allocate from the same heap; either frees.
+    let (a, b) = (before.malloc(2048), h.heap().malloc(2048));
+    assert!(!a.is_null() && !b.is_null() && a != b);
+    h.heap().free(a);
+    before.free(b);
+
+    assert_eq!(h.trim_keeping(512).unwrap(), 4 * GIB);
+    assert_eq!(h.heap().budget_segments(), 512);
+    assert_eq!(h.heap().rules(), four, "trimmed back to 4 GiB");
+}
+
 #[test]
 fn grow_and_trim_while_threads_allocate() {
     let vmm = model(2 * MIB);

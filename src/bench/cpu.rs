@@ -58,9 +58,11 @@ impl Target {
         }
     }
 
-    fn heap(&self) -> &gpu_kernel::Heap {
+    /// The handle to allocate with: the VMM heap's has the rules of the
+    /// size it has grown to (its budget), taken afresh for each round.
+    fn heap(&self) -> gpu_kernel::layout::BudgetedHeap<'_> {
         match self {
-            Target::Host(h) => h.heap(),
+            Target::Host(h) => h.heap().with_budget(h.heap().budget_segments()),
             Target::Vmm { heap, .. } => heap.heap(),
         }
     }

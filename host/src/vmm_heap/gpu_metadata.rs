@@ -19,6 +19,7 @@
 
 use std::mem::ManuallyDrop;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use cudarc::driver::CudaSlice;
 use gpu_kernel::Heap;
@@ -36,6 +37,9 @@ pub struct GpuMetadata {
     /// The same device with a non-blocking stream for growth and trims.
     side: Gpu,
     heap: Heap,
+    /// Segments the handles [`GpuMetadata::arg`] makes count for their
+    /// rules (relaxed: a tuning value, see [`SegmentTree::set_budget`]).
+    budget: AtomicU32,
     /// Dropped by hand in `Drop`, before the wait that makes the free land.
     metadata: ManuallyDrop<CudaSlice<u64>>,
     /// Serialises work on `side`.
@@ -65,15 +69,18 @@ impl GpuMetadata {
             gpu: gpu.clone(),
             side,
             heap,
+            budget: AtomicU32::new(0),
             metadata: ManuallyDrop::new(metadata),
             lock: Mutex::new(()),
         })
     }
 
     /// The handle as a kernel argument (the only way out: its addresses are
-    /// device addresses, so no `&Heap` is handed to host code).
+    /// device addresses, so no `&Heap` is handed to host code), with the
+    /// budget set last (see [`SegmentTree::set_budget`]).
     pub fn arg(&self) -> Arg {
-        Arg::Heap(HeapParam(self.heap.image()))
+        let budget = self.budget.load(Ordering::Relaxed);
+        Arg::Heap(HeapParam(self.heap.with_budget(budget).image()))
     }
 
     fn side(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -224,6 +231,10 @@ impl SegmentTree for GpuMetadata {
         }
         .call("cuMemcpyHtoDAsync(initial metadata)")?;
         self.side.sync()
+    }
+
+    fn set_budget(&self, segments: u32) {
+        self.budget.store(segments, Ordering::Relaxed);
     }
 
     fn quiesce(&self) -> Result<()> {

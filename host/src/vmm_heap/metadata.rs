@@ -9,9 +9,11 @@
 //! `withdraw` and `flush` under its ledger lock; `free_segments` is also
 //! called by the growth service without it.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use gpu_kernel::Heap;
 use gpu_kernel::arch::Word;
-use gpu_kernel::layout::HeapLayout;
+use gpu_kernel::layout::{BudgetedHeap, HeapLayout};
 use gpu_kernel::stats::HeapStats;
 
 use crate::error::Result;
@@ -52,6 +54,12 @@ pub trait SegmentTree: Send + Sync {
     /// heap and no pointer into it is kept.
     fn reset(&self, present: u32) -> Result<()>;
 
+    /// Sets the heap's budget: handles made from now on (each launch's, each
+    /// `heap()`) follow the size-dependent rules of a heap of `segments`
+    /// segments (`gpu_kernel::Heap::with_budget`). Correctness never
+    /// depends on it: handles made before keep working with their own.
+    fn set_budget(&self, segments: u32);
+
     /// Waits until nothing runs on the heap that this handle launched or
     /// can see (the GPU: both streams idle). Called before the heap's
     /// memory is unmapped for good.
@@ -65,6 +73,9 @@ pub trait SegmentTree: Send + Sync {
 /// any byte that is not mapped with access (what a GPU would fault on).
 pub struct HostMetadata {
     heap: Heap,
+    /// Segments the handles [`HostMetadata::heap`] makes count for their
+    /// rules (relaxed: a tuning value, see [`SegmentTree::set_budget`]).
+    budget: AtomicU32,
     /// The words `heap` is bound to (a `Vec`'s buffer does not move when
     /// the `Vec` does).
     words: Vec<Word>,
@@ -85,14 +96,20 @@ impl HostMetadata {
         let words: Vec<Word> = image.into_iter().map(Word::new).collect();
         // SAFETY: `words` holds the initial image and lives as long as the
         // handle (both are fields of this value, which hands the handle out
-        // only as `&Heap`); the caller vouches for `data`.
+        // only as `&Heap` or as a `BudgetedHeap` borrowed from it); the
+        // caller vouches for `data`.
         let heap = unsafe { layout.bind(data, words.as_ptr() as u64) };
-        HostMetadata { heap, words }
+        HostMetadata {
+            heap,
+            budget: AtomicU32::new(0),
+            words,
+        }
     }
 
-    /// The heap handle host threads allocate with.
-    pub fn heap(&self) -> &Heap {
-        &self.heap
+    /// The heap handle host threads allocate with, with the budget set
+    /// last (see [`SegmentTree::set_budget`]).
+    pub fn heap(&self) -> BudgetedHeap<'_> {
+        self.heap.with_budget(self.budget.load(Ordering::Relaxed))
     }
 }
 
@@ -144,6 +161,10 @@ impl SegmentTree for HostMetadata {
             gpu_kernel::arch::store_relaxed(w, v);
         }
         Ok(())
+    }
+
+    fn set_budget(&self, segments: u32) {
+        self.budget.store(segments, Ordering::Relaxed);
     }
 
     fn quiesce(&self) -> Result<()> {

@@ -174,6 +174,36 @@ struct Ledger {
     unmapped: Vec<ChunkHandle>,
 }
 
+/// The locked ledger ([`Shared::ledger`]): sets the heap's budget when
+/// released.
+struct LockedLedger<'a, M: SegmentTree> {
+    guard: MutexGuard<'a, Ledger>,
+    tree: &'a M,
+}
+
+impl<M: SegmentTree> std::ops::Deref for LockedLedger<'_, M> {
+    type Target = Ledger;
+
+    fn deref(&self) -> &Ledger {
+        &self.guard
+    }
+}
+
+impl<M: SegmentTree> std::ops::DerefMut for LockedLedger<'_, M> {
+    fn deref_mut(&mut self) -> &mut Ledger {
+        &mut self.guard
+    }
+}
+
+impl<M: SegmentTree> Drop for LockedLedger<'_, M> {
+    /// The budget is the present segments: mapped and published, stranded
+    /// ones left out (set while the lock is still held, so budgets are set
+    /// in the order the ledger changed).
+    fn drop(&mut self) {
+        self.tree.set_budget(self.guard.present);
+    }
+}
+
 /// Relaxed counters: independent statistics, read only for reporting.
 #[derive(Default)]
 struct Counters {
@@ -233,8 +263,12 @@ impl ModelVmmHeap {
         })
     }
 
-    /// The heap handle host threads call `malloc` and `free` on.
-    pub fn heap(&self) -> &gpu_kernel::Heap {
+    /// The heap handle host threads call `malloc` and `free` on, with the
+    /// rules of a heap of the segments mapped now (its budget; see
+    /// `gpu_kernel::Heap::with_budget`). A handle kept while the heap grows
+    /// or trims stays correct with the rules of the size it was made at:
+    /// call this again to follow.
+    pub fn heap(&self) -> gpu_kernel::layout::BudgetedHeap<'_> {
         self.shared.tree.heap()
     }
 }
@@ -251,7 +285,10 @@ impl CudaVmmHeap {
         })
     }
 
-    /// The heap handle as a kernel argument.
+    /// The heap handle as a kernel argument, with the rules of a heap of
+    /// the segments mapped now (see [`ModelVmmHeap::heap`]): take a fresh
+    /// one for each launch. A kernel launched with an older one stays
+    /// correct, with the rules of the size the heap had then.
     pub fn arg(&self) -> crate::gpu::Arg {
         self.shared.tree.arg()
     }
@@ -533,10 +570,18 @@ impl<D: VmmDriver, M: SegmentTree> Shared<D, M> {
         self.data + ((id as u64) << self.segment_shift)
     }
 
-    fn ledger(&self) -> MutexGuard<'_, Ledger> {
-        // Every change to the ledger is made right after the driver call it
-        // records, so a panic elsewhere leaves it true.
-        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    /// The ledger, locked. Releasing it sets the heap's budget to the
+    /// segments present ([`SegmentTree::set_budget`]): every change to what
+    /// is mapped is made under this lock, so the handles made after it
+    /// (each launch's, each `heap()`) count what is mapped, whatever path
+    /// (an early return included) changed it.
+    fn ledger(&self) -> LockedLedger<'_, M> {
+        LockedLedger {
+            // Every change to the ledger is made right after the driver call
+            // it records, so a panic elsewhere leaves it true.
+            guard: self.ledger.lock().unwrap_or_else(|e| e.into_inner()),
+            tree: &self.tree,
+        }
     }
 
     /// Maps and publishes up to `want` absent segments (lowest ids first),
