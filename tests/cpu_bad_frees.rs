@@ -17,6 +17,9 @@ use gpumalloc::gpu_kernels::workload::{fill, verify};
 use gpumalloc::{CpuHeap, HeapConfig};
 
 const MIB: u64 = 1 << 20;
+/// A request of the smallest block class (16 KiB since 8 KiB became a
+/// slice class): the bad-free cases named "block" need one.
+const BLOCK: u64 = 1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT;
 
 /// One kind of bad free: sets up live allocations, makes the bad free,
 /// returns the good pointers to free afterwards.
@@ -86,8 +89,8 @@ fn kinds() -> Vec<Kind> {
             checked: (0, 1),
             unchecked: (0, 1),
             run: |h| {
-                let p = alloc(h, 8192);
-                let q = alloc(h, 8192);
+                let p = alloc(h, BLOCK);
+                let q = alloc(h, BLOCK);
                 h.heap().free(p);
                 h.heap().free(p);
                 vec![q]
@@ -98,8 +101,8 @@ fn kinds() -> Vec<Kind> {
             checked: (1, 0),
             unchecked: (0, 1),
             run: |h| {
-                let p = alloc(h, 8192);
-                h.heap().free(p.wrapping_add(8192 * 5));
+                let p = alloc(h, BLOCK);
+                h.heap().free(p.wrapping_add(BLOCK as usize * 5));
                 vec![p]
             },
         },
@@ -230,7 +233,7 @@ fn bad_frees_on_an_unchecked_heap() {
 fn racing_double_frees_count_once() {
     let h = CpuHeap::new(HeapConfig::checked(64 * MIB)).unwrap();
     let rounds = 300u64;
-    for size in [64u64, 8192] {
+    for size in [64u64, BLOCK] {
         let barrier = std::sync::Barrier::new(2);
         for _ in 0..rounds {
             let p = alloc(&h, size) as u64;
