@@ -28,5 +28,15 @@ for l in sys.stdin:
   if [ -z "$bin" ]; then echo "no test binary for $spec" >&2; exit 1; fi
   cp "$bin" ".gpu/test-$t"
 done
-find target/release/build -path '*ptx-target/nvptx64-nvidia-cuda/release/*.ptx' -exec cp {} .gpu/ \;
+# The PTX of this build: for each name the newest copy. target/release/build
+# keeps one folder per set of build settings, and the folders of older builds
+# (other GPUMALLOC_* settings, older sources) hold PTX with other heap layouts:
+# a C++ program linked against one of those reads a heap its host library laid
+# out differently (example 03 failed that way on 2026-11-23).
+rm -f .gpu/*.ptx
+for name in gpu_kernels device_c_abi user_kernel heap_kernels; do
+  # shellcheck disable=SC2012 # names are ours, without spaces
+  newest=$(ls -t target/release/build/*/out/ptx-target/nvptx64-nvidia-cuda/release/$name.ptx | head -1)
+  cp "$newest" .gpu/
+done
 ls -la .gpu
