@@ -68,7 +68,11 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Options {
-        let mut sizes: Vec<u64> = (4..=13).map(|s| 1u64 << s).collect();
+        // Every class: slices 16 B … 8 KiB, blocks 16 KiB … 16 MiB (the
+        // largest segment; a heap of smaller segments serves the larger of
+        // these as runs). Sizes whose 2^20 requests would pass half the
+        // heap run with fewer threads (`threads_for`).
+        let mut sizes: Vec<u64> = (4..=MAX_SEGMENT_SHIFT).map(|s| 1u64 << s).collect();
         // A multi-segment request: 32 MiB, fixed so that builds with
         // different segment sizes time the same request.
         sizes.push((32 << 20).max(2 << MAX_SEGMENT_SHIFT));
