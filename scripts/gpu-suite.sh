@@ -27,6 +27,8 @@ step "$OUT/tests.log" "$BIN/test-gpu" --include-ignored --test-threads=1 --nocap
 step "$OUT/heap-whole.log" "$BIN/test-gpu_heap_whole" --include-ignored --test-threads=1 --nocapture
 step "$OUT/lake.log" "$BIN/test-lake_gpu" --include-ignored --test-threads=1 --nocapture
 step "$OUT/vmm-heap.log" "$BIN/test-gpu_vmm_heap" --include-ignored --test-threads=1 --nocapture
+# Two GPUs (peer access); prints "skipped: ..." and passes on one.
+step "$OUT/vmm-peers.log" "$BIN/test-gpu_vmm_peers" --include-ignored --test-threads=1 --nocapture
 step "$OUT/call-cost.log" "$BIN/test-call_cost" --include-ignored --test-threads=1 --nocapture
 step "$OUT/graph.log" "$BIN/test-graph_gpu" --include-ignored --test-threads=1 --nocapture
 step "$OUT/example-01.log" "$BIN/01_first_alloc"

@@ -14,7 +14,7 @@ cp target/release/gpumalloc target/release/libgpumalloc_torch.so target/release/
 for example in 01_first_alloc 02_linked_list 04_growing_heap; do
   cp "target/release/examples/$example" .gpu/
 done
-for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:gpu_vmm_heap gpumalloc:graph_gpu lake:lake_gpu torch-alloc:call_cost capi:capi_gpu; do
+for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:gpu_vmm_heap gpumalloc:gpu_vmm_peers gpumalloc:graph_gpu lake:lake_gpu torch-alloc:call_cost capi:capi_gpu; do
   pkg=${spec%%:*}; t=${spec#*:}
   bin=$(cargo test --release -p "$pkg" --no-run --test "$t" --message-format=json 2>/dev/null \
         | T="$t" python3 -c 'import json,os,sys

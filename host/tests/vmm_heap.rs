@@ -134,6 +134,7 @@ fn heap_of_8mib_segments(reserve: u64, initial: u64) -> ModelVmmHeap {
         },
         initial_bytes: initial,
         max_mapped_bytes: None,
+        peer_access: Vec::new(),
     };
     ModelVmmHeap::on_model(model_without_data(2 * MIB), config).unwrap()
 }

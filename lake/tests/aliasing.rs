@@ -102,6 +102,15 @@ impl VmmDriver for Watch {
     fn set_access(&self, addr: u64, size: u64) -> VmmResult<()> {
         self.vmm.set_access(addr, size)
     }
+    fn set_access_for(&self, addr: u64, size: u64, peers: &[i32]) -> VmmResult<()> {
+        self.vmm.set_access_for(addr, size, peers)
+    }
+    fn device_ordinal(&self) -> i32 {
+        self.vmm.device_ordinal()
+    }
+    fn peer_can_access(&self, peer: i32) -> host::Result<bool> {
+        self.vmm.peer_can_access(peer)
+    }
     fn counters(&self) -> DriverCounters {
         self.vmm.counters()
     }

@@ -355,7 +355,7 @@ impl VmmDriver for CudaVmm {
         })
     }
 
-    fn set_access(&self, addr: u64, size: u64) -> VmmResult<()> {
+    fn set_access_for(&self, addr: u64, size: u64, peers: &[i32]) -> VmmResult<()> {
         self.meter
             .covers(VmmCall::SetAccess, size / self.granularity);
         let grant = |id: i32| sys::CUmemAccessDesc {
@@ -366,7 +366,7 @@ impl VmmDriver for CudaVmm {
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         let descs: Vec<sys::CUmemAccessDesc> = std::iter::once(self.device())
-            .chain(self.options.peers.iter().copied())
+            .chain(peers.iter().copied())
             .map(grant)
             .collect();
         self.call(VmmCall::SetAccess, || {
@@ -375,6 +375,28 @@ impl VmmDriver for CudaVmm {
             unsafe { sys::cuMemSetAccess(addr, size as usize, descs.as_ptr(), descs.len()) }
                 .result()
         })
+    }
+
+    fn device_ordinal(&self) -> i32 {
+        self.ordinal() as i32
+    }
+
+    fn peer_can_access(&self, peer: i32) -> crate::Result<bool> {
+        use crate::error::DriverCall;
+        crate::thread_cuda::before_driver_call();
+        let mut device: sys::CUdevice = 0;
+        // SAFETY: writes one device handle; an ordinal that does not exist
+        // is refused by the driver (CUDA_ERROR_INVALID_DEVICE).
+        unsafe { sys::cuDeviceGet(&mut device, peer) }
+            .result()
+            .call("cuDeviceGet")?;
+        let mut can: i32 = 0;
+        // SAFETY: writes one int; both devices are valid handles. Asks
+        // whether `device` (the peer) can access memory of our device.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, device, self.device()) }
+            .result()
+            .call("cuDeviceCanAccessPeer")?;
+        Ok(can != 0)
     }
 
     fn counters(&self) -> DriverCounters {

@@ -28,7 +28,9 @@ pub struct ChunkOptions {
     /// registered with NCCL or an RDMA NIC.
     pub rdma_capable: bool,
     /// Other GPUs (device ordinals) granted read-write access on every
-    /// [`VmmDriver::set_access`], besides the driver's own device.
+    /// [`VmmDriver::set_access`], besides the driver's own device (the
+    /// lake's setting; a `VmmHeap` names its peers in its own
+    /// configuration, `VmmHeapConfig::peer_access`).
     pub peers: Vec<i32>,
 }
 
@@ -196,9 +198,30 @@ pub trait VmmDriver: Send + Sync {
     fn unmap(&self, addr: u64) -> VmmResult<()>;
 
     /// Grants read-write access to `[addr, addr + size)` to the driver's own
-    /// device and to [`ChunkOptions::peers`]. Every byte of the range is
-    /// mapped. Access is lost when a mapping is unmapped.
-    fn set_access(&self, addr: u64, size: u64) -> VmmResult<()>;
+    /// device and to [`ChunkOptions::peers`]: [`VmmDriver::set_access_for`]
+    /// with those peers (what the lake grants).
+    fn set_access(&self, addr: u64, size: u64) -> VmmResult<()> {
+        self.set_access_for(addr, size, &self.options().peers)
+    }
+
+    /// Grants read-write access to `[addr, addr + size)` to the driver's own
+    /// device and to each device of `peers` (ordinals; one
+    /// `CUmemAccessDesc` per device in one `cuMemSetAccess`). Every byte of
+    /// the range is mapped; no peer is the driver's own device or listed
+    /// twice, and each can access it ([`VmmDriver::peer_can_access`]).
+    /// Access is lost when a mapping is unmapped.
+    fn set_access_for(&self, addr: u64, size: u64, peers: &[i32]) -> VmmResult<()>;
+
+    /// The ordinal of the device whose memory the driver creates and whose
+    /// access every [`VmmDriver::set_access_for`] grants.
+    fn device_ordinal(&self) -> i32;
+
+    /// Whether device `peer` can be granted access to this driver's memory
+    /// (`cuDeviceCanAccessPeer(peer, own device)`: the peer capability that
+    /// `cuMemSetAccess` needs for a device-located allocation). An error
+    /// names the call (e.g. `cuDeviceGet` of an ordinal that does not
+    /// exist).
+    fn peer_can_access(&self, peer: i32) -> crate::Result<bool>;
 
     /// Calls made so far and the time spent in them.
     fn counters(&self) -> DriverCounters;
@@ -317,6 +340,15 @@ impl<D: VmmDriver> VmmDriver for std::sync::Arc<D> {
     }
     fn set_access(&self, addr: u64, size: u64) -> VmmResult<()> {
         (**self).set_access(addr, size)
+    }
+    fn set_access_for(&self, addr: u64, size: u64, peers: &[i32]) -> VmmResult<()> {
+        (**self).set_access_for(addr, size, peers)
+    }
+    fn device_ordinal(&self) -> i32 {
+        (**self).device_ordinal()
+    }
+    fn peer_can_access(&self, peer: i32) -> crate::Result<bool> {
+        (**self).peer_can_access(peer)
     }
     fn counters(&self) -> DriverCounters {
         (**self).counters()

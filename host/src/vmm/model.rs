@@ -21,6 +21,13 @@
 //! tens of GiB): it checks every call the same way but refuses reads and
 //! writes.
 //!
+//! Devices: the model is device 0 ([`MODEL_DEVICE`]) of a machine of
+//! [`DEFAULT_DEVICES`] GPUs, every one of which can access the others'
+//! memory unless told otherwise ([`ModelVmm::set_devices`],
+//! [`ModelVmm::set_peer_capable`]). Each mapped granule records the devices
+//! granted access ([`ModelVmm::access_at`]); [`ModelVmm::read_on`] reads as
+//! one device would, refused where that device has no access.
+//!
 //! Concurrency: all state sits behind one mutex, taken for the length of a
 //! call; the call meter is atomics.
 
@@ -39,6 +46,16 @@ const ADDRESS_BASE: u64 = 0x7f00_0000_0000;
 /// The H100's VMM granularity, the model's default.
 pub const H100_GRANULARITY: u64 = 2 << 20;
 
+/// The ordinal of the model's own device.
+pub const MODEL_DEVICE: i32 = 0;
+
+/// GPUs the model's machine has unless told otherwise (a node of eight).
+pub const DEFAULT_DEVICES: i32 = 8;
+
+/// The most GPUs a model machine may have: one bit each in a granule's
+/// access mask.
+pub const MAX_DEVICES: i32 = 64;
+
 /// A live chunk of the model.
 struct Chunk {
     /// Host memory standing in for the chunk.
@@ -54,8 +71,13 @@ struct Chunk {
 /// One mapped granule.
 struct Mapping {
     chunk: ChunkHandle,
-    /// Whether `set_access` covered it since it was mapped.
-    accessible: bool,
+    /// Devices granted access since it was mapped: bit `d` for device `d`.
+    access: u64,
+}
+
+/// The bit of device `d` in [`Mapping::access`].
+fn device_bit(d: i32) -> u64 {
+    1 << d
 }
 
 #[derive(Default)]
@@ -81,6 +103,10 @@ struct State {
     device_chunks: Option<u64>,
     /// Live chunks in host memory (the others are on the device).
     host_chunks: usize,
+    /// GPUs of the modelled machine (ordinals `0..devices`).
+    devices: i32,
+    /// Devices that cannot access the model's memory (no peer capability).
+    no_peer: u64,
 }
 
 /// The CPU model of the VMM driver.
@@ -130,6 +156,7 @@ impl ModelVmm {
             state: Mutex::new(State {
                 next_address: ADDRESS_BASE,
                 next_handle: 1,
+                devices: DEFAULT_DEVICES,
                 ..State::default()
             }),
             meter: CallMeter::default(),
@@ -173,6 +200,42 @@ impl ModelVmm {
         self.state().device_chunks = bytes.map(|b| b / self.granularity);
     }
 
+    /// Models a machine of `devices` GPUs (1 to [`MAX_DEVICES`]): a peer
+    /// ordinal beyond them does not exist (`cuDeviceGet` fails, and so does
+    /// a grant naming it).
+    pub fn set_devices(&self, devices: i32) {
+        assert!(
+            (1..=MAX_DEVICES).contains(&devices),
+            "a model machine has 1 to {MAX_DEVICES} GPUs"
+        );
+        self.state().devices = devices;
+    }
+
+    /// Says whether device `peer` can access the model's memory
+    /// (`cuDeviceCanAccessPeer`; all can by default). A grant naming a peer
+    /// that cannot is refused, as CUDA refuses it.
+    pub fn set_peer_capable(&self, peer: i32, capable: bool) {
+        assert!((0..MAX_DEVICES).contains(&peer), "no such device {peer}");
+        let mut s = self.state();
+        if capable {
+            s.no_peer &= !device_bit(peer);
+        } else {
+            s.no_peer |= device_bit(peer);
+        }
+    }
+
+    /// The devices with access to the granule holding `addr` (ascending),
+    /// or `None` where nothing is mapped.
+    pub fn access_at(&self, addr: u64) -> Option<Vec<i32>> {
+        let granule = addr & !(self.granularity - 1);
+        let access = self.state().mapped.get(&granule)?.access;
+        Some(
+            (0..MAX_DEVICES)
+                .filter(|&d| access & device_bit(d) != 0)
+                .collect(),
+        )
+    }
+
     /// What the model holds now.
     pub fn census(&self) -> ModelCensus {
         let s = self.state();
@@ -203,7 +266,7 @@ impl ModelVmm {
         self.state()
             .mapped
             .get(&granule)
-            .map(|m| (m.chunk, m.accessible))
+            .map(|m| (m.chunk, m.access & device_bit(MODEL_DEVICE) != 0))
     }
 
     /// Writes `bytes` at device address `addr`, through whatever chunks are
@@ -213,7 +276,8 @@ impl ModelVmm {
         let mut s = self.state();
         let mut done = 0;
         while done < bytes.len() {
-            let (chunk, offset, n) = self.locate(&s, addr + done as u64, bytes.len() - done)?;
+            let (chunk, offset, n) =
+                self.locate(&s, MODEL_DEVICE, addr + done as u64, bytes.len() - done)?;
             let target = &mut s
                 .chunks
                 .get_mut(&chunk)
@@ -228,11 +292,19 @@ impl ModelVmm {
     /// Reads `len` bytes at device address `addr`. Every granule touched
     /// must be mapped with access.
     pub fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+        self.read_on(MODEL_DEVICE, addr, len)
+    }
+
+    /// Reads `len` bytes at device address `addr` as a kernel on `device`
+    /// would: every granule touched must be mapped with access granted to
+    /// `device` (a peer reading the model's memory).
+    pub fn read_on(&self, device: i32, addr: u64, len: usize) -> Result<Vec<u8>, String> {
         self.has_data()?;
         let s = self.state();
         let mut out = Vec::with_capacity(len);
         while out.len() < len {
-            let (chunk, offset, n) = self.locate(&s, addr + out.len() as u64, len - out.len())?;
+            let (chunk, offset, n) =
+                self.locate(&s, device, addr + out.len() as u64, len - out.len())?;
             out.extend_from_slice(&s.chunks[&chunk].bytes[offset..offset + n]);
         }
         Ok(out)
@@ -247,10 +319,11 @@ impl ModelVmm {
     }
 
     /// The chunk behind `addr`, the offset in it, and how many of `want`
-    /// bytes lie in that granule.
+    /// bytes lie in that granule, for an access from `device`.
     fn locate(
         &self,
         s: &State,
+        device: i32,
         addr: u64,
         want: usize,
     ) -> Result<(ChunkHandle, usize, usize), String> {
@@ -259,9 +332,9 @@ impl ModelVmm {
             .mapped
             .get(&granule)
             .ok_or_else(|| format!("address {addr:#x} is not mapped"))?;
-        if !m.accessible {
+        if !(0..MAX_DEVICES).contains(&device) || m.access & device_bit(device) == 0 {
             return Err(format!(
-                "address {addr:#x} is mapped but access was never granted"
+                "address {addr:#x} is mapped but access was never granted to device {device}"
             ));
         }
         let offset = (addr - granule) as usize;
@@ -446,13 +519,7 @@ impl VmmDriver for ModelVmm {
                 return refuse(VmmCall::Map, format!("chunk {} is not live", chunk.0));
             };
             c.mappings += 1;
-            s.mapped.insert(
-                addr,
-                Mapping {
-                    chunk,
-                    accessible: false,
-                },
-            );
+            s.mapped.insert(addr, Mapping { chunk, access: 0 });
             Ok(())
         })
     }
@@ -470,10 +537,32 @@ impl VmmDriver for ModelVmm {
         })
     }
 
-    fn set_access(&self, addr: u64, size: u64) -> VmmResult<()> {
+    fn set_access_for(&self, addr: u64, size: u64, peers: &[i32]) -> VmmResult<()> {
         self.meter
             .covers(VmmCall::SetAccess, size / self.granularity);
         self.call(VmmCall::SetAccess, |s| {
+            let mut grant = device_bit(MODEL_DEVICE);
+            for &p in peers {
+                if !(0..s.devices).contains(&p) {
+                    return refuse(
+                        VmmCall::SetAccess,
+                        format!("device {p} does not exist (the machine has {})", s.devices),
+                    );
+                }
+                if grant & device_bit(p) != 0 {
+                    return refuse(
+                        VmmCall::SetAccess,
+                        format!("device {p} is named twice (the own device is {MODEL_DEVICE})"),
+                    );
+                }
+                if s.no_peer & device_bit(p) != 0 {
+                    return refuse(
+                        VmmCall::SetAccess,
+                        format!("device {p} cannot access memory of device {MODEL_DEVICE}"),
+                    );
+                }
+                grant |= device_bit(p);
+            }
             if size == 0 || !self.aligned(addr) || !self.aligned(size) {
                 return refuse(
                     VmmCall::SetAccess,
@@ -487,11 +576,29 @@ impl VmmDriver for ModelVmm {
                     format!("[{addr:#x}, +{size}) is not wholly mapped"),
                 );
             }
+            // Devices not named keep what they had, as with CUDA.
             for (_, m) in s.mapped.range_mut(addr..addr + size) {
-                m.accessible = true;
+                m.access |= grant;
             }
             Ok(())
         })
+    }
+
+    fn device_ordinal(&self) -> i32 {
+        MODEL_DEVICE
+    }
+
+    fn peer_can_access(&self, peer: i32) -> crate::Result<bool> {
+        let s = self.state();
+        if !(0..s.devices).contains(&peer) {
+            // Where CUDA's `cuDeviceGet` answers CUDA_ERROR_INVALID_DEVICE
+            // (not built as a cudarc error: printing one asks libcuda).
+            return Err(crate::Error::Config(format!(
+                "cuDeviceGet failed: no device {peer} (the CPU model's machine has {} GPUs)",
+                s.devices
+            )));
+        }
+        Ok(peer != MODEL_DEVICE && s.no_peer & device_bit(peer) == 0)
     }
 
     fn counters(&self) -> DriverCounters {

@@ -207,9 +207,11 @@ impl<D: VmmDriver, M: SegmentTree> Shared<D, M> {
             }
         }
         if failed.is_none()
-            && let Err(e) = self.driver.set_access(to, self.segment_bytes())
+            && let Err(e) = self
+                .driver
+                .set_access_for(to, self.segment_bytes(), &self.peers)
         {
-            failed = Some(vmm(doing("granting access"))(e));
+            failed = Some(vmm(doing(&self.granting()))(e));
         }
         let Some(e) = failed else { return Ok(()) };
         if self.unmap_range(ledger, to).is_err() {

@@ -7,7 +7,8 @@
 //! The protocol, in the order a segment lives it:
 //! 1. *absent*: in no tree, nothing mapped at its address;
 //! 2. grow: `cuMemCreate` + `cuMemMap` for each chunk of the segment, then
-//!    one `cuMemSetAccess` over the segment; a failure undoes what this
+//!    one `cuMemSetAccess` over the segment for the heap's device and its
+//!    peers ([`VmmHeapConfig::peer_access`]); a failure undoes what this
 //!    segment had done (unmap, release) and the call names the driver call;
 //! 3. publish: [`SegmentTree::add`] inserts it into the segment tree (an
 //!    acq_rel RMW, after the mapping; on the GPU a kernel launched after
@@ -70,7 +71,7 @@ pub type ModelVmmHeap = VmmHeap<Arc<ModelVmm>, HostMetadata>;
 pub type CudaVmmHeap = VmmHeap<CudaVmm, GpuMetadata>;
 
 /// What a user chooses when creating a VMM heap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmmHeapConfig {
     /// The heap: `heap.bytes` is the virtual size reserved (required;
     /// rounded down to whole segments and to the largest heap the allocator
@@ -84,6 +85,15 @@ pub struct VmmHeapConfig {
     /// segments); `grow` and the growth service stop there. `None`: the
     /// whole reservation.
     pub max_mapped_bytes: Option<u64>,
+    /// Other GPUs (device ordinals) granted read-write access, besides the
+    /// heap's own device, on every mapping the heap makes (initial mapping,
+    /// `grow`, the growth service, `alloc_large`), so their kernels can
+    /// read and write the heap's allocations. Creation checks that each can
+    /// access the heap's device (`cuDeviceCanAccessPeer`) and refuses the
+    /// heap's own device or a device listed twice. Empty: the heap's device
+    /// alone. The driver's own `ChunkOptions::peers` must be empty (the
+    /// heap grants what this names).
+    pub peer_access: Vec<usize>,
 }
 
 impl VmmHeapConfig {
@@ -95,6 +105,7 @@ impl VmmHeapConfig {
             heap: HeapConfig::unchecked(reserve),
             initial_bytes: initial,
             max_mapped_bytes: None,
+            peer_access: Vec::new(),
         }
     }
 }
@@ -142,6 +153,11 @@ pub struct VmmHeapStats {
     pub segments_stitched: u64,
     /// Nanoseconds spent in `alloc_large` (successful calls).
     pub large_nanos: u64,
+    /// The heap's own device (ordinal).
+    pub device: usize,
+    /// The other devices granted access to every mapping
+    /// ([`VmmHeapConfig::peer_access`], in that order).
+    pub peer_access: Vec<usize>,
     /// Driver calls made so far (all of the driver's users).
     pub driver: DriverCounters,
 }
@@ -230,6 +246,8 @@ struct Shared<D: VmmDriver, M: SegmentTree> {
     segments: u32,
     limit_segments: u32,
     metadata_bytes: u64,
+    /// Devices granted access besides the driver's own, on every mapping.
+    peers: Vec<i32>,
     ledger: Mutex<Ledger>,
     counters: Counters,
 }
@@ -242,6 +260,54 @@ pub struct VmmHeap<D: VmmDriver, M: SegmentTree> {
 
 fn vmm(doing: String) -> impl FnOnce(DriverFailure) -> Error {
     move |source| Error::Vmm { doing, source }
+}
+
+/// The peers of `wanted` as driver ordinals, after checking that none is
+/// the driver's own device or listed twice, that the driver names no peers
+/// of its own, and that each can access the driver's device.
+fn checked_peers<D: VmmDriver>(driver: &D, wanted: &[usize]) -> Result<Vec<i32>> {
+    let own = driver.device_ordinal();
+    if !driver.options().peers.is_empty() {
+        return Err(Error::Config(format!(
+            "the driver was opened with ChunkOptions::peers {:?}: a VMM heap grants access to \
+             the devices of VmmHeapConfig::peer_access; name them there and open the driver \
+             without peers",
+            driver.options().peers
+        )));
+    }
+    let mut peers: Vec<i32> = Vec::with_capacity(wanted.len());
+    for &p in wanted {
+        let peer = i32::try_from(p)
+            .map_err(|_| Error::Config(format!("peer_access: no device has ordinal {p}")))?;
+        if peer == own {
+            return Err(Error::Config(format!(
+                "peer_access lists device {p}, the heap's own device"
+            )));
+        }
+        if peers.contains(&peer) {
+            return Err(Error::Config(format!("peer_access lists device {p} twice")));
+        }
+        match driver.peer_can_access(peer) {
+            Ok(true) => peers.push(peer),
+            Ok(false) => {
+                return Err(Error::Config(format!(
+                    "peer_access: cuDeviceCanAccessPeer says device {p} cannot access memory \
+                     of device {own} (the heap's device): leave it out"
+                )));
+            }
+            Err(e) => {
+                let why = match e {
+                    Error::Config(why) => why,
+                    e => e.to_string(),
+                };
+                return Err(Error::Config(format!(
+                    "peer_access: checking whether device {p} can access memory of device \
+                     {own} (the heap's device): {why}"
+                )));
+            }
+        }
+    }
+    Ok(peers)
 }
 
 fn nanos_since(start: Instant) -> u64 {
@@ -306,6 +372,7 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
         let bytes = config.heap.bytes.ok_or_else(|| {
             Error::Config("a VMM heap needs its virtual size in `heap.bytes`".into())
         })?;
+        let peers = checked_peers(&driver, &config.peer_access)?;
         // The largest heap the allocator can name is 2^24 slice blocks less
         // one (1 TiB less one segment): a larger virtual size is rounded
         // down to it, as any size is rounded down to whole segments.
@@ -370,6 +437,7 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
                 segments,
                 limit_segments,
                 metadata_bytes,
+                peers,
                 ledger: Mutex::new(Ledger {
                     absent: (0..segments).collect(),
                     ..Ledger::default()
@@ -551,6 +619,8 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
             large_allocs: load(&c.large_allocs),
             segments_stitched: load(&c.segments_stitched),
             large_nanos: load(&c.large_nanos),
+            device: s.driver.device_ordinal() as usize,
+            peer_access: s.peers.iter().map(|&p| p as usize).collect(),
             driver: s.driver.counters(),
         })
     }
@@ -568,6 +638,18 @@ impl<D: VmmDriver, M: SegmentTree> Shared<D, M> {
 
     fn segment_address(&self, id: u32) -> u64 {
         self.data + ((id as u64) << self.segment_shift)
+    }
+
+    /// What a failed `cuMemSetAccess` was doing, naming the devices.
+    fn granting(&self) -> String {
+        let own = self.driver.device_ordinal();
+        if self.peers.is_empty() {
+            format!("granting access (device {own})")
+        } else {
+            let mut all = vec![own];
+            all.extend(&self.peers);
+            format!("granting access (devices {all:?})")
+        }
     }
 
     /// The ledger, locked. Releasing it sets the heap's budget to the
@@ -671,9 +753,11 @@ impl<D: VmmDriver, M: SegmentTree> Shared<D, M> {
             ledger.mapped.insert(addr, chunk);
         }
         if failed.is_none()
-            && let Err(e) = self.driver.set_access(base, self.segment_bytes())
+            && let Err(e) = self
+                .driver
+                .set_access_for(base, self.segment_bytes(), &self.peers)
         {
-            failed = Some(vmm(doing("granting access"))(e));
+            failed = Some(vmm(doing(&self.granting()))(e));
         }
         let Some(e) = failed else { return Ok(()) };
         if self.unmap_range(ledger, base).is_err() {
