@@ -15,7 +15,7 @@
 //! per segment) with 4 segments mapped, peers 1 and 3.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use host::vmm::{ChunkOptions, ModelCensus, ModelVmm, VmmCall, VmmDriver};
 use host::vmm_heap::{GrowthPolicy, ModelVmmHeap, VmmHeapConfig};
@@ -90,14 +90,9 @@ fn every_mapping_grants_the_configured_peers() {
         poll: Duration::from_micros(100),
     })
     .unwrap();
-    let start = Instant::now();
-    while h.stats().unwrap().free_segments < 16 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the service never grew"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    common::wait_for("the service never grew", || {
+        (h.stats().unwrap().free_segments >= 16).then_some(())
+    });
     assert_eq!(h.stop_growth(), None, "the service met no error");
     let by_service = h.stats().unwrap().present_segments as u64;
     assert!(by_service > 7, "the service mapped segments");
@@ -181,14 +176,7 @@ fn a_refused_grant_is_rolled_back_with_nothing_mapped() {
         poll: Duration::from_micros(100),
     })
     .unwrap();
-    let start = Instant::now();
-    let e = loop {
-        if let Some(e) = h.growth_error() {
-            break e;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "no error came");
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    let e = common::wait_for("no error came", || h.growth_error());
     assert!(e.contains("cuMemSetAccess"), "{e}");
     assert_eq!(vmm.census(), census, "the service leaked nothing");
     assert!(h.stop_growth().is_some(), "stopping returns the error");

@@ -28,3 +28,21 @@ pub fn assert_mapping_consistent(h: &ModelVmmHeap, vmm: &ModelVmm) {
     );
     assert_eq!(census.mappings, census.chunks, "one mapping per chunk");
 }
+
+/// Polls `poll` every millisecond until it answers `Some`, for at most 10
+/// seconds (then fails the test, saying what never came): how the tests
+/// wait for the growth service, which works on its own thread.
+#[allow(dead_code)] // not every test file that includes this module waits
+pub fn wait_for<T>(what: &str, mut poll: impl FnMut() -> Option<T>) -> T {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = poll() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "{what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
