@@ -11,9 +11,8 @@ use std::path::Path;
 fn main() {
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let root = Path::new(&manifest_dir);
-    // Build-time settings of `gpu-kernel` (read with `option_env!`): the
-    // nested PTX builds must run again when one changes.
-    ptx_builder::rerun_if_allocator_settings_change();
+    // `PtxBuilder::build` makes the nested PTX builds rerun when a setting
+    // of `gpu-kernel` changes; this build's own setting is added here.
     println!("cargo:rerun-if-env-changed={ALLOC_BLOCKS_ENV}");
     for (crate_dir, env) in [
         ("gpu-kernels", "GPUMALLOC_PTX_PATH"),

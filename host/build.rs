@@ -1,5 +1,5 @@
 //! Compiles `heap-kernels` (the kernels a heap needs: flush, grow, trim,
-//! adopt a stitched run) to PTX with `ptx_builder` and embeds it
+//! adopt a stitched run, free) to PTX with `ptx_builder` and embeds it
 //! (`host::gpu::HEAP_KERNELS_PTX`), so that a heap never depends on the
 //! module its `Gpu` was opened with. Set `GPUMALLOC_PTX_ARCH` to change the
 //! architecture (default sm_80).
@@ -9,8 +9,8 @@ use std::path::Path;
 fn main() {
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     // The heap layout this crate computes and the one the PTX was built
-    // with must agree: rebuild both when a setting of `gpu-kernel` changes.
-    ptx_builder::rerun_if_allocator_settings_change();
+    // with must agree: `build` reruns this script when a setting of
+    // `gpu-kernel` changes (`ptx_builder::ALLOCATOR_SETTINGS`).
     let crate_dir = Path::new(&manifest_dir).join("../heap-kernels");
     match ptx_builder::PtxBuilder::new(crate_dir).build() {
         Ok(ptx) => println!(

@@ -337,7 +337,7 @@ impl Heap {
             if rank < claim.count() {
                 let block = claim.take(self, class, rank);
                 if self.checked() {
-                    self.by_value().mark_block_handed_out(block);
+                    mark_handed_out(self.block_bits(block.segment), block.block);
                 }
                 return Some(self.block_address(class, block));
             }
@@ -501,14 +501,6 @@ impl Heap {
         self.flags & CHECK_DOUBLE_FREE != 0
     }
 
-    /// Checked heaps: marks a block live as it is handed out (out of line:
-    /// it would cost the hot path registers).
-    #[inline(never)]
-    #[cold]
-    fn mark_block_handed_out(&self, b: BlockId) {
-        block::mark_live(self.block_bits(b.segment), b.block);
-    }
-
     /// Checked heaps: the check bits of a block-class segment's blocks.
     #[inline(always)]
     fn block_bits(&self, segment: u32) -> &[Word] {
@@ -565,20 +557,17 @@ impl Heap {
         // touched. Unchecked heaps: the bitmap bit detects a block that is
         // free already, freed before or never handed out (counted double).
         if self.checked() {
-            match self
-                .by_value()
-                .check_unit_free(self.block_bits(b.segment), b.block)
-            {
+            match check_unit_free(self.block_bits(b.segment), b.block) {
                 CheckedFree::Freed => {}
                 CheckedFree::Double => {
-                    return self.by_value().misuse(
+                    return self.misuse(
                         Stat::DoubleFrees,
                         b"gpumalloc: double free of a block in segment %llu\n\0",
                         b.segment as u64,
                     );
                 }
                 CheckedFree::NeverHandedOut => {
-                    return self.by_value().misuse(
+                    return self.misuse(
                         Stat::InvalidFrees,
                         b"gpumalloc: free of a block never handed out in segment %llu\n\0",
                         b.segment as u64,
@@ -587,7 +576,7 @@ impl Heap {
             }
         }
         if !self.bitmap(b.segment).give_back(b.block) {
-            return self.by_value().misuse(
+            return self.misuse(
                 Stat::DoubleFrees,
                 b"gpumalloc: double free of a block in segment %llu\n\0",
                 b.segment as u64,
@@ -728,7 +717,7 @@ impl Heap {
         }
         let offset = (p as u64).wrapping_sub(self.data);
         if offset >= self.data_bytes() {
-            return self.by_value().misuse(
+            return self.misuse(
                 Stat::InvalidFrees,
                 b"gpumalloc: free of a pointer outside the heap (%llx)\n\0",
                 p as u64,
@@ -740,7 +729,7 @@ impl Heap {
             SegmentState::Active { class, .. } => {
                 let unit_mask = (1u64 << class.unit_shift()) - 1;
                 if within & unit_mask != 0 {
-                    return self.by_value().misuse(
+                    return self.misuse(
                         Stat::InvalidFrees,
                         b"gpumalloc: free of a misaligned pointer (%llx)\n\0",
                         p as u64,
@@ -760,7 +749,7 @@ impl Heap {
             }
             SegmentState::RunHead { .. } if within == 0 => match self.table().end_run(segment) {
                 Some(count) => self.segment_tree().release_run(segment, count),
-                None => self.by_value().misuse(
+                None => self.misuse(
                     Stat::DoubleFrees,
                     b"gpumalloc: double free of a run at %llx\n\0",
                     p as u64,
@@ -776,20 +765,20 @@ impl Heap {
                     Previous::Nothing => false,
                 };
                 if double {
-                    self.by_value().misuse(
+                    self.misuse(
                         Stat::DoubleFrees,
                         b"gpumalloc: double free in a free segment (%llx)\n\0",
                         p as u64,
                     )
                 } else {
-                    self.by_value().misuse(
+                    self.misuse(
                         Stat::InvalidFrees,
                         b"gpumalloc: free of memory not allocated (%llx)\n\0",
                         p as u64,
                     )
                 }
             }
-            _ => self.by_value().misuse(
+            _ => self.misuse(
                 Stat::InvalidFrees,
                 b"gpumalloc: free of memory not allocated (%llx)\n\0",
                 p as u64,
@@ -803,20 +792,17 @@ impl Heap {
     fn free_slice(&self, class: SizeClass, b: BlockId, slice: u32) {
         let global = self.global(b);
         if self.checked() {
-            match self
-                .by_value()
-                .check_unit_free(self.slice_bits(global), slice)
-            {
+            match check_unit_free(self.slice_bits(global), slice) {
                 CheckedFree::Freed => {}
                 CheckedFree::Double => {
-                    return self.by_value().misuse(
+                    return self.misuse(
                         Stat::DoubleFrees,
                         b"gpumalloc: double free of a slice in block %llu\n\0",
                         global,
                     );
                 }
                 CheckedFree::NeverHandedOut => {
-                    return self.by_value().misuse(
+                    return self.misuse(
                         Stat::InvalidFrees,
                         b"gpumalloc: free of a slice never handed out in block %llu\n\0",
                         global,
@@ -844,19 +830,44 @@ impl Heap {
         }
     }
 
-    /// Checked heaps: the state transition of a free (out of line: it would
-    /// cost the hot path registers).
-    #[inline(never)]
-    #[cold]
-    fn check_unit_free(&self, states: &[Word], unit: u32) -> CheckedFree {
-        block::check_free(states, unit)
-    }
-
-    #[cold]
+    /// Counts a misuse (and traps, if the heap says so). Inline: it only
+    /// picks the counter and the flag, so the handle's address is not
+    /// taken; the work is out of line in [`report_misuse`].
+    #[inline(always)]
     fn misuse(&self, stat: Stat, message: &'static [u8], value: u64) {
-        arch::fetch_add_relaxed(self.stat(stat), 1);
-        if self.flags & TRAP_ON_MISUSE != 0 {
-            arch::trap_with(message, value);
-        }
+        report_misuse(
+            self.stat(stat),
+            self.flags & TRAP_ON_MISUSE != 0,
+            message,
+            value,
+        );
+    }
+}
+
+/// Checked heaps: the state transition of a free. Out of line (it would
+/// cost the hot path registers) and a free function: it needs only the
+/// check words, not the handle.
+#[inline(never)]
+#[cold]
+fn check_unit_free(states: &[Word], unit: u32) -> CheckedFree {
+    block::check_free(states, unit)
+}
+
+/// Checked heaps: marks a unit (slice or block) handed out. Out of line
+/// and a free function, as [`check_unit_free`].
+#[inline(never)]
+#[cold]
+pub(crate) fn mark_handed_out(states: &[Word], unit: u32) {
+    block::mark_live(states, unit);
+}
+
+/// Counts a misuse on `counter` (relaxed: a statistic) and, with `trap`,
+/// stops the kernel with `message`.
+#[inline(never)]
+#[cold]
+fn report_misuse(counter: &Word, trap: bool, message: &'static [u8], value: u64) {
+    arch::fetch_add_relaxed(counter, 1);
+    if trap {
+        arch::trap_with(message, value);
     }
 }

@@ -282,6 +282,7 @@ impl Heap {
     }
 
     /// A field-by-field copy, for the crate's own use (a layout's clone).
+    #[inline(always)]
     fn duplicate(&self) -> Heap {
         Heap {
             tree: self.tree,
@@ -295,13 +296,15 @@ impl Heap {
     /// parameter to a function that is not inlined takes its address, and
     /// the compiler then copies the whole handle (160 bytes) to local
     /// memory at kernel entry, in every thread, whether the call happens
-    /// or not. Out-of-line paths take `self` by value from this copy
-    /// instead, so the copy is made only where the call is. `black_box`
+    /// or not. Out-of-line paths get `&` of this copy instead (a statement
+    /// temporary), so the copy is made only where the call is. `black_box`
     /// keeps the copy there: without it LLVM passes the parameter's own
     /// address again (the callee only reads it), and the entry copy is back.
+    /// Out-of-line helpers that need only a few words (check bits, a
+    /// statistic) take those instead and need no copy at all.
     #[inline(always)]
     pub(crate) fn by_value(&self) -> Heap {
-        core::hint::black_box(Heap { ..*self })
+        core::hint::black_box(self.duplicate())
     }
 
     /// The handle's bytes as a kernel parameter.

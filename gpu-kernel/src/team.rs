@@ -294,17 +294,9 @@ impl Heap {
     #[inline(always)]
     fn hand_out(&self, class: SizeClass, global: u64, slice: u32) -> u64 {
         if self.checked() {
-            self.by_value().mark_live(global, slice);
+            crate::heap::mark_handed_out(self.slice_bits(global), slice);
         }
         self.block_address(class, self.block_id(global)) + ((slice as u64) << class.unit_shift())
-    }
-
-    /// Out of line: checked heaps only, and it would cost the hot path
-    /// registers.
-    #[inline(never)]
-    #[cold]
-    fn mark_live(&self, global: u64, slice: u32) {
-        block::mark_live(self.slice_bits(global), slice);
     }
 
     /// In stealing mode, reserve only from a word that still has slices, so

@@ -1,7 +1,8 @@
 //! The kernels the host's heap API launches on a heap, and nothing else:
 //! `heap_flush` (empty the per-class slots), `heap_grow` (publish absent
-//! segments), `heap_trim` (withdraw wholly free segments) and
-//! `heap_adopt_run` (publish a range the host stitched as one live run).
+//! segments), `heap_trim` (withdraw wholly free segments),
+//! `heap_adopt_run` (publish a range the host stitched as one live run) and
+//! `heap_free` (free pointers the host holds, such as `alloc_large`'s).
 //!
 //! `host`'s `build.rs` compiles this crate to PTX and embeds it; a `Gpu`
 //! loads that module into its context the first time a heap needs one of

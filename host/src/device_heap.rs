@@ -21,6 +21,8 @@ pub struct DeviceHeap {
 impl DeviceHeap {
     /// Creates a heap of `config.bytes` (default: most of the free memory).
     pub fn new(gpu: &Gpu, config: HeapConfig) -> Result<DeviceHeap> {
+        // Before anything is allocated: nothing to undo if it fails.
+        gpu.load_heap_kernels()?;
         let bytes = match config.bytes {
             Some(b) => b,
             None => (gpu.memory()?.0 as f64 * HeapConfig::DEFAULT_FREE_FRACTION) as u64,

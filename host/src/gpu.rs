@@ -24,10 +24,19 @@ use crate::error::{DriverCall, Error, Result};
 pub const BLOCK_THREADS: u32 = 256;
 
 /// PTX of the kernels a heap launches on itself (crate `heap-kernels`:
-/// `heap_flush`, `heap_grow`, `heap_trim`, `heap_adopt_run`), built by this
+/// [`HEAP_KERNELS`]), built by this
 /// crate's `build.rs`. Every [`Gpu`] loads it on first use, so heaps work on
 /// a `Gpu` opened with any module or none.
 pub const HEAP_KERNELS_PTX: &str = include_str!(env!("GPUMALLOC_HEAP_KERNELS_PTX_PATH"));
+
+/// The kernels of [`HEAP_KERNELS_PTX`].
+pub const HEAP_KERNELS: [&str; 5] = [
+    "heap_flush",
+    "heap_grow",
+    "heap_trim",
+    "heap_adopt_run",
+    "heap_free",
+];
 
 /// The heap kernels' module in one context, once loaded, and the functions
 /// looked up in it.
@@ -143,6 +152,11 @@ impl Gpu {
             stream,
             ..self.clone()
         })
+    }
+
+    /// The device's ordinal (what `Gpu::open` was given).
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
     }
 
     /// The device's name.
@@ -293,13 +307,26 @@ impl Gpu {
                 m
             }
         };
-        let f = module.load_function(kernel).call("cuModuleGetFunction")?;
+        let f = module
+            .load_function(kernel)
+            .call("cuModuleGetFunction(heap kernels)")?;
         loaded.functions.insert(kernel.to_string(), f.clone());
         Ok(f)
     }
 
-    /// Launches heap kernel `kernel` (`heap_flush`, `heap_grow`,
-    /// `heap_trim`, `heap_adopt_run`) over `threads` threads on this
+    /// Loads every heap kernel now. A heap calls it when it is made: loaded
+    /// on first use instead, the module (and, with CUDA's lazy loading, each
+    /// function) would be loaded while user kernels run, perhaps by the
+    /// growth service while a kernel waits for it, and a load may wait for
+    /// the context.
+    pub(crate) fn load_heap_kernels(&self) -> Result<()> {
+        for kernel in HEAP_KERNELS {
+            self.heap_kernel(kernel)?;
+        }
+        Ok(())
+    }
+
+    /// Launches heap kernel `kernel` (one of [`HEAP_KERNELS`]) over `threads` threads on this
     /// `Gpu`'s stream, whatever module the `Gpu` was opened with.
     ///
     /// # Safety

@@ -38,9 +38,9 @@ pub const ARCH_ENV: &str = "GPUMALLOC_PTX_ARCH";
 /// Build-time settings of the allocator crate `gpu-kernel` (read there with
 /// `option_env!`). They change the heap's layout, so every PTX build of a
 /// crate over the allocator, and every host build that lays heaps out, must
-/// see the same values: a `build.rs` calls
-/// [`rerun_if_allocator_settings_change`] so that cargo rebuilds when one
-/// changes.
+/// see the same values: [`PtxBuilder::build`] prints the rerun lines for
+/// them ([`rerun_if_allocator_settings_change`]), so cargo rebuilds the PTX
+/// of a user's crate when one changes.
 pub const ALLOCATOR_SETTINGS: &[&str] = &[
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
@@ -222,6 +222,11 @@ impl PtxBuilder {
             return Err(BuildError::NoPtx(ptx));
         }
         if env::var_os("OUT_DIR").is_some() {
+            // The allocator's settings shape the heap layout this PTX was
+            // built for: a build script that embeds it reruns when one
+            // changes, whether or not it also calls
+            // `rerun_if_allocator_settings_change` itself.
+            rerun_if_allocator_settings_change();
             println!("cargo:rerun-if-changed={}", manifest.display());
             println!("cargo:rerun-if-env-changed={ARCH_ENV}");
             // Every source the build read, the path crates the kernel crate

@@ -60,6 +60,8 @@ impl GpuMetadata {
         let metadata = gpu.upload(&image)?;
         gpu.sync()?;
         let side = gpu.with_new_stream()?;
+        // Now, not under a running kernel (`Gpu::load_heap_kernels`).
+        side.load_heap_kernels()?;
         // SAFETY: `metadata` holds the initial image in device memory owned
         // by this value, which frees it only when dropped (after `quiesce`)
         // and hands the handle out only as an image for launches; the

@@ -344,6 +344,16 @@ impl CudaVmmHeap {
     /// metadata in device memory, data in the reservation. Kernels on
     /// `gpu`'s stream allocate with [`CudaVmmHeap::arg`].
     pub fn on_gpu(gpu: &Gpu, driver: CudaVmm, config: VmmHeapConfig) -> Result<CudaVmmHeap> {
+        // The metadata goes to `gpu`, the data to the driver's device: they
+        // must be one device (with peers, a mismatch could even seem to work).
+        if gpu.ordinal() as i64 != driver.device_ordinal() as i64 {
+            return Err(Error::Config(format!(
+                "CudaVmmHeap::on_gpu: the Gpu is device {} but the VMM driver maps memory of \
+                 device {}: open both on the same device",
+                gpu.ordinal(),
+                driver.device_ordinal()
+            )));
+        }
         VmmHeap::create(driver, config, |layout, data| {
             // SAFETY: as in `on_model`: the reservation outlives the
             // metadata, and only mapped segments are published.
