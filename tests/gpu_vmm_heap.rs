@@ -630,3 +630,151 @@ fn half_the_heap_in_one_piece_is_stitched_from_every_other_segment() {
     println!("issue13: {:?}", heap.stats().unwrap());
     assert_eq!(heap.trim().unwrap(), GIB);
 }
+
+/// Device requests served by stitching (issue 13, `gpu_kernel::request`):
+/// the heap of the test above (4 GiB reserved, 1 GiB mapped on 2 MiB
+/// chunks, the mapping limit at 1 GiB so nothing new is mapped) with every
+/// other segment free and the growth service on. `heap_alloc_waiting`
+/// (`malloc_waiting`, 5 s bound) of 16 runs of 8 segments in one kernel:
+/// no free run is longer than one segment, so each thread posts a request
+/// (16 threads, 8 request slots: half repost after the first answers) and
+/// the service stitches each from the free segments. Every thread must
+/// get a run, no two overlap, `fill_pattern_pieces` /
+/// `verify_pattern_pieces` find no wrong word in them nor in the live
+/// segments, `heap_free` frees them, and the heap is whole after.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
+fn device_requests_longer_than_any_free_run_are_stitched_by_the_service() {
+    let Some(gpu) = gpu() else { return };
+    let vmm = CudaVmm::open(0, ChunkOptions::default()).unwrap();
+    let mut config = VmmHeapConfig::new(4 * GIB, GIB);
+    config.max_mapped_bytes = Some(GIB);
+    let mut heap = CudaVmmHeap::on_gpu(&gpu, vmm, config).unwrap();
+    heap.start_growth(gpumalloc::GrowthPolicy {
+        low_free_segments: 1,
+        step_segments: 1,
+        poll: std::time::Duration::from_micros(100),
+    })
+    .unwrap();
+    let seg = heap.segment_bytes();
+    let present = heap.stats().unwrap().present_segments as u64;
+    assert_eq!(present * seg, GIB);
+    let alloc = |size: u64, n: u64, kernel: &str, wait_ns: u64| -> Vec<u64> {
+        let ptrs = gpu.zeros(n as usize).unwrap();
+        let mut args = vec![
+            heap.arg(),
+            Arg::U64(size),
+            Arg::U64(0),
+            Arg::U64(gpu.address(&ptrs)),
+            Arg::U64(n),
+        ];
+        if wait_ns > 0 {
+            args.push(Arg::U64(wait_ns));
+        }
+        gpu.launch(kernel, n, &args).unwrap();
+        gpu.download(&ptrs).unwrap()
+    };
+    let free = |ptrs: &[u64]| {
+        let list = gpu.upload(ptrs).unwrap();
+        gpu.launch(
+            "heap_free",
+            ptrs.len() as u64,
+            &[
+                heap.arg(),
+                Arg::U64(gpu.address(&list)),
+                Arg::U64(ptrs.len() as u64),
+            ],
+        )
+        .unwrap();
+        gpu.sync().unwrap();
+    };
+
+    let mut taken: Vec<u64> = Vec::new();
+    for _ in 0..8 {
+        let want = present - taken.len() as u64;
+        if want == 0 {
+            break;
+        }
+        taken.extend(
+            alloc(seg, want, "heap_alloc", 0)
+                .into_iter()
+                .filter(|&p| p != 0),
+        );
+        heap.flush().unwrap();
+    }
+    taken.sort_unstable();
+    assert_eq!(taken.len() as u64, present, "one allocation per segment");
+    let live: Vec<u64> = taken.iter().copied().step_by(2).collect();
+    let freed: Vec<u64> = taken.iter().copied().skip(1).step_by(2).collect();
+    free(&freed);
+    heap.flush().unwrap();
+    let live_dev = gpu.upload(&live).unwrap();
+    let n_live = live.len() as u64;
+    assert_eq!(
+        pieces(&gpu, &["fill_pattern_pieces"], &live_dev, seg, n_live),
+        [0, 0]
+    );
+    assert_eq!(heap.stats().unwrap().free_segments as u64, present / 2);
+
+    const RUN_SEGMENTS: u64 = 8;
+    const THREADS: u64 = 16;
+    const WAIT_NS: u64 = 5_000_000_000;
+    let run = RUN_SEGMENTS * seg;
+    assert_eq!(
+        alloc(run, 1, "heap_alloc", 0)[0],
+        0,
+        "malloc: no free run of {RUN_SEGMENTS} segments"
+    );
+    let start = Instant::now();
+    let runs = alloc(run, THREADS, "heap_alloc_waiting", WAIT_NS);
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let s = heap.stats().unwrap();
+    let nulls = runs.iter().filter(|&&p| p == 0).count();
+    println!(
+        "issue13: {THREADS} device requests of {} MiB stitched in {ms:.1} ms: {nulls} nulls; \
+         served {}, refused {}, abandoned {}; {} segments stitched",
+        run / MIB,
+        s.run_requests_served,
+        s.run_requests_refused,
+        s.run_requests_abandoned,
+        s.segments_stitched
+    );
+    assert_eq!(nulls, 0, "a waiting run request got null: {s:?}");
+    let mut sorted = runs.clone();
+    sorted.sort_unstable();
+    for pair in sorted.windows(2) {
+        assert!(pair[0] + run <= pair[1], "overlapping runs: {pair:x?}");
+    }
+    let runs_dev = gpu.upload(&runs).unwrap();
+    assert_eq!(
+        pieces(
+            &gpu,
+            &["fill_pattern_pieces", "verify_pattern_pieces"],
+            &runs_dev,
+            run,
+            THREADS
+        ),
+        [0, 0],
+        "the stitched runs: [nulls, wrong words]"
+    );
+    assert_eq!(
+        pieces(&gpu, &["verify_pattern_pieces"], &live_dev, seg, n_live),
+        [0, 0],
+        "the live segments around the holes"
+    );
+
+    free(&runs);
+    free(&live);
+    heap.flush().unwrap();
+    assert_eq!(heap.stop_growth(), None, "the service met no error");
+    let hs = heap.heap_stats().unwrap();
+    assert_eq!(
+        (hs.live_bytes, hs.invalid_frees, hs.double_frees),
+        (0, 0, 0),
+        "{hs:?}"
+    );
+    let s = heap.stats().unwrap();
+    assert_eq!(s.free_segments, s.present_segments, "{s:?}");
+    assert_eq!(s.mapped_bytes, GIB, "{s:?}");
+    assert_eq!(heap.trim().unwrap(), GIB);
+}

@@ -103,9 +103,11 @@ fn heap_kernels_ptx_holds_only_the_heap_kernels() {
         kernels,
         [
             "heap_adopt_run",
+            "heap_answer_request",
             "heap_flush",
             "heap_free",
             "heap_grow",
+            "heap_take_request",
             "heap_trim"
         ]
     );
@@ -113,7 +115,14 @@ fn heap_kernels_ptx_holds_only_the_heap_kernels() {
     exported.sort_unstable();
     assert_eq!(exported, kernels, "only the kernels are exported");
     let host = entries(gpumalloc::PTX);
-    for kernel in ["heap_flush", "heap_grow", "heap_trim", "heap_adopt_run"] {
+    for kernel in [
+        "heap_flush",
+        "heap_grow",
+        "heap_trim",
+        "heap_adopt_run",
+        "heap_take_request",
+        "heap_answer_request",
+    ] {
         assert!(
             !host.contains(&kernel),
             "{kernel} is a heap kernel: it belongs in heap-kernels only"

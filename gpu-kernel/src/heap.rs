@@ -272,7 +272,11 @@ impl Heap {
     /// attempt counts as a failed malloc in the statistics. While the tree
     /// holds a free segment that cannot serve the request (a run longer
     /// than what is free), the retries go on, with backoff, until the time
-    /// is up. On a GPU the publishing kernel must find room to run beside
+    /// is up. A run (more than a segment) that cannot be claimed is
+    /// instead posted to the growth service, which stitches one from free
+    /// segments that need not be adjacent and hands it back
+    /// ([`crate::request`]); with no service, or when it cannot stitch,
+    /// the answer is null. On a GPU the publishing kernel must find room to run beside
     /// the waiting kernel: a grid that fills the GPU with waiting threads
     /// gets nulls after `wait_ns`, never a hang.
     #[inline]
@@ -290,6 +294,11 @@ impl Heap {
     #[inline(never)]
     fn wait_and_retry(&self, size: u64, wait_ns: u64) -> *mut u8 {
         let deadline = arch::global_nanos().saturating_add(wait_ns);
+        // A run: ask the growth service to stitch one from free segments
+        // wherever they lie (`request`), retrying `malloc` meanwhile.
+        if let Request::Segments(count) = Request::for_size(size, self.segment_shift) {
+            return self.request_stitched_run(count, deadline) as *mut u8;
+        }
         let mut round = 0;
         while arch::global_nanos() < deadline {
             if self.segment_tree().successor(0).is_some() {

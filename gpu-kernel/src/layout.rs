@@ -13,7 +13,7 @@
 //!
 //! Metadata is one array of 64-bit words, in this order: statistics, slot
 //! words, locks (one format lock per class, then the run lock and the run
-//! cursor), spare
+//! cursor), run request slots ([`crate::request`]), spare
 //! blocks, segment
 //! states, block bitmaps, block counters, trees (the segment
 //! tree, then one per class), and, on checked heaps, double-free bits.
@@ -23,6 +23,7 @@ use crate::class::{
     CLASSES, SLICE_CLASSES, bitmap_words_per_segment, is_segment_shift, segment_shift_for,
     slice_blocks_per_segment,
 };
+use crate::request::REQUEST_SLOTS;
 use crate::slot::{MAX_SLOT_BLOCK, SLOTS_PER_CLASS, SPARES_PER_SLOT};
 use crate::veb::TreeShape;
 
@@ -97,7 +98,8 @@ pub struct Heap {
     /// Word offset of the slot words.
     pub(crate) slots_at: u64,
     /// Word offset of the per-class format locks, followed by the run lock
-    /// (word `locks_at + CLASSES`) and the run cursor (the next word).
+    /// (word `locks_at + CLASSES`), the run cursor (the next word) and the
+    /// `REQUEST_SLOTS` run request slots (`Heap::request_words`).
     pub(crate) locks_at: u64,
     /// Word offset of the slots' spare blocks.
     pub(crate) spares_at: u64,
@@ -249,7 +251,7 @@ impl Heap {
         let stats_at = 0;
         let slots_at = stats_at + STAT_WORDS;
         let locks_at = slots_at + (SLICE_CLASSES * SLOTS_PER_CLASS) as u64;
-        let spares_at = locks_at + CLASSES as u64 + 2;
+        let spares_at = locks_at + CLASSES as u64 + 2 + REQUEST_SLOTS as u64;
         let states_at = spares_at + (SLICE_CLASSES * SLOTS_PER_CLASS * SPARES_PER_SLOT) as u64;
         let bitmaps_at = states_at + segments;
         let counters_at = bitmaps_at + segments * bitmap_words_per_segment(segment_shift) as u64;
@@ -451,5 +453,13 @@ impl Heap {
     /// The metadata word of the run cursor (after the run lock).
     pub(crate) fn run_cursor_at(&self) -> u64 {
         self.locks_at + CLASSES as u64 + 1
+    }
+
+    /// The metadata words (from word 0) of the run request slots, after
+    /// the run cursor ([`crate::request`]): what the host's growth service
+    /// reads to find posted requests.
+    pub fn request_words(&self) -> core::ops::Range<u64> {
+        let at = self.run_cursor_at() + 1;
+        at..at + REQUEST_SLOTS as u64
     }
 }

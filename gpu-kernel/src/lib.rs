@@ -40,6 +40,7 @@ pub mod c_layout;
 pub mod class;
 pub mod heap;
 pub mod layout;
+pub mod request;
 pub mod run;
 pub mod segment;
 pub mod slot;

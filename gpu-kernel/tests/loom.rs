@@ -30,6 +30,13 @@
 //!   allocates again: the slices' memory is a loom cell, so a recycled slice
 //!   whose last writes are not ordered before its next owner's (the team
 //!   free's `bar.warp.sync`) fails the model.
+//! - Run requests (`request`): a thread that posted, looks once for the
+//!   answer and then gives up, racing the service that takes, "stitches"
+//!   (writes a loom cell standing for the run's published states) and
+//!   answers: the run goes to exactly one of them (the thread, which then
+//!   reads the cell's value, or the service, which frees it), or is never
+//!   made if the thread withdrew first; the slot ends free. Two threads
+//!   racing to post into one slot: exactly one gets it.
 
 #![cfg(loom)]
 
@@ -491,4 +498,78 @@ fn write(tiny: &Tiny, cells: &[loom::cell::UnsafeCell<u64>], p: *mut u8, value: 
     // SAFETY: the model's stand-in for writing the slice's memory; loom
     // reports a write not ordered after the previous one.
     cells[slice].with_mut(|c| unsafe { *c = value });
+}
+
+/// What the service did with a request in the model below.
+#[derive(Debug, PartialEq, Eq)]
+enum Served {
+    /// The thread had withdrawn it: nothing made.
+    NotTaken,
+    /// The thread got the run.
+    Delivered,
+    /// The thread had given up: the service freed the run.
+    Freed,
+}
+
+#[test]
+fn a_run_request_is_answered_to_one_owner() {
+    use gpu_kernel::request::{Poll, RequestSlot};
+    const RUN: u64 = 1 << 21;
+    model(|| {
+        let slot = Arc::new(Word::new(0));
+        // Stands for the run's segment states that `adopt_run` writes
+        // before the answer.
+        let states = Arc::new(loom::cell::UnsafeCell::new(0u64));
+        assert!(RequestSlot::new(&slot).post(4));
+        let service = {
+            let (slot, states) = (slot.clone(), states.clone());
+            thread::spawn(move || {
+                let s = RequestSlot::new(&slot);
+                let Some(n) = s.take() else {
+                    return Served::NotTaken;
+                };
+                assert_eq!(n, 4);
+                // SAFETY: only the service writes, before its answer.
+                states.with_mut(|c| unsafe { *c = 7 });
+                if s.answer(RUN) {
+                    Served::Delivered
+                } else {
+                    Served::Freed
+                }
+            })
+        };
+        let s = RequestSlot::new(&slot);
+        let got = match s.poll() {
+            Poll::Answered(a) => Some(a),
+            Poll::Waiting => s.give_up(),
+        };
+        if let Some(a) = got {
+            assert_eq!(a, RUN);
+            // SAFETY: the answer's release orders the write before this.
+            states.with(|c| assert_eq!(unsafe { *c }, 7));
+        }
+        let served = service.join().unwrap();
+        match served {
+            Served::Delivered => assert!(got.is_some()),
+            Served::NotTaken | Served::Freed => assert!(got.is_none()),
+        }
+        assert_eq!(RequestSlot::new(&slot).value(), 0, "the slot ends free");
+    });
+}
+
+#[test]
+fn two_posts_race_for_one_slot() {
+    use gpu_kernel::request::RequestSlot;
+    model(|| {
+        let slot = Arc::new(Word::new(0));
+        let other = {
+            let slot = slot.clone();
+            thread::spawn(move || RequestSlot::new(&slot).post(2))
+        };
+        let mine = RequestSlot::new(&slot).post(3);
+        let theirs = other.join().unwrap();
+        assert!(mine ^ theirs, "exactly one posts");
+        let s = RequestSlot::new(&slot);
+        assert_eq!(s.take(), Some(if mine { 3 } else { 2 }));
+    });
 }

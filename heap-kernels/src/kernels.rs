@@ -58,6 +58,49 @@ pub unsafe extern "ptx-kernel" fn heap_adopt_run(heap: Heap, head: u64, count: u
     unsafe { *ok = adopted as u64 };
 }
 
+/// One thread takes a posted run request (`Heap::take_run_request`):
+/// `out[0]` is 1 and `out[1..3]` the slot and segment count if it did,
+/// `out[0]` 0 if no request was posted.
+///
+/// # Safety
+/// `out` holds 3 words.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn heap_take_request(heap: Heap, out: *mut u64) {
+    if arch::global_thread_index() != 0 {
+        return;
+    }
+    let taken = heap.take_run_request();
+    // SAFETY: out holds 3 words.
+    unsafe {
+        let (slot, count) = taken.unwrap_or((0, 0));
+        *out = taken.is_some() as u64;
+        *out.add(1) = slot as u64;
+        *out.add(2) = count;
+    }
+}
+
+/// One thread answers the run request taken from `slot` with `address`
+/// (`Heap::answer_run_request`: freed here if its thread gave up); `got`
+/// is 1 if the thread got it.
+///
+/// # Safety
+/// `got` is one word; `slot` was taken by `heap_take_request` and not yet
+/// answered; `address` is 0 or a live run nobody else holds.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn heap_answer_request(
+    heap: Heap,
+    slot: u64,
+    address: u64,
+    got: *mut u64,
+) {
+    if arch::global_thread_index() != 0 {
+        return;
+    }
+    let delivered = u32::try_from(slot).is_ok_and(|s| heap.answer_run_request(s, address));
+    // SAFETY: got is one word.
+    unsafe { *got = delivered as u64 };
+}
+
 /// One thread withdraws up to `max` wholly free segments from the top
 /// (`Heap::withdraw_free_segment`) into `ids` and their count into `count`.
 ///

@@ -10,13 +10,18 @@
 //! `malloc` gets null (what a fixed heap answers), `alloc_large` stitches
 //! it. Allocations are written and read through `ModelVmm::write` / `read`,
 //! which refuse any byte not mapped with access.
+//!
+//! The last four tests ask from device code (host threads running
+//! `Heap::malloc_waiting`): a run longer than any free run is posted to the
+//! growth service, which stitches it (`gpu_kernel::request`).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 use host::Error;
 use host::vmm::{ChunkOptions, ModelCensus, ModelVmm, VmmCall, VmmDriver};
-use host::vmm_heap::{ModelVmmHeap, VmmHeapConfig};
+use host::vmm_heap::{GrowthPolicy, ModelVmmHeap, VmmHeapConfig};
 
 mod common;
 use common::{assert_mapping_consistent, pattern};
@@ -291,6 +296,224 @@ fn failing_driver_calls_in_alloc_large_are_rolled_back() {
         matches!(e, Error::NoRoom(_)) && e.to_string().contains("absent"),
         "{e}"
     );
+    drop(h);
+    assert_eq!(vmm.census(), ModelCensus::default());
+}
+
+/// The growth service as the device's stitcher: it only serves requests
+/// here (the free segments never fall under its mark of 1 while it has
+/// something to stitch; at the limit it cannot grow anyway).
+fn serving() -> GrowthPolicy {
+    GrowthPolicy {
+        low_free_segments: 1,
+        step_segments: 1,
+        poll: Duration::from_micros(200),
+    }
+}
+
+/// A device thread's `malloc_waiting` of half the heap, longer than any
+/// free run: with the service running it gets a stitched run, writes and
+/// reads it, and frees it with the device `free`; nothing leaks.
+#[test]
+fn a_waiting_device_request_is_stitched_by_the_service() {
+    let (mut h, vmm, live) = every_other_free(Some(PRESENT * 2 * MIB));
+    let seg = h.segment_bytes();
+    let half = PRESENT / 2 * seg;
+    let census = vmm.census();
+    assert!(h.heap().malloc(half).is_null(), "no free run of 16");
+    h.start_growth(serving()).unwrap();
+    let bound = Duration::from_secs(10);
+    let (p, waited) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let start = Instant::now();
+            let p = h.heap().malloc_waiting(half, bound.as_nanos() as u64) as u64;
+            (p, start.elapsed())
+        })
+        .join()
+        .unwrap()
+    });
+    println!("a stitched run of 16 segments after {waited:?}");
+    assert_ne!(p, 0, "the service stitched the run");
+    assert!(waited < bound, "{waited:?}");
+    assert_eq!(p % seg, 0);
+    let data = pattern(p, half as usize);
+    vmm.write(p, &data).unwrap();
+    assert_eq!(vmm.read(p, half as usize).unwrap(), data);
+    assert_live_intact(&vmm, &live, seg);
+    let s = h.stats().unwrap();
+    assert_eq!(
+        (s.run_requests_served, s.large_allocs, s.segments_stitched),
+        (1, 1, 16),
+        "{s:?}"
+    );
+    assert_eq!(vmm.census(), census, "stitched from the free segments only");
+    assert_eq!(h.heap().request_slot_values(), [0; 8], "every slot free");
+
+    h.heap().free(p as *mut u8);
+    assert_eq!(h.stop_growth(), None);
+    let hs = h.heap_stats().unwrap();
+    assert_eq!((hs.live_runs, hs.double_frees, hs.invalid_frees), (0, 0, 0));
+    assert_eq!(h.stats().unwrap().free_segments, 16);
+    for &q in &live {
+        h.heap().free(q as *mut u8);
+    }
+    assert_eq!(h.trim().unwrap(), PRESENT * seg);
+    drop(h);
+    assert_eq!(vmm.census(), ModelCensus::default());
+}
+
+/// No service (never started, or stopped): the request gets null after
+/// its bound, not before, no slot stays taken and nothing is made.
+#[test]
+fn without_the_service_a_device_request_times_out() {
+    let (mut h, vmm, _live) = every_other_free(Some(PRESENT * 2 * MIB));
+    let seg = h.segment_bytes();
+    let half = PRESENT / 2 * seg;
+    let census = vmm.census();
+    let wait = Duration::from_millis(30);
+    for started in [false, true] {
+        if started {
+            h.start_growth(serving()).unwrap();
+            assert_eq!(h.stop_growth(), None);
+        }
+        let start = Instant::now();
+        assert!(
+            h.heap()
+                .malloc_waiting(half, wait.as_nanos() as u64)
+                .is_null()
+        );
+        let waited = start.elapsed();
+        assert!(
+            waited >= wait && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+        assert_eq!(h.heap().request_slot_values(), [0; 8]);
+        let s = h.stats().unwrap();
+        assert_eq!((s.free_segments, s.large_allocs), (16, 0), "{s:?}");
+        assert_eq!(vmm.census(), census);
+    }
+}
+
+/// Stitching fails (an injected `cuMemMap` failure): the request is
+/// answered with none, the thread gets null long before its bound, the
+/// free segments are back with nothing leaked, and the service names the
+/// error. The next request is stitched.
+#[test]
+fn a_failed_stitch_answers_the_device_with_null() {
+    let (mut h, vmm, live) = every_other_free(Some(PRESENT * 2 * MIB));
+    let seg = h.segment_bytes();
+    let half = PRESENT / 2 * seg;
+    let census = vmm.census();
+    let bound = Duration::from_secs(10);
+    vmm.fail_nth(VmmCall::Map, 6);
+    h.start_growth(serving()).unwrap();
+    let start = Instant::now();
+    assert!(
+        h.heap()
+            .malloc_waiting(half, bound.as_nanos() as u64)
+            .is_null()
+    );
+    assert!(start.elapsed() < bound / 2, "answered, not timed out");
+    let e = h.growth_error().expect("the failure is recorded");
+    assert!(e.contains("cuMemMap") && e.contains("alloc_large"), "{e}");
+    let s = h.stats().unwrap();
+    assert_eq!(
+        (
+            s.run_requests_refused,
+            s.run_requests_served,
+            s.free_segments
+        ),
+        (1, 0, 16),
+        "{s:?}"
+    );
+    assert_eq!(vmm.census(), census, "nothing leaked");
+    assert_mapping_consistent(&h, &vmm);
+    assert_live_intact(&vmm, &live, seg);
+
+    let p = h.heap().malloc_waiting(half, bound.as_nanos() as u64) as u64;
+    assert_ne!(p, 0, "the next request is stitched");
+    h.heap().free(p as *mut u8);
+    let _ = h.stop_growth();
+    for &q in &live {
+        h.heap().free(q as *mut u8);
+    }
+    assert_eq!(h.trim().unwrap(), PRESENT * seg);
+    drop(h);
+    assert_eq!(vmm.census(), ModelCensus::default());
+}
+
+/// More threads than request slots (12 of 8) each ask for a run of 4
+/// segments (no two free segments are adjacent) while holding what they
+/// got until all have answers: each gets a run or null, no two runs
+/// overlap, data written through each reads back, and after the frees
+/// every segment is free and a trim gives back every chunk.
+#[test]
+fn many_device_requests_at_once_get_distinct_runs_or_null() {
+    let (mut h, vmm, live) = every_other_free(None);
+    let seg = h.segment_bytes();
+    let run = 4 * seg;
+    let threads = 12;
+    h.start_growth(serving()).unwrap();
+    let barrier = Barrier::new(threads);
+    let bound = Duration::from_secs(10).as_nanos() as u64;
+    let got: Vec<u64> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let p = h.heap().malloc_waiting(run, bound) as u64;
+                    if p != 0 {
+                        vmm.write(p, &pattern(p, run as usize)).unwrap();
+                    }
+                    // Everyone holds their run until all have answers.
+                    barrier.wait();
+                    if p != 0 {
+                        assert_eq!(vmm.read(p, run as usize).unwrap(), pattern(p, run as usize));
+                    }
+                    p
+                })
+            })
+            .collect();
+        handles.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let runs: Vec<u64> = got.iter().copied().filter(|&p| p != 0).collect();
+    println!("{} of {threads} requests got a run", runs.len());
+    assert!(!runs.is_empty());
+    let mut sorted = runs.clone();
+    sorted.sort_unstable();
+    for pair in sorted.windows(2) {
+        assert!(pair[0] + run <= pair[1], "overlap: {pair:x?}");
+    }
+    for &p in &live {
+        assert!(
+            sorted.iter().all(|&r| p + seg <= r || r + run <= p),
+            "a run over a live segment at {p:#x}"
+        );
+    }
+    assert_live_intact(&vmm, &live, seg);
+    let s = h.stats().unwrap();
+    assert_eq!(
+        s.run_requests_served - s.run_requests_abandoned,
+        runs.len() as u64,
+        "{s:?}"
+    );
+    // Requests beyond the reservation's absent stretches were refused.
+    if let Some(e) = h.stop_growth() {
+        assert!(e.contains("alloc_large"), "{e}");
+    }
+    assert_eq!(h.heap().request_slot_values(), [0; 8]);
+    for &p in &runs {
+        h.heap().free(p as *mut u8);
+    }
+    for &p in &live {
+        h.heap().free(p as *mut u8);
+    }
+    let hs = h.heap_stats().unwrap();
+    assert_eq!((hs.live_runs, hs.double_frees, hs.invalid_frees), (0, 0, 0));
+    let s = h.stats().unwrap();
+    assert_eq!(s.free_segments, s.present_segments, "{s:?}");
+    assert_mapping_consistent(&h, &vmm);
+    h.trim().unwrap();
+    assert_eq!(vmm.census().chunks, 0);
     drop(h);
     assert_eq!(vmm.census(), ModelCensus::default());
 }

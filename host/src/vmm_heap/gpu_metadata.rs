@@ -1,6 +1,7 @@
 //! `GpuMetadata`: a VMM heap's metadata in device memory. Kernels allocate
 //! with the handle ([`GpuMetadata::arg`]); the host publishes and withdraws
-//! segments with the `heap_grow`, `heap_trim`, `heap_adopt_run` and `heap_flush` kernels on a
+//! segments with the `heap_grow`, `heap_trim`, `heap_adopt_run`, `heap_flush`,
+//! `heap_take_request` and `heap_answer_request` kernels on a
 //! non-blocking stream of its own, so they run while user kernels on the
 //! `Gpu`'s stream allocate, and counts free segments by copying the
 //! segment tree's leaf words (a few KiB) on that stream.
@@ -163,6 +164,62 @@ impl SegmentTree for GpuMetadata {
         }?;
         self.side.sync()?;
         Ok(self.side.download(&ok)?[0] == 1)
+    }
+
+    fn take_request(&self) -> Result<Option<(u32, u64)>> {
+        let _side = self.side();
+        // A look at the slot words first (a copy, as `free_segments`
+        // makes): the kernel is launched only when a request is posted.
+        let slots = self.heap.request_words();
+        let view = self
+            .metadata
+            .slice(slots.start as usize..slots.end as usize);
+        let words = self
+            .side
+            .stream()
+            .clone_dtoh(&view)
+            .call("cuMemcpyDtoH(run request slots)")?;
+        if !words
+            .iter()
+            .any(|&w| gpu_kernel::request::RequestSlot::is_posted(w))
+        {
+            return Ok(None);
+        }
+        let out = self.side.zeros(3)?;
+        // SAFETY: `heap_take_request(heap, out)`; `out` (3 words) lives
+        // until the sync below.
+        unsafe {
+            self.side.launch_heap_kernel(
+                "heap_take_request",
+                1,
+                &[self.arg(), Arg::U64(self.side.address(&out))],
+            )
+        }?;
+        self.side.sync()?;
+        let out = self.side.download(&out)?;
+        Ok((out[0] == 1).then_some((out[1] as u32, out[2])))
+    }
+
+    fn answer_request(&self, slot: u32, address: u64) -> Result<bool> {
+        let _side = self.side();
+        let got = self.side.zeros(1)?;
+        // SAFETY: `heap_answer_request(heap, slot, address, got)`; `got`
+        // lives until the sync below; the service took `slot` and made
+        // `address` for it alone.
+        unsafe {
+            self.side.launch_heap_kernel(
+                "heap_answer_request",
+                1,
+                &[
+                    self.arg(),
+                    Arg::U64(slot as u64),
+                    Arg::U64(address),
+                    Arg::U64(self.side.address(&got)),
+                ],
+            )
+        }?;
+        self.side.sync()?;
+        Ok(self.side.download(&got)?[0] == 1)
     }
 
     fn free(&self, address: u64) -> Result<()> {

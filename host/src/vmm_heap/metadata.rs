@@ -6,8 +6,9 @@
 //!
 //! Concurrency: every method may be called while other threads (or
 //! kernels) allocate and free. The [`super::VmmHeap`] serialises `add`,
-//! `withdraw` and `flush` under its ledger lock; `free_segments` is also
-//! called by the growth service without it.
+//! `withdraw` and `flush` under its ledger lock; `free_segments`,
+//! `take_request` and `answer_request` are called by the growth service
+//! without it (only the service calls the last two).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -37,6 +38,15 @@ pub trait SegmentTree: Send + Sync {
 
     /// Frees `address` as device code would ([`Heap::free`]).
     fn free(&self, address: u64) -> Result<()>;
+
+    /// Takes one run request a device thread posted
+    /// ([`Heap::take_run_request`]): its slot and the segments it asks for.
+    fn take_request(&self) -> Result<Option<(u32, u64)>>;
+
+    /// Answers the request taken from `slot` with run `address` (live,
+    /// published; 0: none) ([`Heap::answer_run_request`]): true if the
+    /// thread got it, false if it had given up and the run was freed.
+    fn answer_request(&self, slot: u32, address: u64) -> Result<bool>;
 
     /// Empties the per-class slots, so partly used blocks and spare
     /// segments go back to the trees (safe while others allocate).
@@ -131,6 +141,14 @@ impl SegmentTree for HostMetadata {
     fn free(&self, address: u64) -> Result<()> {
         self.heap.free(address as *mut u8);
         Ok(())
+    }
+
+    fn take_request(&self) -> Result<Option<(u32, u64)>> {
+        Ok(self.heap.take_run_request())
+    }
+
+    fn answer_request(&self, slot: u32, address: u64) -> Result<bool> {
+        Ok(self.heap.answer_run_request(slot, address))
     }
 
     fn flush(&self) -> Result<()> {

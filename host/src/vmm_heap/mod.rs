@@ -153,6 +153,16 @@ pub struct VmmHeapStats {
     pub segments_stitched: u64,
     /// Nanoseconds spent in `alloc_large` (successful calls).
     pub large_nanos: u64,
+    /// Device run requests the growth service answered with a stitched
+    /// run (`Heap::malloc_waiting` of a run no free run could meet); their
+    /// stitching counts in `large_allocs` too.
+    pub run_requests_served: u64,
+    /// Device run requests answered with none (stitching failed; the
+    /// reason is the service's `growth_error`).
+    pub run_requests_refused: u64,
+    /// Stitched runs whose thread had given up before the answer: freed
+    /// by the service (back to the segment tree).
+    pub run_requests_abandoned: u64,
     /// The heap's own device (ordinal).
     pub device: usize,
     /// The other devices granted access to every mapping
@@ -232,6 +242,9 @@ struct Counters {
     large_allocs: AtomicU64,
     segments_stitched: AtomicU64,
     large_nanos: AtomicU64,
+    run_requests_served: AtomicU64,
+    run_requests_refused: AtomicU64,
+    run_requests_abandoned: AtomicU64,
 }
 
 /// What the heap and its growth service share.
@@ -629,6 +642,9 @@ impl<D: VmmDriver + 'static, M: SegmentTree + 'static> VmmHeap<D, M> {
             large_allocs: load(&c.large_allocs),
             segments_stitched: load(&c.segments_stitched),
             large_nanos: load(&c.large_nanos),
+            run_requests_served: load(&c.run_requests_served),
+            run_requests_refused: load(&c.run_requests_refused),
+            run_requests_abandoned: load(&c.run_requests_abandoned),
             device: s.driver.device_ordinal() as usize,
             peer_access: s.peers.iter().map(|&p| p as usize).collect(),
             driver: s.driver.counters(),

@@ -3,6 +3,11 @@
 //! device code keeps current; on the GPU a copy of the tree's leaf words)
 //! and maps more segments before they run out, up to the heap's limit.
 //!
+//! It also serves device run requests (`gpu_kernel::request`): a thread
+//! in `Heap::malloc_waiting` whose run of segments no free run can meet
+//! posts the request; the service stitches the run as `alloc_large` does
+//! and hands the address to the thread (or "none" if stitching fails).
+//!
 //! It only grows; trimming stays the caller's decision. A request that
 //! finds the heap empty before the service has caught up gets null at once
 //! from `malloc`; `Heap::malloc_waiting` waits for the service up to a
@@ -14,6 +19,7 @@
 //! never after a whole poll period; `stop` joins it and reports a panic as
 //! an error instead of propagating it (it runs in `Drop`).
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -137,12 +143,59 @@ impl Service {
     }
 }
 
-/// The service loop: look, grow if short, sleep when there is nothing to do.
+/// Serves the run requests device threads posted (`gpu_kernel::request`):
+/// each is stitched as `alloc_large` stitches and handed to its thread, or
+/// answered with none if that fails (the error is recorded). A run whose
+/// thread gave up meanwhile is freed by the answer (device code), so
+/// nothing leaks. Returns how many requests it took.
+fn serve_requests<D: VmmDriver, M: SegmentTree>(shared: &Shared<D, M>, control: &Control) -> u32 {
+    let c = &shared.counters;
+    let mut taken = 0;
+    loop {
+        let (slot, count) = match shared.tree.take_request() {
+            Ok(Some(request)) => request,
+            Ok(None) => return taken,
+            Err(e) => {
+                control.record(&e);
+                return taken;
+            }
+        };
+        taken += 1;
+        let address = match count
+            .checked_mul(shared.segment_bytes())
+            .ok_or_else(|| Error::NoRoom(format!("a device request for {count} segments")))
+            .and_then(|bytes| shared.alloc_large(bytes))
+        {
+            Ok(range) => range.address,
+            Err(e) => {
+                control.record(&e);
+                0
+            }
+        };
+        match shared.tree.answer_request(slot, address) {
+            Ok(true) if address != 0 => c.run_requests_served.fetch_add(1, Ordering::Relaxed),
+            Ok(true) => c.run_requests_refused.fetch_add(1, Ordering::Relaxed),
+            Ok(false) if address != 0 => c.run_requests_abandoned.fetch_add(1, Ordering::Relaxed),
+            Ok(false) => 0,
+            Err(e) => {
+                // The answer may not have been delivered: the slot stays
+                // taken (its thread gets null at its deadline) and the
+                // run, if any, is lost to this heap until a reset.
+                control.record(&e);
+                0
+            }
+        };
+    }
+}
+
+/// The service loop: serve run requests, look, grow if short, sleep when
+/// there is nothing to do.
 fn run<D: VmmDriver, M: SegmentTree>(shared: &Shared<D, M>, control: &Control, p: GrowthPolicy) {
     loop {
         if *control.stop_flag() {
             return;
         }
+        let served = serve_requests(shared, control);
         let grown = match shared.tree.free_segments() {
             Ok(free) if free < p.low_free_segments => {
                 let want = p.step_segments.max(p.low_free_segments - free);
@@ -158,7 +211,7 @@ fn run<D: VmmDriver, M: SegmentTree>(shared: &Shared<D, M>, control: &Control, p
         };
         // Grew: look again at once (the workload may have taken it all).
         // Nothing to do, at the limit, or failed: sleep first.
-        if !matches!(grown, Ok(n) if n > 0) && control.wait(p.poll) {
+        if served == 0 && !matches!(grown, Ok(n) if n > 0) && control.wait(p.poll) {
             return;
         }
     }
