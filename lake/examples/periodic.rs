@@ -127,7 +127,6 @@ fn run() -> Result<(), String> {
 struct Row {
     name: &'static str,
     measured: Measured,
-    driver_calls: u64,
 }
 
 /// Runs the trace through a lake, then (the lake gone) a caching pool, each
@@ -157,7 +156,6 @@ fn compare<D: VmmDriver>(
         let lake_row = Row {
             name: "lake",
             measured: m,
-            driver_calls: calls(lake.driver().counters()),
         };
         drop(lake);
         let pool = CachingPool::new(open()?, o.limit);
@@ -166,7 +164,6 @@ fn compare<D: VmmDriver>(
         let caching_row = Row {
             name: "caching",
             measured: m,
-            driver_calls: calls(pool.driver().counters()),
         };
         [lake_row, caching_row]
     };
@@ -174,14 +171,14 @@ fn compare<D: VmmDriver>(
     let mut csv = String::from(
         "allocator,driver,chunk_bytes,unit_bytes,layers,periods,warm_up,seed,\
          peak_live_bytes,peak_reserved_bytes,fragmentation,timed_allocs,\
-         alloc_median_ns,alloc_p99_ns,free_median_ns,free_p99_ns,driver_calls\n",
+         alloc_median_ns,alloc_p99_ns,free_median_ns,free_p99_ns,warm_up_driver_calls,driver_calls\n",
     );
     for r in &rows {
         let m = &r.measured;
         println!(
             "{:<8} peak live {:>9.1} MiB  peak reserved {:>9.1} MiB  fragmentation {:>5.2}%  \
              alloc median {:>6} ns p99 {:>6} ns  free median {:>6} ns p99 {:>6} ns  \
-             ({} timed allocs, {} driver calls)",
+             ({} timed allocs; driver calls {} in the warm-up, {} after)",
             r.name,
             mib(m.peaks.live),
             mib(m.peaks.reserved),
@@ -191,11 +188,12 @@ fn compare<D: VmmDriver>(
             m.free.median(),
             m.free.p99(),
             m.alloc.count(),
-            r.driver_calls,
+            m.warm_up_driver_calls,
+            m.driver_calls,
         );
         writeln!(
             csv,
-            "{},{driver_name},{chunk},{},{},{},{},{},{},{},{:.6},{},{},{},{},{},{}",
+            "{},{driver_name},{chunk},{},{},{},{},{},{},{},{:.6},{},{},{},{},{},{},{}",
             r.name,
             o.shape.unit,
             o.shape.layers,
@@ -210,7 +208,8 @@ fn compare<D: VmmDriver>(
             m.alloc.p99(),
             m.free.median(),
             m.free.p99(),
-            r.driver_calls,
+            m.warm_up_driver_calls,
+            m.driver_calls,
         )
         .expect("writing to a String");
     }
@@ -222,8 +221,4 @@ fn compare<D: VmmDriver>(
         println!("wrote {}", path.display());
     }
     Ok(())
-}
-
-fn calls(c: lake::DriverCounters) -> u64 {
-    c.total().calls
 }

@@ -122,6 +122,8 @@ pub trait PeriodicAllocator {
     fn free_at(&self, range: DeviceRange, site: Site) -> LakeResult<()>;
     /// Peak live and reserved bytes so far.
     fn peaks(&self) -> Peaks;
+    /// Driver calls made so far.
+    fn driver_calls(&self) -> u64;
 }
 
 impl<D: VmmDriver> PeriodicAllocator for Lake<D> {
@@ -138,6 +140,9 @@ impl<D: VmmDriver> PeriodicAllocator for Lake<D> {
             reserved: st.peak_reserved_bytes,
         }
     }
+    fn driver_calls(&self) -> u64 {
+        self.driver().counters().total().calls
+    }
 }
 
 impl<D: VmmDriver> PeriodicAllocator for CachingPool<D> {
@@ -153,6 +158,9 @@ impl<D: VmmDriver> PeriodicAllocator for CachingPool<D> {
             live: st.peak_live_bytes,
             reserved: st.peak_reserved_bytes,
         }
+    }
+    fn driver_calls(&self) -> u64 {
+        self.driver().counters().total().calls
     }
 }
 
@@ -245,6 +253,10 @@ pub struct Measured {
     pub alloc: Latency,
     /// Wall time of each free after the warm-up.
     pub free: Latency,
+    /// Driver calls made during the warm-up.
+    pub warm_up_driver_calls: u64,
+    /// Driver calls made after it (none once an allocator has converged).
+    pub driver_calls: u64,
 }
 
 impl Measured {
@@ -267,7 +279,12 @@ pub fn measure<A: PeriodicAllocator>(
 ) -> LakeResult<Measured> {
     let events = period(shape);
     let (mut alloc, mut free) = (Vec::new(), Vec::new());
+    let before = a.driver_calls();
+    let mut warmed = before;
     for p in 0..periods {
+        if p == warm_up {
+            warmed = a.driver_calls();
+        }
         if p < warm_up {
             play(a, &events)?;
         } else {
@@ -281,6 +298,8 @@ pub fn measure<A: PeriodicAllocator>(
         peaks: a.peaks(),
         alloc: Latency::new(alloc),
         free: Latency::new(free),
+        warm_up_driver_calls: warmed - before,
+        driver_calls: a.driver_calls() - warmed,
     })
 }
 
