@@ -153,6 +153,15 @@ fn compare<D: VmmDriver>(
         let lake = Lake::new(lake_driver, LakeConfig::with_limit(o.limit));
         let m = periodic::measure(&lake, &o.shape, o.periods, o.warm_up)
             .map_err(|e| fail("lake", e))?;
+        let st = lake.stats();
+        println!(
+            "lake: {} home views, {} stitched views mapping {} chunks of {} \
+             (every alloc and free updates the free runs of each view its chunks lie in)",
+            st.home_views,
+            st.stitched_views,
+            st.stitched_chunks,
+            st.reserved_bytes / chunk,
+        );
         let lake_row = Row {
             name: "lake",
             measured: m,
