@@ -14,6 +14,9 @@ cp target/release/gpumalloc target/release/libgpumalloc_torch.so target/release/
 for example in 01_first_alloc 02_linked_list 04_growing_heap; do
   cp "target/release/examples/$example" .gpu/
 done
+# The lake against the caching pool (issue 13): .gpu/lake-periodic --cuda.
+cargo build --release -p lake --example periodic
+cp target/release/examples/periodic .gpu/lake-periodic
 for spec in gpumalloc:gpu gpumalloc:gpu_heap_whole gpumalloc:gpu_vmm_heap gpumalloc:gpu_vmm_peers gpumalloc:graph_gpu lake:lake_gpu torch-alloc:call_cost capi:capi_gpu; do
   pkg=${spec%%:*}; t=${spec#*:}
   bin=$(cargo test --release -p "$pkg" --no-run --test "$t" --message-format=json 2>/dev/null \

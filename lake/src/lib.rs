@@ -32,11 +32,16 @@
 //! work that changes them, with rollback), `fence`
 //! (the stream rule kept on free memory), `pool`
 //! (the policy and the thread-safe [`Lake`]), `config`, `stats`, `error`,
-//! `trace`, `synthetic` (a GPT-2-like trace generator).
+//! `trace`, `synthetic` (a GPT-2-like trace generator), `periodic` (the
+//! periodic training-like trace and the replay that measures fragmentation
+//! and call times on it), `caching` (a best-fit caching pool over the same
+//! driver: the baseline the lake is measured against).
 
+pub mod caching;
 pub mod config;
 pub mod error;
 pub mod fence;
+pub mod periodic;
 pub mod plan;
 pub mod pluggable;
 pub mod pool;
@@ -45,6 +50,7 @@ pub mod synthetic;
 pub mod tables;
 pub mod trace;
 
+pub use caching::{CachingPool, CachingStats};
 pub use config::LakeConfig;
 pub use cuda::CudaVmm;
 pub use driver::{

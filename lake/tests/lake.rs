@@ -7,6 +7,7 @@
 //! exact matches; injected map failures that must roll back; error messages.
 
 use gpu_kernels::workload::SplitMix64;
+use lake::periodic::{self, PeriodShape};
 use lake::{
     ChunkOptions, DeviceRange, Lake, LakeConfig, LakeError, ModelCensus, ModelVmm, Site, Trace,
     VmmCall,
@@ -441,38 +442,17 @@ fn options_reach_the_driver() {
     lake.free(r).unwrap();
 }
 
-/// One training-like period: a forward phase that keeps activations and
-/// frees recompute-like temporaries, then a backward phase that frees the
-/// activations in reverse while making gradients of irregular sizes.
+/// One training-like period (`lake::periodic`: a forward phase that keeps
+/// activations and frees recompute-like temporaries, then a backward phase
+/// that frees the activations in reverse while making gradients of
+/// irregular sizes), in units of one chunk.
 fn period(lake: &Lake<ModelVmm>, rng_seed: u64) {
-    const LAYERS: u64 = 12;
-    const FORWARD: u32 = 0;
-    const BACKWARD: u32 = 1;
-    let fwd = Site {
-        stream: 0,
-        phase: FORWARD,
+    let shape = PeriodShape {
+        layers: 12,
+        unit: G,
+        seed: rng_seed,
     };
-    let bwd = Site {
-        stream: 0,
-        phase: BACKWARD,
-    };
-    // Sizes depend on the layer, not the period: the workload is periodic.
-    let mut rng = SplitMix64(rng_seed);
-    let act: Vec<u64> = (0..LAYERS).map(|_| G + rng.below(7 * G)).collect();
-    let tmp: Vec<u64> = (0..LAYERS).map(|_| 1 + rng.below(5 * G)).collect();
-    let grad: Vec<u64> = (0..LAYERS).map(|_| G / 2 + rng.below(9 * G)).collect();
-    let mut kept = Vec::new();
-    for l in 0..LAYERS as usize {
-        let t = lake.alloc_at(tmp[l], fwd).unwrap();
-        kept.push(lake.alloc_at(act[l], fwd).unwrap());
-        lake.free_at(t, fwd).unwrap();
-    }
-    for l in (0..LAYERS as usize).rev() {
-        let g = lake.alloc_at(grad[l], bwd).unwrap();
-        let a = kept.pop().unwrap();
-        lake.free_at(a, bwd).unwrap();
-        lake.free_at(g, bwd).unwrap();
-    }
+    periodic::play(lake, &periodic::period(&shape)).unwrap();
 }
 
 #[test]
