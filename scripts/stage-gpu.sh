@@ -31,15 +31,22 @@ for l in sys.stdin:
   if [ -z "$bin" ]; then echo "no test binary for $spec" >&2; exit 1; fi
   cp "$bin" ".gpu/test-$t"
 done
-# The PTX of this build: for each name the newest copy. target/release/build
-# keeps one folder per set of build settings, and the folders of older builds
-# (other GPUMALLOC_* settings, older sources) hold PTX with other heap layouts:
-# a C++ program linked against one of those reads a heap its host library laid
-# out differently (example 03 failed that way on 2026-11-23).
+# The PTX this build embedded, by the paths its build scripts reported
+# (GPUMALLOC_*_PTX_PATH). target/release/build keeps one folder per set of
+# build settings, and the folders of other builds (other GPUMALLOC_*
+# settings, older sources) hold PTX with other heap layouts: a C++ program
+# linked against one of those reads a heap its host library laid out
+# differently (example 03 failed that way on 2026-11-23).
 rm -f .gpu/*.ptx
+cargo build --release -p gpumalloc -p host --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "build-script-executed":
+        for key, value in m.get("env", []):
+            if key.startswith("GPUMALLOC_") and key.endswith("_PTX_PATH"):
+                print(value)' | while read -r ptx; do cp "$ptx" .gpu/; done
 for name in gpu_kernels device_c_abi user_kernel heap_kernels; do
-  # shellcheck disable=SC2012 # names are ours, without spaces
-  newest=$(ls -t target/release/build/*/out/ptx-target/nvptx64-nvidia-cuda/release/$name.ptx | head -1)
-  cp "$newest" .gpu/
+  [ -f ".gpu/$name.ptx" ] || { echo "no $name.ptx from the build" >&2; exit 1; }
 done
 ls -la .gpu

@@ -363,6 +363,10 @@ fn mixed_class_exhaustion() {
     for (what, size) in [
         ("4 KiB", 4096u64),
         ("8 KiB", 8192),
+        (
+            "16 KiB, the smallest block class",
+            1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT,
+        ),
         ("4 KiB again", 4096),
         ("runs of 3 segments", 3 * segment),
         ("runs of 1 segment + 1 B", segment + 1),

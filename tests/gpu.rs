@@ -101,7 +101,9 @@ fn mixed_sizes_and_churn() {
         ours.heap().arg(),
         Arg::U32(16),
         Arg::U64(16),
-        Arg::U64(8192),
+        // Up to the smallest block class (16 KiB), so churn crosses the
+        // slice/block boundary.
+        Arg::U64(1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT),
         Arg::U64(11),
         Arg::U64(gpu.address(&errors)),
         Arg::U64(churn_threads),
@@ -208,7 +210,9 @@ fn a_wait_with_a_limit_gives_up_instead_of_blocking() {
         ours.heap().arg(),
         Arg::U32(16),
         Arg::U64(16),
-        Arg::U64(8192),
+        // Up to the smallest block class (16 KiB), so churn crosses the
+        // slice/block boundary.
+        Arg::U64(1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT),
         Arg::U64(5),
         Arg::U64(gpu.address(&errors)),
         Arg::U64(n),

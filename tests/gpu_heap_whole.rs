@@ -294,6 +294,7 @@ fn mixed_class_exhaustion() {
     for (what, size) in [
         ("4 KiB", 4096u64),
         ("8 KiB", 8192),
+        ("16 KiB, the smallest block class", BLOCK),
         ("4 KiB again", 4096),
         ("runs of 3 segments", 3 * SEGMENT_BYTES),
         ("64 KiB", 64 << 10),
