@@ -1,8 +1,11 @@
 //! The kernels the host's heap API launches on a heap, and nothing else:
 //! `heap_flush` (empty the per-class slots), `heap_grow` (publish absent
 //! segments), `heap_trim` (withdraw wholly free segments),
-//! `heap_adopt_run` (publish a range the host stitched as one live run) and
-//! `heap_free` (free pointers the host holds, such as `alloc_large`'s).
+//! `heap_adopt_run` (publish a range the host stitched as one live run),
+//! `heap_take_request` and `heap_answer_request` (the growth service's
+//! side of device run requests) and `heap_free` (free pointers the host
+//! holds, such as `alloc_large`'s). `host::gpu::HEAP_KERNELS` must name
+//! every one: a heap loads them all when it is made.
 //!
 //! `host`'s `build.rs` compiles this crate to PTX and embeds it; a `Gpu`
 //! loads that module into its context the first time a heap needs one of

@@ -29,12 +29,20 @@ pub const BLOCK_THREADS: u32 = 256;
 /// a `Gpu` opened with any module or none.
 pub const HEAP_KERNELS_PTX: &str = include_str!(env!("GPUMALLOC_HEAP_KERNELS_PTX_PATH"));
 
-/// The kernels of [`HEAP_KERNELS_PTX`].
-pub const HEAP_KERNELS: [&str; 5] = [
+/// The kernels of [`HEAP_KERNELS_PTX`], every one of them: each is
+/// loaded when a heap is made ([`Gpu::load_heap_kernels`]). One left out
+/// is loaded on its first launch, and under CUDA's lazy loading that load
+/// may wait for the kernels running in the context: the growth service's
+/// first `heap_take_request`, launched while the kernel whose threads
+/// posted the request waits for it, was held until that kernel ended (on
+/// an H100 every request timed out and none was taken).
+pub const HEAP_KERNELS: [&str; 7] = [
     "heap_flush",
     "heap_grow",
     "heap_trim",
     "heap_adopt_run",
+    "heap_take_request",
+    "heap_answer_request",
     "heap_free",
 ];
 
@@ -403,5 +411,27 @@ impl Gpu {
         end.record(&self.stream).call("cuEventRecord")?;
         end.synchronize().call("cuEventSynchronize")?;
         Ok(start.elapsed_ms(&end).call("cuEventElapsedTime")? as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel of the heap kernels' module is in [`HEAP_KERNELS`], so
+    /// none is loaded under a running kernel (see there). The request
+    /// kernels were once missing: the growth service's first take waited
+    /// for the kernel whose requests it was to serve.
+    #[test]
+    fn every_heap_kernel_is_loaded_when_a_heap_is_made() {
+        let mut entries: Vec<&str> = HEAP_KERNELS_PTX
+            .lines()
+            .filter_map(|line| line.split_once(".entry ").map(|(_, rest)| rest))
+            .map(|rest| rest.split(['(', ' ']).next().unwrap_or(rest).trim())
+            .collect();
+        entries.sort_unstable();
+        let mut listed = HEAP_KERNELS.to_vec();
+        listed.sort_unstable();
+        assert_eq!(entries, listed);
     }
 }
