@@ -463,3 +463,31 @@ impl Heap {
         at..at + REQUEST_SLOTS as u64
     }
 }
+
+/// Unit-test support shared by the crate's modules.
+#[cfg(all(test, not(loom)))]
+pub(crate) mod test_support {
+    extern crate std;
+    use std::vec::Vec;
+
+    use super::Heap;
+    use crate::arch::Word;
+    use crate::class::MIN_SEGMENT_SHIFT;
+
+    /// A heap of `segments` 2 MiB segments whose first `present` are in
+    /// the segment tree, on host words: the data address is fake (never
+    /// touched by the tests that use it), the metadata is the returned
+    /// words (a `Vec`'s buffer does not move while it lives).
+    pub(crate) fn test_heap(segments: u64, present: u32) -> (Heap, Vec<Word>) {
+        let layout =
+            Heap::layout_for_bytes(segments << MIN_SEGMENT_SHIFT, Some(MIN_SEGMENT_SHIFT), 0)
+                .expect("a test heap");
+        let mut image = std::vec![0u64; layout.metadata_words() as usize];
+        layout.write_initial_metadata_with(&mut image, present);
+        let words: Vec<Word> = image.into_iter().map(Word::new).collect();
+        // SAFETY: `words` holds the initial image and is returned with the
+        // handle; no data byte is read or written by the tests using it.
+        let heap = unsafe { layout.bind(1 << 40, words.as_ptr() as u64) };
+        (heap, words)
+    }
+}

@@ -225,19 +225,8 @@ mod tests {
     use crate::class::MIN_SEGMENT_SHIFT;
     use crate::layout::Heap;
 
-    /// A heap of 128 segments with the first `present` in the tree; the
-    /// data address is never touched by run claims.
     fn heap(present: u32) -> (Heap, Vec<Word>) {
-        let layout = Heap::layout_for_bytes(128 << MIN_SEGMENT_SHIFT, Some(MIN_SEGMENT_SHIFT), 0)
-            .expect("a heap of 128 segments");
-        let mut image = std::vec![0u64; layout.metadata_words() as usize];
-        layout.write_initial_metadata_with(&mut image, present);
-        let words: Vec<Word> = image.into_iter().map(Word::new).collect();
-        // SAFETY: `words` holds the initial image and is returned with the
-        // handle (a `Vec`'s buffer does not move); no data byte is read or
-        // written by the claims below.
-        let heap = unsafe { layout.bind(1 << 40, words.as_ptr() as u64) };
-        (heap, words)
+        crate::layout::test_support::test_heap(128, present)
     }
 
     #[test]
