@@ -490,61 +490,10 @@ fn half_the_heap_in_one_piece_is_stitched_from_every_other_segment() {
     let seg = heap.segment_bytes();
     let present = heap.stats().unwrap().present_segments as u64;
     assert_eq!(present * seg, GIB);
-    let alloc = |size: u64, n: u64| -> Vec<u64> {
-        let ptrs = gpu.zeros(n as usize).unwrap();
-        gpu.launch(
-            "heap_alloc",
-            n,
-            &[
-                heap.arg(),
-                Arg::U64(size),
-                Arg::U64(0),
-                Arg::U64(gpu.address(&ptrs)),
-                Arg::U64(n),
-            ],
-        )
-        .unwrap();
-        gpu.download(&ptrs).unwrap()
-    };
-    let free = |ptrs: &[u64]| {
-        let list = gpu.upload(ptrs).unwrap();
-        gpu.launch(
-            "heap_free",
-            ptrs.len() as u64,
-            &[
-                heap.arg(),
-                Arg::U64(gpu.address(&list)),
-                Arg::U64(ptrs.len() as u64),
-            ],
-        )
-        .unwrap();
-        gpu.sync().unwrap();
-    };
-
-    // Every segment taken; whole-segment blocks may sit in slots as spares
-    // until a flush returns them.
-    let mut taken: Vec<u64> = Vec::new();
-    for _ in 0..8 {
-        let want = present - taken.len() as u64;
-        if want == 0 {
-            break;
-        }
-        taken.extend(alloc(seg, want).into_iter().filter(|&p| p != 0));
-        heap.flush().unwrap();
-    }
-    taken.sort_unstable();
-    assert_eq!(taken.len() as u64, present, "one allocation per segment");
-    let live: Vec<u64> = taken.iter().copied().step_by(2).collect();
-    let freed: Vec<u64> = taken.iter().copied().skip(1).step_by(2).collect();
-    free(&freed);
-    heap.flush().unwrap();
-    let live_dev = gpu.upload(&live).unwrap();
+    let alloc = |size: u64, n: u64| alloc_on(&gpu, &heap, size, n, "heap_alloc", 0);
+    let free = |ptrs: &[u64]| free_on(&gpu, &heap, ptrs);
+    let (live, live_dev) = every_other_segment_free(&gpu, &heap);
     let n_live = live.len() as u64;
-    assert_eq!(
-        pieces(&gpu, &["fill_pattern_pieces"], &live_dev, seg, n_live),
-        [0, 0]
-    );
-    assert_eq!(heap.stats().unwrap().free_segments as u64, present / 2);
 
     let half = present / 2 * seg;
     let fixed = alloc(half, 1)[0];
@@ -659,62 +608,12 @@ fn device_requests_longer_than_any_free_run_are_stitched_by_the_service() {
     let seg = heap.segment_bytes();
     let present = heap.stats().unwrap().present_segments as u64;
     assert_eq!(present * seg, GIB);
-    let alloc = |size: u64, n: u64, kernel: &str, wait_ns: u64| -> Vec<u64> {
-        let ptrs = gpu.zeros(n as usize).unwrap();
-        let mut args = vec![
-            heap.arg(),
-            Arg::U64(size),
-            Arg::U64(0),
-            Arg::U64(gpu.address(&ptrs)),
-            Arg::U64(n),
-        ];
-        if wait_ns > 0 {
-            args.push(Arg::U64(wait_ns));
-        }
-        gpu.launch(kernel, n, &args).unwrap();
-        gpu.download(&ptrs).unwrap()
+    let alloc = |size: u64, n: u64, kernel: &str, wait_ns: u64| {
+        alloc_on(&gpu, &heap, size, n, kernel, wait_ns)
     };
-    let free = |ptrs: &[u64]| {
-        let list = gpu.upload(ptrs).unwrap();
-        gpu.launch(
-            "heap_free",
-            ptrs.len() as u64,
-            &[
-                heap.arg(),
-                Arg::U64(gpu.address(&list)),
-                Arg::U64(ptrs.len() as u64),
-            ],
-        )
-        .unwrap();
-        gpu.sync().unwrap();
-    };
-
-    let mut taken: Vec<u64> = Vec::new();
-    for _ in 0..8 {
-        let want = present - taken.len() as u64;
-        if want == 0 {
-            break;
-        }
-        taken.extend(
-            alloc(seg, want, "heap_alloc", 0)
-                .into_iter()
-                .filter(|&p| p != 0),
-        );
-        heap.flush().unwrap();
-    }
-    taken.sort_unstable();
-    assert_eq!(taken.len() as u64, present, "one allocation per segment");
-    let live: Vec<u64> = taken.iter().copied().step_by(2).collect();
-    let freed: Vec<u64> = taken.iter().copied().skip(1).step_by(2).collect();
-    free(&freed);
-    heap.flush().unwrap();
-    let live_dev = gpu.upload(&live).unwrap();
+    let free = |ptrs: &[u64]| free_on(&gpu, &heap, ptrs);
+    let (live, live_dev) = every_other_segment_free(&gpu, &heap);
     let n_live = live.len() as u64;
-    assert_eq!(
-        pieces(&gpu, &["fill_pattern_pieces"], &live_dev, seg, n_live),
-        [0, 0]
-    );
-    assert_eq!(heap.stats().unwrap().free_segments as u64, present / 2);
 
     const RUN_SEGMENTS: u64 = 8;
     const THREADS: u64 = 16;
@@ -777,4 +676,86 @@ fn device_requests_longer_than_any_free_run_are_stitched_by_the_service() {
     assert_eq!(s.free_segments, s.present_segments, "{s:?}");
     assert_eq!(s.mapped_bytes, GIB, "{s:?}");
     assert_eq!(heap.trim().unwrap(), GIB);
+}
+
+/// `n` threads of `kernel` each ask `size` bytes of `heap` (`heap_alloc`;
+/// `heap_alloc_waiting` with `wait_ns` > 0, which waits that long for the
+/// growth service); their pointers, 0 for a null.
+fn alloc_on(
+    gpu: &gpumalloc::gpu::Gpu,
+    heap: &CudaVmmHeap,
+    size: u64,
+    n: u64,
+    kernel: &str,
+    wait_ns: u64,
+) -> Vec<u64> {
+    let ptrs = gpu.zeros(n as usize).unwrap();
+    let mut args = vec![
+        heap.arg(),
+        Arg::U64(size),
+        Arg::U64(0),
+        Arg::U64(gpu.address(&ptrs)),
+        Arg::U64(n),
+    ];
+    if wait_ns > 0 {
+        args.push(Arg::U64(wait_ns));
+    }
+    gpu.launch(kernel, n, &args).unwrap();
+    gpu.download(&ptrs).unwrap()
+}
+
+/// Frees `ptrs` on `heap` with device code and waits for it.
+fn free_on(gpu: &gpumalloc::gpu::Gpu, heap: &CudaVmmHeap, ptrs: &[u64]) {
+    let list = gpu.upload(ptrs).unwrap();
+    gpu.launch(
+        "heap_free",
+        ptrs.len() as u64,
+        &[
+            heap.arg(),
+            Arg::U64(gpu.address(&list)),
+            Arg::U64(ptrs.len() as u64),
+        ],
+    )
+    .unwrap();
+    gpu.sync().unwrap();
+}
+
+/// Takes one allocation per present segment of `heap` (whole-segment
+/// blocks may sit in slots as spares until a flush returns them), frees
+/// every other one and fills the rest with the piecewise pattern: the
+/// live pointers, on the host and on the device. Half the segments are
+/// then free, none next to another.
+fn every_other_segment_free(
+    gpu: &gpumalloc::gpu::Gpu,
+    heap: &CudaVmmHeap,
+) -> (Vec<u64>, CudaSlice<u64>) {
+    let seg = heap.segment_bytes();
+    let present = heap.stats().unwrap().present_segments as u64;
+    let mut taken: Vec<u64> = Vec::new();
+    for _ in 0..8 {
+        let want = present - taken.len() as u64;
+        if want == 0 {
+            break;
+        }
+        taken.extend(
+            alloc_on(gpu, heap, seg, want, "heap_alloc", 0)
+                .into_iter()
+                .filter(|&p| p != 0),
+        );
+        heap.flush().unwrap();
+    }
+    taken.sort_unstable();
+    assert_eq!(taken.len() as u64, present, "one allocation per segment");
+    let live: Vec<u64> = taken.iter().copied().step_by(2).collect();
+    let freed: Vec<u64> = taken.iter().copied().skip(1).step_by(2).collect();
+    free_on(gpu, heap, &freed);
+    heap.flush().unwrap();
+    let live_dev = gpu.upload(&live).unwrap();
+    let n_live = live.len() as u64;
+    assert_eq!(
+        pieces(gpu, &["fill_pattern_pieces"], &live_dev, seg, n_live),
+        [0, 0]
+    );
+    assert_eq!(heap.stats().unwrap().free_segments as u64, present / 2);
+    (live, live_dev)
 }
