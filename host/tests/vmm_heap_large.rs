@@ -33,6 +33,18 @@ const CHUNKS_PER_SEGMENT: u64 = 4;
 /// Segments mapped at creation.
 const PRESENT: u64 = 32;
 
+/// The end of a request test: frees `live` (what `every_other_free` kept),
+/// after which every present segment is free, so a trim gives back all of
+/// them, and dropping the heap leaves the model holding nothing.
+fn free_live_and_give_everything_back(h: ModelVmmHeap, vmm: &ModelVmm, live: &[u64]) {
+    for &q in live {
+        h.heap().free(q as *mut u8);
+    }
+    assert_eq!(h.trim().unwrap(), PRESENT * h.segment_bytes());
+    drop(h);
+    assert_eq!(vmm.census(), ModelCensus::default());
+}
+
 /// The workload's heap with every other segment free; returns the heap,
 /// the model, and the live segment-sized allocations (each filled with
 /// `pattern(its address, …)`).
@@ -354,12 +366,7 @@ fn a_waiting_device_request_is_stitched_by_the_service() {
     let hs = h.heap_stats().unwrap();
     assert_eq!((hs.live_runs, hs.double_frees, hs.invalid_frees), (0, 0, 0));
     assert_eq!(h.stats().unwrap().free_segments, 16);
-    for &q in &live {
-        h.heap().free(q as *mut u8);
-    }
-    assert_eq!(h.trim().unwrap(), PRESENT * seg);
-    drop(h);
-    assert_eq!(vmm.census(), ModelCensus::default());
+    free_live_and_give_everything_back(h, &vmm, &live);
 }
 
 /// No service (never started, or stopped): the request gets null after
@@ -434,12 +441,7 @@ fn a_failed_stitch_answers_the_device_with_null() {
     assert_ne!(p, 0, "the next request is stitched");
     h.heap().free(p as *mut u8);
     let _ = h.stop_growth();
-    for &q in &live {
-        h.heap().free(q as *mut u8);
-    }
-    assert_eq!(h.trim().unwrap(), PRESENT * seg);
-    drop(h);
-    assert_eq!(vmm.census(), ModelCensus::default());
+    free_live_and_give_everything_back(h, &vmm, &live);
 }
 
 /// More threads than request slots (12 of 8) each ask for a run of 4
