@@ -628,14 +628,19 @@ impl Heap {
         if count > self.segments as u64 {
             return None;
         }
-        let count = count as u32;
-        let head = match self.claim_run(count) {
-            Some(h) => h,
-            None => {
-                self.reclaim();
-                self.claim_run(count)?
-            }
-        };
+        self.try_run(count as u32).or_else(|| {
+            self.reclaim();
+            self.try_run(count as u32)
+        })
+    }
+
+    /// One claim of a run of `count` segments, published live; no reclaim.
+    /// What a waiting run request retries: the reclaim was made by the
+    /// `malloc` before the wait, and repeating it each round would keep
+    /// [`Heap::reclaim`]'s quiescence wait from ever seeing zero.
+    #[inline]
+    pub(crate) fn try_run(&self, count: u32) -> Option<u64> {
+        let head = self.claim_run(count)?;
         self.table().publish_run(head, count);
         Some(self.segment_address(head))
     }

@@ -56,6 +56,11 @@ use crate::arch::{self, Word};
 /// Request slots: requests in flight at once.
 pub const REQUEST_SLOTS: u32 = 8;
 
+/// How often a thread waiting for its run request tries to claim a run
+/// itself (nanoseconds): rarely enough to leave the run lock to the
+/// service's withdrawals, often enough to see segments freed meanwhile.
+const RETRY_NS: u64 = 20_000;
+
 /// Low bits of a slot word that hold its state.
 pub const TAG_BITS: u32 = 3;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
@@ -196,9 +201,10 @@ impl crate::Heap {
     /// posts a request for it and waits for the answer until `deadline`
     /// (global timer); the run's address, or 0 (no answer in time, or the
     /// service could not stitch one). A thread that finds every slot
-    /// taken tries again each round. Meanwhile it retries `malloc`
-    /// whenever the segment tree holds a free segment, as the plain wait
-    /// does, so a heap with no service behaves as before; if that
+    /// taken tries again each round. Meanwhile, every [`RETRY_NS`] while
+    /// the segment tree holds a free segment, it tries to claim a run
+    /// itself (without the reclaim `malloc` adds: that was done before the
+    /// wait), so a heap with no service behaves as before; if that
     /// succeeds the request is withdrawn (an answer that came first is
     /// freed).
     #[cold]
@@ -208,6 +214,7 @@ impl crate::Heap {
             return 0;
         }
         let mut slot: Option<RequestSlot<'_>> = None;
+        let mut next_try = 0;
         let mut round = 0;
         while arch::global_nanos() < deadline {
             match slot {
@@ -222,13 +229,17 @@ impl crate::Heap {
                     }
                 }
             }
-            if self.segment_tree().successor(0).is_some() {
-                let p = self.malloc(count << self.segment_shift);
-                if !p.is_null() {
+            // A claim only, no reclaim (see `Heap::try_run`), and at most
+            // every `RETRY_NS`: the run lock is what the service's
+            // withdrawals take too.
+            let now = arch::global_nanos();
+            if now >= next_try && self.segment_tree().successor(0).is_some() {
+                next_try = now.saturating_add(RETRY_NS);
+                if let Some(p) = self.try_run(count as u32) {
                     if let Some(late) = slot.and_then(|s| s.give_up()) {
                         self.free(late as *mut u8);
                     }
-                    return p as u64;
+                    return p;
                 }
             }
             arch::backoff(round);

@@ -269,10 +269,15 @@ impl Gpu {
     /// A host copy of a device buffer, after the work queued before it on
     /// this `Gpu`'s stream. With a wait limit, that work must finish within
     /// it (else [`Error::Timeout`], and nothing is copied).
+    ///
+    /// The stream is synchronised before the copy, never inside it: a
+    /// copy to pageable memory that waits for a running kernel blocks
+    /// every other thread's driver calls in the process until the kernel
+    /// ends (measured on an H100: even `cuStreamCreate`), and a VMM heap's
+    /// growth service, which must grow the heap and answer run requests
+    /// *while* that kernel runs, is such a thread.
     pub fn download<T: DeviceRepr>(&self, buffer: &CudaSlice<T>) -> Result<Vec<T>> {
-        if let Some(limit) = self.wait_limit {
-            self.sync_timeout(limit)?;
-        }
+        self.sync()?;
         self.stream.clone_dtoh(buffer).call("cuMemcpyDtoH")
     }
 
