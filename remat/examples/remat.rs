@@ -18,6 +18,10 @@
 //!   --ranking-ablation  Coop and Coop-G with windows ranked by summed score
 //!                  (the paper) and per byte (the default): minimum ratio,
 //!                  overhead at 0.9, 0.7, 0.5
+//!   --merge-ablation  Coop and Coop-G with an expensive tensor placed so
+//!                  that its window's leftover joins the free block next to
+//!                  the window, and without (minimum ratio, overhead at
+//!                  0.9, 0.7, 0.5)
 //!   --latency-ablation  search time of DTR, DTR with Coop's price cache
 //!                  and Coop at 0.9 to 0.5 (median of 5 replays each)
 //! ```
@@ -31,7 +35,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use remat::compare::{
-    latency_ablation, memory_ablation, min_ratios, ranking_ablation, sweep, table,
+    latency_ablation, memory_ablation, merge_ablation, min_ratios, ranking_ablation, sweep, table,
 };
 use remat::sweep::{Command, run_command};
 use remat::synth;
@@ -52,6 +56,7 @@ fn main() -> ExitCode {
 fn run() -> Result<(), String> {
     let (mut traces, mut budgets, mut do_sweep) = (Vec::new(), Vec::new(), false);
     let (mut do_ablation, mut do_latency, mut do_ranking) = (false, false, false);
+    let mut do_merge = false;
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -63,6 +68,7 @@ fn run() -> Result<(), String> {
             "--memory-ablation" => do_ablation = true,
             "--latency-ablation" => do_latency = true,
             "--ranking-ablation" => do_ranking = true,
+            "--merge-ablation" => do_merge = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
             "-h" | "--help" => {
@@ -76,7 +82,7 @@ fn run() -> Result<(), String> {
     if traces.is_empty() {
         return synthetic().map_err(|e| e.to_string());
     }
-    if do_ablation || do_latency || do_ranking {
+    if do_ablation || do_latency || do_ranking || do_merge {
         for path in &traces {
             let recorded = remat::Recorded::read(path).map_err(|e| e.to_string())?;
             if do_ablation {
@@ -84,6 +90,9 @@ fn run() -> Result<(), String> {
             }
             if do_ranking {
                 println!("{}\n{}", path.display(), ranking_ablation(&recorded.trace));
+            }
+            if do_merge {
+                println!("{}\n{}", path.display(), merge_ablation(&recorded.trace));
             }
             if do_latency {
                 println!(

@@ -130,6 +130,28 @@ pub fn ranking_ablation(trace: &Trace) -> String {
     switch_ablation(trace, "per-byte window ranking", &makers)
 }
 
+/// Coop with the window's leftover merged into the free block next to it
+/// (`Coop::merge_leftover`, the default) and without, and Coop-G (whose
+/// default is off) with and without it: minimum ratio and overhead at a few
+/// ratios, as [`memory_ablation`].
+pub fn merge_ablation(trace: &Trace) -> String {
+    let makers: [Switched; 2] = [
+        ("Coop", true, |on| {
+            Box::new(Coop {
+                merge_leftover: on,
+                ..Coop::default()
+            })
+        }),
+        ("Coop-G", false, |on| {
+            Box::new(Coop {
+                merge_leftover: on,
+                ..Coop::grouped()
+            })
+        }),
+    ];
+    switch_ablation(trace, "leftover merged", &makers)
+}
+
 /// Each policy of `makers` with its switch off and on: the bisected minimum
 /// budget ratio and the overhead at 0.9, 0.7 and 0.5 (✗: fails).
 fn switch_ablation(trace: &Trace, switch: &str, makers: &[Switched]) -> String {

@@ -537,6 +537,76 @@ fn layout_with_a_hole() -> (Pool, TensorTable) {
     (pool, table)
 }
 
+/// A full pool of 300 bytes with a 50-byte hole: a fresh tensor at 0..100,
+/// the hole at 100..150, a stale tensor at 150..250 (the cheapest window for
+/// an 80-byte request) and a fresh one at 250..300.
+fn layout_with_a_hole_left_of_the_window() -> (Pool, TensorTable) {
+    let mut table = TensorTable::default();
+    let mut pool = Pool::new(300);
+    for (id, (addr, size, used)) in [(0u64, 100u64, 9u64), (150, 100, 1), (250, 50, 9)]
+        .into_iter()
+        .enumerate()
+    {
+        table.add(size, 100.0, vec![], false).expect("ordered");
+        pool.place(id, addr, size).expect("free");
+        table.set_resident(id, addr, used).expect("known");
+    }
+    (pool, table)
+}
+
+/// The window's leftover joins the hole next to it: an expensive request
+/// goes to the right end of the window when only its left neighbour is
+/// free (`Coop::merge_leftover`); the paper's placement (left end) leaves
+/// the 20 bytes beyond the request as a hole of their own.
+#[test]
+fn coop_merges_the_window_leftover_with_the_free_block_next_to_it() {
+    let (pool, table) = layout_with_a_hole_left_of_the_window();
+    let ctx = SearchContext {
+        pool: &pool,
+        tensors: &table,
+        now: 10,
+    };
+    let request = |cheap| Request {
+        size: 80,
+        cheap,
+        pinned: false,
+    };
+    let paper_placement = Coop {
+        merge_leftover: false,
+        ..Coop::default()
+    };
+    for (mut coop, cheap, addr) in [
+        (Coop::default(), false, 170),
+        (paper_placement.clone(), false, 150),
+        // A cheap tensor takes the right end either way.
+        (Coop::default(), true, 170),
+        (paper_placement, true, 170),
+    ] {
+        let step = coop
+            .next_eviction(&ctx, &request(cheap))
+            .expect("a window fits");
+        assert_eq!(step.victims, [1], "the stale tensor is the cheapest window");
+        assert_eq!(step.window, Some((150, 100)));
+        assert_eq!(
+            step.addr,
+            Some(addr),
+            "merge {}, cheap {cheap}",
+            coop.merge_leftover
+        );
+    }
+    // What the merge leaves: one free block of 70 bytes instead of 50 and 20.
+    let (mut pool, _) = layout_with_a_hole_left_of_the_window();
+    pool.release(1).expect("resident");
+    pool.place(3, 170, 80).expect("free");
+    pool.check().expect("valid");
+    let free: Vec<_> = pool
+        .intervals()
+        .filter(|i| i.tensor.is_none())
+        .map(|i| (i.addr, i.size))
+        .collect();
+    assert_eq!(free, [(100, 70)]);
+}
+
 #[test]
 fn grouped_coop_puts_pinned_tensors_against_the_pinned_end() {
     let (pool, table) = layout_with_a_hole();
