@@ -125,7 +125,12 @@ impl Heap {
         let home = arch::sm_id() & (slots - 1);
         let mut slot = home;
         // After the home slot found the heap exhausted, visit every other
-        // slot once for slices left in its block before giving up.
+        // slot once for slices left in its block before giving up: all
+        // `SLOTS_PER_CLASS` of them, not only this handle's `slots`. A
+        // handle with a smaller budget (made before a VMM heap grew, or
+        // after it trimmed) has fewer slots than others that installed
+        // blocks, and would otherwise answer null beside their slices.
+        let all = SLOTS_PER_CLASS - 1;
         let mut stealing = false;
         let mut round = 0;
         loop {
@@ -153,7 +158,7 @@ impl Heap {
             }
             let seen = SlotWord(arch::shfl_u64(team, seen, leader));
             if seen.0 == CLOSED {
-                slot = (slot + 1) & (slots - 1);
+                slot = (slot + 1) & all;
                 if slot == home {
                     return None;
                 }
@@ -186,7 +191,7 @@ impl Heap {
                 stealing = true;
             }
             if stealing {
-                slot = (slot + 1) & (slots - 1);
+                slot = (slot + 1) & all;
                 if slot == home {
                     return None;
                 }
@@ -604,6 +609,46 @@ mod tests {
         if default {
             assert_eq!(seen, ([16, 16, 16], [16, 16, 16], [1, 1, 1]));
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod stealing_tests {
+    extern crate std;
+    use std::vec::Vec;
+
+    use crate::class::{MIN_SEGMENT_SHIFT, Request};
+
+    /// A thread whose handle has a small budget (one slot per class) still
+    /// takes the slices left in blocks that threads with a larger budget
+    /// installed in other slots, before it answers null: the heap hands
+    /// out every 16 B slice of its one present segment. Before stealing
+    /// visited every slot, it stopped at its own slot and left the other
+    /// slots' slices unreachable.
+    #[test]
+    fn a_smaller_budget_steals_from_every_slot() {
+        let (heap, _words) = crate::layout::test_support::test_heap(64, 1);
+        let Request::Class(class) = Request::for_size(16, MIN_SEGMENT_SHIFT) else {
+            panic!("16 B is a slice class");
+        };
+        let large = heap.with_budget(64);
+        let installers = 8;
+        assert!(large.slots_for(class) >= installers, "room for 8 homes");
+        let kept: Vec<u64> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..installers)
+                .map(|_| s.spawn(|| large.malloc(16) as u64))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(kept.iter().all(|&p| p != 0), "{kept:x?}");
+        let small = heap.with_budget(1);
+        assert_eq!(small.slots_for(class), 1);
+        let mut got = 0u64;
+        while !small.malloc(16).is_null() {
+            got += 1;
+        }
+        let slices = 1u64 << (MIN_SEGMENT_SHIFT - 4);
+        assert_eq!(got + kept.len() as u64, slices, "every slice handed out");
     }
 }
 
