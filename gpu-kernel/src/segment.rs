@@ -13,10 +13,12 @@
 //!   incremented, and a claimed block's bit is cleared *after* `free` was
 //!   decremented (a reservation). So a thread holding a reservation always
 //!   finds a set bit.
-//! - An `Active` segment turns `Free` in the same CAS that returns its last
-//!   block, so no reservation can be outstanding when it does.
+//! - An `Active` segment turns `Free` only by a CAS from the word whose
+//!   `free` equals the class's blocks per segment (every block returned),
+//!   so no reservation can be outstanding when it does.
 //!
-//! All transitions are acq_rel CASes on the state word; readers that only need
+//! All transitions are acq_rel RMWs on the state word (CASes, and the add
+//! that returns blocks: see [`SegmentTable::return_blocks`]); readers that only need
 //! the class of a live allocation use a relaxed device-scope load (the class
 //! cannot change while the allocation is live).
 
@@ -217,29 +219,50 @@ impl<'a> SegmentTable<'a> {
     /// Counts `count` blocks of an active segment as free again (their
     /// bitmap bits are already set); retires the segment if they were the
     /// last ones out (`total`: the class's blocks per segment).
+    ///
+    /// One add, not a CAS loop: when the blocks of a burst complete
+    /// together, hundreds of returns meet on one segment word, and a CAS
+    /// loop retries each failed one. The add cannot carry out of the `free`
+    /// field (`free + count <= total < 2^16` while the caller holds the
+    /// blocks). Acq_rel: the release orders the caller's `give_back` before
+    /// the count, so a claimer that reserves these blocks (acquire) finds
+    /// their bits set; the acquire orders what the previous returners did
+    /// before a retirement made here.
+    ///
+    /// The thread whose add brings `free` to `total` retires the segment
+    /// with a CAS from exactly that word. It fails only if the word moved
+    /// on: a claimer reserved a block meanwhile (the segment stays active
+    /// for it), or that claimer returned it and retired the segment itself.
+    /// Either way exactly one thread retires it, and never while a block is
+    /// reserved.
     #[inline]
     pub fn return_blocks(&self, segment: u32, class: SizeClass, count: u32, total: u32) -> Return {
         let w = self.word(segment);
-        let mut current = arch::load_relaxed(w);
-        loop {
-            let free = match SegmentState::decode(current) {
-                SegmentState::Active { free, class: c } if c == class && free + count <= total => {
-                    free
-                }
-                // Unreachable while the caller holds blocks of this segment.
-                _ => return Return::Partial,
-            };
-            let (next, outcome) = if free + count == total {
-                (retired_word(Previous::Active(class)), Return::Retired)
-            } else if free == 0 {
-                (current + count as u64, Return::FirstFree)
-            } else {
-                (current + count as u64, Return::Partial)
-            };
-            match arch::compare_exchange_acq_rel(w, current, next) {
-                Ok(_) => return outcome,
-                Err(actual) => current = actual,
+        let old = arch::fetch_add_acq_rel(w, count as u64);
+        let free = match SegmentState::decode(old) {
+            SegmentState::Active { free, class: c } if c == class && free + count <= total => free,
+            // Unreachable while the caller holds blocks of this segment:
+            // only a bad free on an unchecked heap whose segment changed
+            // hands after `release_block`'s check gets here. Undo the add
+            // (acq_rel, as the add); a thread that read the word in
+            // between saw a wrong free count, which a CAS loop would have
+            // avoided, but only for a program that already freed wrongly.
+            _ => {
+                arch::fetch_add_acq_rel(w, (count as u64).wrapping_neg());
+                return Return::Partial;
             }
+        };
+        let full = old + count as u64;
+        if free + count == total
+            && arch::compare_exchange_acq_rel(w, full, retired_word(Previous::Active(class)))
+                .is_ok()
+        {
+            return Return::Retired;
+        }
+        if free == 0 {
+            Return::FirstFree
+        } else {
+            Return::Partial
         }
     }
 

@@ -204,6 +204,15 @@ fn reservation_racing_the_last_return() {
                 assert_eq!(end, SegmentState::Active { class, free: 1 })
             }
             (Reservation::Stale, Return::Retired) => assert_eq!(end, SegmentState::Free),
+            // The return's add came first, the reservation before its
+            // retiring CAS: the segment stays active for the reserver.
+            (
+                Reservation::Reserved {
+                    count: 1,
+                    last: false,
+                },
+                Return::Partial,
+            ) => assert_eq!(end, SegmentState::Active { class, free: 1 }),
             other => panic!("inconsistent outcome {other:?}, state {end:?}"),
         }
     });
@@ -571,5 +580,35 @@ fn two_posts_race_for_one_slot() {
         assert!(mine ^ theirs, "exactly one posts");
         let s = RequestSlot::new(&slot);
         assert_eq!(s.take(), Some(if mine { 3 } else { 2 }));
+    });
+}
+
+/// The retiring CAS of `return_blocks` against a claimer that reserves a
+/// block and returns it again in between (the word comes back to the same
+/// value): the segment is retired exactly once, and only when every block
+/// is back.
+#[test]
+fn a_reserve_and_return_between_the_add_and_the_retire() {
+    model(|| {
+        let class = two_block_class();
+        let states = Arc::new(vec![Word::new(
+            SegmentState::Active { class, free: 1 }.encode(),
+        )]);
+        let s1 = states.clone();
+        let t = thread::spawn(move || {
+            let table = SegmentTable::new(&s1);
+            match table.reserve_blocks(0, class, 1) {
+                Reservation::Reserved { count: 1, .. } => Some(table.return_blocks(0, class, 1, 2)),
+                _ => None,
+            }
+        });
+        let mine = SegmentTable::new(&states).return_blocks(0, class, 1, 2);
+        let theirs = t.join().unwrap();
+        let retired = [Some(mine), theirs]
+            .iter()
+            .filter(|r| **r == Some(Return::Retired))
+            .count();
+        assert_eq!(retired, 1, "{mine:?} {theirs:?}");
+        assert_eq!(SegmentTable::new(&states).load(0), SegmentState::Free);
     });
 }
