@@ -346,3 +346,32 @@ fn a_heap_flushes_on_a_gpu_without_our_module() {
         );
     }
 }
+
+/// A PTX built over another heap layout (here: gpumalloc's own PTX with
+/// its layout fingerprint changed, as a stale build from other sources or
+/// `GPUMALLOC_*` settings would carry) is refused by `Gpu::open` with an
+/// error that names both fingerprints; the real one loads.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
+fn a_ptx_of_another_heap_layout_is_refused() {
+    if gpu().is_none() {
+        return;
+    }
+    let initializer = |value: u64| {
+        let bytes: Vec<String> = value.to_le_bytes().iter().map(|b| b.to_string()).collect();
+        format!("{{{}}}", bytes.join(", "))
+    };
+    let ours = gpumalloc::gpu_kernel::fingerprint::LAYOUT_FINGERPRINT;
+    let stale = gpumalloc::PTX.replacen(&initializer(ours), &initializer(ours ^ 1), 1);
+    assert_ne!(
+        stale,
+        gpumalloc::PTX,
+        "the fingerprint's initializer was found"
+    );
+    let err = Gpu::open(0, &stale).err().expect("a stale PTX is refused");
+    let text = err.to_string();
+    println!("issue17: stale PTX refused: {text}");
+    assert!(text.contains("another gpumalloc heap layout"), "{text}");
+    assert!(text.contains(&format!("{ours:#018x}")), "{text}");
+    Gpu::open(0, gpumalloc::PTX).expect("the matching PTX loads");
+}

@@ -38,6 +38,7 @@ pub mod arch;
 pub mod block;
 pub mod c_layout;
 pub mod class;
+pub mod fingerprint;
 pub mod heap;
 pub mod layout;
 pub mod request;

@@ -124,8 +124,36 @@ impl Gpu {
             .ctx
             .load_module(Ptx::from_src(ptx))
             .call("cuModuleLoadData")?;
+        gpu.check_layout(&module, "the PTX given to Gpu::open")?;
         gpu.module = Some(module);
         Ok(gpu)
+    }
+
+    /// Refuses a module built over another heap layout than this host's
+    /// (`gpu_kernel::fingerprint`): its kernels would read and write heaps
+    /// laid out differently. A module without the allocator (no
+    /// fingerprint global) passes.
+    fn check_layout(&self, module: &Arc<CudaModule>, what: &str) -> Result<()> {
+        use gpu_kernel::fingerprint::{LAYOUT_FINGERPRINT, LAYOUT_FINGERPRINT_SYMBOL};
+        let global = match module.get_global(LAYOUT_FINGERPRINT_SYMBOL, &self.stream) {
+            Ok(global) => global,
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_FOUND => return Ok(()),
+            Err(e) => return Err(e).call("cuModuleGetGlobal(GPUMALLOC_LAYOUT_FINGERPRINT)"),
+        };
+        let mut bytes = [0u8; 8];
+        if global.len() != bytes.len() {
+            return Err(Error::Config(format!(
+                "{what}: its {LAYOUT_FINGERPRINT_SYMBOL} is {} bytes, not 8",
+                global.len()
+            )));
+        }
+        // Synchronised first, as `download` does: a pageable copy waiting
+        // on a running kernel would block every thread's driver calls.
+        self.stream.synchronize().call("cuStreamSynchronize")?;
+        self.stream
+            .memcpy_dtoh(&global, &mut bytes)
+            .call("cuMemcpyDtoH(GPUMALLOC_LAYOUT_FINGERPRINT)")?;
+        check_layout_fingerprint(u64::from_le_bytes(bytes), LAYOUT_FINGERPRINT, what)
     }
 
     /// Opens device `ordinal` (its primary context, the one the CUDA
@@ -316,6 +344,7 @@ impl Gpu {
                     .ctx
                     .load_module(Ptx::from_src(HEAP_KERNELS_PTX))
                     .call("cuModuleLoadData(heap kernels)")?;
+                self.check_layout(&m, "the heap kernels' PTX")?;
                 loaded.module = Some(m.clone());
                 m
             }
@@ -417,6 +446,21 @@ impl Gpu {
         end.synchronize().call("cuEventSynchronize")?;
         Ok(start.elapsed_ms(&end).call("cuEventElapsedTime")? as f64)
     }
+}
+
+/// The error for a module whose layout fingerprint `found` is not this
+/// host's `ours` (`what` names the module); `Ok` when they agree.
+pub fn check_layout_fingerprint(found: u64, ours: u64, what: &str) -> Result<()> {
+    if found == ours {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "{what} was built over another gpumalloc heap layout (its layout fingerprint \
+         {found:#018x}, this program's {ours:#018x}): its kernels would corrupt heaps this \
+         program lays out. Rebuild the PTX from the same gpumalloc source with the same \
+         GPUMALLOC_* settings (ptx_builder::PtxBuilder in the same cargo build does), or \
+         remove stale PTX files"
+    )))
 }
 
 #[cfg(test)]

@@ -1,0 +1,144 @@
+//! The layout fingerprint: one number that differs between two builds of
+//! this crate whose heaps must not meet, because their metadata layout or
+//! the `Heap` handle they pass to kernels differ (another class count, slot
+//! count, request area, build setting, …).
+//!
+//! Every PTX built over this crate carries it as the global
+//! [`LAYOUT_FINGERPRINT_SYMBOL`], and the host compares it with its own
+//! [`LAYOUT_FINGERPRINT`] when it loads a module (`host::Gpu::open`): a
+//! stale PTX (from an older source or other `GPUMALLOC_*` settings) is
+//! refused with an error that says to rebuild it, instead of corrupting a
+//! heap laid out differently. A plain constant computed at compile time;
+//! nothing here is touched at run time except the one global's load.
+
+use crate::class::{
+    CLASSES, MAX_SEGMENT_SHIFT, MAX_SLICE_SHIFT, MIN_SEGMENT_SHIFT, MIN_SLICE_SHIFT,
+    SLICES_PER_BLOCK_SHIFT,
+};
+use crate::layout::STAT_WORDS;
+use crate::request::REQUEST_SLOTS;
+use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT};
+
+/// Bump when a change alters the metadata layout or the handle without
+/// changing any constant hashed below.
+const LAYOUT_VERSION: u64 = 1;
+
+/// The name of the PTX global that holds a PTX's fingerprint.
+pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
+
+/// The build settings hashed, in the order of their values in
+/// [`SETTING_VALUES`] (the same list as `ptx_builder::ALLOCATOR_SETTINGS`; a
+/// test checks).
+pub const SETTINGS: [&str; 11] = [
+    "GPUMALLOC_SEGMENT_SHIFT",
+    "GPUMALLOC_SLOTS",
+    "GPUMALLOC_SLOT_BUDGET_SHIFT",
+    "GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT",
+    "GPUMALLOC_AUTO_MIN_SEGMENTS",
+    "GPUMALLOC_UNLOCKED_FORMAT_SHIFT",
+    "GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT",
+    "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT",
+    "GPUMALLOC_LARGE_HEAP_SHIFT",
+    "GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT",
+    "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT",
+];
+
+/// What this build saw of each of [`SETTINGS`].
+const SETTING_VALUES: [Option<&str>; 11] = [
+    option_env!("GPUMALLOC_SEGMENT_SHIFT"),
+    option_env!("GPUMALLOC_SLOTS"),
+    option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
+    option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"),
+    option_env!("GPUMALLOC_AUTO_MIN_SEGMENTS"),
+    option_env!("GPUMALLOC_UNLOCKED_FORMAT_SHIFT"),
+    option_env!("GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT"),
+    option_env!("GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT"),
+    option_env!("GPUMALLOC_LARGE_HEAP_SHIFT"),
+    option_env!("GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT"),
+    option_env!("GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT"),
+];
+
+/// FNV-1a over `bytes`, continuing from `hash`.
+const fn fnv(mut hash: u64, bytes: &[u8]) -> u64 {
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}
+
+const fn number(hash: u64, value: u64) -> u64 {
+    fnv(hash, &value.to_le_bytes())
+}
+
+/// The fingerprint of `values` (one per setting) over this source's
+/// constants.
+pub const fn fingerprint_of(values: &[Option<&str>]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325;
+    let constants = [
+        LAYOUT_VERSION,
+        core::mem::size_of::<crate::Heap>() as u64,
+        CLASSES as u64,
+        MIN_SLICE_SHIFT as u64,
+        MAX_SLICE_SHIFT as u64,
+        SLICES_PER_BLOCK_SHIFT as u64,
+        MIN_SEGMENT_SHIFT as u64,
+        MAX_SEGMENT_SHIFT as u64,
+        SLOTS_PER_CLASS as u64,
+        SPARES_PER_SLOT as u64,
+        STAT_WORDS,
+        REQUEST_SLOTS as u64,
+    ];
+    let mut i = 0;
+    while i < constants.len() {
+        h = number(h, constants[i]);
+        i += 1;
+    }
+    let mut i = 0;
+    while i < values.len() {
+        h = match values[i] {
+            // A set value and an unset one never hash alike.
+            Some(text) => fnv(number(h, 1), text.as_bytes()),
+            None => number(h, 0),
+        };
+        i += 1;
+    }
+    h
+}
+
+/// This build's fingerprint.
+pub const LAYOUT_FINGERPRINT: u64 = fingerprint_of(&SETTING_VALUES);
+
+/// The fingerprint in the PTX, for the host to read.
+#[cfg(target_arch = "nvptx64")]
+#[unsafe(no_mangle)]
+#[used]
+pub static GPUMALLOC_LAYOUT_FINGERPRINT: u64 = LAYOUT_FINGERPRINT;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A setting's value, a setting set to its default and the version all
+    /// change the number; the same inputs give the same number.
+    #[test]
+    fn settings_change_the_fingerprint() {
+        let none = [None; 11];
+        assert_eq!(fingerprint_of(&none), fingerprint_of(&none));
+        let mut slots = none;
+        slots[1] = Some("64");
+        let mut default_slots = none;
+        default_slots[1] = Some("32");
+        let all = [
+            fingerprint_of(&none),
+            fingerprint_of(&slots),
+            fingerprint_of(&default_slots),
+        ];
+        assert!(
+            all[0] != all[1] && all[1] != all[2] && all[0] != all[2],
+            "{all:x?}"
+        );
+    }
+}
