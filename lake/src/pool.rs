@@ -724,7 +724,7 @@ impl<D: VmmDriver> Lake<D> {
             }
             *users.entry(live.window.view).or_default() += 1;
             for c in s.tables.chunks_in(live.window) {
-                if !s.tables.chunk(c).used {
+                if !s.tables.is_used(c) {
                     return Err(format!("allocation {addr:#x} sits on free chunk {c}"));
                 }
                 if let Some(other) = owner.insert(c, addr) {

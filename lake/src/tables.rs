@@ -23,6 +23,13 @@
 //!   requester may reuse (their fences admit it: always so on one stream)
 //!   and, for a stitched view, whose view is not much larger than `n`
 //!   ([`TIGHT`]).
+//! - A chunk is **used** when its home slot lies in no free run of its home
+//!   view: the home views' runs are the one record of use, and every
+//!   stitched view's runs follow them. A window taken or given back
+//!   changes its own view's runs, its home stretches' runs, and the runs
+//!   of every stitched view mapping those home slots, found stretch by
+//!   stretch through the pieces and covers of `tables/pieces.rs` (no visit
+//!   to each chunk: see there).
 //!
 //! The driver work that makes and unmakes chunks and views (growth,
 //! stitching, patching, unmapping, release), all or nothing with rollback,
@@ -38,9 +45,11 @@ use super::driver::ChunkHandle;
 use super::fence::{Fence, Progress, Requester};
 
 mod mapping;
+mod pieces;
 mod stitched_list;
 
 pub use mapping::Spill;
+use pieces::{Cover, Layer, Piece};
 pub use stitched_list::StitchedList;
 
 /// A stitched view of `m` chunks serves a request of `n` only if
@@ -73,10 +82,9 @@ pub struct Chunk {
     /// was full (`LakeConfig::spill_to_host`). Mapped and used like any
     /// other.
     pub on_host: bool,
-    /// Its home view and slot.
+    /// Its home view and slot. Whether a live allocation uses it is read
+    /// from there ([`Tables::is_used`]).
     pub home: (ViewId, usize),
-    /// Whether a live allocation uses it.
-    pub used: bool,
     /// While free: who may reuse it (see `fence.rs`).
     pub fence: Fence,
     /// Stitched views mapping it, with its slot in each.
@@ -112,6 +120,10 @@ pub struct View {
     pub fence: Fence,
     /// Maximal runs of slots holding free chunks: start -> length.
     runs: BTreeMap<usize, usize>,
+    /// Stitched views: its stretches of consecutive home slots, by slot.
+    pieces: Vec<Piece>,
+    /// Home views: the stitched views' pieces over its slots.
+    cover: Cover,
 }
 
 /// `len` consecutive slots of a view, from `start`.
@@ -252,35 +264,25 @@ pub struct Tables {
     fenced: AddrMap<usize>,
     orphans: Orphans,
     next_id: u64,
-    /// Reused lists of `set_used_many` (empty between calls).
-    scratch: Vec<(ViewId, Vec<usize>)>,
-    /// Reused list of a window's chunks for `take` and `give` (empty
-    /// between calls): every large alloc and free goes through them, and a
+    /// Reused lists of `mark` (empty between calls): the window's home
+    /// stretches, and the stretches of every view to update, as (view,
+    /// first slot, slots). Every alloc and free goes through them, and a
     /// heap allocation there touches the allocator's cold lines too.
+    homes: Vec<(ViewId, usize, usize)>,
+    stretches: Vec<(ViewId, usize, usize)>,
+    /// Reused list of a window's chunks for the fences of `take` and
+    /// `give` (empty between calls).
     window_chunks: Vec<ChunkId>,
-    /// Reused list of `set_used_many`: per stream, the fenced chunks it
-    /// made used (empty between calls).
+    /// Reused list of `take`: per stream, the fenced chunks it made used
+    /// (empty between calls).
     unfenced: Vec<(u64, usize)>,
 }
 
-/// Adds `slot` of `view` to the first `*views` lists of `by_view`, opening
-/// a list for a view not met yet. The most recent lists are searched first:
-/// a chunk's mappings repeat from one chunk to the next.
-fn add_slot(
-    by_view: &mut Vec<(ViewId, Vec<usize>)>,
-    views: &mut usize,
-    (view, slot): (ViewId, usize),
-) {
-    if let Some((_, slots)) = by_view[..*views].iter_mut().rev().find(|(v, _)| *v == view) {
-        slots.push(slot);
-        return;
-    }
-    if *views == by_view.len() {
-        by_view.push((view, Vec::new()));
-    }
-    by_view[*views].0 = view;
-    by_view[*views].1.push(slot);
-    *views += 1;
+/// Whether `slot` lies in one of `runs` (start -> length).
+fn in_run(runs: &BTreeMap<usize, usize>, slot: usize) -> bool {
+    runs.range(..=slot)
+        .next_back()
+        .is_some_and(|(&s, &l)| s + l > slot)
 }
 
 /// Groups sorted slots into runs of consecutive ones: (start, length).
@@ -460,16 +462,16 @@ impl Tables {
             return self.free_chunks;
         }
         self.chunks
-            .values()
-            .filter(|c| !c.used && c.fence.admits(req))
+            .iter()
+            .filter(|&(id, c)| c.fence.admits(req) && !self.is_used(id))
             .count()
     }
 
     /// Free chunks some stream may not reuse yet (pending fences).
     pub fn pending_free(&self, progress: &Progress) -> usize {
         self.chunks
-            .values()
-            .filter(|c| !c.used && c.fence.pending(progress))
+            .iter()
+            .filter(|&(id, c)| c.fence.pending(progress) && !self.is_used(id))
             .count()
     }
 
@@ -520,11 +522,37 @@ impl Tables {
 
     /// Marks a window's chunks used by one more allocation.
     pub fn take(&mut self, w: Window) {
-        let chunks = self.window_chunks(w);
-        // The window's own slots are one stretch: cut once, not per chunk.
-        self.run_cut(w.view, w.start, w.start + w.len);
-        self.set_used_many(&chunks, true, Some(w.view));
+        // Chunks made used lose their fence. With no fenced free chunk at
+        // all (a one-stream program freeing behind no fence) there is none
+        // to clear, and the window's chunks are not visited.
+        if self.fenced.values().any(|&n| n > 0) {
+            self.unfence(w);
+        }
+        self.mark(w, true);
         self.views.get_mut(&w.view).expect("live view").users += 1;
+    }
+
+    /// Clears the fences of window `w`'s chunks, keeping the per-stream
+    /// counts.
+    fn unfence(&mut self, w: Window) {
+        let chunks = self.window_chunks(w);
+        let mut unfenced = std::mem::take(&mut self.unfenced);
+        for &c in &chunks {
+            let chunk = self.chunks.get_mut(&c).expect("live chunk");
+            for s in chunk.fence.streams() {
+                // Counted here and applied once below: one lookup per
+                // stream instead of one per chunk.
+                match unfenced.iter_mut().find(|(t, _)| *t == s) {
+                    Some((_, n)) => *n += 1,
+                    None => unfenced.push((s, 1)),
+                }
+            }
+            chunk.fence = Fence::none();
+        }
+        for (s, n) in unfenced.drain(..) {
+            *self.fenced.get_mut(&s).expect("counted") -= n;
+        }
+        self.unfenced = unfenced;
         self.window_chunks = chunks;
     }
 
@@ -545,17 +573,19 @@ impl Tables {
     /// Marks a window's chunks free again behind `fence`; the view
     /// remembers `clock`.
     pub fn give(&mut self, w: Window, clock: u64, fence: &Fence) {
-        let chunks = self.window_chunks(w);
-        self.run_join(w.view, w.start, w.start + w.len);
-        self.set_used_many(&chunks, false, Some(w.view));
-        // Used chunks carry no fence: only the new one is counted.
-        for s in fence.streams() {
-            *self.fenced.entry(s).or_default() += chunks.len();
+        self.mark(w, false);
+        // Used chunks carry no fence: only the new one is set and counted,
+        // and behind no fence there is nothing to set.
+        if !fence.is_none() {
+            for s in fence.streams() {
+                *self.fenced.entry(s).or_default() += w.len;
+            }
+            let chunks = self.window_chunks(w);
+            for &c in &chunks {
+                self.chunks.get_mut(&c).expect("live chunk").fence = fence.clone();
+            }
+            self.window_chunks = chunks;
         }
-        for &c in &chunks {
-            self.chunks.get_mut(&c).expect("live chunk").fence = fence.clone();
-        }
-        self.window_chunks = chunks;
         let v = self.views.get_mut(&w.view).expect("live view");
         v.users -= 1;
         v.last_used = clock;
@@ -572,78 +602,95 @@ impl Tables {
         self.views[&v].fence.pending(progress)
     }
 
-    fn set_used(&mut self, c: ChunkId, used: bool) {
-        self.set_used_many(&[c], used, None);
+    /// Whether a live allocation uses chunk `c`: its home slot lies in no
+    /// free run of its home view.
+    pub fn is_used(&self, c: ChunkId) -> bool {
+        let (v, slot) = self.chunks[&c].home;
+        !in_run(&self.views[&v].runs, slot)
     }
 
-    /// Marks chunks `cs` (distinct, all of the other state) used or free,
-    /// updating the runs of every view that maps them by stretches of
-    /// consecutive slots: a window of `n` chunks costs a few run updates
-    /// per view, not `n`. Chunks made used lose their fence (the caller
-    /// sets the fence of chunks made free). The runs of view `done` (the
-    /// window's own, which maps each chunk once) are already updated.
-    fn set_used_many(&mut self, cs: &[ChunkId], used: bool, done: Option<ViewId>) {
-        // Slots per view, in the order met: mostly ascending already (a
-        // window's chunks are consecutive somewhere), so sorting is rare.
-        // The lists live in `scratch` between calls so that a window of
-        // thousands of chunks allocates nothing (profile of the replay:
-        // growing these vectors was a third of this function's time).
-        let mut by_view = std::mem::take(&mut self.scratch);
-        let mut views = 0usize;
-        // Reused too: in a one-stream program every freed chunk carries a
-        // fence, so every take would allocate this list.
-        let mut unfenced = std::mem::take(&mut self.unfenced);
-        for &c in cs {
-            let chunk = self.chunks.get_mut(&c).expect("live chunk");
-            debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
-            chunk.used = used;
-            for p in std::iter::once(chunk.home).chain(chunk.stitched.iter()) {
-                if Some(p.0) != done {
-                    add_slot(&mut by_view, &mut views, p);
-                }
-            }
-            if used && !chunk.fence.is_none() {
-                for s in chunk.fence.streams() {
-                    // Counted here and applied once below: one lookup per
-                    // stream instead of one per chunk.
-                    match unfenced.iter_mut().find(|(t, _)| *t == s) {
-                        Some((_, n)) => *n += 1,
-                        None => unfenced.push((s, 1)),
-                    }
-                }
-                chunk.fence = Fence::none();
-            }
-        }
-        for (s, n) in unfenced.drain(..) {
-            *self.fenced.get_mut(&s).expect("counted") -= n;
-        }
-        self.unfenced = unfenced;
-        for (v, slots) in by_view.iter_mut().take(views) {
-            if !slots.is_sorted() {
-                slots.sort_unstable();
-            }
-            let mut i = 0;
-            while i < slots.len() {
-                let start = slots[i];
-                let mut end = start + 1;
-                i += 1;
-                while i < slots.len() && slots[i] == end {
-                    end += 1;
-                    i += 1;
-                }
-                if used {
-                    self.run_cut(*v, start, end);
-                } else {
-                    self.run_join(*v, start, end);
-                }
-            }
-            slots.clear();
-        }
-        self.scratch = by_view;
-        if used {
-            self.free_chunks -= cs.len();
+    fn set_used(&mut self, c: ChunkId, used: bool) {
+        let (view, start) = self.chunks[&c].home;
+        self.mark(
+            Window {
+                view,
+                start,
+                len: 1,
+            },
+            used,
+        );
+    }
+
+    /// Marks the chunks of window `w` (all of the other state) used or
+    /// free in every view that maps them: the window's own slots, its
+    /// stretches of home slots, and the stretches of every stitched view
+    /// over those (found through the pieces and covers: a few run updates
+    /// per view, whatever the window's length). The caller keeps the
+    /// fences.
+    fn mark(&mut self, w: Window, used: bool) {
+        let mut homes = std::mem::take(&mut self.homes);
+        let mut stretches = std::mem::take(&mut self.stretches);
+        let view = &self.views[&w.view];
+        if view.stitched {
+            homes.extend(pieces::homes_of(&view.pieces, w.start, w.start + w.len));
         } else {
-            self.free_chunks += cs.len();
+            homes.push((w.view, w.start, w.len));
+        }
+        stretches.push((w.view, w.start, w.len));
+        for &(h, a, len) in &homes {
+            if h != w.view {
+                stretches.push((h, a, len));
+            }
+            // The window's own view maps each chunk once: it is done.
+            stretches.extend(
+                self.views[&h]
+                    .cover
+                    .over(a, a + len)
+                    .filter(|&(v, _, _)| v != w.view),
+            );
+        }
+        homes.clear();
+        self.homes = homes;
+        for &(v, a, len) in &stretches {
+            if used {
+                self.run_cut(v, a, a + len);
+            } else {
+                self.run_join(v, a, a + len);
+            }
+        }
+        stretches.clear();
+        self.stretches = stretches;
+        if used {
+            self.free_chunks -= w.len;
+        } else {
+            self.free_chunks += w.len;
+        }
+    }
+
+    /// Recomputes the pieces of stitched view `changed` (if it is still
+    /// there) from its slots, then every home view's cover from all
+    /// pieces: after a stitch, patch, extension or drop.
+    fn relayer(&mut self, changed: ViewId) {
+        if let Some(v) = self.views.get_mut(&changed) {
+            v.pieces = pieces::pieces_of(
+                v.slots
+                    .iter()
+                    .map(|c| self.chunks[&c.expect("stitched views are full")].home),
+            );
+        }
+        let mut layers: BTreeMap<ViewId, Vec<Layer>> = BTreeMap::new();
+        for (&id, v) in &self.views {
+            for p in &v.pieces {
+                layers.entry(p.home).or_default().push(Layer {
+                    home_at: p.home_at,
+                    view: id,
+                    at: p.at,
+                    len: p.len,
+                });
+            }
+        }
+        for (id, v) in self.views.iter_mut().filter(|(_, v)| !v.stitched) {
+            v.cover = Cover::new(layers.remove(id).unwrap_or_default());
         }
     }
 
@@ -707,6 +754,10 @@ impl Tables {
         // The view looked up once; a run on the left grows in place (see
         // `run_cut`).
         let runs = &mut self.views.get_mut(&v).expect("live view").runs;
+        debug_assert!(
+            !in_run(runs, a) && runs.range(a..b).next().is_none(),
+            "view {v}: slots {a}..{b} freed twice"
+        );
         let right = runs.remove(&b);
         let left = runs
             .range_mut(..a)
@@ -733,8 +784,10 @@ impl Tables {
         self.runs.insert((len, v, start));
     }
 
-    /// Recomputes the runs of view `v` from its chunks' use flags.
+    /// Recomputes the runs of stitched view `v` from its chunks' use (the
+    /// home views' runs).
     fn rebuild_runs(&mut self, v: ViewId) {
+        assert!(self.views[&v].stitched, "a home view's runs are the record");
         let starts: Vec<usize> = self.views[&v].runs.keys().copied().collect();
         for s in starts {
             self.run_remove(v, s);
@@ -743,7 +796,7 @@ impl Tables {
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.is_some_and(|c| !self.chunks[&c].used))
+            .filter(|(_, c)| c.is_some_and(|c| !self.is_used(c)))
             .map(|(i, _)| i)
             .collect();
         for (start, len) in consecutive(&free) {
@@ -758,8 +811,8 @@ impl Tables {
             .iter()
             .enumerate()
             .filter(|(_, c)| {
-                let c = &self.chunks[&c.expect("stitched views are full")];
-                c.used || !c.fence.admits(req)
+                let c = c.expect("stitched views are full");
+                self.is_used(c) || !self.chunks[&c].fence.admits(req)
             })
             .map(|(i, _)| i)
             .collect()
@@ -790,7 +843,9 @@ impl Tables {
         let mut out: Vec<ChunkId> = self
             .chunks
             .iter()
-            .filter(|(_, c)| !c.used && c.stitched.is_empty() && !c.fence.pending(progress))
+            .filter(|&(id, c)| {
+                c.stitched.is_empty() && !c.fence.pending(progress) && !self.is_used(id)
+            })
             .map(|(id, _)| id)
             .collect();
         out.sort_unstable();
@@ -798,6 +853,12 @@ impl Tables {
     }
 
     /// Checks the tables' invariants; the first broken one, in words.
+    /// Every index is recomputed from scratch and compared: each view's
+    /// runs from its slots (a stitched view's from its chunks' use, read
+    /// at home), the global run index from the views', the pieces from the
+    /// slots and the covers slot by slot from every stitched view's slots.
+    /// Which chunks are used is checked against the live allocations by
+    /// `Lake::check`.
     pub fn check(&self) -> Result<(), String> {
         for (cid, c) in self.chunks.iter() {
             let (v, s) = c.home;
@@ -849,7 +910,16 @@ impl Tables {
                 if !v.stitched && i >= v.filled_to {
                     return Err(format!("view {vid}: slot {i} filled above filled_to"));
                 }
-                if !chunk.used {
+                // A home view's runs are the record of use: a slot is free
+                // if it lies in one (so runs over empty slots, overlapping
+                // or touching runs differ from `want` below); a stitched
+                // view's slot is free if its chunk's home slot is.
+                let free_here = if v.stitched {
+                    !self.is_used(*c)
+                } else {
+                    in_run(&v.runs, i)
+                };
+                if free_here {
                     free.push(i);
                 } else if !chunk.fence.is_none() {
                     return Err(format!("used chunk {c} keeps a fence"));
@@ -860,9 +930,60 @@ impl Tables {
                 return Err(format!("view {vid}: run index differs from its free slots"));
             }
             all_runs.extend(v.runs.iter().map(|(&s, &l)| (l, vid, s)));
+            let pieces = if v.stitched {
+                pieces::pieces_of(
+                    v.slots
+                        .iter()
+                        .map(|c| self.chunks[&c.expect("checked: stitched views are full")].home),
+                )
+            } else {
+                Vec::new()
+            };
+            if pieces != v.pieces {
+                return Err(format!("view {vid}: pieces differ from its slots"));
+            }
         }
         if all_runs != self.runs {
             return Err("the global run index differs from the views' runs".into());
+        }
+        let mut layers: BTreeMap<ViewId, Vec<Layer>> = BTreeMap::new();
+        for (&vid, v) in self.views.iter().filter(|(_, v)| v.stitched) {
+            for (i, c) in v.slots.iter().enumerate() {
+                let (home, home_at) = self.chunks[&c.expect("checked")].home;
+                layers.entry(home).or_default().push(Layer {
+                    home_at,
+                    view: vid,
+                    at: i,
+                    len: 1,
+                });
+            }
+        }
+        for (&vid, v) in self.views.iter().filter(|(_, v)| !v.stitched) {
+            // One layer per mapped slot, from scratch, against the cover's
+            // answers slot by slot.
+            let mut want = layers.remove(&vid).unwrap_or_default();
+            want.sort_unstable();
+            let mut got: Vec<Layer> = (0..v.filled_to)
+                .flat_map(|home_at| {
+                    v.cover
+                        .over(home_at, home_at + 1)
+                        .map(move |(view, at, len)| Layer {
+                            home_at,
+                            view,
+                            at,
+                            len,
+                        })
+                })
+                .collect();
+            got.sort_unstable();
+            if want != got {
+                return Err(format!(
+                    "home view {vid}: cover differs from the stitched views' slots"
+                ));
+            }
+        }
+        if !layers.is_empty() {
+            return Err("a stitched view maps a chunk of a dead home view".into());
         }
         let mut fenced: HashMap<u64, usize> = HashMap::new();
         for c in self.chunks.values() {
@@ -882,7 +1003,7 @@ impl Tables {
                 self.host_chunks
             ));
         }
-        let free = self.chunks.values().filter(|c| !c.used).count();
+        let free = self.chunks.keys().filter(|&id| !self.is_used(id)).count();
         if free != self.free_chunks {
             return Err(format!("{free} free chunks counted {}", self.free_chunks));
         }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use super::super::driver::{ChunkHandle, VmmDriver, VmmResult};
 use super::super::fence::Fence;
-use super::{Chunk, ChunkId, Placement, StitchedList, Tables, View, ViewId, consecutive};
+use super::{Chunk, ChunkId, Cover, Placement, StitchedList, Tables, View, ViewId, consecutive};
 
 /// Where new chunks may go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +90,8 @@ impl Tables {
                         occupied: 0,
                         fence: Fence::none(),
                         runs: BTreeMap::new(),
+                        pieces: Vec::new(),
+                        cover: Cover::default(),
                     },
                 );
                 (id, (0..count).collect(), Some((base, capacity)))
@@ -174,7 +176,6 @@ impl Tables {
                 handle,
                 on_host,
                 home: (v, s),
-                used: true,
                 fence: Fence::none(),
                 stitched: StitchedList::default(),
             });
@@ -184,7 +185,8 @@ impl Tables {
             view.slots[s] = Some(cid);
             view.occupied += 1;
             view.filled_to = view.filled_to.max(s + 1);
-            // Born used, then freed: joins its neighbours' runs.
+            // Born used (in no run), then freed: joins its neighbours'
+            // runs.
             self.set_used(cid, false);
         }
         Ok(ids)
@@ -234,6 +236,8 @@ impl Tables {
                 occupied: chunks.len(),
                 fence: Fence::none(),
                 runs: BTreeMap::new(),
+                pieces: Vec::new(),
+                cover: Cover::default(),
             },
         );
         for (i, &c) in chunks.iter().enumerate() {
@@ -243,6 +247,7 @@ impl Tables {
                 .stitched
                 .push((id, i));
         }
+        self.relayer(id);
         self.rebuild_runs(id);
         Ok(id)
     }
@@ -291,6 +296,7 @@ impl Tables {
         view.slots.extend(with.iter().map(|&c| Some(c)));
         view.occupied += with.len();
         view.filled_to = view.slots.len();
+        self.relayer(v);
         self.rebuild_runs(v);
         Ok(())
     }
@@ -366,6 +372,7 @@ impl Tables {
                 .push((v, i));
             self.views.get_mut(&v).expect("live view").slots[i] = Some(with[k]);
         }
+        self.relayer(v);
         self.rebuild_runs(v);
         Ok(())
     }
@@ -407,6 +414,7 @@ impl Tables {
                 .retain(|&(v, _)| v != id);
         }
         self.views.remove(&id);
+        self.relayer(id);
         Ok((base, size))
     }
 
@@ -422,7 +430,7 @@ impl Tables {
         let (v, slot) = {
             let chunk = &self.chunks[&c];
             assert!(
-                !chunk.used && chunk.stitched.is_empty(),
+                !self.is_used(c) && chunk.stitched.is_empty(),
                 "release of a used or stitched chunk"
             );
             chunk.home
@@ -484,7 +492,7 @@ impl Tables {
         }
         let ids: Vec<ChunkId> = self.chunks.keys().collect();
         for c in ids {
-            if self.chunks[&c].used {
+            if self.is_used(c) {
                 self.set_used(c, false);
             }
             self.set_fence(c, Fence::none());
