@@ -18,18 +18,21 @@
 //!   made for a larger request, or a stretch of home slots. An allocation
 //!   touches only its own bytes, so the other chunks of the view stay free
 //!   and serve other allocations through their other mappings.
-//! - The **run index** lists every maximal run of free chunks of every view
-//!   by length; best fit is its first entry of at least `n` whose chunks the
-//!   requester may reuse (their fences admit it: always so on one stream)
-//!   and, for a stitched view, whose view is not much larger than `n`
-//!   ([`TIGHT`]).
-//! - A chunk is **used** when its home slot lies in no free run of its home
-//!   view: the home views' runs are the one record of use, and every
-//!   stitched view's runs follow them. A window taken or given back
-//!   changes its own view's runs, its home stretches' runs, and the runs
-//!   of every stitched view mapping those home slots, found stretch by
-//!   stretch through the pieces and covers of `tables/pieces.rs` (no visit
-//!   to each chunk: see there).
+//! - A chunk is **used** when its home slot lies in no free **run** (a
+//!   maximal stretch of slots holding free chunks) of its home view: the
+//!   home views' runs are the one record of use. Taking or giving back a
+//!   window updates the runs of its home stretches only (a stitched
+//!   window's home stretches are its pieces, `tables/pieces.rs`): a few
+//!   run updates, whatever the window's length and however many views map
+//!   its chunks.
+//! - A stitched view's runs are not stored: they are read through its
+//!   pieces from the home runs when asked for ([`Tables::stitched_runs`]),
+//!   and only a view of a size that may serve the request is asked.
+//! - The **run index** lists every run of every home view by length. Best
+//!   fit is the shortest run of at least `n`, lowest view and slot among
+//!   equals, of the home index and of the stitched views not much larger
+//!   than `n` ([`TIGHT`]), whose chunks the requester may reuse (their
+//!   fences admit it: always so on one stream).
 //!
 //! The driver work that makes and unmakes chunks and views (growth,
 //! stitching, patching, unmapping, release), all or nothing with rollback,
@@ -49,7 +52,7 @@ mod pieces;
 mod stitched_list;
 
 pub use mapping::Spill;
-use pieces::{Cover, Layer, Piece};
+use pieces::Piece;
 pub use stitched_list::StitchedList;
 
 /// A stitched view of `m` chunks serves a request of `n` only if
@@ -118,12 +121,11 @@ pub struct View {
     /// read and write through its addresses, so a slot of it is unmapped
     /// only once this fence is settled (`Lake`'s remap rule).
     pub fence: Fence,
-    /// Maximal runs of slots holding free chunks: start -> length.
+    /// Home views: maximal runs of slots holding free chunks, start ->
+    /// length (stitched views: empty, see [`Tables::stitched_runs`]).
     runs: BTreeMap<usize, usize>,
     /// Stitched views: its stretches of consecutive home slots, by slot.
     pieces: Vec<Piece>,
-    /// Home views: the stitched views' pieces over its slots.
-    cover: Cover,
 }
 
 /// `len` consecutive slots of a view, from `start`.
@@ -250,8 +252,11 @@ pub struct Tables {
     granularity: u64,
     chunks: ChunkSlab,
     views: BTreeMap<ViewId, View>,
-    /// Every free run of every view, as (length, view, start).
+    /// Every free run of every home view, as (length, view, start).
     runs: BTreeSet<(usize, ViewId, usize)>,
+    /// Every stitched view, as (slots, view): the ones of a size that may
+    /// serve a request are those best fit asks for their runs.
+    stitched_by_size: BTreeSet<(usize, ViewId)>,
     /// Home slots emptied by a release, as (view, slot).
     holes: BTreeSet<(ViewId, usize)>,
     free_chunks: usize,
@@ -264,12 +269,11 @@ pub struct Tables {
     fenced: AddrMap<usize>,
     orphans: Orphans,
     next_id: u64,
-    /// Reused lists of `mark` (empty between calls): the window's home
-    /// stretches, and the stretches of every view to update, as (view,
-    /// first slot, slots). Every alloc and free goes through them, and a
-    /// heap allocation there touches the allocator's cold lines too.
+    /// Reused list of `mark` (empty between calls): the window's home
+    /// stretches, as (view, first slot, slots). Every alloc and free goes
+    /// through it, and a heap allocation there touches the allocator's
+    /// cold lines too.
     homes: Vec<(ViewId, usize, usize)>,
-    stretches: Vec<(ViewId, usize, usize)>,
     /// Reused list of a window's chunks for the fences of `take` and
     /// `give` (empty between calls).
     window_chunks: Vec<ChunkId>,
@@ -376,38 +380,101 @@ impl Tables {
     }
 
     /// The best-fit window of `n` chunks for `req`: in the shortest free
-    /// run of at least `n` (lowest view and slot among equals), the first
-    /// `n` consecutive chunks whose fences admit `req`. Runs are looked at
-    /// in best-fit order, at most [`Tables::SCAN_RUNS`] of them (fenced
-    /// chunks are rare outside multi-stream programs).
+    /// run of at least `n` (lowest view and slot among equals) of a home
+    /// view or of a stitched view of at most `n + n / TIGHT + 1` slots, the
+    /// first `n` consecutive chunks whose fences admit `req`. Runs are
+    /// looked at in best-fit order, at most [`Tables::SCAN_RUNS`] of them
+    /// (fenced chunks are rare outside multi-stream programs).
     pub fn best_window(&self, n: usize, req: &Requester<'_>) -> Option<Window> {
+        let stitched = self
+            .stitched_by_size
+            .range((n, 0)..=(n + n / TIGHT + 1, ViewId::MAX));
         // Checked once, not per run: with no fence in the way (one stream)
         // the first run that fits is the answer, with no list built.
-        let all_admit = self.all_admit(req);
-        self.runs
+        if self.all_admit(req) {
+            let mut best = self.runs.range((n, 0, 0)..).next().copied();
+            for &(_, id) in stitched {
+                self.stitched_runs(id, |start, len| {
+                    let run = (len, id, start);
+                    if len >= n && best.is_none_or(|b| run < b) {
+                        best = Some(run);
+                    }
+                });
+            }
+            return best.map(|(_, view, start)| Window {
+                view,
+                start,
+                len: n,
+            });
+        }
+        let mut runs: Vec<(usize, ViewId, usize)> = self
+            .runs
             .range((n, 0, 0)..)
-            .filter(|&&(_, view, _)| {
-                let v = &self.views[&view];
-                !v.stitched || v.slots.len() <= n + n / TIGHT + 1
-            })
             .take(Self::SCAN_RUNS)
-            .find_map(|&(len, view, start)| {
-                if all_admit {
-                    return Some(Window {
-                        view,
-                        start,
-                        len: n,
-                    });
+            .copied()
+            .collect();
+        for &(_, id) in stitched {
+            self.stitched_runs(id, |start, len| {
+                if len >= n {
+                    runs.push((len, id, start));
                 }
-                self.admitted_segments(view, start, len, req)
-                    .into_iter()
-                    .find(|&(_, l)| l >= n)
-                    .map(|(start, _)| Window {
-                        view,
-                        start,
-                        len: n,
-                    })
-            })
+            });
+        }
+        runs.sort_unstable();
+        runs.truncate(Self::SCAN_RUNS);
+        runs.into_iter().find_map(|(len, view, start)| {
+            self.admitted_segments(view, start, len, req)
+                .into_iter()
+                .find(|&(_, l)| l >= n)
+                .map(|(start, _)| Window {
+                    view,
+                    start,
+                    len: n,
+                })
+        })
+    }
+
+    /// Calls `f(start, len)` for each run of free slots of stitched view
+    /// `v`, in slot order: each piece's share of its home view's runs,
+    /// joined across pieces. Costs a run lookup per piece, not a visit per
+    /// slot.
+    pub fn stitched_runs(&self, v: ViewId, mut f: impl FnMut(usize, usize)) {
+        let mut open: Option<(usize, usize)> = None;
+        let mut home: Option<(ViewId, &BTreeMap<usize, usize>)> = None;
+        for p in &self.views[&v].pieces {
+            let runs = match home {
+                Some((h, runs)) if h == p.home => runs,
+                _ => {
+                    let runs = &self.views[&p.home].runs;
+                    home = Some((p.home, runs));
+                    runs
+                }
+            };
+            let end = p.home_at + p.len;
+            // The run holding the piece's first slot, then those starting
+            // inside the piece.
+            let first = runs
+                .range(..=p.home_at)
+                .next_back()
+                .filter(|&(&s, &l)| s + l > p.home_at);
+            for (&s, &l) in first.into_iter().chain(runs.range(p.home_at + 1..end)) {
+                let lo = s.max(p.home_at);
+                let len = (s + l).min(end) - lo;
+                let at = p.at + (lo - p.home_at);
+                match &mut open {
+                    Some((start, l)) if *start + *l == at => *l += len,
+                    _ => {
+                        if let Some((start, l)) = open {
+                            f(start, l);
+                        }
+                        open = Some((at, len));
+                    }
+                }
+            }
+        }
+        if let Some((start, l)) = open {
+            f(start, l);
+        }
     }
 
     /// Whether every free chunk's fence admits `req` for sure: none names
@@ -477,7 +544,11 @@ impl Tables {
 
     /// The longest free run of any view, in chunks (0 when none).
     pub fn longest_run(&self) -> usize {
-        self.runs.iter().next_back().map_or(0, |&(len, _, _)| len)
+        let mut longest = self.runs.iter().next_back().map_or(0, |&(len, _, _)| len);
+        for &(_, id) in &self.stitched_by_size {
+            self.stitched_runs(id, |_, len| longest = longest.max(len));
+        }
+        longest
     }
 
     /// Stretches of free home chunks `req` may reuse, as (length, view,
@@ -486,7 +557,6 @@ impl Tables {
         let mut out: Vec<(usize, ViewId, usize)> = self
             .runs
             .iter()
-            .filter(|(_, v, _)| !self.views[v].stitched)
             .flat_map(|&(len, view, start)| {
                 self.admitted_segments(view, start, len, req)
                     .into_iter()
@@ -622,44 +692,26 @@ impl Tables {
     }
 
     /// Marks the chunks of window `w` (all of the other state) used or
-    /// free in every view that maps them: the window's own slots, its
-    /// stretches of home slots, and the stretches of every stitched view
-    /// over those (found through the pieces and covers: a few run updates
-    /// per view, whatever the window's length). The caller keeps the
-    /// fences.
+    /// free: the runs of its home stretches change (a stitched window's
+    /// are its pieces), and with them every view's, since a stitched
+    /// view's runs are read from there. The caller keeps the fences.
     fn mark(&mut self, w: Window, used: bool) {
         let mut homes = std::mem::take(&mut self.homes);
-        let mut stretches = std::mem::take(&mut self.stretches);
         let view = &self.views[&w.view];
         if view.stitched {
             homes.extend(pieces::homes_of(&view.pieces, w.start, w.start + w.len));
         } else {
             homes.push((w.view, w.start, w.len));
         }
-        stretches.push((w.view, w.start, w.len));
         for &(h, a, len) in &homes {
-            if h != w.view {
-                stretches.push((h, a, len));
+            if used {
+                self.run_cut(h, a, a + len);
+            } else {
+                self.run_join(h, a, a + len);
             }
-            // The window's own view maps each chunk once: it is done.
-            stretches.extend(
-                self.views[&h]
-                    .cover
-                    .over(a, a + len)
-                    .filter(|&(v, _, _)| v != w.view),
-            );
         }
         homes.clear();
         self.homes = homes;
-        for &(v, a, len) in &stretches {
-            if used {
-                self.run_cut(v, a, a + len);
-            } else {
-                self.run_join(v, a, a + len);
-            }
-        }
-        stretches.clear();
-        self.stretches = stretches;
         if used {
             self.free_chunks -= w.len;
         } else {
@@ -667,57 +719,22 @@ impl Tables {
         }
     }
 
-    /// Recomputes the pieces of stitched view `changed` (if it is still
-    /// there) from its slots, then every home view's cover from all
-    /// pieces: after a stitch, patch, extension or drop.
-    fn relayer(&mut self, changed: ViewId) {
-        if let Some(v) = self.views.get_mut(&changed) {
-            v.pieces = pieces::pieces_of(
-                v.slots
+    /// Recomputes the pieces of stitched view `v` from its slots and its
+    /// place in the index by size; forgets it if it was dropped. After a
+    /// stitch, patch, extension or drop.
+    fn repiece(&mut self, v: ViewId) {
+        self.stitched_by_size.retain(|&(_, id)| id != v);
+        if let Some(view) = self.views.get_mut(&v) {
+            view.pieces = pieces::pieces_of(
+                view.slots
                     .iter()
                     .map(|c| self.chunks[&c.expect("stitched views are full")].home),
             );
-        }
-        let mut layers: BTreeMap<ViewId, Vec<Layer>> = BTreeMap::new();
-        for (&id, v) in &self.views {
-            for p in &v.pieces {
-                layers.entry(p.home).or_default().push(Layer {
-                    home_at: p.home_at,
-                    view: id,
-                    at: p.at,
-                    len: p.len,
-                });
-            }
-        }
-        for (id, v) in self.views.iter_mut().filter(|(_, v)| !v.stitched) {
-            v.cover = Cover::new(layers.remove(id).unwrap_or_default());
+            self.stitched_by_size.insert((view.slots.len(), v));
         }
     }
 
-    fn run_insert(&mut self, v: ViewId, start: usize, len: usize) {
-        if len > 0 {
-            self.views
-                .get_mut(&v)
-                .expect("live view")
-                .runs
-                .insert(start, len);
-            self.runs.insert((len, v, start));
-        }
-    }
-
-    fn run_remove(&mut self, v: ViewId, start: usize) -> usize {
-        let len = self
-            .views
-            .get_mut(&v)
-            .expect("live view")
-            .runs
-            .remove(&start)
-            .expect("a run starts there");
-        self.runs.remove(&(len, v, start));
-        len
-    }
-
-    /// Slots `[a, b)` of view `v` stop being free: they lie in one run
+    /// Slots `[a, b)` of home view `v` stop being free: they lie in one run
     /// (they were all free and are consecutive), which is cut around them.
     ///
     /// The view is looked up once and a run that keeps its start is
@@ -748,7 +765,7 @@ impl Tables {
         }
     }
 
-    /// Slots `[a, b)` of view `v` become free: they join their neighbours'
+    /// Slots `[a, b)` of home view `v` become free: they join their neighbours'
     /// runs.
     fn run_join(&mut self, v: ViewId, a: usize, b: usize) {
         // The view looked up once; a run on the left grows in place (see
@@ -782,26 +799,6 @@ impl Tables {
             self.runs.remove(&(r, v, b));
         }
         self.runs.insert((len, v, start));
-    }
-
-    /// Recomputes the runs of stitched view `v` from its chunks' use (the
-    /// home views' runs).
-    fn rebuild_runs(&mut self, v: ViewId) {
-        assert!(self.views[&v].stitched, "a home view's runs are the record");
-        let starts: Vec<usize> = self.views[&v].runs.keys().copied().collect();
-        for s in starts {
-            self.run_remove(v, s);
-        }
-        let free: Vec<usize> = self.views[&v]
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.is_some_and(|c| !self.is_used(c)))
-            .map(|(i, _)| i)
-            .collect();
-        for (start, len) in consecutive(&free) {
-            self.run_insert(v, start, len);
-        }
     }
 
     /// The slots of `[0, n)` of stitched view `v` whose chunks `req` cannot
@@ -853,12 +850,13 @@ impl Tables {
     }
 
     /// Checks the tables' invariants; the first broken one, in words.
-    /// Every index is recomputed from scratch and compared: each view's
-    /// runs from its slots (a stitched view's from its chunks' use, read
-    /// at home), the global run index from the views', the pieces from the
-    /// slots and the covers slot by slot from every stitched view's slots.
-    /// Which chunks are used is checked against the live allocations by
-    /// `Lake::check`.
+    /// What is derived is recomputed from scratch and compared: each home
+    /// view's runs must be maximal and over chunks, each stitched view's
+    /// runs as read through its pieces must be those of its slots whose
+    /// chunks are free (looked up one by one), the global run index must
+    /// be the home views' runs, the pieces and the index by size must
+    /// follow the slots. Which chunks are used is checked against the live
+    /// allocations by `Lake::check`.
     pub fn check(&self) -> Result<(), String> {
         for (cid, c) in self.chunks.iter() {
             let (v, s) = c.home;
@@ -926,10 +924,25 @@ impl Tables {
                 }
             }
             let want: BTreeMap<usize, usize> = consecutive(&free).into_iter().collect();
-            if want != v.runs {
-                return Err(format!("view {vid}: run index differs from its free slots"));
+            let got = if v.stitched {
+                if !v.runs.is_empty() {
+                    return Err(format!("stitched view {vid} stores runs"));
+                }
+                let mut got = BTreeMap::new();
+                self.stitched_runs(vid, |s, l| {
+                    got.insert(s, l);
+                });
+                if !self.stitched_by_size.contains(&(v.slots.len(), vid)) {
+                    return Err(format!("stitched view {vid} is not indexed by its size"));
+                }
+                got
+            } else {
+                all_runs.extend(v.runs.iter().map(|(&s, &l)| (l, vid, s)));
+                v.runs.clone()
+            };
+            if want != got {
+                return Err(format!("view {vid}: runs differ from its free slots"));
             }
-            all_runs.extend(v.runs.iter().map(|(&s, &l)| (l, vid, s)));
             let pieces = if v.stitched {
                 pieces::pieces_of(
                     v.slots
@@ -946,44 +959,9 @@ impl Tables {
         if all_runs != self.runs {
             return Err("the global run index differs from the views' runs".into());
         }
-        let mut layers: BTreeMap<ViewId, Vec<Layer>> = BTreeMap::new();
-        for (&vid, v) in self.views.iter().filter(|(_, v)| v.stitched) {
-            for (i, c) in v.slots.iter().enumerate() {
-                let (home, home_at) = self.chunks[&c.expect("checked")].home;
-                layers.entry(home).or_default().push(Layer {
-                    home_at,
-                    view: vid,
-                    at: i,
-                    len: 1,
-                });
-            }
-        }
-        for (&vid, v) in self.views.iter().filter(|(_, v)| !v.stitched) {
-            // One layer per mapped slot, from scratch, against the cover's
-            // answers slot by slot.
-            let mut want = layers.remove(&vid).unwrap_or_default();
-            want.sort_unstable();
-            let mut got: Vec<Layer> = (0..v.filled_to)
-                .flat_map(|home_at| {
-                    v.cover
-                        .over(home_at, home_at + 1)
-                        .map(move |(view, at, len)| Layer {
-                            home_at,
-                            view,
-                            at,
-                            len,
-                        })
-                })
-                .collect();
-            got.sort_unstable();
-            if want != got {
-                return Err(format!(
-                    "home view {vid}: cover differs from the stitched views' slots"
-                ));
-            }
-        }
-        if !layers.is_empty() {
-            return Err("a stitched view maps a chunk of a dead home view".into());
+        let stitched = self.views.values().filter(|v| v.stitched).count();
+        if stitched != self.stitched_by_size.len() {
+            return Err("the index by size lists dead stitched views".into());
         }
         let mut fenced: HashMap<u64, usize> = HashMap::new();
         for c in self.chunks.values() {

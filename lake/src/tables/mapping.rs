@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use super::super::driver::{ChunkHandle, VmmDriver, VmmResult};
 use super::super::fence::Fence;
-use super::{Chunk, ChunkId, Cover, Placement, StitchedList, Tables, View, ViewId, consecutive};
+use super::{Chunk, ChunkId, Placement, StitchedList, Tables, View, ViewId, consecutive};
 
 /// Where new chunks may go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +91,6 @@ impl Tables {
                         fence: Fence::none(),
                         runs: BTreeMap::new(),
                         pieces: Vec::new(),
-                        cover: Cover::default(),
                     },
                 );
                 (id, (0..count).collect(), Some((base, capacity)))
@@ -237,7 +236,6 @@ impl Tables {
                 fence: Fence::none(),
                 runs: BTreeMap::new(),
                 pieces: Vec::new(),
-                cover: Cover::default(),
             },
         );
         for (i, &c) in chunks.iter().enumerate() {
@@ -247,8 +245,7 @@ impl Tables {
                 .stitched
                 .push((id, i));
         }
-        self.relayer(id);
-        self.rebuild_runs(id);
+        self.repiece(id);
         Ok(id)
     }
 
@@ -296,8 +293,7 @@ impl Tables {
         view.slots.extend(with.iter().map(|&c| Some(c)));
         view.occupied += with.len();
         view.filled_to = view.slots.len();
-        self.relayer(v);
-        self.rebuild_runs(v);
+        self.repiece(v);
         Ok(())
     }
 
@@ -372,8 +368,7 @@ impl Tables {
                 .push((v, i));
             self.views.get_mut(&v).expect("live view").slots[i] = Some(with[k]);
         }
-        self.relayer(v);
-        self.rebuild_runs(v);
+        self.repiece(v);
         Ok(())
     }
 
@@ -402,10 +397,6 @@ impl Tables {
         if driver.free_address(base, size).is_err() {
             self.orphans.reservations.push((base, size));
         }
-        let starts: Vec<usize> = self.views[&id].runs.keys().copied().collect();
-        for s in starts {
-            self.run_remove(id, s);
-        }
         for c in chunks {
             self.chunks
                 .get_mut(&c)
@@ -414,7 +405,7 @@ impl Tables {
                 .retain(|&(v, _)| v != id);
         }
         self.views.remove(&id);
-        self.relayer(id);
+        self.repiece(id);
         Ok((base, size))
     }
 
