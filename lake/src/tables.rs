@@ -47,10 +47,12 @@ use super::addr_map::AddrMap;
 use super::driver::ChunkHandle;
 use super::fence::{Fence, Progress, Requester};
 
+mod free_bits;
 mod mapping;
 mod pieces;
 mod stitched_list;
 
+use free_bits::FreeBits;
 pub use mapping::Spill;
 use pieces::Piece;
 pub use stitched_list::StitchedList;
@@ -124,6 +126,9 @@ pub struct View {
     /// Home views: maximal runs of slots holding free chunks, start ->
     /// length (stitched views: empty, see [`Tables::stitched_runs`]).
     runs: BTreeMap<usize, usize>,
+    /// Home views: the same runs as one bit per slot (set: free), for
+    /// questions about a slot or a piece rather than a run.
+    free: FreeBits,
     /// Stitched views: its stretches of consecutive home slots, by slot.
     pieces: Vec<Piece>,
 }
@@ -435,32 +440,22 @@ impl Tables {
     }
 
     /// Calls `f(start, len)` for each run of free slots of stitched view
-    /// `v`, in slot order: each piece's share of its home view's runs,
-    /// joined across pieces. Costs a run lookup per piece, not a visit per
-    /// slot.
+    /// `v`, in slot order: each piece's free stretches at home (a few word
+    /// reads of its home view's free bits), joined across pieces.
     pub fn stitched_runs(&self, v: ViewId, mut f: impl FnMut(usize, usize)) {
         let mut open: Option<(usize, usize)> = None;
-        let mut home: Option<(ViewId, &BTreeMap<usize, usize>)> = None;
+        let mut home: Option<(ViewId, &FreeBits)> = None;
         for p in &self.views[&v].pieces {
-            let runs = match home {
-                Some((h, runs)) if h == p.home => runs,
+            let bits = match home {
+                Some((h, bits)) if h == p.home => bits,
                 _ => {
-                    let runs = &self.views[&p.home].runs;
-                    home = Some((p.home, runs));
-                    runs
+                    let bits = &self.views[&p.home].free;
+                    home = Some((p.home, bits));
+                    bits
                 }
             };
-            let end = p.home_at + p.len;
-            // The run holding the piece's first slot, then those starting
-            // inside the piece.
-            let first = runs
-                .range(..=p.home_at)
-                .next_back()
-                .filter(|&(&s, &l)| s + l > p.home_at);
-            for (&s, &l) in first.into_iter().chain(runs.range(p.home_at + 1..end)) {
-                let lo = s.max(p.home_at);
-                let len = (s + l).min(end) - lo;
-                let at = p.at + (lo - p.home_at);
+            bits.free_stretches(p.home_at, p.home_at + p.len, |s, len| {
+                let at = p.at + (s - p.home_at);
                 match &mut open {
                     Some((start, l)) if *start + *l == at => *l += len,
                     _ => {
@@ -470,7 +465,7 @@ impl Tables {
                         open = Some((at, len));
                     }
                 }
-            }
+            });
         }
         if let Some((start, l)) = open {
             f(start, l);
@@ -676,7 +671,7 @@ impl Tables {
     /// free run of its home view.
     pub fn is_used(&self, c: ChunkId) -> bool {
         let (v, slot) = self.chunks[&c].home;
-        !in_run(&self.views[&v].runs, slot)
+        !self.views[&v].free.get(slot)
     }
 
     fn set_used(&mut self, c: ChunkId, used: bool) {
@@ -741,7 +736,9 @@ impl Tables {
     /// shortened in place: every large alloc cuts, with cold caches inside
     /// a training loop.
     fn run_cut(&mut self, v: ViewId, a: usize, b: usize) {
-        let runs = &mut self.views.get_mut(&v).expect("live view").runs;
+        let view = self.views.get_mut(&v).expect("live view");
+        view.free.put(a, b, false);
+        let runs = &mut view.runs;
         let (&start, len) = runs
             .range_mut(..=a)
             .next_back()
@@ -770,7 +767,9 @@ impl Tables {
     fn run_join(&mut self, v: ViewId, a: usize, b: usize) {
         // The view looked up once; a run on the left grows in place (see
         // `run_cut`).
-        let runs = &mut self.views.get_mut(&v).expect("live view").runs;
+        let view = self.views.get_mut(&v).expect("live view");
+        view.free.put(a, b, true);
+        let runs = &mut view.runs;
         debug_assert!(
             !in_run(runs, a) && runs.range(a..b).next().is_none(),
             "view {v}: slots {a}..{b} freed twice"
@@ -917,6 +916,11 @@ impl Tables {
                 } else {
                     in_run(&v.runs, i)
                 };
+                if !v.stitched && free_here != v.free.get(i) {
+                    return Err(format!(
+                        "home view {vid}: slot {i}'s bit differs from its runs"
+                    ));
+                }
                 if free_here {
                     free.push(i);
                 } else if !chunk.fence.is_none() {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use super::super::driver::{ChunkHandle, VmmDriver, VmmResult};
 use super::super::fence::Fence;
-use super::{Chunk, ChunkId, Placement, StitchedList, Tables, View, ViewId, consecutive};
+use super::{Chunk, ChunkId, FreeBits, Placement, StitchedList, Tables, View, ViewId, consecutive};
 
 /// Where new chunks may go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +90,7 @@ impl Tables {
                         occupied: 0,
                         fence: Fence::none(),
                         runs: BTreeMap::new(),
+                        free: FreeBits::new(capacity),
                         pieces: Vec::new(),
                     },
                 );
@@ -235,6 +236,7 @@ impl Tables {
                 occupied: chunks.len(),
                 fence: Fence::none(),
                 runs: BTreeMap::new(),
+                free: FreeBits::default(),
                 pieces: Vec::new(),
             },
         );
