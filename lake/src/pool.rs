@@ -300,8 +300,7 @@ impl<D: VmmDriver> Lake<D> {
     /// Outcome 1: the best-fit window, taken; no driver call.
     fn reuse(&self, s: &mut State, n: usize, req: &Requester<'_>) -> Option<Window> {
         let w = s.tables.best_window(n, req)?;
-        s.tables.take(w);
-        if s.tables.view(w.view).stitched {
+        if s.tables.take(w).stitched {
             s.outcomes.reuse_stitched += 1;
         } else {
             s.outcomes.reuse_home += 1;
@@ -479,6 +478,11 @@ impl<D: VmmDriver> Lake<D> {
     /// cache limit. A failed unmap leaves the view cached (tried again on
     /// the next sweep).
     fn sweep(&self, s: &mut State, progress: &Progress) {
+        // Counted as the views come and go: most sweeps (one per free of a
+        // stitched window) stop here without a look at every view.
+        if s.tables.idle_stitched() <= self.config.max_cached_stitched {
+            return;
+        }
         let mut idle: Vec<(u64, ViewId)> = s
             .tables
             .views()

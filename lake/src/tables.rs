@@ -258,10 +258,12 @@ pub struct Tables {
     chunks: ChunkSlab,
     views: BTreeMap<ViewId, View>,
     /// Every free run of every home view, as (length, view, start).
-    runs: BTreeSet<(usize, ViewId, usize)>,
+    runs: RunIndex,
     /// Every stitched view, as (slots, view): the ones of a size that may
     /// serve a request are those best fit asks for their runs.
     stitched_by_size: BTreeSet<(usize, ViewId)>,
+    /// Stitched views no allocation uses (what the LRU sweep may drop).
+    idle_stitched: usize,
     /// Home slots emptied by a release, as (view, slot).
     holes: BTreeSet<(ViewId, usize)>,
     free_chunks: usize,
@@ -292,6 +294,79 @@ fn in_run(runs: &BTreeMap<usize, usize>, slot: usize) -> bool {
     runs.range(..=slot)
         .next_back()
         .is_some_and(|(&s, &l)| s + l > slot)
+}
+
+/// The run index of the home views: (length, view, start) of every run.
+type RunIndex = BTreeSet<(usize, ViewId, usize)>;
+
+/// Slots `[a, b)` of home view `view` (id `v`) stop being free: they lie
+/// in one run (they were all free and are consecutive), which is cut
+/// around them; `index` follows.
+///
+/// A run that keeps its start is shortened in place: every large alloc
+/// cuts, with cold caches inside a training loop. A function of the view
+/// and the index, not of the tables, so that a caller holding the view
+/// does not look it up again.
+fn cut(view: &mut View, index: &mut RunIndex, v: ViewId, a: usize, b: usize) {
+    view.free.put(a, b, false);
+    let runs = &mut view.runs;
+    let (&start, len) = runs
+        .range_mut(..=a)
+        .next_back()
+        .filter(|(s, l)| **s + **l >= b)
+        .expect("free consecutive slots lie in one run");
+    let old = *len;
+    if a > start {
+        *len = a - start;
+    } else {
+        runs.remove(&start);
+    }
+    if start + old > b {
+        runs.insert(b, start + old - b);
+    }
+    index.remove(&(old, v, start));
+    if a > start {
+        index.insert((a - start, v, start));
+    }
+    if start + old > b {
+        index.insert((start + old - b, v, b));
+    }
+}
+
+/// Slots `[a, b)` of home view `view` (id `v`) become free: they join
+/// their neighbours' runs; `index` follows. A run on the left grows in
+/// place (see [`cut`]).
+fn join(view: &mut View, index: &mut RunIndex, v: ViewId, a: usize, b: usize) {
+    view.free.put(a, b, true);
+    let runs = &mut view.runs;
+    debug_assert!(
+        !in_run(runs, a) && runs.range(a..b).next().is_none(),
+        "view {v}: slots {a}..{b} freed twice"
+    );
+    let right = runs.remove(&b);
+    let left = runs
+        .range_mut(..a)
+        .next_back()
+        .filter(|(s, l)| **s + **l == a);
+    let (start, old_left) = match left {
+        Some((&s, l)) => {
+            let old = *l;
+            *l = b - s + right.unwrap_or(0);
+            (s, Some(old))
+        }
+        None => {
+            runs.insert(a, b - a + right.unwrap_or(0));
+            (a, None)
+        }
+    };
+    let len = b - start + right.unwrap_or(0);
+    if let Some(l) = old_left {
+        index.remove(&(l, v, start));
+    }
+    if let Some(r) = right {
+        index.remove(&(r, v, b));
+    }
+    index.insert((len, v, start));
 }
 
 /// Groups sorted slots into runs of consecutive ones: (start, length).
@@ -580,13 +655,20 @@ impl Tables {
             .collect()
     }
 
+    /// Stitched views no allocation uses: while they are within the
+    /// cache's limit, a sweep has nothing to look at.
+    pub fn idle_stitched(&self) -> usize {
+        self.idle_stitched
+    }
+
     /// Emptied home slots available for new chunks.
     pub fn hole_count(&self) -> usize {
         self.holes.len()
     }
 
-    /// Marks a window's chunks used by one more allocation.
-    pub fn take(&mut self, w: Window) {
+    /// Marks a window's chunks used by one more allocation; returns its
+    /// view (the caller need not look it up again).
+    pub fn take(&mut self, w: Window) -> &View {
         // Chunks made used lose their fence. With no fenced free chunk at
         // all (a one-stream program freeing behind no fence) there is none
         // to clear, and the window's chunks are not visited.
@@ -594,7 +676,12 @@ impl Tables {
             self.unfence(w);
         }
         self.mark(w, true);
-        self.views.get_mut(&w.view).expect("live view").users += 1;
+        let view = self.views.get_mut(&w.view).expect("live view");
+        if view.stitched && view.users == 0 {
+            self.idle_stitched -= 1;
+        }
+        view.users += 1;
+        view
     }
 
     /// Clears the fences of window `w`'s chunks, keeping the per-stream
@@ -654,6 +741,9 @@ impl Tables {
         let v = self.views.get_mut(&w.view).expect("live view");
         v.users -= 1;
         v.last_used = clock;
+        if v.stitched && v.users == 0 {
+            self.idle_stitched += 1;
+        }
         if v.stitched {
             // Home views are never unmapped as views: a chunk leaves its
             // home only by `release_chunk`, under the chunk's own fence.
@@ -691,22 +781,29 @@ impl Tables {
     /// are its pieces), and with them every view's, since a stitched
     /// view's runs are read from there. The caller keeps the fences.
     fn mark(&mut self, w: Window, used: bool) {
-        let mut homes = std::mem::take(&mut self.homes);
-        let view = &self.views[&w.view];
-        if view.stitched {
-            homes.extend(pieces::homes_of(&view.pieces, w.start, w.start + w.len));
-        } else {
-            homes.push((w.view, w.start, w.len));
-        }
-        for &(h, a, len) in &homes {
+        let (a, b) = (w.start, w.start + w.len);
+        let view = self.views.get_mut(&w.view).expect("live view");
+        if !view.stitched {
+            // One stretch, of the view already at hand.
             if used {
-                self.run_cut(h, a, a + len);
+                cut(view, &mut self.runs, w.view, a, b);
             } else {
-                self.run_join(h, a, a + len);
+                join(view, &mut self.runs, w.view, a, b);
             }
+        } else {
+            let mut homes = std::mem::take(&mut self.homes);
+            homes.extend(pieces::homes_of(&view.pieces, a, b));
+            for &(h, at, len) in &homes {
+                let home = self.views.get_mut(&h).expect("live view");
+                if used {
+                    cut(home, &mut self.runs, h, at, at + len);
+                } else {
+                    join(home, &mut self.runs, h, at, at + len);
+                }
+            }
+            homes.clear();
+            self.homes = homes;
         }
-        homes.clear();
-        self.homes = homes;
         if used {
             self.free_chunks -= w.len;
         } else {
@@ -729,75 +826,10 @@ impl Tables {
         }
     }
 
-    /// Slots `[a, b)` of home view `v` stop being free: they lie in one run
-    /// (they were all free and are consecutive), which is cut around them.
-    ///
-    /// The view is looked up once and a run that keeps its start is
-    /// shortened in place: every large alloc cuts, with cold caches inside
-    /// a training loop.
+    /// Slots `[a, b)` of home view `v` stop being free (see [`cut`]).
     fn run_cut(&mut self, v: ViewId, a: usize, b: usize) {
         let view = self.views.get_mut(&v).expect("live view");
-        view.free.put(a, b, false);
-        let runs = &mut view.runs;
-        let (&start, len) = runs
-            .range_mut(..=a)
-            .next_back()
-            .filter(|(s, l)| **s + **l >= b)
-            .expect("free consecutive slots lie in one run");
-        let old = *len;
-        if a > start {
-            *len = a - start;
-        } else {
-            runs.remove(&start);
-        }
-        if start + old > b {
-            runs.insert(b, start + old - b);
-        }
-        self.runs.remove(&(old, v, start));
-        if a > start {
-            self.runs.insert((a - start, v, start));
-        }
-        if start + old > b {
-            self.runs.insert((start + old - b, v, b));
-        }
-    }
-
-    /// Slots `[a, b)` of home view `v` become free: they join their neighbours'
-    /// runs.
-    fn run_join(&mut self, v: ViewId, a: usize, b: usize) {
-        // The view looked up once; a run on the left grows in place (see
-        // `run_cut`).
-        let view = self.views.get_mut(&v).expect("live view");
-        view.free.put(a, b, true);
-        let runs = &mut view.runs;
-        debug_assert!(
-            !in_run(runs, a) && runs.range(a..b).next().is_none(),
-            "view {v}: slots {a}..{b} freed twice"
-        );
-        let right = runs.remove(&b);
-        let left = runs
-            .range_mut(..a)
-            .next_back()
-            .filter(|(s, l)| **s + **l == a);
-        let (start, old_left) = match left {
-            Some((&s, l)) => {
-                let old = *l;
-                *l = b - s + right.unwrap_or(0);
-                (s, Some(old))
-            }
-            None => {
-                runs.insert(a, b - a + right.unwrap_or(0));
-                (a, None)
-            }
-        };
-        let len = b - start + right.unwrap_or(0);
-        if let Some(l) = old_left {
-            self.runs.remove(&(l, v, start));
-        }
-        if let Some(r) = right {
-            self.runs.remove(&(r, v, b));
-        }
-        self.runs.insert((len, v, start));
+        cut(view, &mut self.runs, v, a, b);
     }
 
     /// The slots of `[0, n)` of stitched view `v` whose chunks `req` cannot
@@ -966,6 +998,17 @@ impl Tables {
         let stitched = self.views.values().filter(|v| v.stitched).count();
         if stitched != self.stitched_by_size.len() {
             return Err("the index by size lists dead stitched views".into());
+        }
+        let idle = self
+            .views
+            .values()
+            .filter(|v| v.stitched && v.users == 0)
+            .count();
+        if idle != self.idle_stitched {
+            return Err(format!(
+                "{idle} idle stitched views, counted {}",
+                self.idle_stitched
+            ));
         }
         let mut fenced: HashMap<u64, usize> = HashMap::new();
         for c in self.chunks.values() {

@@ -247,6 +247,7 @@ impl Tables {
                 .stitched
                 .push((id, i));
         }
+        self.idle_stitched += 1;
         self.repiece(id);
         Ok(id)
     }
@@ -407,6 +408,7 @@ impl Tables {
                 .retain(|&(v, _)| v != id);
         }
         self.views.remove(&id);
+        self.idle_stitched -= 1;
         self.repiece(id);
         Ok((base, size))
     }
@@ -479,7 +481,10 @@ impl Tables {
             if let Some(v) = self.views.get_mut(&id)
                 && v.stitched
             {
-                v.users = 0;
+                if v.users > 0 {
+                    v.users = 0;
+                    self.idle_stitched += 1;
+                }
                 let _ = self.drop_stitched(driver, id);
             }
         }
