@@ -51,6 +51,8 @@ mod free_bits;
 mod mapping;
 mod pieces;
 mod stitched_list;
+#[cfg(test)]
+mod tests;
 
 use free_bits::FreeBits;
 pub use mapping::Spill;
