@@ -18,15 +18,17 @@
 //!   made for a larger request, or a stretch of home slots. An allocation
 //!   touches only its own bytes, so the other chunks of the view stay free
 //!   and serve other allocations through their other mappings.
-//! - A chunk is **used** when its home slot lies in no free **run** (a
-//!   maximal stretch of slots holding free chunks) of its home view: the
-//!   home views' runs are the one record of use. Taking or giving back a
-//!   window updates the runs of its home stretches only (a stitched
-//!   window's home stretches are its pieces, `tables/pieces.rs`): a few
-//!   run updates, whatever the window's length and however many views map
-//!   its chunks.
+//! - A chunk is **used** when the bit of its home slot is clear: each home
+//!   view keeps one bit per slot, set while the slot holds a free chunk
+//!   (`tables/free_bits.rs`), the one record of use. A **run** is a
+//!   maximal stretch of slots holding free chunks.
+//! - Taking or giving back a window changes the bits of its home stretches
+//!   only (a stitched window's home stretches are its pieces,
+//!   `tables/pieces.rs`) and the run index entries around them: a few
+//!   updates, whatever the window's length and however many views map its
+//!   chunks.
 //! - A stitched view's runs are not stored: they are read through its
-//!   pieces from the home runs when asked for ([`Tables::stitched_runs`]),
+//!   pieces from the home bits when asked for ([`Tables::stitched_runs`]),
 //!   and only a view of a size that may serve the request is asked.
 //! - The **run index** lists every run of every home view by length. Best
 //!   fit is the shortest run of at least `n`, lowest view and slot among
@@ -125,11 +127,10 @@ pub struct View {
     /// read and write through its addresses, so a slot of it is unmapped
     /// only once this fence is settled (`Lake`'s remap rule).
     pub fence: Fence,
-    /// Home views: maximal runs of slots holding free chunks, start ->
-    /// length (stitched views: empty, see [`Tables::stitched_runs`]).
-    runs: BTreeMap<usize, usize>,
-    /// Home views: the same runs as one bit per slot (set: free), for
-    /// questions about a slot or a piece rather than a run.
+    /// Home views: one bit per slot, set while it holds a free chunk: the
+    /// record of use. Its maximal stretches of set bits are the view's
+    /// runs (listed in the run index). Stitched views: empty (see
+    /// [`Tables::stitched_runs`]).
     free: FreeBits,
     /// Stitched views: its stretches of consecutive home slots, by slot.
     pieces: Vec<Piece>,
@@ -291,84 +292,51 @@ pub struct Tables {
     unfenced: Vec<(u64, usize)>,
 }
 
-/// Whether `slot` lies in one of `runs` (start -> length).
-fn in_run(runs: &BTreeMap<usize, usize>, slot: usize) -> bool {
-    runs.range(..=slot)
-        .next_back()
-        .is_some_and(|(&s, &l)| s + l > slot)
-}
-
 /// The run index of the home views: (length, view, start) of every run.
 type RunIndex = BTreeSet<(usize, ViewId, usize)>;
 
 /// Slots `[a, b)` of home view `view` (id `v`) stop being free: they lie
 /// in one run (they were all free and are consecutive), which is cut
-/// around them; `index` follows.
+/// around them; `index` follows. The run's ends are found in the free
+/// bits (a few word reads for runs of a few hundred slots).
 ///
-/// A run that keeps its start is shortened in place: every large alloc
-/// cuts, with cold caches inside a training loop. A function of the view
-/// and the index, not of the tables, so that a caller holding the view
-/// does not look it up again.
+/// A function of the view and the index, not of the tables, so that a
+/// caller holding the view does not look it up again: every large alloc
+/// cuts, with cold caches inside a training loop.
 fn cut(view: &mut View, index: &mut RunIndex, v: ViewId, a: usize, b: usize) {
-    view.free.put(a, b, false);
-    let runs = &mut view.runs;
-    let (&start, len) = runs
-        .range_mut(..=a)
-        .next_back()
-        .filter(|(s, l)| **s + **l >= b)
-        .expect("free consecutive slots lie in one run");
-    let old = *len;
-    if a > start {
-        *len = a - start;
-    } else {
-        runs.remove(&start);
-    }
-    if start + old > b {
-        runs.insert(b, start + old - b);
-    }
-    index.remove(&(old, v, start));
+    let bits = &mut view.free;
+    debug_assert!(
+        bits.free_until(a) >= b,
+        "view {v}: slots {a}..{b} taken but not free"
+    );
+    let (start, end) = (bits.free_from(a), bits.free_until(b));
+    bits.put(a, b, false);
+    index.remove(&(end - start, v, start));
     if a > start {
         index.insert((a - start, v, start));
     }
-    if start + old > b {
-        index.insert((start + old - b, v, b));
+    if end > b {
+        index.insert((end - b, v, b));
     }
 }
 
 /// Slots `[a, b)` of home view `view` (id `v`) become free: they join
-/// their neighbours' runs; `index` follows. A run on the left grows in
-/// place (see [`cut`]).
+/// their neighbours' runs; `index` follows.
 fn join(view: &mut View, index: &mut RunIndex, v: ViewId, a: usize, b: usize) {
-    view.free.put(a, b, true);
-    let runs = &mut view.runs;
+    let bits = &mut view.free;
     debug_assert!(
-        !in_run(runs, a) && runs.range(a..b).next().is_none(),
+        (a..b).all(|i| !bits.get(i)),
         "view {v}: slots {a}..{b} freed twice"
     );
-    let right = runs.remove(&b);
-    let left = runs
-        .range_mut(..a)
-        .next_back()
-        .filter(|(s, l)| **s + **l == a);
-    let (start, old_left) = match left {
-        Some((&s, l)) => {
-            let old = *l;
-            *l = b - s + right.unwrap_or(0);
-            (s, Some(old))
-        }
-        None => {
-            runs.insert(a, b - a + right.unwrap_or(0));
-            (a, None)
-        }
-    };
-    let len = b - start + right.unwrap_or(0);
-    if let Some(l) = old_left {
-        index.remove(&(l, v, start));
+    let (start, end) = (bits.free_from(a), bits.free_until(b));
+    bits.put(a, b, true);
+    if a > start {
+        index.remove(&(a - start, v, start));
     }
-    if let Some(r) = right {
-        index.remove(&(r, v, b));
+    if end > b {
+        index.remove(&(end - b, v, b));
     }
-    index.insert((len, v, start));
+    index.insert((end - start, v, start));
 }
 
 /// Groups sorted slots into runs of consecutive ones: (start, length).
@@ -646,12 +614,7 @@ impl Tables {
             .iter()
             .filter(|(_, v)| !v.stitched && v.filled_to < v.slots.len())
             .map(|(&id, v)| {
-                let tail_run = v
-                    .runs
-                    .range(..v.filled_to)
-                    .next_back()
-                    .filter(|&(&s, &l)| s + l == v.filled_to)
-                    .map_or(0, |(_, &l)| l);
+                let tail_run = v.filled_to - v.free.free_from(v.filled_to);
                 (id, tail_run, v.slots.len() - v.filled_to)
             })
             .collect()
@@ -779,9 +742,10 @@ impl Tables {
     }
 
     /// Marks the chunks of window `w` (all of the other state) used or
-    /// free: the runs of its home stretches change (a stitched window's
-    /// are its pieces), and with them every view's, since a stitched
-    /// view's runs are read from there. The caller keeps the fences.
+    /// free: the bits and runs of its home stretches change (a stitched
+    /// window's are its pieces), and with them every view's, since a
+    /// stitched view's runs are read from there. The caller keeps the
+    /// fences.
     fn mark(&mut self, w: Window, used: bool) {
         let (a, b) = (w.start, w.start + w.len);
         let view = self.views.get_mut(&w.view).expect("live view");
@@ -883,12 +847,12 @@ impl Tables {
     }
 
     /// Checks the tables' invariants; the first broken one, in words.
-    /// What is derived is recomputed from scratch and compared: each home
-    /// view's runs must be maximal and over chunks, each stitched view's
+    /// What is derived is recomputed from scratch and compared: a home
+    /// view's bits must be set over chunks only, each stitched view's
     /// runs as read through its pieces must be those of its slots whose
-    /// chunks are free (looked up one by one), the global run index must
-    /// be the home views' runs, the pieces and the index by size must
-    /// follow the slots. Which chunks are used is checked against the live
+    /// chunks are free (looked up one by one), the run index must list the
+    /// home views' runs (recomputed slot by slot), the pieces and the index
+    /// by size must follow the slots. Which chunks are used is checked against the live
     /// allocations by `Lake::check`.
     pub fn check(&self) -> Result<(), String> {
         for (cid, c) in self.chunks.iter() {
@@ -941,20 +905,13 @@ impl Tables {
                 if !v.stitched && i >= v.filled_to {
                     return Err(format!("view {vid}: slot {i} filled above filled_to"));
                 }
-                // A home view's runs are the record of use: a slot is free
-                // if it lies in one (so runs over empty slots, overlapping
-                // or touching runs differ from `want` below); a stitched
+                // A home view's bits are the record of use; a stitched
                 // view's slot is free if its chunk's home slot is.
                 let free_here = if v.stitched {
                     !self.is_used(*c)
                 } else {
-                    in_run(&v.runs, i)
+                    v.free.get(i)
                 };
-                if !v.stitched && free_here != v.free.get(i) {
-                    return Err(format!(
-                        "home view {vid}: slot {i}'s bit differs from its runs"
-                    ));
-                }
                 if free_here {
                     free.push(i);
                 } else if !chunk.fence.is_none() {
@@ -963,8 +920,8 @@ impl Tables {
             }
             let want: BTreeMap<usize, usize> = consecutive(&free).into_iter().collect();
             let got = if v.stitched {
-                if !v.runs.is_empty() {
-                    return Err(format!("stitched view {vid} stores runs"));
+                if v.free != FreeBits::default() {
+                    return Err(format!("stitched view {vid} keeps free bits"));
                 }
                 let mut got = BTreeMap::new();
                 self.stitched_runs(vid, |s, l| {
@@ -975,8 +932,13 @@ impl Tables {
                 }
                 got
             } else {
-                all_runs.extend(v.runs.iter().map(|(&s, &l)| (l, vid, s)));
-                v.runs.clone()
+                // Bits over empty slots would make runs the slots lack.
+                let mut got = BTreeMap::new();
+                v.free.free_stretches(0, v.slots.len(), |s, l| {
+                    got.insert(s, l);
+                });
+                all_runs.extend(want.iter().map(|(&s, &l)| (l, vid, s)));
+                got
             };
             if want != got {
                 return Err(format!("view {vid}: runs differ from its free slots"));

@@ -1,14 +1,16 @@
 //! `FreeBits`: one bit per slot of a home view, set while the slot holds a
-//! free chunk. This file owns the word-level scans over them; `tables.rs`
-//! sets and clears them in the one place a home view's runs change (its
-//! run cut and join), so they always say what the runs say.
+//! free chunk: the lake's record of which chunks are used. This file owns
+//! the word-level scans over them; `tables.rs` sets and clears them in its
+//! run cut and join only, which keep the run index beside them.
 //!
-//! The runs answer "which run holds this slot" and, through the run index,
-//! "which run is the best fit"; the bits answer "is this slot free" and
+//! The bits answer "is this slot free", "where does the free stretch
+//! around this slot start and end" (the run a cut or join changes) and
 //! "where are the free stretches inside this piece" with a few word reads
-//! instead of a tree lookup per question. Best fit asks the second for
-//! every piece of every stitched view of a size that may serve the request
-//! (`Tables::stitched_runs`), and `Tables::is_used` the first.
+//! (one per 64 slots) instead of a tree lookup per question: every take
+//! and give asks the second per home stretch, best fit the third for every
+//! piece of every stitched view of a size that may serve the request
+//! (`Tables::stitched_runs`), `Tables::is_used` the first. A run of
+//! thousands of slots costs a scan of tens of words.
 //!
 //! Concurrency: plain data inside the lake's state mutex.
 
@@ -77,6 +79,35 @@ impl FreeBits {
         }
     }
 
+    /// The lowest `s <= i` with slots `[s, i)` all free: where the free
+    /// stretch ending just before `i` starts (`i` if slot `i - 1` is not
+    /// free).
+    pub fn free_from(&self, i: usize) -> usize {
+        if i == 0 {
+            return 0;
+        }
+        let mut w = (i - 1) / WORD;
+        // The clear bits of word w below i.
+        let mut clear = !self.words[w] & (u64::MAX >> (WORD * (w + 1) - i));
+        loop {
+            if clear != 0 {
+                // Just above the highest clear bit.
+                return w * WORD + WORD - clear.leading_zeros() as usize;
+            }
+            if w == 0 {
+                return 0;
+            }
+            w -= 1;
+            clear = !self.words[w];
+        }
+    }
+
+    /// The first slot at or after `i` that is not free (slots past the
+    /// end are not).
+    pub fn free_until(&self, i: usize) -> usize {
+        self.next(i, self.words.len() * WORD, false)
+    }
+
     /// Calls `f(start, len)` for each maximal stretch of free slots within
     /// `[a, b)` (cut at `a` and `b`), in order.
     pub fn free_stretches(&self, a: usize, b: usize, mut f: impl FnMut(usize, usize)) {
@@ -125,6 +156,14 @@ mod tests {
                 }
             }
             assert_eq!(got, expect, "[{x}, {y})");
+            let from = (0..=x)
+                .rev()
+                .take_while(|&s| s == x || want[s])
+                .last()
+                .unwrap();
+            assert_eq!(bits.free_from(x), from, "free from {x}");
+            let until = (y..SLOTS).find(|&i| !want[i]).unwrap_or(SLOTS);
+            assert_eq!(bits.free_until(y), until, "free until {y}");
             assert!((0..SLOTS).all(|i| bits.get(i) == want[i]));
         }
     }
