@@ -443,13 +443,20 @@ impl Tables {
         // the first run that fits is the answer, with no list built.
         if self.all_admit(req) {
             let mut best = self.runs.range((n, 0, 0)..).next().copied();
-            for &(_, id) in stitched {
-                self.stitched_runs(id, |start, len| {
-                    let run = (len, id, start);
-                    if len >= n && best.is_none_or(|b| run < b) {
-                        best = Some(run);
+            let mut offer = |run: (usize, ViewId, usize)| {
+                if run.0 >= n && best.is_none_or(|b| run < b) {
+                    best = Some(run);
+                }
+            };
+            for &(m, id) in stitched {
+                if m < 2 * n {
+                    // One run at most can hold n: the one holding m - n.
+                    if let Some((start, len)) = self.stitched_run_at(id, m - n) {
+                        offer((len, id, start));
                     }
-                });
+                } else {
+                    self.stitched_runs(id, |start, len| offer((len, id, start)));
+                }
             }
             return best.map(|(_, view, start)| Window {
                 view,
@@ -482,6 +489,56 @@ impl Tables {
                     len: n,
                 })
         })
+    }
+
+    /// The run of free slots of stitched view `v` holding slot `k`, as
+    /// (start, length); `None` if `k` is not free. Found from the piece
+    /// holding `k`, extended piece by piece while the free stretch reaches
+    /// a piece's end: for a view of fewer than `2n` slots, the only run
+    /// that can hold `n` chunks is the one holding slot `m - n`, so best
+    /// fit asks this instead of reading every piece.
+    fn stitched_run_at(&self, v: ViewId, k: usize) -> Option<(usize, usize)> {
+        let pieces = &self.views[&v].pieces;
+        let mut home: Option<(ViewId, &FreeBits)> = None;
+        let mut bits_of = |h: ViewId| match home {
+            Some((id, bits)) if id == h => bits,
+            _ => {
+                let bits = &self.views[&h].free;
+                home = Some((h, bits));
+                bits
+            }
+        };
+        let i = pieces.partition_point(|p| p.at + p.len <= k);
+        let p = pieces[i];
+        let bits = bits_of(p.home);
+        let hk = p.home_at + (k - p.at);
+        if !bits.get(hk) {
+            return None;
+        }
+        let mut start = p.at + (bits.free_from(hk).max(p.home_at) - p.home_at);
+        let mut end = p.at + (bits.free_until(hk).min(p.home_at + p.len) - p.home_at);
+        let mut j = i;
+        while j > 0 && start == pieces[j].at {
+            let q = pieces[j - 1];
+            let q_end = q.home_at + q.len;
+            let from = bits_of(q.home).free_from(q_end).max(q.home_at);
+            if from == q_end {
+                break;
+            }
+            start = q.at + (from - q.home_at);
+            j -= 1;
+        }
+        let mut j = i;
+        while j + 1 < pieces.len() && end == pieces[j].at + pieces[j].len {
+            let q = pieces[j + 1];
+            let until = bits_of(q.home).free_until(q.home_at).min(q.home_at + q.len);
+            if until == q.home_at {
+                break;
+            }
+            end = q.at + (until - q.home_at);
+            j += 1;
+        }
+        Some((start, end - start))
     }
 
     /// Calls `f(start, len)` for each run of free slots of stitched view
