@@ -51,8 +51,8 @@ fn derived_runs(t: &Tables, v: ViewId) -> Vec<(usize, usize)> {
         let mut indexed: Vec<(usize, usize)> = t
             .runs
             .iter()
-            .filter(|&&(_, id, _)| id == v)
-            .map(|&(l, _, s)| (s, l))
+            .filter(|&(_, id, _)| id == v)
+            .map(|(l, _, s)| (s, l))
             .collect();
         indexed.sort_unstable();
         assert_eq!(indexed, out, "home view {v}: run index and bits disagree");
@@ -376,7 +376,7 @@ fn check_reports_derived_state_that_disagrees() {
     assert!(t.check().is_err());
     // A run at home the index does not list.
     let (mut t, home, _) = setup();
-    t.runs.retain(|&(_, view, _)| view != home);
+    t.runs.0.retain(|&k| run_of(k).1 != home);
     assert!(t.check().unwrap_err().contains("run index"));
     // A stitched view missing from the index by size.
     let (mut t, _, v) = setup();
