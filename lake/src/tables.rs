@@ -44,6 +44,7 @@
 //! mutex and every method runs under that lock.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use super::addr_map::AddrMap;
 use super::driver::ChunkHandle;
@@ -133,7 +134,9 @@ pub struct View {
     /// [`Tables::stitched_runs`]).
     free: FreeBits,
     /// Stitched views: its stretches of consecutive home slots, by slot.
-    pieces: Vec<Piece>,
+    /// Shared with the index by size, where best fit reads them without
+    /// looking the view up.
+    pieces: Arc<[Piece]>,
 }
 
 /// `len` consecutive slots of a view, from `start`.
@@ -262,9 +265,10 @@ pub struct Tables {
     views: BTreeMap<ViewId, View>,
     /// Every free run of every home view, as (length, view, start).
     runs: RunIndex,
-    /// Every stitched view, as (slots, view): the ones of a size that may
-    /// serve a request are those best fit asks for their runs.
-    stitched_by_size: BTreeSet<(usize, ViewId)>,
+    /// Every stitched view, as (slots, view), with its pieces: the ones of
+    /// a size that may serve a request are those best fit asks for their
+    /// runs.
+    stitched_by_size: BTreeMap<(usize, ViewId), Arc<[Piece]>>,
     /// Stitched views no allocation uses (what the LRU sweep may drop).
     idle_stitched: usize,
     /// Home slots emptied by a release, as (view, slot).
@@ -483,14 +487,14 @@ impl Tables {
                     best = Some(run);
                 }
             };
-            for &(m, id) in stitched {
+            for (&(m, id), pieces) in stitched {
                 if m < 2 * n {
                     // One run at most can hold n: the one holding m - n.
-                    if let Some((start, len)) = self.stitched_run_at(id, m - n) {
+                    if let Some((start, len)) = self.stitched_run_at(pieces, m - n) {
                         offer((len, id, start));
                     }
                 } else {
-                    self.stitched_runs(id, |start, len| offer((len, id, start)));
+                    self.pieces_runs(pieces, |start, len| offer((len, id, start)));
                 }
             }
             return best.map(|(_, view, start)| Window {
@@ -501,8 +505,8 @@ impl Tables {
         }
         let mut runs: Vec<(usize, ViewId, usize)> =
             self.runs.at_least(n).take(Self::SCAN_RUNS).collect();
-        for &(_, id) in stitched {
-            self.stitched_runs(id, |start, len| {
+        for (&(_, id), pieces) in stitched {
+            self.pieces_runs(pieces, |start, len| {
                 if len >= n {
                     runs.push((len, id, start));
                 }
@@ -522,14 +526,13 @@ impl Tables {
         })
     }
 
-    /// The run of free slots of stitched view `v` holding slot `k`, as
+    /// The run of free slots of a stitched view with `pieces` holding slot `k`, as
     /// (start, length); `None` if `k` is not free. Found from the piece
     /// holding `k`, extended piece by piece while the free stretch reaches
     /// a piece's end: for a view of fewer than `2n` slots, the only run
     /// that can hold `n` chunks is the one holding slot `m - n`, so best
     /// fit asks this instead of reading every piece.
-    fn stitched_run_at(&self, v: ViewId, k: usize) -> Option<(usize, usize)> {
-        let pieces = &self.views[&v].pieces;
+    fn stitched_run_at(&self, pieces: &[Piece], k: usize) -> Option<(usize, usize)> {
         let mut home: Option<(ViewId, &FreeBits)> = None;
         let mut bits_of = |h: ViewId| match home {
             Some((id, bits)) if id == h => bits,
@@ -575,10 +578,15 @@ impl Tables {
     /// Calls `f(start, len)` for each run of free slots of stitched view
     /// `v`, in slot order: each piece's free stretches at home (a few word
     /// reads of its home view's free bits), joined across pieces.
-    pub fn stitched_runs(&self, v: ViewId, mut f: impl FnMut(usize, usize)) {
+    pub fn stitched_runs(&self, v: ViewId, f: impl FnMut(usize, usize)) {
+        self.pieces_runs(&self.views[&v].pieces, f);
+    }
+
+    /// [`Tables::stitched_runs`] of a view with `pieces`.
+    fn pieces_runs(&self, pieces: &[Piece], mut f: impl FnMut(usize, usize)) {
         let mut open: Option<(usize, usize)> = None;
         let mut home: Option<(ViewId, &FreeBits)> = None;
-        for p in &self.views[&v].pieces {
+        for p in pieces {
             let bits = match home {
                 Some((h, bits)) if h == p.home => bits,
                 _ => {
@@ -673,8 +681,8 @@ impl Tables {
     /// The longest free run of any view, in chunks (0 when none).
     pub fn longest_run(&self) -> usize {
         let mut longest = self.runs.iter().next_back().map_or(0, |(len, _, _)| len);
-        for &(_, id) in &self.stitched_by_size {
-            self.stitched_runs(id, |_, len| longest = longest.max(len));
+        for pieces in self.stitched_by_size.values() {
+            self.pieces_runs(pieces, |_, len| longest = longest.max(len));
         }
         longest
     }
@@ -869,14 +877,16 @@ impl Tables {
     /// place in the index by size; forgets it if it was dropped. After a
     /// stitch, patch, extension or drop.
     fn repiece(&mut self, v: ViewId) {
-        self.stitched_by_size.retain(|&(_, id)| id != v);
+        self.stitched_by_size.retain(|&(_, id), _| id != v);
         if let Some(view) = self.views.get_mut(&v) {
             view.pieces = pieces::pieces_of(
                 view.slots
                     .iter()
                     .map(|c| self.chunks[&c.expect("stitched views are full")].home),
-            );
-            self.stitched_by_size.insert((view.slots.len(), v));
+            )
+            .into();
+            self.stitched_by_size
+                .insert((view.slots.len(), v), Arc::clone(&view.pieces));
         }
     }
 
@@ -1015,7 +1025,11 @@ impl Tables {
                 self.stitched_runs(vid, |s, l| {
                     got.insert(s, l);
                 });
-                if !self.stitched_by_size.contains(&(v.slots.len(), vid)) {
+                if self
+                    .stitched_by_size
+                    .get(&(v.slots.len(), vid))
+                    .is_none_or(|p| !Arc::ptr_eq(p, &v.pieces))
+                {
                     return Err(format!("stitched view {vid} is not indexed by its size"));
                 }
                 got
@@ -1040,7 +1054,7 @@ impl Tables {
             } else {
                 Vec::new()
             };
-            if pieces != v.pieces {
+            if pieces[..] != v.pieces[..] {
                 return Err(format!("view {vid}: pieces differ from its slots"));
             }
         }

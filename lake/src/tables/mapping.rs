@@ -90,7 +90,7 @@ impl Tables {
                         occupied: 0,
                         fence: Fence::none(),
                         free: FreeBits::new(capacity),
-                        pieces: Vec::new(),
+                        pieces: Vec::new().into(),
                     },
                 );
                 (id, (0..count).collect(), Some((base, capacity)))
@@ -235,7 +235,7 @@ impl Tables {
                 occupied: chunks.len(),
                 fence: Fence::none(),
                 free: FreeBits::default(),
-                pieces: Vec::new(),
+                pieces: Vec::new().into(),
             },
         );
         for (i, &c) in chunks.iter().enumerate() {

@@ -372,7 +372,7 @@ fn check_reports_derived_state_that_disagrees() {
     assert!(t.check().unwrap_err().contains("runs differ"));
     // A stitched view's pieces no longer follow its slots.
     let (mut t, _, v) = setup();
-    t.views.get_mut(&v).unwrap().pieces[1].home_at += 1;
+    Arc::make_mut(&mut t.views.get_mut(&v).unwrap().pieces)[1].home_at += 1;
     assert!(t.check().is_err());
     // A run at home the index does not list.
     let (mut t, home, _) = setup();
@@ -380,6 +380,6 @@ fn check_reports_derived_state_that_disagrees() {
     assert!(t.check().unwrap_err().contains("run index"));
     // A stitched view missing from the index by size.
     let (mut t, _, v) = setup();
-    t.stitched_by_size.retain(|&(_, id)| id != v);
+    t.stitched_by_size.retain(|&(_, id), _| id != v);
     assert!(t.check().unwrap_err().contains("size"));
 }
