@@ -482,12 +482,17 @@ impl Tables {
         // the first run that fits is the answer, with no list built.
         if self.all_admit(req) {
             let mut best = self.runs.at_least(n).next();
-            let mut offer = |run: (usize, ViewId, usize)| {
-                if run.0 >= n && best.is_none_or(|b| run < b) {
-                    best = Some(run);
-                }
-            };
             for (&(m, id), pieces) in stitched {
+                // Once a run of exactly n is found, only a view of a lower
+                // id can do better (a run of n there, lower in the order).
+                if best.is_some_and(|(len, view, _)| len == n && view < id) {
+                    continue;
+                }
+                let mut offer = |run: (usize, ViewId, usize)| {
+                    if run.0 >= n && best.is_none_or(|b| run < b) {
+                        best = Some(run);
+                    }
+                };
                 if m < 2 * n {
                     // One run at most can hold n: the one holding m - n.
                     if let Some((start, len)) = self.stitched_run_at(pieces, m - n) {
