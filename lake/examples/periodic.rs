@@ -156,7 +156,8 @@ fn compare<D: VmmDriver>(
         let st = lake.stats();
         println!(
             "lake: {} home views, {} stitched views mapping {} chunks of {} \
-             (every alloc and free updates the free runs of each view its chunks lie in)",
+             (an alloc or free updates the runs of its home stretches only; \
+             best fit probes the stitched views of a fitting size)",
             st.home_views,
             st.stitched_views,
             st.stitched_chunks,

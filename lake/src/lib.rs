@@ -28,8 +28,10 @@
 //! `host` crate (`host::vmm`, `host::addr_map`), where the VMM heap uses
 //! them too; they are re-exported here under their old names.
 //!
-//! Files: `tables` (chunks, views, free runs) and `tables/mapping` (the driver
-//! work that changes them, with rollback), `fence`
+//! Files: `tables` (chunks, views, free runs), `tables/free_bits` (which
+//! home slots are free), `tables/pieces` (which home slots a stitched view
+//! maps) and `tables/mapping` (the driver work that changes them, with
+//! rollback), `fence`
 //! (the stream rule kept on free memory), `pool`
 //! (the policy and the thread-safe [`Lake`]), `config`, `stats`, `error`,
 //! `trace`, `synthetic` (a GPT-2-like trace generator), `periodic` (the

@@ -69,7 +69,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use super::addr_map::{AddrMap, AddrSet};
+use super::addr_map::AddrMap;
 use super::config::LakeConfig;
 use super::driver::VmmDriver;
 use super::error::{LakeError, LakeResult};
@@ -94,13 +94,25 @@ struct Live {
     len: u64,
 }
 
+/// What the lake knows of an address it handed out.
+#[derive(Clone, Copy, Debug)]
+enum Handed {
+    /// A live allocation starts there.
+    Live(Live),
+    /// Freed since (to tell a double free from a foreign range); forgotten
+    /// when its view goes back to the driver.
+    Freed,
+}
+
 /// Everything behind the lake's mutex.
 struct State {
     tables: Tables,
-    live: AddrMap<Live>,
-    /// Addresses handed out and freed since (to tell a double free from a
-    /// foreign range); forgotten when their view goes back to the driver.
-    freed: AddrSet,
+    /// Every address handed out, live or freed: one map, so that an alloc
+    /// and a free each make one lookup (they made two and three with a
+    /// set of freed addresses beside the live ones).
+    handed: AddrMap<Handed>,
+    /// Live allocations (entries of `handed` that are live).
+    live_count: usize,
     active_bytes: u64,
     peak_active: u64,
     peak_reserved: u64,
@@ -139,8 +151,8 @@ impl<D: VmmDriver> Lake<D> {
             granularity,
             state: Mutex::new(State {
                 tables: Tables::new(granularity),
-                live: AddrMap::default(),
-                freed: AddrSet::default(),
+                handed: AddrMap::default(),
+                live_count: 0,
                 active_bytes: 0,
                 peak_active: 0,
                 peak_reserved: 0,
@@ -263,8 +275,14 @@ impl<D: VmmDriver> Lake<D> {
     /// Records a taken window as a live allocation of `size` bytes.
     fn hand_out(&self, s: &mut State, window: Window, size: u64, site: Site) -> DeviceRange {
         let addr = s.tables.addr_of(window);
-        s.live.insert(addr, Live { window, len: size });
-        s.freed.remove(&addr);
+        let before = s
+            .handed
+            .insert(addr, Handed::Live(Live { window, len: size }));
+        debug_assert!(
+            !matches!(before, Some(Handed::Live(_))),
+            "{addr:#x} handed out twice"
+        );
+        s.live_count += 1;
         s.active_bytes += size;
         s.peak_active = s.peak_active.max(s.active_bytes);
         let reserved = s.tables.device_chunk_count() as u64 * self.granularity;
@@ -300,8 +318,7 @@ impl<D: VmmDriver> Lake<D> {
     /// Outcome 1: the best-fit window, taken; no driver call.
     fn reuse(&self, s: &mut State, n: usize, req: &Requester<'_>) -> Option<Window> {
         let w = s.tables.best_window(n, req)?;
-        s.tables.take(w);
-        if s.tables.view(w.view).stitched {
+        if s.tables.take(w).stitched {
             s.outcomes.reuse_stitched += 1;
         } else {
             s.outcomes.reuse_home += 1;
@@ -479,6 +496,11 @@ impl<D: VmmDriver> Lake<D> {
     /// cache limit. A failed unmap leaves the view cached (tried again on
     /// the next sweep).
     fn sweep(&self, s: &mut State, progress: &Progress) {
+        // Counted as the views come and go: most sweeps (one per free of a
+        // stitched window) stop here without a look at every view.
+        if s.tables.idle_stitched() <= self.config.max_cached_stitched {
+            return;
+        }
         let mut idle: Vec<(u64, ViewId)> = s
             .tables
             .views()
@@ -519,29 +541,34 @@ impl<D: VmmDriver> Lake<D> {
     /// requesters it admits may take them; see `fence.rs`).
     pub fn free_fenced(&self, range: DeviceRange, site: Site, fence: &Fence) -> LakeResult<()> {
         let mut s = self.state();
-        let Some(live) = s.live.get(&range.addr).copied() else {
-            return Err(if s.freed.contains(&range.addr) {
-                LakeError::DoubleFree { addr: range.addr }
-            } else {
-                LakeError::NotOurs {
+        let live = match s.handed.get_mut(&range.addr) {
+            Some(entry @ Handed::Live(_)) => {
+                let Handed::Live(live) = *entry else {
+                    unreachable!("matched as live")
+                };
+                if live.len != range.len {
+                    return Err(LakeError::NotOurs {
+                        addr: range.addr,
+                        len: range.len,
+                        why: "the allocation there has another length",
+                    });
+                }
+                *entry = Handed::Freed;
+                live
+            }
+            Some(Handed::Freed) => return Err(LakeError::DoubleFree { addr: range.addr }),
+            None => {
+                return Err(LakeError::NotOurs {
                     addr: range.addr,
                     len: range.len,
                     why: "no live allocation starts there",
-                }
-            });
+                });
+            }
         };
-        if live.len != range.len {
-            return Err(LakeError::NotOurs {
-                addr: range.addr,
-                len: range.len,
-                why: "the allocation there has another length",
-            });
-        }
+        s.live_count -= 1;
         s.clock += 1;
         let clock = s.clock;
         s.tables.give(live.window, clock, fence);
-        s.live.remove(&range.addr);
-        s.freed.insert(range.addr);
         s.active_bytes -= live.len;
         s.frees += 1;
         if let Some(t) = s.trace.as_mut() {
@@ -593,7 +620,7 @@ impl<D: VmmDriver> Lake<D> {
     /// mapping, in the range's order.
     pub fn chunk_homes(&self, range: DeviceRange) -> LakeResult<Vec<u64>> {
         let s = self.state();
-        let live = s.live.get(&range.addr).ok_or(LakeError::NotOurs {
+        let live = live_at(&s, range.addr).ok_or(LakeError::NotOurs {
             addr: range.addr,
             len: range.len,
             why: "no live allocation starts there",
@@ -647,9 +674,7 @@ impl<D: VmmDriver> Lake<D> {
     /// Whether `range` is served by a stitched view.
     pub fn is_stitched(&self, range: DeviceRange) -> bool {
         let s = self.state();
-        s.live
-            .get(&range.addr)
-            .is_some_and(|l| s.tables.view(l.window.view).stitched)
+        live_at(&s, range.addr).is_some_and(|l| s.tables.view(l.window.view).stitched)
     }
 
     /// Device bytes held now (cheaper than [`Lake::stats`]); spilled
@@ -676,7 +701,7 @@ impl<D: VmmDriver> Lake<D> {
         let s = self.state();
         let pending = s.tables.pending_free(progress) as u64;
         let g = self.granularity;
-        let mapped: u64 = s.live.values().map(|l| l.window.len as u64).sum::<u64>() * g;
+        let mapped: u64 = lives(&s).map(|(_, l)| l.window.len as u64).sum::<u64>() * g;
         let stitched = s.tables.views().filter(|(_, v)| v.stitched).count() as u64;
         let stitched_chunks: u64 = s
             .tables
@@ -693,7 +718,7 @@ impl<D: VmmDriver> Lake<D> {
             spilled_bytes: g * s.tables.host_chunk_count() as u64,
             peak_spilled_bytes: s.peak_spilled,
             spills: s.tables.spills(),
-            live_allocations: s.live.len() as u64,
+            live_allocations: s.live_count as u64,
             home_views: s.tables.views().count() as u64 - stitched,
             stitched_views: stitched,
             stitched_chunks,
@@ -718,13 +743,16 @@ impl<D: VmmDriver> Lake<D> {
         s.tables.check()?;
         let mut owner: HashMap<ChunkId, u64> = HashMap::new();
         let mut users: HashMap<ViewId, usize> = HashMap::new();
-        for (&addr, live) in &s.live {
+        if lives(&s).count() != s.live_count {
+            return Err(format!("{} live allocations counted", s.live_count));
+        }
+        for (addr, live) in lives(&s) {
             if s.tables.addr_of(live.window) != addr {
                 return Err(format!("allocation {addr:#x} is not at its window"));
             }
             *users.entry(live.window.view).or_default() += 1;
             for c in s.tables.chunks_in(live.window) {
-                if !s.tables.chunk(c).used {
+                if !s.tables.is_used(c) {
                     return Err(format!("allocation {addr:#x} sits on free chunk {c}"));
                 }
                 if let Some(other) = owner.insert(c, addr) {
@@ -800,11 +828,29 @@ fn best_patch(
     )
 }
 
-/// Forgets freed addresses inside a range given back to the driver.
+/// The live allocation starting at `addr`, if any.
+fn live_at(s: &State, addr: u64) -> Option<Live> {
+    match s.handed.get(&addr) {
+        Some(&Handed::Live(live)) => Some(live),
+        _ => None,
+    }
+}
+
+/// Every live allocation, with its address.
+fn lives(s: &State) -> impl Iterator<Item = (u64, Live)> + '_ {
+    s.handed.iter().filter_map(|(&a, h)| match *h {
+        Handed::Live(live) => Some((a, live)),
+        Handed::Freed => None,
+    })
+}
+
+/// Forgets freed addresses inside a range given back to the driver (no
+/// live allocation lies there: its view had no users).
 fn forget(s: &mut State, (base, size): (u64, u64)) {
-    // A scan of the set: rare (a stitched view dropped, a trim), while
+    // A scan of the map: rare (a stitched view dropped, a trim), while
     // every alloc and free looks one address up.
-    s.freed.retain(|&a| !(base..base + size).contains(&a));
+    s.handed
+        .retain(|&a, h| matches!(h, Handed::Live(_)) || !(base..base + size).contains(&a));
 }
 
 impl<D: VmmDriver> Drop for Lake<D> {
@@ -813,7 +859,8 @@ impl<D: VmmDriver> Drop for Lake<D> {
         // their users must be done with them once the lake is gone. Errors
         // cannot be reported from here; the driver keeps what it refused.
         let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        s.live.clear();
+        s.handed.clear();
+        s.live_count = 0;
         s.tables.teardown(&self.driver);
     }
 }

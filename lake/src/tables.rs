@@ -18,11 +18,23 @@
 //!   made for a larger request, or a stretch of home slots. An allocation
 //!   touches only its own bytes, so the other chunks of the view stay free
 //!   and serve other allocations through their other mappings.
-//! - The **run index** lists every maximal run of free chunks of every view
-//!   by length; best fit is its first entry of at least `n` whose chunks the
-//!   requester may reuse (their fences admit it: always so on one stream)
-//!   and, for a stitched view, whose view is not much larger than `n`
-//!   ([`TIGHT`]).
+//! - A chunk is **used** when the bit of its home slot is clear: each home
+//!   view keeps one bit per slot, set while the slot holds a free chunk
+//!   (`tables/free_bits.rs`), the one record of use. A **run** is a
+//!   maximal stretch of slots holding free chunks.
+//! - Taking or giving back a window changes the bits of its home stretches
+//!   only (a stitched window's home stretches are its pieces,
+//!   `tables/pieces.rs`) and the run index entries around them: a few
+//!   updates, whatever the window's length and however many views map its
+//!   chunks.
+//! - A stitched view's runs are not stored: they are read through its
+//!   pieces from the home bits when asked for ([`Tables::stitched_runs`]),
+//!   and only a view of a size that may serve the request is asked.
+//! - The **run index** lists every run of every home view by length. Best
+//!   fit is the shortest run of at least `n`, lowest view and slot among
+//!   equals, of the home index and of the stitched views not much larger
+//!   than `n` ([`TIGHT`]), whose chunks the requester may reuse (their
+//!   fences admit it: always so on one stream).
 //!
 //! The driver work that makes and unmakes chunks and views (growth,
 //! stitching, patching, unmapping, release), all or nothing with rollback,
@@ -32,15 +44,22 @@
 //! mutex and every method runs under that lock.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use super::addr_map::AddrMap;
 use super::driver::ChunkHandle;
 use super::fence::{Fence, Progress, Requester};
 
+mod free_bits;
 mod mapping;
+mod pieces;
 mod stitched_list;
+#[cfg(test)]
+mod tests;
 
+use free_bits::FreeBits;
 pub use mapping::Spill;
+use pieces::Piece;
 pub use stitched_list::StitchedList;
 
 /// A stitched view of `m` chunks serves a request of `n` only if
@@ -73,10 +92,9 @@ pub struct Chunk {
     /// was full (`LakeConfig::spill_to_host`). Mapped and used like any
     /// other.
     pub on_host: bool,
-    /// Its home view and slot.
+    /// Its home view and slot. Whether a live allocation uses it is read
+    /// from there ([`Tables::is_used`]).
     pub home: (ViewId, usize),
-    /// Whether a live allocation uses it.
-    pub used: bool,
     /// While free: who may reuse it (see `fence.rs`).
     pub fence: Fence,
     /// Stitched views mapping it, with its slot in each.
@@ -110,8 +128,15 @@ pub struct View {
     /// read and write through its addresses, so a slot of it is unmapped
     /// only once this fence is settled (`Lake`'s remap rule).
     pub fence: Fence,
-    /// Maximal runs of slots holding free chunks: start -> length.
-    runs: BTreeMap<usize, usize>,
+    /// Home views: one bit per slot, set while it holds a free chunk: the
+    /// record of use. Its maximal stretches of set bits are the view's
+    /// runs (listed in the run index). Stitched views: empty (see
+    /// [`Tables::stitched_runs`]).
+    free: FreeBits,
+    /// Stitched views: its stretches of consecutive home slots, by slot.
+    /// Shared with the index by size, where best fit reads them without
+    /// looking the view up.
+    pieces: Arc<[Piece]>,
 }
 
 /// `len` consecutive slots of a view, from `start`.
@@ -238,8 +263,14 @@ pub struct Tables {
     granularity: u64,
     chunks: ChunkSlab,
     views: BTreeMap<ViewId, View>,
-    /// Every free run of every view, as (length, view, start).
-    runs: BTreeSet<(usize, ViewId, usize)>,
+    /// Every free run of every home view, as (length, view, start).
+    runs: RunIndex,
+    /// Every stitched view, as (slots, view), with its pieces: the ones of
+    /// a size that may serve a request are those best fit asks for their
+    /// runs.
+    stitched_by_size: BTreeMap<(usize, ViewId), Arc<[Piece]>>,
+    /// Stitched views no allocation uses (what the LRU sweep may drop).
+    idle_stitched: usize,
     /// Home slots emptied by a release, as (view, slot).
     holes: BTreeSet<(ViewId, usize)>,
     free_chunks: usize,
@@ -252,35 +283,99 @@ pub struct Tables {
     fenced: AddrMap<usize>,
     orphans: Orphans,
     next_id: u64,
-    /// Reused lists of `set_used_many` (empty between calls).
-    scratch: Vec<(ViewId, Vec<usize>)>,
-    /// Reused list of a window's chunks for `take` and `give` (empty
-    /// between calls): every large alloc and free goes through them, and a
-    /// heap allocation there touches the allocator's cold lines too.
+    /// Reused list of `mark` (empty between calls): the window's home
+    /// stretches, as (view, first slot, slots). Every alloc and free goes
+    /// through it, and a heap allocation there touches the allocator's
+    /// cold lines too.
+    homes: Vec<(ViewId, usize, usize)>,
+    /// Reused list of a window's chunks for the fences of `take` and
+    /// `give` (empty between calls).
     window_chunks: Vec<ChunkId>,
-    /// Reused list of `set_used_many`: per stream, the fenced chunks it
-    /// made used (empty between calls).
+    /// Reused list of `take`: per stream, the fenced chunks it made used
+    /// (empty between calls).
     unfenced: Vec<(u64, usize)>,
 }
 
-/// Adds `slot` of `view` to the first `*views` lists of `by_view`, opening
-/// a list for a view not met yet. The most recent lists are searched first:
-/// a chunk's mappings repeat from one chunk to the next.
-fn add_slot(
-    by_view: &mut Vec<(ViewId, Vec<usize>)>,
-    views: &mut usize,
-    (view, slot): (ViewId, usize),
-) {
-    if let Some((_, slots)) = by_view[..*views].iter_mut().rev().find(|(v, _)| *v == view) {
-        slots.push(slot);
-        return;
+/// The run index of the home views: every run as (length, view, start),
+/// ordered so, kept as one 128-bit key per run (length, view and start
+/// in 32 bits each: slots are below a home view's 2^19 and view ids fit
+/// in 32 bits, see `stitched_list.rs`): one comparison per step of a
+/// search instead of three, and half the bytes per tree node.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct RunIndex(BTreeSet<u128>);
+
+fn run_key(len: usize, v: ViewId, start: usize) -> u128 {
+    let field = |x: u64| u128::from(u32::try_from(x).expect("runs and view ids fit in 32 bits"));
+    field(len as u64) << 64 | field(v) << 32 | field(start as u64)
+}
+
+fn run_of(key: u128) -> (usize, ViewId, usize) {
+    let low = |shift: u32| (key >> shift) as u32;
+    (low(64) as usize, ViewId::from(low(32)), low(0) as usize)
+}
+
+impl RunIndex {
+    fn insert(&mut self, (len, v, start): (usize, ViewId, usize)) {
+        self.0.insert(run_key(len, v, start));
     }
-    if *views == by_view.len() {
-        by_view.push((view, Vec::new()));
+
+    fn remove(&mut self, &(len, v, start): &(usize, ViewId, usize)) {
+        self.0.remove(&run_key(len, v, start));
     }
-    by_view[*views].0 = view;
-    by_view[*views].1.push(slot);
-    *views += 1;
+
+    /// Runs of at least `n` slots, shortest first (lowest view and start
+    /// among equals).
+    fn at_least(&self, n: usize) -> impl Iterator<Item = (usize, ViewId, usize)> + '_ {
+        self.0.range(run_key(n, 0, 0)..).map(|&k| run_of(k))
+    }
+
+    fn iter(&self) -> impl DoubleEndedIterator<Item = (usize, ViewId, usize)> + '_ {
+        self.0.iter().map(|&k| run_of(k))
+    }
+}
+
+/// Slots `[a, b)` of home view `view` (id `v`) stop being free: they lie
+/// in one run (they were all free and are consecutive), which is cut
+/// around them; `index` follows. The run's ends are found in the free
+/// bits (a few word reads for runs of a few hundred slots).
+///
+/// A function of the view and the index, not of the tables, so that a
+/// caller holding the view does not look it up again: every large alloc
+/// cuts, with cold caches inside a training loop.
+fn cut(view: &mut View, index: &mut RunIndex, v: ViewId, a: usize, b: usize) {
+    let bits = &mut view.free;
+    debug_assert!(
+        bits.free_until(a) >= b,
+        "view {v}: slots {a}..{b} taken but not free"
+    );
+    let (start, end) = (bits.free_from(a), bits.free_until(b));
+    bits.put(a, b, false);
+    index.remove(&(end - start, v, start));
+    if a > start {
+        index.insert((a - start, v, start));
+    }
+    if end > b {
+        index.insert((end - b, v, b));
+    }
+}
+
+/// Slots `[a, b)` of home view `view` (id `v`) become free: they join
+/// their neighbours' runs; `index` follows.
+fn join(view: &mut View, index: &mut RunIndex, v: ViewId, a: usize, b: usize) {
+    let bits = &mut view.free;
+    debug_assert!(
+        (a..b).all(|i| !bits.get(i)),
+        "view {v}: slots {a}..{b} freed twice"
+    );
+    let (start, end) = (bits.free_from(a), bits.free_until(b));
+    bits.put(a, b, true);
+    if a > start {
+        index.remove(&(a - start, v, start));
+    }
+    if end > b {
+        index.remove(&(end - b, v, b));
+    }
+    index.insert((end - start, v, start));
 }
 
 /// Groups sorted slots into runs of consecutive ones: (start, length).
@@ -374,38 +469,153 @@ impl Tables {
     }
 
     /// The best-fit window of `n` chunks for `req`: in the shortest free
-    /// run of at least `n` (lowest view and slot among equals), the first
-    /// `n` consecutive chunks whose fences admit `req`. Runs are looked at
-    /// in best-fit order, at most [`Tables::SCAN_RUNS`] of them (fenced
-    /// chunks are rare outside multi-stream programs).
+    /// run of at least `n` (lowest view and slot among equals) of a home
+    /// view or of a stitched view of at most `n + n / TIGHT + 1` slots, the
+    /// first `n` consecutive chunks whose fences admit `req`. Runs are
+    /// looked at in best-fit order, at most [`Tables::SCAN_RUNS`] of them
+    /// (fenced chunks are rare outside multi-stream programs).
     pub fn best_window(&self, n: usize, req: &Requester<'_>) -> Option<Window> {
+        let stitched = self
+            .stitched_by_size
+            .range((n, 0)..=(n + n / TIGHT + 1, ViewId::MAX));
         // Checked once, not per run: with no fence in the way (one stream)
         // the first run that fits is the answer, with no list built.
-        let all_admit = self.all_admit(req);
-        self.runs
-            .range((n, 0, 0)..)
-            .filter(|&&(_, view, _)| {
-                let v = &self.views[&view];
-                !v.stitched || v.slots.len() <= n + n / TIGHT + 1
-            })
-            .take(Self::SCAN_RUNS)
-            .find_map(|&(len, view, start)| {
-                if all_admit {
-                    return Some(Window {
-                        view,
-                        start,
-                        len: n,
-                    });
+        if self.all_admit(req) {
+            let mut best = self.runs.at_least(n).next();
+            for (&(m, id), pieces) in stitched {
+                // Once a run of exactly n is found, only a view of a lower
+                // id can do better (a run of n there, lower in the order).
+                if best.is_some_and(|(len, view, _)| len == n && view < id) {
+                    continue;
                 }
-                self.admitted_segments(view, start, len, req)
-                    .into_iter()
-                    .find(|&(_, l)| l >= n)
-                    .map(|(start, _)| Window {
-                        view,
-                        start,
-                        len: n,
-                    })
-            })
+                let mut offer = |run: (usize, ViewId, usize)| {
+                    if run.0 >= n && best.is_none_or(|b| run < b) {
+                        best = Some(run);
+                    }
+                };
+                if m < 2 * n {
+                    // One run at most can hold n: the one holding m - n.
+                    if let Some((start, len)) = self.stitched_run_at(pieces, m - n) {
+                        offer((len, id, start));
+                    }
+                } else {
+                    self.pieces_runs(pieces, |start, len| offer((len, id, start)));
+                }
+            }
+            return best.map(|(_, view, start)| Window {
+                view,
+                start,
+                len: n,
+            });
+        }
+        let mut runs: Vec<(usize, ViewId, usize)> =
+            self.runs.at_least(n).take(Self::SCAN_RUNS).collect();
+        for (&(_, id), pieces) in stitched {
+            self.pieces_runs(pieces, |start, len| {
+                if len >= n {
+                    runs.push((len, id, start));
+                }
+            });
+        }
+        runs.sort_unstable();
+        runs.truncate(Self::SCAN_RUNS);
+        runs.into_iter().find_map(|(len, view, start)| {
+            self.admitted_segments(view, start, len, req)
+                .into_iter()
+                .find(|&(_, l)| l >= n)
+                .map(|(start, _)| Window {
+                    view,
+                    start,
+                    len: n,
+                })
+        })
+    }
+
+    /// The run of free slots of a stitched view with `pieces` holding slot `k`, as
+    /// (start, length); `None` if `k` is not free. Found from the piece
+    /// holding `k`, extended piece by piece while the free stretch reaches
+    /// a piece's end: for a view of fewer than `2n` slots, the only run
+    /// that can hold `n` chunks is the one holding slot `m - n`, so best
+    /// fit asks this instead of reading every piece.
+    fn stitched_run_at(&self, pieces: &[Piece], k: usize) -> Option<(usize, usize)> {
+        let mut home: Option<(ViewId, &FreeBits)> = None;
+        let mut bits_of = |h: ViewId| match home {
+            Some((id, bits)) if id == h => bits,
+            _ => {
+                let bits = &self.views[&h].free;
+                home = Some((h, bits));
+                bits
+            }
+        };
+        let i = pieces.partition_point(|p| p.at + p.len <= k);
+        let p = pieces[i];
+        let bits = bits_of(p.home);
+        let hk = p.home_at + (k - p.at);
+        if !bits.get(hk) {
+            return None;
+        }
+        let mut start = p.at + (bits.free_from(hk).max(p.home_at) - p.home_at);
+        let mut end = p.at + (bits.free_until(hk).min(p.home_at + p.len) - p.home_at);
+        let mut j = i;
+        while j > 0 && start == pieces[j].at {
+            let q = pieces[j - 1];
+            let q_end = q.home_at + q.len;
+            let from = bits_of(q.home).free_from(q_end).max(q.home_at);
+            if from == q_end {
+                break;
+            }
+            start = q.at + (from - q.home_at);
+            j -= 1;
+        }
+        let mut j = i;
+        while j + 1 < pieces.len() && end == pieces[j].at + pieces[j].len {
+            let q = pieces[j + 1];
+            let until = bits_of(q.home).free_until(q.home_at).min(q.home_at + q.len);
+            if until == q.home_at {
+                break;
+            }
+            end = q.at + (until - q.home_at);
+            j += 1;
+        }
+        Some((start, end - start))
+    }
+
+    /// Calls `f(start, len)` for each run of free slots of stitched view
+    /// `v`, in slot order: each piece's free stretches at home (a few word
+    /// reads of its home view's free bits), joined across pieces.
+    pub fn stitched_runs(&self, v: ViewId, f: impl FnMut(usize, usize)) {
+        self.pieces_runs(&self.views[&v].pieces, f);
+    }
+
+    /// [`Tables::stitched_runs`] of a view with `pieces`.
+    fn pieces_runs(&self, pieces: &[Piece], mut f: impl FnMut(usize, usize)) {
+        let mut open: Option<(usize, usize)> = None;
+        let mut home: Option<(ViewId, &FreeBits)> = None;
+        for p in pieces {
+            let bits = match home {
+                Some((h, bits)) if h == p.home => bits,
+                _ => {
+                    let bits = &self.views[&p.home].free;
+                    home = Some((p.home, bits));
+                    bits
+                }
+            };
+            bits.free_stretches(p.home_at, p.home_at + p.len, |s, len| {
+                let at = p.at + (s - p.home_at);
+                match &mut open {
+                    Some((start, l)) if *start + *l == at => *l += len,
+                    _ => {
+                        if let Some((start, l)) = open {
+                            f(start, l);
+                        }
+                        open = Some((at, len));
+                    }
+                }
+            });
+        }
+        if let Some((start, l)) = open {
+            f(start, l);
+        }
     }
 
     /// Whether every free chunk's fence admits `req` for sure: none names
@@ -460,22 +670,26 @@ impl Tables {
             return self.free_chunks;
         }
         self.chunks
-            .values()
-            .filter(|c| !c.used && c.fence.admits(req))
+            .iter()
+            .filter(|&(id, c)| c.fence.admits(req) && !self.is_used(id))
             .count()
     }
 
     /// Free chunks some stream may not reuse yet (pending fences).
     pub fn pending_free(&self, progress: &Progress) -> usize {
         self.chunks
-            .values()
-            .filter(|c| !c.used && c.fence.pending(progress))
+            .iter()
+            .filter(|&(id, c)| c.fence.pending(progress) && !self.is_used(id))
             .count()
     }
 
     /// The longest free run of any view, in chunks (0 when none).
     pub fn longest_run(&self) -> usize {
-        self.runs.iter().next_back().map_or(0, |&(len, _, _)| len)
+        let mut longest = self.runs.iter().next_back().map_or(0, |(len, _, _)| len);
+        for pieces in self.stitched_by_size.values() {
+            self.pieces_runs(pieces, |_, len| longest = longest.max(len));
+        }
+        longest
     }
 
     /// Stretches of free home chunks `req` may reuse, as (length, view,
@@ -484,8 +698,7 @@ impl Tables {
         let mut out: Vec<(usize, ViewId, usize)> = self
             .runs
             .iter()
-            .filter(|(_, v, _)| !self.views[v].stitched)
-            .flat_map(|&(len, view, start)| {
+            .flat_map(|(len, view, start)| {
                 self.admitted_segments(view, start, len, req)
                     .into_iter()
                     .map(move |(s, l)| (l, view, s))
@@ -502,15 +715,16 @@ impl Tables {
             .iter()
             .filter(|(_, v)| !v.stitched && v.filled_to < v.slots.len())
             .map(|(&id, v)| {
-                let tail_run = v
-                    .runs
-                    .range(..v.filled_to)
-                    .next_back()
-                    .filter(|&(&s, &l)| s + l == v.filled_to)
-                    .map_or(0, |(_, &l)| l);
+                let tail_run = v.filled_to - v.free.free_from(v.filled_to);
                 (id, tail_run, v.slots.len() - v.filled_to)
             })
             .collect()
+    }
+
+    /// Stitched views no allocation uses: while they are within the
+    /// cache's limit, a sweep has nothing to look at.
+    pub fn idle_stitched(&self) -> usize {
+        self.idle_stitched
     }
 
     /// Emptied home slots available for new chunks.
@@ -518,13 +732,45 @@ impl Tables {
         self.holes.len()
     }
 
-    /// Marks a window's chunks used by one more allocation.
-    pub fn take(&mut self, w: Window) {
+    /// Marks a window's chunks used by one more allocation; returns its
+    /// view (the caller need not look it up again).
+    pub fn take(&mut self, w: Window) -> &View {
+        // Chunks made used lose their fence. With no fenced free chunk at
+        // all (a one-stream program freeing behind no fence) there is none
+        // to clear, and the window's chunks are not visited.
+        if self.fenced.values().any(|&n| n > 0) {
+            self.unfence(w);
+        }
+        self.mark(w, true);
+        let view = self.views.get_mut(&w.view).expect("live view");
+        if view.stitched && view.users == 0 {
+            self.idle_stitched -= 1;
+        }
+        view.users += 1;
+        view
+    }
+
+    /// Clears the fences of window `w`'s chunks, keeping the per-stream
+    /// counts.
+    fn unfence(&mut self, w: Window) {
         let chunks = self.window_chunks(w);
-        // The window's own slots are one stretch: cut once, not per chunk.
-        self.run_cut(w.view, w.start, w.start + w.len);
-        self.set_used_many(&chunks, true, Some(w.view));
-        self.views.get_mut(&w.view).expect("live view").users += 1;
+        let mut unfenced = std::mem::take(&mut self.unfenced);
+        for &c in &chunks {
+            let chunk = self.chunks.get_mut(&c).expect("live chunk");
+            for s in chunk.fence.streams() {
+                // Counted here and applied once below: one lookup per
+                // stream instead of one per chunk.
+                match unfenced.iter_mut().find(|(t, _)| *t == s) {
+                    Some((_, n)) => *n += 1,
+                    None => unfenced.push((s, 1)),
+                }
+            }
+            chunk.fence = Fence::none();
+        }
+        for (s, n) in unfenced.drain(..) {
+            *self.fenced.get_mut(&s).expect("counted") -= n;
+        }
+        self.unfenced = unfenced;
         self.window_chunks = chunks;
     }
 
@@ -545,20 +791,25 @@ impl Tables {
     /// Marks a window's chunks free again behind `fence`; the view
     /// remembers `clock`.
     pub fn give(&mut self, w: Window, clock: u64, fence: &Fence) {
-        let chunks = self.window_chunks(w);
-        self.run_join(w.view, w.start, w.start + w.len);
-        self.set_used_many(&chunks, false, Some(w.view));
-        // Used chunks carry no fence: only the new one is counted.
-        for s in fence.streams() {
-            *self.fenced.entry(s).or_default() += chunks.len();
+        self.mark(w, false);
+        // Used chunks carry no fence: only the new one is set and counted,
+        // and behind no fence there is nothing to set.
+        if !fence.is_none() {
+            for s in fence.streams() {
+                *self.fenced.entry(s).or_default() += w.len;
+            }
+            let chunks = self.window_chunks(w);
+            for &c in &chunks {
+                self.chunks.get_mut(&c).expect("live chunk").fence = fence.clone();
+            }
+            self.window_chunks = chunks;
         }
-        for &c in &chunks {
-            self.chunks.get_mut(&c).expect("live chunk").fence = fence.clone();
-        }
-        self.window_chunks = chunks;
         let v = self.views.get_mut(&w.view).expect("live view");
         v.users -= 1;
         v.last_used = clock;
+        if v.stitched && v.users == 0 {
+            self.idle_stitched += 1;
+        }
         if v.stitched {
             // Home views are never unmapped as views: a chunk leaves its
             // home only by `release_chunk`, under the chunk's own fence.
@@ -572,183 +823,82 @@ impl Tables {
         self.views[&v].fence.pending(progress)
     }
 
+    /// Whether a live allocation uses chunk `c`: its home slot lies in no
+    /// free run of its home view.
+    pub fn is_used(&self, c: ChunkId) -> bool {
+        let (v, slot) = self.chunks[&c].home;
+        !self.views[&v].free.get(slot)
+    }
+
     fn set_used(&mut self, c: ChunkId, used: bool) {
-        self.set_used_many(&[c], used, None);
+        let (view, start) = self.chunks[&c].home;
+        self.mark(
+            Window {
+                view,
+                start,
+                len: 1,
+            },
+            used,
+        );
     }
 
-    /// Marks chunks `cs` (distinct, all of the other state) used or free,
-    /// updating the runs of every view that maps them by stretches of
-    /// consecutive slots: a window of `n` chunks costs a few run updates
-    /// per view, not `n`. Chunks made used lose their fence (the caller
-    /// sets the fence of chunks made free). The runs of view `done` (the
-    /// window's own, which maps each chunk once) are already updated.
-    fn set_used_many(&mut self, cs: &[ChunkId], used: bool, done: Option<ViewId>) {
-        // Slots per view, in the order met: mostly ascending already (a
-        // window's chunks are consecutive somewhere), so sorting is rare.
-        // The lists live in `scratch` between calls so that a window of
-        // thousands of chunks allocates nothing (profile of the replay:
-        // growing these vectors was a third of this function's time).
-        let mut by_view = std::mem::take(&mut self.scratch);
-        let mut views = 0usize;
-        // Reused too: in a one-stream program every freed chunk carries a
-        // fence, so every take would allocate this list.
-        let mut unfenced = std::mem::take(&mut self.unfenced);
-        for &c in cs {
-            let chunk = self.chunks.get_mut(&c).expect("live chunk");
-            debug_assert_ne!(chunk.used, used, "chunk {c} use flag set twice");
-            chunk.used = used;
-            for p in std::iter::once(chunk.home).chain(chunk.stitched.iter()) {
-                if Some(p.0) != done {
-                    add_slot(&mut by_view, &mut views, p);
-                }
+    /// Marks the chunks of window `w` (all of the other state) used or
+    /// free: the bits and runs of its home stretches change (a stitched
+    /// window's are its pieces), and with them every view's, since a
+    /// stitched view's runs are read from there. The caller keeps the
+    /// fences.
+    fn mark(&mut self, w: Window, used: bool) {
+        let (a, b) = (w.start, w.start + w.len);
+        let view = self.views.get_mut(&w.view).expect("live view");
+        if !view.stitched {
+            // One stretch, of the view already at hand.
+            if used {
+                cut(view, &mut self.runs, w.view, a, b);
+            } else {
+                join(view, &mut self.runs, w.view, a, b);
             }
-            if used && !chunk.fence.is_none() {
-                for s in chunk.fence.streams() {
-                    // Counted here and applied once below: one lookup per
-                    // stream instead of one per chunk.
-                    match unfenced.iter_mut().find(|(t, _)| *t == s) {
-                        Some((_, n)) => *n += 1,
-                        None => unfenced.push((s, 1)),
-                    }
-                }
-                chunk.fence = Fence::none();
-            }
-        }
-        for (s, n) in unfenced.drain(..) {
-            *self.fenced.get_mut(&s).expect("counted") -= n;
-        }
-        self.unfenced = unfenced;
-        for (v, slots) in by_view.iter_mut().take(views) {
-            if !slots.is_sorted() {
-                slots.sort_unstable();
-            }
-            let mut i = 0;
-            while i < slots.len() {
-                let start = slots[i];
-                let mut end = start + 1;
-                i += 1;
-                while i < slots.len() && slots[i] == end {
-                    end += 1;
-                    i += 1;
-                }
+        } else {
+            let mut homes = std::mem::take(&mut self.homes);
+            homes.extend(pieces::homes_of(&view.pieces, a, b));
+            for &(h, at, len) in &homes {
+                let home = self.views.get_mut(&h).expect("live view");
                 if used {
-                    self.run_cut(*v, start, end);
+                    cut(home, &mut self.runs, h, at, at + len);
                 } else {
-                    self.run_join(*v, start, end);
+                    join(home, &mut self.runs, h, at, at + len);
                 }
             }
-            slots.clear();
+            homes.clear();
+            self.homes = homes;
         }
-        self.scratch = by_view;
         if used {
-            self.free_chunks -= cs.len();
+            self.free_chunks -= w.len;
         } else {
-            self.free_chunks += cs.len();
+            self.free_chunks += w.len;
         }
     }
 
-    fn run_insert(&mut self, v: ViewId, start: usize, len: usize) {
-        if len > 0 {
-            self.views
-                .get_mut(&v)
-                .expect("live view")
-                .runs
-                .insert(start, len);
-            self.runs.insert((len, v, start));
+    /// Recomputes the pieces of stitched view `v` from its slots and its
+    /// place in the index by size; forgets it if it was dropped. After a
+    /// stitch, patch, extension or drop.
+    fn repiece(&mut self, v: ViewId) {
+        self.stitched_by_size.retain(|&(_, id), _| id != v);
+        if let Some(view) = self.views.get_mut(&v) {
+            view.pieces = pieces::pieces_of(
+                view.slots
+                    .iter()
+                    .map(|c| self.chunks[&c.expect("stitched views are full")].home),
+            )
+            .into();
+            self.stitched_by_size
+                .insert((view.slots.len(), v), Arc::clone(&view.pieces));
         }
     }
 
-    fn run_remove(&mut self, v: ViewId, start: usize) -> usize {
-        let len = self
-            .views
-            .get_mut(&v)
-            .expect("live view")
-            .runs
-            .remove(&start)
-            .expect("a run starts there");
-        self.runs.remove(&(len, v, start));
-        len
-    }
-
-    /// Slots `[a, b)` of view `v` stop being free: they lie in one run
-    /// (they were all free and are consecutive), which is cut around them.
-    ///
-    /// The view is looked up once and a run that keeps its start is
-    /// shortened in place: every large alloc cuts, with cold caches inside
-    /// a training loop.
+    /// Slots `[a, b)` of home view `v` stop being free (see [`cut`]).
     fn run_cut(&mut self, v: ViewId, a: usize, b: usize) {
-        let runs = &mut self.views.get_mut(&v).expect("live view").runs;
-        let (&start, len) = runs
-            .range_mut(..=a)
-            .next_back()
-            .filter(|(s, l)| **s + **l >= b)
-            .expect("free consecutive slots lie in one run");
-        let old = *len;
-        if a > start {
-            *len = a - start;
-        } else {
-            runs.remove(&start);
-        }
-        if start + old > b {
-            runs.insert(b, start + old - b);
-        }
-        self.runs.remove(&(old, v, start));
-        if a > start {
-            self.runs.insert((a - start, v, start));
-        }
-        if start + old > b {
-            self.runs.insert((start + old - b, v, b));
-        }
-    }
-
-    /// Slots `[a, b)` of view `v` become free: they join their neighbours'
-    /// runs.
-    fn run_join(&mut self, v: ViewId, a: usize, b: usize) {
-        // The view looked up once; a run on the left grows in place (see
-        // `run_cut`).
-        let runs = &mut self.views.get_mut(&v).expect("live view").runs;
-        let right = runs.remove(&b);
-        let left = runs
-            .range_mut(..a)
-            .next_back()
-            .filter(|(s, l)| **s + **l == a);
-        let (start, old_left) = match left {
-            Some((&s, l)) => {
-                let old = *l;
-                *l = b - s + right.unwrap_or(0);
-                (s, Some(old))
-            }
-            None => {
-                runs.insert(a, b - a + right.unwrap_or(0));
-                (a, None)
-            }
-        };
-        let len = b - start + right.unwrap_or(0);
-        if let Some(l) = old_left {
-            self.runs.remove(&(l, v, start));
-        }
-        if let Some(r) = right {
-            self.runs.remove(&(r, v, b));
-        }
-        self.runs.insert((len, v, start));
-    }
-
-    /// Recomputes the runs of view `v` from its chunks' use flags.
-    fn rebuild_runs(&mut self, v: ViewId) {
-        let starts: Vec<usize> = self.views[&v].runs.keys().copied().collect();
-        for s in starts {
-            self.run_remove(v, s);
-        }
-        let free: Vec<usize> = self.views[&v]
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.is_some_and(|c| !self.chunks[&c].used))
-            .map(|(i, _)| i)
-            .collect();
-        for (start, len) in consecutive(&free) {
-            self.run_insert(v, start, len);
-        }
+        let view = self.views.get_mut(&v).expect("live view");
+        cut(view, &mut self.runs, v, a, b);
     }
 
     /// The slots of `[0, n)` of stitched view `v` whose chunks `req` cannot
@@ -758,8 +908,8 @@ impl Tables {
             .iter()
             .enumerate()
             .filter(|(_, c)| {
-                let c = &self.chunks[&c.expect("stitched views are full")];
-                c.used || !c.fence.admits(req)
+                let c = c.expect("stitched views are full");
+                self.is_used(c) || !self.chunks[&c].fence.admits(req)
             })
             .map(|(i, _)| i)
             .collect()
@@ -790,7 +940,9 @@ impl Tables {
         let mut out: Vec<ChunkId> = self
             .chunks
             .iter()
-            .filter(|(_, c)| !c.used && c.stitched.is_empty() && !c.fence.pending(progress))
+            .filter(|&(id, c)| {
+                c.stitched.is_empty() && !c.fence.pending(progress) && !self.is_used(id)
+            })
             .map(|(id, _)| id)
             .collect();
         out.sort_unstable();
@@ -798,6 +950,13 @@ impl Tables {
     }
 
     /// Checks the tables' invariants; the first broken one, in words.
+    /// What is derived is recomputed from scratch and compared: a home
+    /// view's bits must be set over chunks only, each stitched view's
+    /// runs as read through its pieces must be those of its slots whose
+    /// chunks are free (looked up one by one), the run index must list the
+    /// home views' runs (recomputed slot by slot), the pieces and the index
+    /// by size must follow the slots. Which chunks are used is checked against the live
+    /// allocations by `Lake::check`.
     pub fn check(&self) -> Result<(), String> {
         for (cid, c) in self.chunks.iter() {
             let (v, s) = c.home;
@@ -849,20 +1008,78 @@ impl Tables {
                 if !v.stitched && i >= v.filled_to {
                     return Err(format!("view {vid}: slot {i} filled above filled_to"));
                 }
-                if !chunk.used {
+                // A home view's bits are the record of use; a stitched
+                // view's slot is free if its chunk's home slot is.
+                let free_here = if v.stitched {
+                    !self.is_used(*c)
+                } else {
+                    v.free.get(i)
+                };
+                if free_here {
                     free.push(i);
                 } else if !chunk.fence.is_none() {
                     return Err(format!("used chunk {c} keeps a fence"));
                 }
             }
             let want: BTreeMap<usize, usize> = consecutive(&free).into_iter().collect();
-            if want != v.runs {
-                return Err(format!("view {vid}: run index differs from its free slots"));
+            let got = if v.stitched {
+                if v.free != FreeBits::default() {
+                    return Err(format!("stitched view {vid} keeps free bits"));
+                }
+                let mut got = BTreeMap::new();
+                self.stitched_runs(vid, |s, l| {
+                    got.insert(s, l);
+                });
+                if self
+                    .stitched_by_size
+                    .get(&(v.slots.len(), vid))
+                    .is_none_or(|p| !Arc::ptr_eq(p, &v.pieces))
+                {
+                    return Err(format!("stitched view {vid} is not indexed by its size"));
+                }
+                got
+            } else {
+                // Bits over empty slots would make runs the slots lack.
+                let mut got = BTreeMap::new();
+                v.free.free_stretches(0, v.slots.len(), |s, l| {
+                    got.insert(s, l);
+                });
+                all_runs.extend(want.iter().map(|(&s, &l)| (l, vid, s)));
+                got
+            };
+            if want != got {
+                return Err(format!("view {vid}: runs differ from its free slots"));
             }
-            all_runs.extend(v.runs.iter().map(|(&s, &l)| (l, vid, s)));
+            let pieces = if v.stitched {
+                pieces::pieces_of(
+                    v.slots
+                        .iter()
+                        .map(|c| self.chunks[&c.expect("checked: stitched views are full")].home),
+                )
+            } else {
+                Vec::new()
+            };
+            if pieces[..] != v.pieces[..] {
+                return Err(format!("view {vid}: pieces differ from its slots"));
+            }
         }
-        if all_runs != self.runs {
+        if all_runs.into_iter().ne(self.runs.iter()) {
             return Err("the global run index differs from the views' runs".into());
+        }
+        let stitched = self.views.values().filter(|v| v.stitched).count();
+        if stitched != self.stitched_by_size.len() {
+            return Err("the index by size lists dead stitched views".into());
+        }
+        let idle = self
+            .views
+            .values()
+            .filter(|v| v.stitched && v.users == 0)
+            .count();
+        if idle != self.idle_stitched {
+            return Err(format!(
+                "{idle} idle stitched views, counted {}",
+                self.idle_stitched
+            ));
         }
         let mut fenced: HashMap<u64, usize> = HashMap::new();
         for c in self.chunks.values() {
@@ -882,7 +1099,7 @@ impl Tables {
                 self.host_chunks
             ));
         }
-        let free = self.chunks.values().filter(|c| !c.used).count();
+        let free = self.chunks.keys().filter(|&id| !self.is_used(id)).count();
         if free != self.free_chunks {
             return Err(format!("{free} free chunks counted {}", self.free_chunks));
         }

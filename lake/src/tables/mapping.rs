@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use super::super::driver::{ChunkHandle, VmmDriver, VmmResult};
 use super::super::fence::Fence;
-use super::{Chunk, ChunkId, Placement, StitchedList, Tables, View, ViewId, consecutive};
+use super::{Chunk, ChunkId, FreeBits, Placement, StitchedList, Tables, View, ViewId, consecutive};
 
 /// Where new chunks may go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +89,8 @@ impl Tables {
                         reserved: capacity,
                         occupied: 0,
                         fence: Fence::none(),
-                        runs: BTreeMap::new(),
+                        free: FreeBits::new(capacity),
+                        pieces: Vec::new().into(),
                     },
                 );
                 (id, (0..count).collect(), Some((base, capacity)))
@@ -174,7 +175,6 @@ impl Tables {
                 handle,
                 on_host,
                 home: (v, s),
-                used: true,
                 fence: Fence::none(),
                 stitched: StitchedList::default(),
             });
@@ -184,7 +184,8 @@ impl Tables {
             view.slots[s] = Some(cid);
             view.occupied += 1;
             view.filled_to = view.filled_to.max(s + 1);
-            // Born used, then freed: joins its neighbours' runs.
+            // Born used (in no run), then freed: joins its neighbours'
+            // runs.
             self.set_used(cid, false);
         }
         Ok(ids)
@@ -233,7 +234,8 @@ impl Tables {
                 reserved: room,
                 occupied: chunks.len(),
                 fence: Fence::none(),
-                runs: BTreeMap::new(),
+                free: FreeBits::default(),
+                pieces: Vec::new().into(),
             },
         );
         for (i, &c) in chunks.iter().enumerate() {
@@ -243,7 +245,8 @@ impl Tables {
                 .stitched
                 .push((id, i));
         }
-        self.rebuild_runs(id);
+        self.idle_stitched += 1;
+        self.repiece(id);
         Ok(id)
     }
 
@@ -291,7 +294,7 @@ impl Tables {
         view.slots.extend(with.iter().map(|&c| Some(c)));
         view.occupied += with.len();
         view.filled_to = view.slots.len();
-        self.rebuild_runs(v);
+        self.repiece(v);
         Ok(())
     }
 
@@ -366,7 +369,7 @@ impl Tables {
                 .push((v, i));
             self.views.get_mut(&v).expect("live view").slots[i] = Some(with[k]);
         }
-        self.rebuild_runs(v);
+        self.repiece(v);
         Ok(())
     }
 
@@ -395,10 +398,6 @@ impl Tables {
         if driver.free_address(base, size).is_err() {
             self.orphans.reservations.push((base, size));
         }
-        let starts: Vec<usize> = self.views[&id].runs.keys().copied().collect();
-        for s in starts {
-            self.run_remove(id, s);
-        }
         for c in chunks {
             self.chunks
                 .get_mut(&c)
@@ -407,6 +406,8 @@ impl Tables {
                 .retain(|&(v, _)| v != id);
         }
         self.views.remove(&id);
+        self.idle_stitched -= 1;
+        self.repiece(id);
         Ok((base, size))
     }
 
@@ -422,7 +423,7 @@ impl Tables {
         let (v, slot) = {
             let chunk = &self.chunks[&c];
             assert!(
-                !chunk.used && chunk.stitched.is_empty(),
+                !self.is_used(c) && chunk.stitched.is_empty(),
                 "release of a used or stitched chunk"
             );
             chunk.home
@@ -478,13 +479,16 @@ impl Tables {
             if let Some(v) = self.views.get_mut(&id)
                 && v.stitched
             {
-                v.users = 0;
+                if v.users > 0 {
+                    v.users = 0;
+                    self.idle_stitched += 1;
+                }
                 let _ = self.drop_stitched(driver, id);
             }
         }
         let ids: Vec<ChunkId> = self.chunks.keys().collect();
         for c in ids {
-            if self.chunks[&c].used {
+            if self.is_used(c) {
                 self.set_used(c, false);
             }
             self.set_fence(c, Fence::none());
