@@ -425,10 +425,12 @@ impl<D: VmmDriver> Lake<D> {
             (placement, fresh)
         } else {
             // Never stitched: extend the home tail run that needs the
-            // fewest new chunks to reach `n`.
+            // fewest new chunks to reach `n`. A run of `n` or more that
+            // best fit did not take is not `req`'s to reuse (behind another
+            // stream's fence): extending it would add nothing.
             tails
                 .iter()
-                .filter(|&&(_, run, room)| room >= n - run)
+                .filter(|&&(_, run, room)| run < n && room >= n - run)
                 .min_by_key(|&&(_, run, _)| n - run)
                 .map(|&(v, run, _)| (Placement::Tail(v, n - run), n - run))
                 .unwrap_or((
@@ -457,6 +459,13 @@ impl<D: VmmDriver> Lake<D> {
             s.outcomes.grow += 1;
             return Ok(w);
         }
+        if !stitchable {
+            // The extended tail run holds free chunks `req` may not reuse
+            // yet (fenced): give the new ones back and make `n` chunks of
+            // a view of their own. Never a stitch over the cap.
+            self.give_back_new(s, new);
+            return self.grow_own_view(s, n, req);
+        }
         let patched = match self.patch(s, n, req) {
             Ok(Some(w)) => Ok(w),
             Ok(None) => self.stitch(s, n, req),
@@ -470,12 +479,48 @@ impl<D: VmmDriver> Lake<D> {
             }
             Err(e) => {
                 // Give the new chunks back: the request failed.
-                for c in new {
-                    if let Err(undo) = s.tables.release_chunk(&self.driver, c) {
-                        debug_assert!(false, "undoing new chunks failed: {undo}");
-                    }
-                }
+                self.give_back_new(s, new);
                 Err(e)
+            }
+        }
+    }
+
+    /// Releases chunks a failed placement made.
+    fn give_back_new(&self, s: &mut State, new: Vec<ChunkId>) {
+        for c in new {
+            if let Err(undo) = s.tables.release_chunk(&self.driver, c) {
+                debug_assert!(false, "undoing new chunks failed: {undo}");
+            }
+        }
+    }
+
+    /// Outcome 4 for a request over the stitch cap whose tail extension
+    /// `req` could not use: `n` new chunks in a view of their own.
+    fn grow_own_view(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Window> {
+        let device_room = self
+            .limit_chunks()
+            .saturating_sub(s.tables.device_chunk_count());
+        let spill = if self.config.spill_to_host {
+            Spill::On { device_room }
+        } else if n > device_room {
+            return Err(self.out_of_memory(s, n));
+        } else {
+            Spill::Off
+        };
+        let placement = Placement::NewView {
+            capacity: self.home_slots(n),
+            count: n,
+        };
+        let new = s.tables.grow(&self.driver, placement, spill)?;
+        match s.tables.best_window(n, req) {
+            Some(w) => {
+                s.tables.take(w);
+                s.outcomes.grow += 1;
+                Ok(w)
+            }
+            None => {
+                self.give_back_new(s, new);
+                Err(self.out_of_memory(s, n))
             }
         }
     }

@@ -739,3 +739,34 @@ fn a_view_freed_behind_a_pending_fence_is_not_remapped_until_settled() {
     lake.free(taker).unwrap();
     lake.check().unwrap();
 }
+
+/// A request over the stitch cap from a stream that may not reuse the home
+/// tail run (freed behind another stream's pending fence) gets new chunks;
+/// it is never stitched (it used to reach `stitch` with nothing to stitch
+/// and panic: the tail run was long enough, only fenced).
+#[test]
+fn a_request_over_the_cap_beside_a_fenced_tail_gets_new_chunks() {
+    use lake::{Fence, Progress, Requester};
+    for freed in [4u64, 6, 7] {
+        let mut config = LakeConfig::with_limit(64 * G);
+        config.max_stitch_chunks = 2;
+        let lake = Lake::new(ModelVmm::new(G, ChunkOptions::default()), config);
+        let first = lake.alloc(freed * G).unwrap();
+        lake.free_fenced(first, Site::default(), &Fence::single(1, 1))
+            .unwrap();
+        let progress = Progress::new();
+        let other = Requester {
+            stream: 2,
+            progress: &progress,
+        };
+        let six = lake.alloc_for(6 * G, Site::default(), &other).unwrap();
+        assert!(!lake.is_stitched(six), "{freed} freed");
+        assert_ne!(six.addr, first.addr, "{freed} freed: not the fenced chunks");
+        assert_eq!(
+            lake.stats().reserved_bytes,
+            (freed + 6) * G,
+            "{freed} freed"
+        );
+        lake.check().unwrap();
+    }
+}
