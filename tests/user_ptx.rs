@@ -80,16 +80,6 @@ fn every_ptx_carries_the_hosts_layout_fingerprint() {
     );
 }
 
-/// The settings the fingerprint hashes are the ones `ptx_builder` tells
-/// cargo to rebuild PTX for.
-#[test]
-fn the_fingerprint_hashes_every_allocator_setting() {
-    assert_eq!(
-        gpumalloc::gpu_kernel::fingerprint::SETTINGS.as_slice(),
-        ptx_builder::ALLOCATOR_SETTINGS
-    );
-}
-
 /// The global every PTX over the allocator exports besides its functions.
 const FINGERPRINT: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 

@@ -27,8 +27,9 @@ const LAYOUT_VERSION: u64 = 1;
 pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 
 /// The build settings hashed, in the order of their values in
-/// [`SETTING_VALUES`] (the same list as `ptx_builder::ALLOCATOR_SETTINGS`; a
-/// test checks).
+/// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
+/// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
+/// reruns PTX builds when one changes).
 pub const SETTINGS: [&str; 11] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",

@@ -441,18 +441,7 @@ impl<D: VmmDriver> Lake<D> {
                     n,
                 ))
         };
-        // The limit caps device memory; with the spill on, what passes it
-        // goes to host memory like what the driver has no memory for.
-        let device_room = self
-            .limit_chunks()
-            .saturating_sub(s.tables.device_chunk_count());
-        let spill = if self.config.spill_to_host {
-            Spill::On { device_room }
-        } else if fresh > device_room {
-            return Err(self.out_of_memory(s, n));
-        } else {
-            Spill::Off
-        };
+        let spill = self.spill_for(s, fresh, n)?;
         let new = s.tables.grow(&self.driver, placement, spill)?;
         if let Some(w) = s.tables.best_window(n, req) {
             s.tables.take(w);
@@ -485,6 +474,23 @@ impl<D: VmmDriver> Lake<D> {
         }
     }
 
+    /// Where `fresh` new chunks for a request of `n` may go. The limit
+    /// caps device memory; with the spill on, what passes it goes to host
+    /// memory like what the driver has no memory for; without it, a
+    /// request that needs more than the room left is out of memory.
+    fn spill_for(&self, s: &State, fresh: usize, n: usize) -> LakeResult<Spill> {
+        let device_room = self
+            .limit_chunks()
+            .saturating_sub(s.tables.device_chunk_count());
+        if self.config.spill_to_host {
+            Ok(Spill::On { device_room })
+        } else if fresh > device_room {
+            Err(self.out_of_memory(s, n))
+        } else {
+            Ok(Spill::Off)
+        }
+    }
+
     /// Releases chunks a failed placement made.
     fn give_back_new(&self, s: &mut State, new: Vec<ChunkId>) {
         for c in new {
@@ -497,16 +503,7 @@ impl<D: VmmDriver> Lake<D> {
     /// Outcome 4 for a request over the stitch cap whose tail extension
     /// `req` could not use: `n` new chunks in a view of their own.
     fn grow_own_view(&self, s: &mut State, n: usize, req: &Requester<'_>) -> LakeResult<Window> {
-        let device_room = self
-            .limit_chunks()
-            .saturating_sub(s.tables.device_chunk_count());
-        let spill = if self.config.spill_to_host {
-            Spill::On { device_room }
-        } else if n > device_room {
-            return Err(self.out_of_memory(s, n));
-        } else {
-            Spill::Off
-        };
+        let spill = self.spill_for(s, n, n)?;
         let placement = Placement::NewView {
             capacity: self.home_slots(n),
             count: n,

@@ -41,19 +41,7 @@ pub const ARCH_ENV: &str = "GPUMALLOC_PTX_ARCH";
 /// see the same values: [`PtxBuilder::build`] prints the rerun lines for
 /// them ([`rerun_if_allocator_settings_change`]), so cargo rebuilds the PTX
 /// of a user's crate when one changes.
-pub const ALLOCATOR_SETTINGS: &[&str] = &[
-    "GPUMALLOC_SEGMENT_SHIFT",
-    "GPUMALLOC_SLOTS",
-    "GPUMALLOC_SLOT_BUDGET_SHIFT",
-    "GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT",
-    "GPUMALLOC_AUTO_MIN_SEGMENTS",
-    "GPUMALLOC_UNLOCKED_FORMAT_SHIFT",
-    "GPUMALLOC_WHOLE_SLOT_BUDGET_SHIFT",
-    "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT",
-    "GPUMALLOC_LARGE_HEAP_SHIFT",
-    "GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT",
-    "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT",
-];
+pub const ALLOCATOR_SETTINGS: &[&str] = &gpu_kernel::fingerprint::SETTINGS;
 
 /// Prints a `cargo:rerun-if-env-changed` line for each of
 /// [`ALLOCATOR_SETTINGS`] (call it from a `build.rs`).
