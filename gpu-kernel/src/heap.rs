@@ -556,7 +556,9 @@ impl Heap {
     /// every other claimer queueing on one state word meanwhile. The caller
     /// asks for as many segments as the claimers in flight want, so
     /// the batch strands at most a segment's worth of blocks beyond what
-    /// was asked for when it was formatted.
+    /// was asked for when it was formatted. A segment of it that no claim
+    /// used (its claimer found blocks elsewhere) goes back to the segment
+    /// tree at the next reclaim or flush ([`Heap::retire_idle_segments`]).
     #[inline(never)]
     fn format_batch(&self, class: SizeClass, want: u32, segments: u32) -> Claim {
         let Some((first, taken_ids)) = self.segment_tree().claim_low_many(segments, spread_salt(0))
@@ -581,6 +583,34 @@ impl Heap {
             .publish_active_many(first, taken_ids, class, blocks, own, blocks - taken);
         self.class_tree(class).insert_many(first, taken_ids);
         Claim::formatted(own, taken)
+    }
+
+    /// Gives back to the segment tree every segment formatted for a class
+    /// and never reserved from: what a batch formatted beyond the blocks
+    /// its claimers took (the demand it read counted claimers that found
+    /// blocks elsewhere meanwhile). Such a segment would otherwise stay
+    /// formatted for its class, where only that class's claims use it,
+    /// and never come back whole (no block of it comes back to retire it).
+    /// Walks every class tree: run only by [`Heap::reclaim`] (before a
+    /// request fails) and [`Heap::flush_slots`] (before the host checks
+    /// that the heap is whole). Safe while other threads allocate.
+    #[inline(never)]
+    pub fn retire_idle_segments(&self) {
+        let table = self.table();
+        for class in (0..CLASSES).filter_map(SizeClass::new) {
+            let tree = self.class_tree(class);
+            let total = class.blocks_per_segment(self.segment_shift);
+            let mut from = 0;
+            while let Some(segment) = tree.successor(from) {
+                if table.retire_idle(segment, class, total) {
+                    // As `return_blocks` after the last return: out of the
+                    // class tree before anyone can claim it again.
+                    tree.remove(segment);
+                    self.segment_tree().insert(segment);
+                }
+                from = segment + 1;
+            }
+        }
     }
 
     /// Claims a free segment of the lowest segment-tree word (the lowest,
@@ -1042,7 +1072,8 @@ mod tests {
     /// The format lock's holder formats as many segments as the claimers
     /// in flight want (here its own 32 blocks and five others' 32 each:
     /// 192 blocks, two segments of 128), takes its blocks from the lowest
-    /// and leaves the others' demand counted; alone, it formats one.
+    /// and leaves the others' demand counted; alone, it formats one. A
+    /// segment of the batch no claim used is retired idle.
     #[test]
     fn a_format_fills_the_demand_in_flight() {
         let (h, _words) = crate::layout::test_support::test_heap(8, 8);
@@ -1056,6 +1087,12 @@ mod tests {
         assert_eq!(h.table().load(2), SegmentState::Free);
         assert_eq!(h.class_tree(class).count(), 2);
         assert_eq!(arch::load_relaxed(h.format_lock(class)), others);
+        // The others found blocks elsewhere: segment 1 was never used, and
+        // goes back to the segment tree; segment 0 has blocks out.
+        h.retire_idle_segments();
+        assert_eq!(h.free_segments(), 7);
+        assert_eq!(h.class_tree(class).count(), 1);
+        assert_eq!(h.table().load(1), SegmentState::Free);
 
         let (h, _words) = crate::layout::test_support::test_heap(8, 8);
         assert_eq!(h.claim_blocks(class, 32).count(), 32);
@@ -1107,5 +1144,7 @@ mod tests {
         assert_eq!(all.len(), total, "a block handed out twice");
         assert_eq!(total as u64, segments * 128);
         assert_eq!(arch::load_relaxed(h.format_lock(class)), 0);
+        h.retire_idle_segments();
+        assert_eq!(h.free_segments(), 0, "every segment has blocks out");
     }
 }

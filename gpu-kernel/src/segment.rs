@@ -14,8 +14,10 @@
 //!   decremented (a reservation). So a thread holding a reservation always
 //!   finds a set bit.
 //! - An `Active` segment turns `Free` only by a CAS from the word whose
-//!   `free` equals the class's blocks per segment (every block returned),
-//!   so no reservation can be outstanding when it does.
+//!   `free` equals the class's blocks per segment (every block returned, or
+//!   none ever reserved: a segment a batch formatted for claimers in flight
+//!   that found blocks elsewhere, retired by `retire_idle`), so no
+//!   reservation can be outstanding when it does.
 //!
 //! All transitions of a segment others can reach are acq_rel RMWs on the
 //! state word (CASes, and the add that returns blocks: see
@@ -318,6 +320,29 @@ impl<'a> SegmentTable<'a> {
         }
     }
 
+    /// Retires an active segment of `class` none of whose `total` blocks is
+    /// out: true if this CAS turned it `Free` (the caller then moves it from
+    /// the class tree to the segment tree, as after the last return). A
+    /// reservation racing it either comes first, and the CAS fails, or
+    /// finds the segment stale. A segment formatted and never reserved from
+    /// matches; so, for a moment, does one whose last return has added but
+    /// not yet made its own retiring CAS: then this CAS wins, the
+    /// returner's fails, and the returner leaves the segment to this
+    /// caller (a class-tree insert it makes for it is a stale hint that
+    /// claimers drop, as any).
+    #[inline]
+    pub fn retire_idle(&self, segment: u32, class: SizeClass, total: u32) -> bool {
+        let idle = SegmentState::Active { class, free: total }.encode();
+        // acq_rel, as every transition of a reachable segment: whoever
+        // claims it from the segment tree next is ordered after this.
+        arch::compare_exchange_acq_rel(
+            self.word(segment),
+            idle,
+            retired_word(Previous::Active(class)),
+        )
+        .is_ok()
+    }
+
     /// Marks a claimed run of segments as one allocation.
     #[inline]
     pub fn publish_run(&self, head: u32, segments: u32) {
@@ -419,5 +444,11 @@ mod tests {
                 last: true
             }
         );
+        // Idle: all 8 free. Segment 2 has blocks out.
+        assert!(!t.retire_idle(2, c16, 5), "blocks out");
+        assert!(!t.retire_idle(0, c16, 9), "not all free");
+        assert!(t.retire_idle(0, c16, 8));
+        assert_eq!(t.load(0), SegmentState::Free);
+        assert_eq!(t.previous(0), Previous::Active(c16));
     }
 }
