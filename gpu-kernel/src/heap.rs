@@ -11,9 +11,11 @@
 //! (`Heap::segment_shift`, fixed when the heap is laid out), a field of the
 //! handle rather than a constant: `docs/PERF.md` has what that costs.
 //!
-//! Claiming a block: take the lowest segment of the class tree and reserve one
-//! of its free blocks in the segment table, then take a bit of its bitmap; if
-//! the class tree is empty, claim the lowest free segment and format it.
+//! Claiming a block: take the lowest segment of the class tree (after a lost
+//! race, another of its tree word, picked per warp) and reserve one of its
+//! free blocks in the segment table, then take a bit of its bitmap; if the
+//! class tree is empty, claim the lowest free segment and format it, or, under
+//! the class's format lock, as many of them as the claimers in flight want.
 //! Returning a block: set its bitmap bit, then count it in the segment table;
 //! the segment joins its class tree when it gets its first free block and goes
 //! back to the segment tree when its last block comes back.
@@ -59,6 +61,34 @@ const UNLOCKED_FORMAT_SHIFT: u32 =
 /// it is at most 32 segments of 8 MiB (1.6%) for 128 B.
 const LARGE_HEAP_UNLOCKED_FORMAT_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT"), 2);
+
+/// The format lock's word (one per class): bit 0 says a claimer holds it
+/// and formats; the bits from `DEMAND_SHIFT` up count the blocks wanted by
+/// the claimers in `claim_blocks` (of the classes that format under the
+/// lock): what a format, which runs only when the class tree is empty,
+/// should fill.
+const FORMAT_HELD: u64 = 1;
+const DEMAND_SHIFT: u32 = 1;
+/// Most segments one hold of a format lock formats: one segment-tree word
+/// (`VebTree::claim_low_many`). At 16 MiB segments of 16 KiB blocks that
+/// is 65,536 blocks, 2,048 warp claims: more than the ~1,056 warps
+/// `heap_alloc` keeps resident on the H100 want at once (33 segments). The
+/// holder writes 16 bitmap words per such segment meanwhile; slice classes
+/// (which also restart a counter per block) want one segment at a time.
+const MAX_FORMAT_BATCH: u32 = 64;
+/// Spreads salts for `VebTree::pick` over `u32` (2^32 / the golden ratio).
+const SPREAD_HASH: u32 = 0x9e37_79b9;
+
+/// A salt that spreads this warp's retries over a tree word
+/// (`VebTree::pick`, `VebTree::claim_low_many`): its SM and its slot there,
+/// hashed over `u32`; `attempt` varies it. Warps running at once get
+/// different salts.
+#[inline(always)]
+fn spread_salt(attempt: u32) -> u32 {
+    (arch::sm_id() << 6 ^ arch::warp_in_sm())
+        .wrapping_add(attempt)
+        .wrapping_mul(SPREAD_HASH)
+}
 
 /// A block claimed for a class: segment and block within it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -357,60 +387,122 @@ impl Heap {
     /// already formatted for it, else from a newly formatted one. A count of
     /// zero means the heap has no block of this class left.
     ///
+    /// The first try is the lowest segment of the class tree, so light load
+    /// packs the class low. A claimer whose reservation loses a race there
+    /// tries a segment of the same tree word picked by its SM and warp
+    /// (`VebTree::pick`): a burst's claimers spread over the segments of a
+    /// batch instead of queueing on one state word.
+    ///
     /// Formatting is serialised per class (unless the caller takes the whole
     /// segment, or a slot installer half of it): when the class tree runs
     /// empty, every waiting thread would otherwise format a segment of its
-    /// own and scatter the class over many barely used segments.
+    /// own and scatter the class over many barely used segments. Instead
+    /// each claimer counts its `want` in the format lock's word while it is
+    /// here, and the lock's holder, finding the class tree empty, formats
+    /// as many segments as that demand fills ([`Heap::format_batch`]): one
+    /// under light load, up to a tree word's worth (64) in a burst.
     #[inline(never)]
     pub(crate) fn claim_blocks(&self, class: SizeClass, want: u32) -> Claim {
         let tree = self.class_tree(class);
         let table = self.table();
         let lock = self.format_lock(class);
+        let blocks = class.blocks_per_segment(self.segment_shift);
+        // The caller takes the whole segment: nothing to scatter. Or a slot
+        // installer takes a quarter of it or more (see
+        // `UNLOCKED_FORMAT_SHIFT`): a herd leaves at most one segment per
+        // slot in the class tree, which the next claims use. The lock would
+        // instead serialise a format for every few claims (64 B at 2 MiB
+        // segments: 8 blocks, claims of 4; 128 B at 8 MiB: 16 blocks).
+        let unlocked =
+            blocks <= want || (class.is_slice() && blocks <= want << self.unlocked_format_shift());
+        // Counted from entry, not from finding the tree empty: a format
+        // runs only when the class tree is empty, and then every claimer in
+        // flight needs blocks from it, including those that were about to
+        // drain the last segment (counting them only once they found the
+        // tree empty made the first format of each burst wave one segment).
+        // Relaxed: the demand only sizes a batch; nothing is published
+        // through it, and no one waits for the result.
+        let demand = if unlocked {
+            0
+        } else {
+            (want as u64) << DEMAND_SHIFT
+        };
+        if demand != 0 {
+            arch::fetch_add_relaxed(lock, demand);
+        }
+        // Where the next search starts (the start of a tree word) and how
+        // it picks in that word: 0 takes the lowest.
+        let mut from = 0;
+        let mut salt = 0u32;
+        let mut spread = 0u32;
         let mut round = 0;
-        loop {
-            if let Some(segment) = tree.successor(0) {
-                match table.reserve_blocks(segment, class, want) {
+        let claim = loop {
+            let found = tree
+                .pick(from, salt)
+                .or_else(|| if from != 0 { tree.pick(0, salt) } else { None });
+            if let Some((segment, choices)) = found {
+                match table.reserve_blocks_once(segment, class, want) {
                     Reservation::Reserved { count, last } => {
                         if last {
                             self.drop_from_class_tree(class, segment);
                         }
-                        return Claim::reserved(segment, count);
+                        break Claim::reserved(segment, count);
                     }
                     Reservation::Stale => self.drop_from_class_tree(class, segment),
+                    Reservation::Contended => {
+                        // Another claimer got there first: pick again in
+                        // this word by SM and warp (a different pick each
+                        // time), or in the next word if this one has no
+                        // other segment. A performance choice only: any
+                        // segment of the tree serves.
+                        spread += 1;
+                        salt = spread_salt(spread);
+                        from = if choices > 1 {
+                            segment & !63
+                        } else {
+                            (segment | 63).wrapping_add(1)
+                        };
+                    }
                 }
                 continue;
             }
-            let blocks = class.blocks_per_segment(self.segment_shift);
-            if blocks <= want
-                || (class.is_slice() && blocks <= want << self.unlocked_format_shift())
-            {
-                // The caller takes the whole segment: nothing to scatter. Or
-                // a slot installer takes a quarter of it or more (see
-                // `UNLOCKED_FORMAT_SHIFT`): a herd leaves at most one
-                // segment per slot in the class tree, which the next claims
-                // use. The lock would instead serialise a format for every
-                // few claims (64 B at 2 MiB segments: 8 blocks, claims of 4;
-                // 128 B at 8 MiB: 16 blocks).
-                return self.format_segment(class, want);
+            if unlocked {
+                break self.format_segment(class, want);
             }
-            // Acquire: the lock orders this thread after the previous
-            // formatter's tree insert, which the re-check below must see.
-            if arch::compare_exchange_acq_rel(lock, 0, 1).is_ok() {
-                let claim = if tree.successor(0).is_some() {
-                    None
-                } else {
-                    Some(self.format_segment(class, want))
-                };
-                // Release: publishes the formatted segment to the next holder.
-                arch::store_release(lock, 0);
-                if let Some(claim) = claim {
+            // Test, then test-and-set: waiters read the word instead of
+            // writing it while a format runs.
+            if arch::load_relaxed(lock) & FORMAT_HELD == 0 {
+                // Acquire: the lock orders this thread after the previous
+                // holder's tree insert, which the re-check below must see
+                // (the demand adds in between are relaxed RMWs, which
+                // continue the release sequence of the holder's release).
+                let held = arch::fetch_or_acq_rel(lock, FORMAT_HELD);
+                if held & FORMAT_HELD == 0 {
+                    if tree.successor(0).is_some() {
+                        // Release (the add is acq_rel): nothing formatted,
+                        // but the next holder must see what this one saw.
+                        arch::fetch_add_acq_rel(lock, FORMAT_HELD.wrapping_neg());
+                        continue;
+                    }
+                    let segments = (held >> DEMAND_SHIFT)
+                        .div_ceil(blocks as u64)
+                        .clamp(1, MAX_FORMAT_BATCH as u64)
+                        as u32;
+                    let claim = self.format_batch(class, want, segments);
+                    // Release: publishes the formatted segments (their tree
+                    // insert) to the next holder; this claimer's demand goes
+                    // in the same RMW.
+                    arch::fetch_add_acq_rel(lock, (FORMAT_HELD + demand).wrapping_neg());
                     return claim;
                 }
-            } else {
-                arch::backoff(round);
-                round += 1;
             }
+            arch::backoff(round);
+            round += 1;
+        };
+        if demand != 0 {
+            arch::fetch_add_relaxed(lock, demand.wrapping_neg());
         }
+        claim
     }
 
     /// `UNLOCKED_FORMAT_SHIFT`, or `LARGE_HEAP_UNLOCKED_FORMAT_SHIFT` on a
@@ -451,13 +543,88 @@ impl Heap {
         }
     }
 
-    /// Claims the lowest free segment and formats it for `class`, keeping
-    /// its first `min(want, blocks)` blocks for the caller.
-    #[inline]
-    fn format_segment(&self, class: SizeClass, want: u32) -> Claim {
-        let Some(segment) = self.segment_tree().claim_lowest() else {
+    /// The format lock's holder: claims up to `segments` (1..=64) of the
+    /// lowest free segments with one RMW on the segment tree (those of its
+    /// lowest word: fewer if it has fewer), formats them all for `class`,
+    /// keeps the first `min(want, blocks)` blocks of the lowest for the
+    /// caller, publishes them with one fence and inserts them into the class
+    /// tree with one RMW. Called only where a segment has more blocks than
+    /// `want`, so every segment of the batch has free blocks.
+    ///
+    /// Why a batch: one format per lock hold made a burst of 2^19 claims of
+    /// 16 KiB (512 segments of 1,024 blocks) 512 formats in sequence, with
+    /// every other claimer queueing on one state word meanwhile. The caller
+    /// asks for as many segments as the claimers in flight want, so
+    /// the batch strands at most a segment's worth of blocks beyond what
+    /// was asked for when it was formatted. A segment of it that no claim
+    /// used (its claimer found blocks elsewhere) goes back to the segment
+    /// tree at the next reclaim or flush ([`Heap::retire_idle_segments`]).
+    #[inline(never)]
+    fn format_batch(&self, class: SizeClass, want: u32, segments: u32) -> Claim {
+        let Some((first, taken_ids)) = self.segment_tree().claim_low_many(segments, spread_salt(0))
+        else {
             return Claim(0);
         };
+        let blocks = class.blocks_per_segment(self.segment_shift);
+        debug_assert!(want < blocks);
+        let own = first + taken_ids.trailing_zeros();
+        let taken = want.min(blocks);
+        let mut rest = taken_ids;
+        while rest != 0 {
+            let segment = first + rest.trailing_zeros();
+            let mine = if segment == own { taken } else { 0 };
+            self.bitmap(segment).format(blocks, mine);
+            if class.is_slice() {
+                self.restart_counters(segment, blocks);
+            }
+            rest &= rest - 1;
+        }
+        self.table()
+            .publish_active_many(first, taken_ids, class, blocks, own, blocks - taken);
+        self.class_tree(class).insert_many(first, taken_ids);
+        Claim::formatted(own, taken)
+    }
+
+    /// Gives back to the segment tree every segment formatted for a class
+    /// and never reserved from: what a batch formatted beyond the blocks
+    /// its claimers took (the demand it read counted claimers that found
+    /// blocks elsewhere meanwhile). Such a segment would otherwise stay
+    /// formatted for its class, where only that class's claims use it,
+    /// and never come back whole (no block of it comes back to retire it).
+    /// Walks every class tree: run only by [`Heap::reclaim`] (before a
+    /// request fails) and [`Heap::flush_slots`] (before the host checks
+    /// that the heap is whole). Safe while other threads allocate.
+    #[inline(never)]
+    pub fn retire_idle_segments(&self) {
+        let table = self.table();
+        for class in (0..CLASSES).filter_map(SizeClass::new) {
+            let tree = self.class_tree(class);
+            let total = class.blocks_per_segment(self.segment_shift);
+            let mut from = 0;
+            while let Some(segment) = tree.successor(from) {
+                if table.retire_idle(segment, class, total) {
+                    // As `return_blocks` after the last return: out of the
+                    // class tree before anyone can claim it again.
+                    tree.remove(segment);
+                    self.segment_tree().insert(segment);
+                }
+                from = segment + 1;
+            }
+        }
+    }
+
+    /// Claims a free segment of the lowest segment-tree word (the lowest,
+    /// unless another claimer took it first) and formats it for `class`,
+    /// keeping its first `min(want, blocks)` blocks for the caller.
+    #[inline]
+    fn format_segment(&self, class: SizeClass, want: u32) -> Claim {
+        // Salted: a burst of whole-segment claims (512 KiB … 8 MiB blocks
+        // at 16 MiB segments, one segment per warp) spreads its retries
+        // over the lowest tree word instead of taking one id per round trip.
+        let Some((first, taken)) = self.segment_tree().claim_low_many(1, spread_salt(0)) else {
+            return Claim(0);
+        };
+        let segment = first + taken.trailing_zeros();
         let taken = want.min(class.blocks_per_segment(self.segment_shift));
         if self.format_claimed(segment, class, taken) > 0 {
             self.class_tree(class).insert(segment);
@@ -883,5 +1050,101 @@ fn report_misuse(counter: &Word, trap: bool, message: &'static [u8], value: u64)
     arch::fetch_add_relaxed(counter, 1);
     if trap {
         arch::trap_with(message, value);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    extern crate std;
+    use std::vec::Vec;
+
+    use super::*;
+    use crate::class::MIN_SEGMENT_SHIFT;
+
+    /// The smallest block class: 128 blocks of 16 KiB per 2 MiB segment.
+    fn class_16k() -> SizeClass {
+        match Request::for_size(16 << 10, MIN_SEGMENT_SHIFT) {
+            Request::Class(c) if !c.is_slice() => c,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    /// The format lock's holder formats as many segments as the claimers
+    /// in flight want (here its own 32 blocks and five others' 32 each:
+    /// 192 blocks, two segments of 128), takes its blocks from the lowest
+    /// and leaves the others' demand counted; alone, it formats one. A
+    /// segment of the batch no claim used is retired idle.
+    #[test]
+    fn a_format_fills_the_demand_in_flight() {
+        let (h, _words) = crate::layout::test_support::test_heap(8, 8);
+        let class = class_16k();
+        let others = 5 * (32 << DEMAND_SHIFT);
+        arch::fetch_add_relaxed(h.format_lock(class), others);
+        let claim = h.claim_blocks(class, 32);
+        assert_eq!((claim.segment(), claim.count()), (0, 32));
+        assert_eq!(h.table().load(0), SegmentState::Active { class, free: 96 });
+        assert_eq!(h.table().load(1), SegmentState::Active { class, free: 128 });
+        assert_eq!(h.table().load(2), SegmentState::Free);
+        assert_eq!(h.class_tree(class).count(), 2);
+        assert_eq!(arch::load_relaxed(h.format_lock(class)), others);
+        // The others found blocks elsewhere: segment 1 was never used, and
+        // goes back to the segment tree; segment 0 has blocks out.
+        h.retire_idle_segments();
+        assert_eq!(h.free_segments(), 7);
+        assert_eq!(h.class_tree(class).count(), 1);
+        assert_eq!(h.table().load(1), SegmentState::Free);
+
+        let (h, _words) = crate::layout::test_support::test_heap(8, 8);
+        assert_eq!(h.claim_blocks(class, 32).count(), 32);
+        assert_eq!(h.class_tree(class).count(), 1);
+        assert_eq!(h.free_segments(), 7);
+        assert_eq!(arch::load_relaxed(h.format_lock(class)), 0);
+    }
+
+    /// Eight threads claiming 1–32 blocks at a time, yielding at every
+    /// third RMW (races on the lowest segment, on the lock, batches sized
+    /// by each other's demand): every block of the heap is handed out
+    /// exactly once before the first empty claim, so no batch stranded a
+    /// block, and the format lock ends free with no demand counted.
+    #[test]
+    fn racing_claims_hand_out_every_block_once() {
+        let segments = 16;
+        let (h, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
+        let class = class_16k();
+        let h = &h;
+        let mut all: Vec<(u32, u32)> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..8u32)
+                .map(|t| {
+                    s.spawn(move || {
+                        arch::preempt_every(3);
+                        let mut mine = Vec::new();
+                        for step in 0u32.. {
+                            let want = 1 + (t * 7 + step * 13) % 32;
+                            let claim = h.claim_blocks(class, want);
+                            if claim.count() == 0 {
+                                break;
+                            }
+                            for rank in 0..claim.count() {
+                                let b = claim.take(h, class, rank);
+                                mine.push((b.segment, b.block));
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect()
+        });
+        all.sort_unstable();
+        let total = all.len();
+        all.dedup();
+        assert_eq!(all.len(), total, "a block handed out twice");
+        assert_eq!(total as u64, segments * 128);
+        assert_eq!(arch::load_relaxed(h.format_lock(class)), 0);
+        h.retire_idle_segments();
+        assert_eq!(h.free_segments(), 0, "every segment has blocks out");
     }
 }

@@ -14,11 +14,17 @@
 //!   decremented (a reservation). So a thread holding a reservation always
 //!   finds a set bit.
 //! - An `Active` segment turns `Free` only by a CAS from the word whose
-//!   `free` equals the class's blocks per segment (every block returned),
-//!   so no reservation can be outstanding when it does.
+//!   `free` equals the class's blocks per segment (every block returned, or
+//!   none ever reserved: a segment a batch formatted for claimers in flight
+//!   that found blocks elsewhere, retired by `retire_idle`), so no
+//!   reservation can be outstanding when it does.
 //!
-//! All transitions are acq_rel RMWs on the state word (CASes, and the add
-//! that returns blocks: see [`SegmentTable::return_blocks`]); readers that only need
+//! All transitions of a segment others can reach are acq_rel RMWs on the
+//! state word (CASes, and the add that returns blocks: see
+//! [`SegmentTable::return_blocks`]). A segment only its formatter holds
+//! (claimed from the segment tree, in no class tree yet) is published by a
+//! release store, or in a batch by one fence and a relaxed store per
+//! segment; readers that only need
 //! the class of a live allocation use a relaxed device-scope load (the class
 //! cannot change while the allocation is live).
 
@@ -126,6 +132,9 @@ pub enum Reservation {
     },
     /// The segment is not an active segment of that class with free blocks.
     Stale,
+    /// Another thread changed the state word first; it can still serve
+    /// ([`SegmentTable::reserve_blocks_once`] only).
+    Contended,
 }
 
 /// The outcome of [`SegmentTable::return_blocks`].
@@ -191,28 +200,73 @@ impl<'a> SegmentTable<'a> {
         );
     }
 
+    /// Publishes freshly formatted segments `first + k`, one for each bit `k`
+    /// of `mask`, each with `free` free blocks but `own`, which has
+    /// `own_free`. One fence, then a relaxed store per segment: the fence
+    /// followed by a store is a release of every bitmap written before the
+    /// fence (a release pattern), so whoever reserves after seeing one of
+    /// these words sees its bitmap, as with [`SegmentTable::publish_active`];
+    /// a batch pays for one fence instead of one release store per segment.
+    #[inline]
+    pub fn publish_active_many(
+        &self,
+        first: u32,
+        mask: u64,
+        class: SizeClass,
+        free: u32,
+        own: u32,
+        own_free: u32,
+    ) {
+        arch::fence_acq_rel();
+        let mut rest = mask;
+        while rest != 0 {
+            let segment = first + rest.trailing_zeros();
+            let free = if segment == own { own_free } else { free };
+            arch::store_relaxed(
+                self.word(segment),
+                SegmentState::Active { class, free }.encode(),
+            );
+            rest &= rest - 1;
+        }
+    }
+
     /// Takes up to `want` (at least one) free blocks of an active segment of
-    /// `class`.
+    /// `class`, retrying while other threads change the word first.
     #[inline]
     pub fn reserve_blocks(&self, segment: u32, class: SizeClass, want: u32) -> Reservation {
-        let w = self.word(segment);
-        let mut current = arch::load_relaxed(w);
         loop {
-            match SegmentState::decode(current) {
-                SegmentState::Active { class: c, free } if c == class && free > 0 => {
-                    let count = want.clamp(1, free);
-                    match arch::compare_exchange_acq_rel(w, current, current - count as u64) {
-                        Ok(_) => {
-                            return Reservation::Reserved {
-                                count,
-                                last: free == count,
-                            };
-                        }
-                        Err(actual) => current = actual,
-                    }
-                }
-                _ => return Reservation::Stale,
+            match self.reserve_blocks_once(segment, class, want) {
+                Reservation::Contended => {}
+                outcome => return outcome,
             }
+        }
+    }
+
+    /// [`SegmentTable::reserve_blocks`] with one CAS: `Contended` if another
+    /// thread changed the word between the load and the CAS (the caller
+    /// may try another segment rather than queue on this word again).
+    #[inline]
+    pub fn reserve_blocks_once(&self, segment: u32, class: SizeClass, want: u32) -> Reservation {
+        let w = self.word(segment);
+        let current = arch::load_relaxed(w);
+        let serves = |word| match SegmentState::decode(word) {
+            SegmentState::Active { class: c, free } if c == class && free > 0 => Some(free),
+            _ => None,
+        };
+        let Some(free) = serves(current) else {
+            return Reservation::Stale;
+        };
+        let count = want.clamp(1, free);
+        // acq_rel: acquire, to see the bitmap published with the word (or
+        // the bits set by the returns counted in it); release, so a return
+        // that counts after this reservation is ordered after it.
+        match arch::compare_exchange_acq_rel(w, current, current - count as u64) {
+            Ok(_) => Reservation::Reserved {
+                count,
+                last: free == count,
+            },
+            Err(actual) if serves(actual).is_some() => Reservation::Contended,
+            Err(_) => Reservation::Stale,
         }
     }
 
@@ -264,6 +318,29 @@ impl<'a> SegmentTable<'a> {
         } else {
             Return::Partial
         }
+    }
+
+    /// Retires an active segment of `class` none of whose `total` blocks is
+    /// out: true if this CAS turned it `Free` (the caller then moves it from
+    /// the class tree to the segment tree, as after the last return). A
+    /// reservation racing it either comes first, and the CAS fails, or
+    /// finds the segment stale. A segment formatted and never reserved from
+    /// matches; so, for a moment, does one whose last return has added but
+    /// not yet made its own retiring CAS: then this CAS wins, the
+    /// returner's fails, and the returner leaves the segment to this
+    /// caller (a class-tree insert it makes for it is a stale hint that
+    /// claimers drop, as any).
+    #[inline]
+    pub fn retire_idle(&self, segment: u32, class: SizeClass, total: u32) -> bool {
+        let idle = SegmentState::Active { class, free: total }.encode();
+        // acq_rel, as every transition of a reachable segment: whoever
+        // claims it from the segment tree next is ordered after this.
+        arch::compare_exchange_acq_rel(
+            self.word(segment),
+            idle,
+            retired_word(Previous::Active(class)),
+        )
+        .is_ok()
     }
 
     /// Marks a claimed run of segments as one allocation.
@@ -333,8 +410,45 @@ mod tests {
             }
         );
         assert_eq!(t.reserve_blocks(0, c2k, 1), Reservation::Stale);
+        assert_eq!(t.reserve_blocks_once(0, c2k, 1), Reservation::Stale);
         assert_eq!(t.return_blocks(0, c2k, 1, 2), Return::FirstFree);
         assert_eq!(t.return_blocks(0, c2k, 1, 2), Return::Retired);
         assert_eq!(t.load(0), SegmentState::Free);
+    }
+
+    #[test]
+    fn a_batch_is_published_with_its_own_segment_apart() {
+        let states: [Word; 3] = core::array::from_fn(|_| Word::new(0));
+        let t = SegmentTable::new(&states);
+        let c16 = SizeClass::new(0).unwrap();
+        t.publish_active_many(0, 0b101, c16, 8, 2, 5);
+        assert_eq!(
+            t.load(0),
+            SegmentState::Active {
+                class: c16,
+                free: 8
+            }
+        );
+        assert_eq!(t.load(1), SegmentState::Free);
+        assert_eq!(
+            t.load(2),
+            SegmentState::Active {
+                class: c16,
+                free: 5
+            }
+        );
+        assert_eq!(
+            t.reserve_blocks_once(2, c16, 9),
+            Reservation::Reserved {
+                count: 5,
+                last: true
+            }
+        );
+        // Idle: all 8 free. Segment 2 has blocks out.
+        assert!(!t.retire_idle(2, c16, 5), "blocks out");
+        assert!(!t.retire_idle(0, c16, 9), "not all free");
+        assert!(t.retire_idle(0, c16, 8));
+        assert_eq!(t.load(0), SegmentState::Free);
+        assert_eq!(t.previous(0), Previous::Active(c16));
     }
 }

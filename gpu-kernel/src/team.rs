@@ -470,8 +470,9 @@ impl Heap {
         }
     }
 
-    /// Gives back what slice classes hold idle: every spare block, and every
-    /// slot block none of whose handed-out slices is live. Partly used slot
+    /// Gives back what classes hold idle: every spare block, every slot
+    /// block none of whose handed-out slices is live, and every segment
+    /// formatted and never used ([`Heap::retire_idle_segments`]). Partly used slot
     /// blocks stay (emptying them would strand their unissued slices until
     /// their live ones are freed). Safe while other threads allocate; runs
     /// only when a request is about to fail.
@@ -494,6 +495,7 @@ impl Heap {
                 self.retire_if_idle(class, s);
             }
         }
+        self.retire_idle_segments();
         // Release: what this reclaim gave back (segments in the segment
         // tree) happens before a waiter's acquire load that sees the count
         // it leaves.
@@ -543,6 +545,7 @@ impl Heap {
                 self.flush_slot(class, s);
             }
         }
+        self.retire_idle_segments();
     }
 
     /// Empties one slot and its spares (see [`Heap::flush_slots`]).

@@ -130,6 +130,17 @@ fn lowest_bits(mut x: u64, count: u32) -> u64 {
     out
 }
 
+/// `x` (not 0) without as many of its lowest set bits as `salt` picks: the
+/// fraction `salt / 2^32` of them, scaled by the salt's high bits (no
+/// division); none for salt 0, never all.
+#[inline(always)]
+fn skip_by_salt(mut x: u64, salt: u32) -> u64 {
+    for _ in 0..(salt as u64 * x.count_ones() as u64) >> 32 {
+        x &= x - 1;
+    }
+    x
+}
+
 impl<'a> VebTree<'a> {
     /// A view of `words` (at least `shape.words` long) as a tree.
     #[inline(always)]
@@ -220,6 +231,20 @@ impl<'a> VebTree<'a> {
         self.successor_with_leaf(from).map(|(id, _)| id)
     }
 
+    /// An id at or after `from`, chosen by `salt` among the ids of the
+    /// first non-empty leaf word at or after `from` (those at or after
+    /// `from`), with how many it was chosen from (a snapshot). Salt 0 picks
+    /// the lowest, as [`VebTree::successor`]; salts spread evenly over
+    /// `u32` spread racing callers evenly over the word's ids (64 at most),
+    /// each a different one while they are fewer than the ids.
+    #[inline]
+    pub fn pick(&self, from: u32, salt: u32) -> Option<(u32, u32)> {
+        let (id, leaf) = self.successor_with_leaf(from)?;
+        let ids = leaf & (u64::MAX << (id & 63));
+        let picked = skip_by_salt(ids, salt).trailing_zeros();
+        Some(((id & !63) | picked, ids.count_ones()))
+    }
+
     /// [`VebTree::successor`], with the value its search read from the id's
     /// leaf word (bits below the id may be cleared).
     #[inline]
@@ -289,12 +314,25 @@ impl<'a> VebTree<'a> {
     /// the word, not a walk down the tree.
     #[inline]
     pub fn claim_lowest_many(&self, count: u32) -> Option<(u32, u64)> {
+        self.claim_low_many(count, 0)
+    }
+
+    /// [`VebTree::claim_lowest_many`], except that a claimer that lost a
+    /// race aims next at the ids `salt` picks among those the word still
+    /// has, not at its lowest: claimers with different
+    /// salts then aim at different ids, and a burst of `n` of them on one
+    /// word no longer takes `n` round trips, one winner each. The first
+    /// aim is still the lowest ids, so without a race ids go lowest first.
+    /// Salt 0 is `claim_lowest_many`.
+    #[inline]
+    pub fn claim_low_many(&self, count: u32, salt: u32) -> Option<(u32, u64)> {
         loop {
             let (id, mut seen) = self.successor_with_leaf(0)?;
             let index = id >> 6;
             let word = self.word(0, index);
+            let mut lost = false;
             loop {
-                let aim = lowest_bits(seen, count);
+                let aim = lowest_bits(if lost { skip_by_salt(seen, salt) } else { seen }, count);
                 if aim == 0 {
                     // The word ran empty: search the tree again.
                     break;
@@ -311,6 +349,7 @@ impl<'a> VebTree<'a> {
                     return Some((index << 6, taken));
                 }
                 seen = old;
+                lost = true;
             }
         }
     }
@@ -374,6 +413,15 @@ impl<'a> VebTree<'a> {
             i = next;
         }
         true
+    }
+
+    /// Inserts the ids `first + k` for each bit `k` of `mask` (`first` a
+    /// multiple of 64: the ids of one leaf word) with one RMW on the leaf,
+    /// as [`VebTree::claim_lowest_many`] removes them.
+    #[inline]
+    pub fn insert_many(&self, first: u32, mask: u64) {
+        debug_assert!(first.is_multiple_of(64));
+        self.insert_mask(first >> 6, mask);
     }
 
     /// Inserts the ids of `mask` in leaf word `w` with one RMW.
@@ -519,6 +567,26 @@ mod tests {
     }
 
     #[test]
+    fn pick_spreads_over_one_word_and_salt_zero_is_the_lowest() {
+        let shape = TreeShape::new(200);
+        let w = words(shape.words);
+        let t = VebTree::new(&w, &shape);
+        t.insert_many(64, 1 << 1 | 1 << 4 | 1 << 9 | 1 << 33);
+        t.insert(150);
+        assert_eq!(t.pick(0, 0), Some((65, 4)));
+        // Each quarter of the salts picks its own id of the word.
+        let picked: Vec<u32> = (0..4u32)
+            .map(|q| t.pick(0, q << 30 | 7).unwrap().0)
+            .collect();
+        assert_eq!(picked, [65, 68, 73, 97]);
+        // Only the ids at or after `from`; then the next word.
+        assert_eq!(t.pick(70, u32::MAX), Some((97, 2)));
+        assert_eq!(t.pick(98, u32::MAX), Some((150, 1)));
+        assert_eq!(t.pick(151, 0), None);
+        assert_eq!(t.count(), 5);
+    }
+
+    #[test]
     fn prefix_image_holds_exactly_the_prefix() {
         for (universe, count) in [
             (300u32, 0u32),
@@ -556,6 +624,40 @@ mod tests {
         t.release_run(294, 3);
         assert_eq!(t.claim_run_from_top(297), Some(0));
         assert_eq!(t.count(), 0);
+    }
+
+    #[test]
+    fn salted_claims_take_each_id_once() {
+        let shape = TreeShape::new(1000);
+        let mut image = std::vec![0u64; shape.words as usize];
+        shape.full_image(&mut image);
+        let w: Vec<Word> = image.iter().map(|&v| Word::new(v)).collect();
+        let t = VebTree::new(&w, &shape);
+        // Without a race the salt changes nothing: the lowest ids first.
+        assert_eq!(t.claim_low_many(3, 0x8000_0000), Some((0, 0b111)));
+        let taken: Vec<Vec<u32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4u32)
+                .map(|k| {
+                    let t = &t;
+                    s.spawn(move || {
+                        crate::arch::preempt_every(2);
+                        let salt = k.wrapping_mul(0x9e37_79b9);
+                        let mut mine = Vec::new();
+                        while let Some((first, mut ids)) = t.claim_low_many(1 + k % 2, salt) {
+                            while ids != 0 {
+                                mine.push(first + ids.trailing_zeros());
+                                ids &= ids - 1;
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut all: Vec<u32> = taken.into_iter().flatten().collect();
+        all.sort();
+        assert_eq!(all, (3..1000).collect::<Vec<_>>());
     }
 
     #[test]

@@ -30,6 +30,13 @@
 //!   allocates again: the slices' memory is a loom cell, so a recycled slice
 //!   whose last writes are not ordered before its next owner's (the team
 //!   free's `bar.warp.sync`) fails the model.
+//! - Block claims (`Heap::claim_blocks`): two claimers of a class with two
+//!   blocks per segment on a one-segment heap share the segment one of them
+//!   formats; on a two-segment heap where a third claimer's demand is
+//!   counted, whichever of two racing claimers takes the format lock
+//!   formats both segments in one batch, the other gets a block of it, and
+//!   both segments come back when the blocks are freed and the heap is
+//!   flushed (a segment of the batch no claim used is retired idle).
 //! - Run requests (`request`): a thread that posted, looks once for the
 //!   answer and then gives up, racing the service that takes, "stitches"
 //!   (writes a loom cell standing for the run's published states) and
@@ -610,5 +617,90 @@ fn a_reserve_and_return_between_the_add_and_the_retire() {
             .count();
         assert_eq!(retired, 1, "{mine:?} {theirs:?}");
         assert_eq!(SegmentTable::new(&states).load(0), SegmentState::Free);
+    });
+}
+
+/// Bytes of the block class with two blocks per 2 MiB segment.
+const TWO_PER_SEGMENT: u64 = SEGMENT_BYTES / 2;
+
+#[test]
+fn two_block_claims_share_a_formatted_segment() {
+    model_long(|| {
+        // One segment of two blocks: one claimer formats it under the
+        // class's format lock and takes a block, the other reserves the
+        // other block (first try at the lowest segment, then, if it lost a
+        // race there, a pick in the same tree word), or both race the
+        // lock and the loser waits for the format.
+        let tiny = Tiny::new();
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.malloc(TWO_PER_SEGMENT) as u64);
+        let mine = tiny.heap.malloc(TWO_PER_SEGMENT) as u64;
+        let theirs = t.join().unwrap();
+        assert!(
+            mine != 0 && theirs != 0 && mine != theirs,
+            "{mine:x} {theirs:x}"
+        );
+        tiny.heap.free(mine as *mut u8);
+        tiny.heap.free(theirs as *mut u8);
+        tiny.assert_whole();
+    });
+}
+
+/// The class's format-lock word in `tiny`'s metadata (the handle's
+/// `locks_at` field, found through the C layout, plus the class index).
+fn format_lock_word(tiny: &Tiny, class: SizeClass) -> &Word {
+    let field = gpu_kernel::c_layout::HEAP_FIELDS
+        .iter()
+        .find(|f| f.name == "locks_at")
+        .expect("the handle has a locks_at field");
+    // SAFETY: `locks_at` is a u64 field of the handle at that offset.
+    let locks_at = unsafe {
+        ((&tiny.heap as *const Heap as *const u8).add(field.offset) as *const u64).read_unaligned()
+    };
+    &tiny._metadata[(locks_at + class.index() as u64) as usize]
+}
+
+#[test]
+fn a_batch_format_serves_the_waiting_claimers() {
+    model_long(|| {
+        // Two segments of two blocks. A claimer that never leaves counts
+        // two blocks of demand (its bit 0 clear: it does not hold the
+        // lock), so whichever of the two racing one-block claimers takes
+        // the format lock sees three blocks wanted and formats both
+        // segments in one batch (one fence publishes both bitmaps, one RMW
+        // inserts both into the class tree); the other reserves from the
+        // batch (first try at the lowest, then a pick if it lost a race
+        // there) or waits for the lock and finds the tree filled. Each gets
+        // its own block, whose bitmap bit it finds (a bitmap not published
+        // with its state word would leave a reserver spinning), the frees
+        // and a flush give both segments back, and only the phantom's
+        // demand is left.
+        let tiny = Tiny::with_segments(2);
+        let class = match Request::for_size(TWO_PER_SEGMENT, SHIFT) {
+            Request::Class(c) => c,
+            r => panic!("{r:?}"),
+        };
+        let phantom = 2 << 1;
+        gpu_kernel::arch::fetch_add_relaxed(format_lock_word(&tiny, class), phantom);
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.malloc(TWO_PER_SEGMENT) as u64);
+        let mine = tiny.heap.malloc(TWO_PER_SEGMENT) as u64;
+        let theirs = t.join().unwrap();
+        assert!(
+            mine != 0 && theirs != 0 && mine != theirs,
+            "{mine:x} {theirs:x}"
+        );
+        // Both segments were formatted at once: neither is in the segment
+        // tree. If both blocks came from one segment, the other was never
+        // used, and only the flush's `retire_idle_segments` gives it back.
+        assert_eq!(tiny.heap.free_segments(), 0);
+        tiny.heap.free(mine as *mut u8);
+        tiny.heap.free(theirs as *mut u8);
+        tiny.heap.flush_slots();
+        assert_eq!(tiny.heap.free_segments(), 2);
+        assert_eq!(
+            gpu_kernel::arch::load_relaxed(format_lock_word(&tiny, class)),
+            phantom
+        );
     });
 }

@@ -4,7 +4,8 @@
 use gpu_kernel::Heap;
 use gpu_kernel::arch::{self, Word};
 
-/// One thread per slot empties the slots (`Heap::flush_slots`).
+/// One thread per slot empties the slots, and thread 0 then gives back the
+/// segments formatted and never used (`Heap::flush_slots`).
 #[unsafe(no_mangle)]
 pub extern "ptx-kernel" fn heap_flush(heap: Heap) {
     let t = arch::global_thread_index();
@@ -13,6 +14,9 @@ pub extern "ptx-kernel" fn heap_flush(heap: Heap) {
         && class.is_slice()
     {
         heap.flush_slot(class, (t % slots) as u32);
+    }
+    if t == 0 {
+        heap.retire_idle_segments();
     }
 }
 

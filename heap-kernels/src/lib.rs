@@ -1,5 +1,6 @@
 //! The kernels the host's heap API launches on a heap, and nothing else:
-//! `heap_flush` (empty the per-class slots), `heap_grow` (publish absent
+//! `heap_flush` (empty the per-class slots, give back segments formatted
+//! and never used), `heap_grow` (publish absent
 //! segments), `heap_trim` (withdraw wholly free segments),
 //! `heap_adopt_run` (publish a range the host stitched as one live run),
 //! `heap_take_request` and `heap_answer_request` (the growth service's

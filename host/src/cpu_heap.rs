@@ -122,7 +122,8 @@ impl CpuHeap {
     }
 
     /// Empties the per-class slots so partly used blocks go back to their
-    /// segments (safe while other threads allocate).
+    /// segments, and gives back segments formatted and never used (safe
+    /// while other threads allocate).
     pub fn flush(&self) {
         self.heap.flush_slots();
     }

@@ -82,7 +82,8 @@ impl DeviceHeap {
     }
 
     /// Empties the per-class slots so partly used blocks go back to their
-    /// segments (a kernel; safe while other kernels allocate).
+    /// segments, and gives back segments formatted and never used (a
+    /// kernel; safe while other kernels allocate).
     pub fn flush(&self) -> Result<()> {
         let threads = (gpu_kernel::class::SLICE_CLASSES * gpu_kernel::slot::SLOTS_PER_CLASS) as u64;
         // SAFETY: `heap_flush` takes the heap by value; no buffer.

@@ -218,6 +218,11 @@ pub fn sm_id() -> u32 {
         ID.with(|id| *id)
     }
 }
+/// A host thread is alone on its stand-in SM ([`sm_id`]): slot 0.
+#[inline(always)]
+pub fn warp_in_sm() -> u32 {
+    0
+}
 /// A one-lane warp matches only itself.
 #[inline(always)]
 pub fn match_any(mask: u32, value: u32) -> u32 {

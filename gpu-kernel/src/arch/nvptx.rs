@@ -229,6 +229,17 @@ pub fn sm_id() -> u32 {
     r
 }
 
+/// This warp's slot on its SM (`%warpid`, below 64 on every GPU so far):
+/// with [`sm_id`], what tells apart the warps running at once, used only
+/// to spread contention (it may change between calls).
+#[inline(always)]
+pub fn warp_in_sm() -> u32 {
+    let r: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {r}, %warpid;", r = out(reg32) r, options(nostack)) }
+    r
+}
+
 /// The lanes of `mask` whose `value` equals this thread's. Every lane of
 /// `mask` must execute it.
 #[inline(always)]
