@@ -188,13 +188,18 @@ fn two_block_class() -> SizeClass {
         .expect("a slice class with two blocks per segment")
 }
 
+/// One segment's state word, active for `class` with `free` blocks free.
+fn active_segment(class: SizeClass, free: u32) -> Arc<Vec<Word>> {
+    Arc::new(vec![Word::new(
+        SegmentState::Active { class, free }.encode(),
+    )])
+}
+
 #[test]
 fn reservation_racing_the_last_return() {
     model(|| {
         let class = two_block_class();
-        let states = Arc::new(vec![Word::new(
-            SegmentState::Active { class, free: 1 }.encode(),
-        )]);
+        let states = active_segment(class, 1);
         let s1 = states.clone();
         let t = thread::spawn(move || SegmentTable::new(&s1).reserve_blocks(0, class, 1));
         let returned = SegmentTable::new(&states).return_blocks(0, class, 1, 2);
@@ -229,9 +234,7 @@ fn reservation_racing_the_last_return() {
 fn the_last_two_returns_retire_once() {
     model(|| {
         let class = two_block_class();
-        let states = Arc::new(vec![Word::new(
-            SegmentState::Active { class, free: 0 }.encode(),
-        )]);
+        let states = active_segment(class, 0);
         let s1 = states.clone();
         let t = thread::spawn(move || SegmentTable::new(&s1).return_blocks(0, class, 1, 2));
         let mine = SegmentTable::new(&states).return_blocks(0, class, 1, 2);
@@ -598,9 +601,7 @@ fn two_posts_race_for_one_slot() {
 fn a_reserve_and_return_between_the_add_and_the_retire() {
     model(|| {
         let class = two_block_class();
-        let states = Arc::new(vec![Word::new(
-            SegmentState::Active { class, free: 1 }.encode(),
-        )]);
+        let states = active_segment(class, 1);
         let s1 = states.clone();
         let t = thread::spawn(move || {
             let table = SegmentTable::new(&s1);
