@@ -297,6 +297,15 @@ impl Tiny {
     }
 }
 
+/// `malloc(size)` on `tiny` in a second model thread and in this one, at
+/// once: (this thread's address, the other's), 0 for a null.
+fn malloc_in_two_threads(tiny: &Arc<Tiny>, size: u64) -> (u64, u64) {
+    let other = tiny.clone();
+    let t = thread::spawn(move || other.heap.malloc(size) as u64);
+    let mine = tiny.heap.malloc(size) as u64;
+    (mine, t.join().unwrap())
+}
+
 fn class_4k() -> SizeClass {
     match Request::for_size(4096, SHIFT) {
         Request::Class(c) => c,
@@ -308,10 +317,7 @@ fn class_4k() -> SizeClass {
 fn two_installs_race_for_one_slot() {
     model_long(|| {
         let tiny = Tiny::new();
-        let t1 = tiny.clone();
-        let t = thread::spawn(move || t1.heap.malloc(4096) as u64);
-        let mine = tiny.heap.malloc(4096) as u64;
-        let theirs = t.join().unwrap();
+        let (mine, theirs) = malloc_in_two_threads(&tiny, 4096);
         assert!(
             mine != 0 && theirs != 0 && mine != theirs,
             "{mine:x} {theirs:x}"
@@ -361,10 +367,7 @@ fn two_runs_race_for_the_top() {
         // interleave (each takes its own stretch below the run cursor; a
         // claim that fails takes the run lock and searches).
         let tiny = Tiny::with_segments(4);
-        let t1 = tiny.clone();
-        let t = thread::spawn(move || t1.heap.malloc(2 * SEGMENT_BYTES) as u64);
-        let mine = tiny.heap.malloc(2 * SEGMENT_BYTES) as u64;
-        let theirs = t.join().unwrap();
+        let (mine, theirs) = malloc_in_two_threads(&tiny, 2 * SEGMENT_BYTES);
         assert!(
             mine != 0 && theirs != 0 && mine.abs_diff(theirs) == 2 * SEGMENT_BYTES,
             "{mine:x} {theirs:x}"
@@ -633,10 +636,7 @@ fn two_block_claims_share_a_formatted_segment() {
         // race there, a pick in the same tree word), or both race the
         // lock and the loser waits for the format.
         let tiny = Tiny::new();
-        let t1 = tiny.clone();
-        let t = thread::spawn(move || t1.heap.malloc(TWO_PER_SEGMENT) as u64);
-        let mine = tiny.heap.malloc(TWO_PER_SEGMENT) as u64;
-        let theirs = t.join().unwrap();
+        let (mine, theirs) = malloc_in_two_threads(&tiny, TWO_PER_SEGMENT);
         assert!(
             mine != 0 && theirs != 0 && mine != theirs,
             "{mine:x} {theirs:x}"
@@ -683,10 +683,7 @@ fn a_batch_format_serves_the_waiting_claimers() {
         };
         let phantom = 2 << 1;
         gpu_kernel::arch::fetch_add_relaxed(format_lock_word(&tiny, class), phantom);
-        let t1 = tiny.clone();
-        let t = thread::spawn(move || t1.heap.malloc(TWO_PER_SEGMENT) as u64);
-        let mine = tiny.heap.malloc(TWO_PER_SEGMENT) as u64;
-        let theirs = t.join().unwrap();
+        let (mine, theirs) = malloc_in_two_threads(&tiny, TWO_PER_SEGMENT);
         assert!(
             mine != 0 && theirs != 0 && mine != theirs,
             "{mine:x} {theirs:x}"
