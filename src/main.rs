@@ -15,6 +15,7 @@ use std::process::{Command, ExitCode};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
+use gpumalloc::bench::measure::Timing;
 use gpumalloc::bench::report::{Results, RunInfo};
 use gpumalloc::bench::suite::{self, Bench, Options};
 use gpumalloc::bench::{GIB, cpu, plot};
@@ -117,6 +118,12 @@ struct BenchArgs {
     /// Bytes `ours-vmm` maps at first and grows by at a time, e.g. 1GiB.
     #[arg(long, value_parser = parse_bytes, default_value = "1GiB")]
     vmm_initial: u64,
+    /// Time each kernel queued behind a 200 µs hold of the stream, so the
+    /// host's launch latency is left out (GPU only; see `bench::measure::
+    /// Timing`). For kernels of a few microseconds, such as runs of
+    /// segments.
+    #[arg(long)]
+    queued: bool,
     /// Seconds after which the graph sweep starts nothing new (the rest is
     /// recorded as skipped).
     #[arg(long, default_value_t = gpumalloc::bench::graph::BUDGET_S)]
@@ -231,6 +238,11 @@ fn options(args: &BenchArgs, on_gpu: bool) -> Options {
         allocator_budget_s: args
             .allocator_budget
             .unwrap_or(gpumalloc::bench::suite::ALLOCATOR_BUDGET_S),
+        timing: if args.queued {
+            Timing::Queued
+        } else {
+            Timing::Launch
+        },
         ..Options::default()
     }
 }
@@ -276,6 +288,9 @@ fn bench(args: BenchArgs) -> Result<(), String> {
             }
         }
         None => {
+            if args.queued {
+                eprintln!("--queued times GPU kernels; the CPU rounds are timed on the host");
+            }
             let info = RunInfo {
                 device: "cpu".into(),
                 device_name: format!(
@@ -420,6 +435,9 @@ fn all_child(
     }
     if let (Some(h), false) = (args.heap, test == "oom") {
         cmd.args(["--heap", &h.to_string()]);
+    }
+    if args.queued {
+        cmd.arg("--queued");
     }
     if args.graph_threads {
         cmd.arg("--graph-threads");

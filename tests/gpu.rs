@@ -8,7 +8,7 @@
 //! `GPUMALLOC_TEST_THREADS` shrinks the thread count (for compute-sanitizer).
 
 use gpumalloc::bench::allocator::{Allocator, Ours, Sizes};
-use gpumalloc::bench::measure::{Buffers, Keep, round};
+use gpumalloc::bench::measure::{Buffers, Keep, Timing, round};
 use gpumalloc::gpu::Arg;
 use gpumalloc::{Gpu, HeapConfig};
 
@@ -50,6 +50,23 @@ fn selftest_of_the_architecture_module() {
     }
 }
 
+/// `Gpu::time_queued` times the work and leaves out the hold it queues
+/// the work behind: a 50 µs kernel behind a 2 ms hold measures at least
+/// the 50 µs and well under the 2 ms.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
+fn queued_timing_leaves_out_the_hold() {
+    let Some(gpu) = gpu() else { return };
+    let work = || gpu.launch("hold_stream", 1, &[Arg::U64(50_000), Arg::U64(1)]);
+    for _ in 0..5 {
+        let ms = gpu
+            .time_queued(std::time::Duration::from_millis(2), work)
+            .unwrap();
+        println!("a 50 us kernel queued behind a 2 ms hold: {ms:.4} ms");
+        assert!((0.045..1.0).contains(&ms), "{ms} ms");
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn every_class_million_threads_ten_rounds() {
@@ -69,6 +86,7 @@ fn every_class_million_threads_ten_rounds() {
                 &mut buffers,
                 Sizes::Fixed(size),
                 Keep::default(),
+                Timing::Queued,
             )
             .unwrap();
             assert_eq!(
@@ -91,7 +109,15 @@ fn mixed_sizes_and_churn() {
     let mut buffers = Buffers::new(&gpu, n).unwrap();
     let sizes = buffers.mixed(&gpu, 7, 16, 4096).unwrap();
     for r in 0..10 {
-        let out = round(&gpu, &mut ours, &mut buffers, sizes, Keep::default()).unwrap();
+        let out = round(
+            &gpu,
+            &mut ours,
+            &mut buffers,
+            sizes,
+            Keep::default(),
+            Timing::Launch,
+        )
+        .unwrap();
         assert_eq!((out.nulls, out.wrong), (0, 0), "mixed round {r}");
     }
     assert_whole(&ours, "mixed");

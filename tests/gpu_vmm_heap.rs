@@ -297,7 +297,7 @@ fn the_growth_service_feeds_kernels_eight_times_the_first_mapping() {
 fn the_bench_grows_ours_vmm_until_a_round_is_served() {
     use gpumalloc::bench::allocator::{Allocator, OursVmm, Sizes};
     use gpumalloc::bench::grow::{Growth, Peak, low_free_segments, until_served};
-    use gpumalloc::bench::measure::{Buffers, Keep, Round, round};
+    use gpumalloc::bench::measure::{Buffers, Keep, Round, Timing, round};
     let Some(gpu) = gpu() else { return };
     let mut ours = OursVmm::new(&gpu, 0, 16 * GIB, GIB).unwrap();
     let n = 1 << 20;
@@ -311,7 +311,14 @@ fn the_bench_grows_ours_vmm_until_a_round_is_served() {
             ours,
             low_free_segments(),
             |a| {
-                let r = round(&gpu, a, &mut buffers, Sizes::Fixed(size), keep)?;
+                let r = round(
+                    &gpu,
+                    a,
+                    &mut buffers,
+                    Sizes::Fixed(size),
+                    keep,
+                    Timing::Launch,
+                )?;
                 assert_eq!(r.wrong, 0, "warm-up: wrong words");
                 let peak = Peak {
                     nulls: r.nulls,
@@ -361,6 +368,7 @@ fn the_bench_grows_ours_vmm_until_a_round_is_served() {
             &mut buffers,
             Sizes::Fixed(4096),
             Keep::default(),
+            Timing::Launch,
         )
         .unwrap();
         assert_eq!((out.nulls, out.wrong), (0, 0), "4 KiB round {r}");
@@ -368,7 +376,15 @@ fn the_bench_grows_ours_vmm_until_a_round_is_served() {
     let sizes = buffers.mixed(&gpu, 7, 16, 4096).unwrap();
     for r in 0..10 {
         ours.reset().unwrap();
-        let out = round(&gpu, &mut ours, &mut buffers, sizes, Keep::default()).unwrap();
+        let out = round(
+            &gpu,
+            &mut ours,
+            &mut buffers,
+            sizes,
+            Keep::default(),
+            Timing::Launch,
+        )
+        .unwrap();
         assert_eq!((out.nulls, out.wrong), (0, 0), "mixed round {r}");
     }
     assert_eq!(

@@ -92,6 +92,20 @@ pub unsafe extern "ptx-kernel" fn gpumalloc_selftest(
     }
 }
 
+/// Holds the stream for `ns` nanoseconds: thread 0 spins on the GPU's
+/// global timer. `Gpu::time_queued` launches it before its start event,
+/// so the kernels it times are already queued when timing begins.
+///
+/// # Safety
+/// None beyond a valid launch (it touches no memory).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn hold_stream(ns: u64, n: u64) {
+    if arch::global_thread_index() < n.min(1) {
+        let end = arch::global_nanos().saturating_add(ns);
+        while arch::global_nanos() < end {}
+    }
+}
+
 /// Thread `t` allocates `size` bytes (or `sizes[t]` if `sizes` is not
 /// null) into `ptrs[t]`.
 ///

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
@@ -445,6 +446,19 @@ impl Gpu {
         end.record(&self.stream).call("cuEventRecord")?;
         end.synchronize().call("cuEventSynchronize")?;
         Ok(start.elapsed_ms(&end).call("cuEventElapsedTime")? as f64)
+    }
+
+    /// As [`Gpu::time`], but the start event waits behind a kernel that
+    /// holds the stream for `hold` (`hold_stream`, in the module of
+    /// `gpu_kernels`), so `work`'s launches are queued on the GPU before
+    /// timing begins. The time is then the GPU's: it leaves out the host's
+    /// submission latency (a few microseconds per launch, which `time`
+    /// counts whenever the GPU waits for the host) as long as `work` is
+    /// submitted within `hold`. For kernels of a few microseconds.
+    pub fn time_queued(&self, hold: Duration, work: impl FnOnce() -> Result<()>) -> Result<f64> {
+        let ns = u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX);
+        self.launch("hold_stream", 1, &[Arg::U64(ns), Arg::U64(1)])?;
+        self.time(work)
     }
 }
 

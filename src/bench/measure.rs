@@ -1,9 +1,12 @@
 //! One measured round (allocate, check, free) and the statistics of many.
 //!
-//! A round times the allocation kernel and the free kernel with CUDA events.
+//! A round times the allocation kernel and the free kernel with CUDA events
+//! ([`Timing`] says whether the host's launch latency is inside them).
 //! Between them, untimed, a check kernel writes a pattern into every returned
 //! allocation and a second one verifies it: a null or a wrong word is
 //! counted, and a round with either is not reported as a time.
+
+use std::time::Duration;
 
 use cudarc::driver::CudaSlice;
 use gpu_kernels::workload::PATTERN_PIECE;
@@ -82,20 +85,53 @@ pub struct Keep {
     pub peak: bool,
 }
 
-/// Runs one round for `n` threads, keeping what `keep` asks for.
+/// How a round's kernels are timed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Timing {
+    /// CUDA events recorded around the launch as the host submits it
+    /// ([`Gpu::time`]): the GPU waits for the host between the start event
+    /// and the kernel, so the time includes the launch's submission latency
+    /// (several microseconds, varying with the host's state). Every result
+    /// in the README before 2026-11-23 was taken this way.
+    #[default]
+    Launch,
+    /// The same events with the kernel queued behind a hold of
+    /// [`QUEUED_HOLD`] ([`Gpu::time_queued`]): the GPU's time alone. What
+    /// to compare kernels of a few microseconds with (runs of segments: a
+    /// 9 µs kernel measured 16-25 µs with `Launch`).
+    Queued,
+}
+
+/// How long [`Timing::Queued`] holds the stream: far longer than the
+/// host takes to submit a launch and an event.
+pub const QUEUED_HOLD: Duration = Duration::from_micros(200);
+
+impl Timing {
+    /// Milliseconds of what `work` launches, timed this way.
+    pub fn time(self, gpu: &Gpu, work: impl FnOnce() -> Result<()>) -> Result<f64> {
+        match self {
+            Timing::Launch => gpu.time(work),
+            Timing::Queued => gpu.time_queued(QUEUED_HOLD, work),
+        }
+    }
+}
+
+/// Runs one round for `n` threads, keeping what `keep` asks for, timing
+/// its kernels as `timing` says.
 pub fn round(
     gpu: &Gpu,
     allocator: &mut dyn Allocator,
     buffers: &mut Buffers,
     sizes: Sizes,
     keep: Keep,
+    timing: Timing,
 ) -> Result<Round> {
     let n = buffers.n;
     let ptrs = gpu.address(&buffers.ptrs);
     gpu.stream()
         .memset_zeros(&mut buffers.errors)
         .call("cuMemsetD8")?;
-    let alloc_ms = gpu.time(|| allocator.alloc(gpu, sizes, ptrs, n))?;
+    let alloc_ms = timing.time(gpu, || allocator.alloc(gpu, sizes, ptrs, n))?;
     check(gpu, buffers, sizes)?;
     let errors = gpu.download(&buffers.errors)?;
     let kept = if keep.ptrs {
@@ -111,7 +147,7 @@ pub fn round(
         None
     };
     let free_ms = if allocator.frees() {
-        Some(gpu.time(|| allocator.free(gpu, ptrs, n))?)
+        Some(timing.time(gpu, || allocator.free(gpu, ptrs, n))?)
     } else {
         allocator.free(gpu, ptrs, n)?;
         None

@@ -64,6 +64,8 @@ pub struct Options {
     /// Seconds an allocator may spend in one test before the rest of its
     /// measurements are skipped (and its timed rounds cut short).
     pub allocator_budget_s: f64,
+    /// How the kernels of a round are timed (GPU only).
+    pub timing: measure::Timing,
 }
 
 impl Default for Options {
@@ -93,6 +95,7 @@ impl Default for Options {
             graph_scales: super::graph::SCALES.to_vec(),
             graph_threads: false,
             allocator_budget_s: ALLOCATOR_BUDGET_S,
+            timing: measure::Timing::Launch,
         }
     }
 }
@@ -346,7 +349,7 @@ impl Bench {
                 grow::low_free_segments(),
                 |a| {
                     warm_up = Instant::now();
-                    let r = measure::round(gpu, a, &mut buffers, sizes, peak)?;
+                    let r = measure::round(gpu, a, &mut buffers, sizes, peak, opts.timing)?;
                     wrong += r.wrong;
                     let peak = grow::Peak {
                         nulls: r.nulls,
@@ -374,7 +377,14 @@ impl Bench {
                 if cold {
                     allocator.reset()?;
                 }
-                let r = measure::round(gpu, allocator, &mut buffers, sizes, Default::default())?;
+                let r = measure::round(
+                    gpu,
+                    allocator,
+                    &mut buffers,
+                    sizes,
+                    Default::default(),
+                    opts.timing,
+                )?;
                 nulls += r.nulls;
                 wrong += r.wrong;
                 allocs.push(r.alloc_ms);
@@ -525,7 +535,8 @@ impl Bench {
                             ptrs: true,
                             ..Default::default()
                         };
-                        let r = measure::round(gpu, allocator, &mut buffers, sizes, keep)?;
+                        let r =
+                            measure::round(gpu, allocator, &mut buffers, sizes, keep, opts.timing)?;
                         valid &= r.nulls == 0 && r.wrong == 0;
                         let ptrs = r.ptrs.unwrap_or_default();
                         let size_of = |t: usize| per_thread.as_ref().map_or(size, |s| s[t]);
