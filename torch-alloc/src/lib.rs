@@ -32,7 +32,11 @@
 //! memory through the VMM API and mapped at the same device address, so
 //! the program goes on with the same allocations, correct but slower (for
 //! a profiling run that does not quite fit, e.g. the planned mode's
-//! profile). Spilled bytes are not
+//! profile). With the spill on and no `GPUMALLOC_LIMIT_BYTES`, the pool
+//! takes device memory only up to what was free when it opened less
+//! `GPUMALLOC_SPILL_HEADROOM_MIB` (default 1024), left to CUDA itself
+//! (kernel code loaded on first use, libraries' handles); past that its
+//! chunks go to host memory. Spilled bytes are not
 //! `reserved` (device memory): `GmStats` reports them as `spilled`,
 //! `peak_spilled` and `spills`. Needs CUDA 12.2+ host-NUMA VMM support;
 //! where the driver has none, the chunk's `cuMemCreate` error says so.
@@ -99,6 +103,31 @@ const REUSE_ENV: &str = "GPUMALLOC_REUSE_ENTRIES";
 
 /// Environment variable turning the lake's spill to host memory on (`1`).
 const SPILL_ENV: &str = "GPUMALLOC_SPILL_TO_HOST";
+
+/// Environment variable: with the spill on and no `GPUMALLOC_LIMIT_BYTES`,
+/// the MiB of device memory the pool leaves to CUDA itself.
+const SPILL_HEADROOM_ENV: &str = "GPUMALLOC_SPILL_HEADROOM_MIB";
+
+/// Device memory a spilling pool leaves free unless
+/// `GPUMALLOC_SPILL_HEADROOM_MIB` says otherwise: 1 GiB. A pool that takes
+/// the device to its last chunk leaves nothing for what CUDA allocates
+/// outside it (kernel code loaded on first use, libraries' handles): a
+/// planned GPT-2 run at batch 113 on an H100, whose arena took every chunk
+/// the driver had at the start, failed in its first kernels with
+/// `CUDA error: out of memory` (2026-11-23).
+pub const DEFAULT_SPILL_HEADROOM_MIB: u64 = 1024;
+
+/// The most device memory a pool takes: `explicit` (`GPUMALLOC_LIMIT_BYTES`)
+/// if given; else, with the spill on, what was `free` when the pool opened
+/// less `headroom` (past it, chunks go to host memory); else the device's
+/// `total` (the driver's out-of-memory is the limit).
+fn device_limit(explicit: Option<u64>, spill: bool, free: u64, total: u64, headroom: u64) -> u64 {
+    match explicit {
+        Some(limit) => limit,
+        None if spill => free.saturating_sub(headroom),
+        None => total,
+    }
+}
 
 /// Whether `GPUMALLOC_SPILL_TO_HOST` asks for the spill: `1` yes, `0` or
 /// unset no, anything else an error (a typo must not silently run
@@ -317,13 +346,30 @@ fn make_device(device: i32) -> Result<Device, String> {
         .total_mem()
         .map_err(|e| format!("cuDeviceTotalMem failed on device {device}: {e}"))?
         as u64;
-    let limit = match std::env::var(LIMIT_ENV) {
-        Ok(v) => v
-            .parse::<u64>()
-            .map_err(|e| format!("{LIMIT_ENV}={v:?} is not a byte count: {e}"))?,
-        Err(_) => total_bytes,
+    let explicit = match std::env::var(LIMIT_ENV) {
+        Ok(v) => Some(
+            v.parse::<u64>()
+                .map_err(|e| format!("{LIMIT_ENV}={v:?} is not a byte count: {e}"))?,
+        ),
+        Err(_) => None,
     };
     let spill = spill_to_host(std::env::var(SPILL_ENV).ok().as_deref())?;
+    let headroom = match std::env::var(SPILL_HEADROOM_ENV) {
+        Ok(v) => {
+            v.parse::<u64>()
+                .map_err(|e| format!("{SPILL_HEADROOM_ENV}={v:?} is not a number of MiB: {e}"))?
+                << 20
+        }
+        Err(_) => DEFAULT_SPILL_HEADROOM_MIB << 20,
+    };
+    let free_bytes = if spill && explicit.is_none() {
+        ctx.mem_get_info()
+            .map_err(|e| format!("cuMemGetInfo failed on device {device}: {e}"))?
+            .0 as u64
+    } else {
+        total_bytes
+    };
+    let limit = device_limit(explicit, spill, free_bytes, total_bytes, headroom);
     let config = LakeConfig {
         spill_to_host: spill,
         ..LakeConfig::with_limit(limit)
@@ -1089,6 +1135,25 @@ mod tests {
             let e = spill_to_host(Some(bad)).unwrap_err();
             assert!(e.starts_with("GPUMALLOC_SPILL_TO_HOST="), "{e}");
         }
+    }
+
+    /// A spilling pool stops taking device memory `headroom` short of what
+    /// was free when it opened; an explicit limit wins; without the spill
+    /// the device's total is the limit (the driver's out-of-memory decides).
+    #[test]
+    fn a_spilling_pool_leaves_headroom_on_the_device() {
+        let (gib, free, total) = (1u64 << 30, 78u64 << 30, 80u64 << 30);
+        assert_eq!(device_limit(None, true, free, total, gib), 77 * gib);
+        assert_eq!(device_limit(None, false, free, total, gib), total);
+        assert_eq!(
+            device_limit(Some(10 * gib), true, free, total, gib),
+            10 * gib
+        );
+        assert_eq!(
+            device_limit(None, true, gib / 2, total, gib),
+            0,
+            "all of it spills"
+        );
     }
 
     #[test]
