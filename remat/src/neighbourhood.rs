@@ -12,6 +12,12 @@
 //! Every class whose cost or root changes is noted (`take_changed`), so that
 //! cached projected costs that read it can be invalidated (`super::price`).
 //!
+//! Lookups are the cold part of a projected cost (one per graph neighbour, in
+//! a table indexed by tensor id), so the table is dense (a node index is a
+//! `u32`, 8 bytes a tensor with its `Option`), and a neighbour above the
+//! highest tensor that ever joined a class (most consumers of a recent
+//! tensor are ops not run yet) is known to be in none without a lookup.
+//!
 //! Owned by one [`super::tensor::TensorTable`]; single-threaded, mutated only on
 //! eviction, release and recomputation.
 
@@ -23,7 +29,12 @@ pub struct EvictedClasses {
     parent: Vec<usize>,
     rank: Vec<u8>,
     cost: Vec<f64>,
-    node_of: Vec<Option<usize>>,
+    /// The node of each tensor now in a class (`u32`: one node per
+    /// eviction or release, far below 2^32 in a training step).
+    node_of: Vec<Option<u32>>,
+    /// One past the highest tensor id ever given a node: tensors at or above
+    /// it are in no class (checked before `node_of` is read).
+    joined_below: usize,
     /// Roots whose class changed (cost, or merged into another) since the
     /// last `take_changed`, when `noting`.
     changed: Vec<usize>,
@@ -74,10 +85,11 @@ impl EvictedClasses {
         self.parent.push(node);
         self.rank.push(0);
         self.cost.push(cost);
-        self.node_of[tensor] = Some(node);
+        self.node_of[tensor] = Some(Self::compact(node));
+        self.joined_below = self.joined_below.max(tensor + 1);
         for &n in neighbours {
             if let Some(other) = self.node_of[n] {
-                self.union(node, other);
+                self.union(node, other as usize);
             }
         }
     }
@@ -88,7 +100,7 @@ impl EvictedClasses {
         let Some(node) = self.node_of[tensor].take() else {
             return false;
         };
-        let root = self.root(node);
+        let root = self.root(node as usize);
         self.cost[root] = (self.cost[root] - cost).max(0.0);
         if self.noting {
             self.changed.push(root);
@@ -113,8 +125,11 @@ impl EvictedClasses {
         roots.clear();
         let mut total = 0.0;
         for n in neighbours {
+            if n >= self.joined_below {
+                continue;
+            }
             if let Some(node) = self.node_of[n] {
-                let root = self.root(node);
+                let root = self.root(node as usize);
                 if !roots.contains(&root) {
                     roots.push(root);
                     total += self.cost[root];
@@ -122,6 +137,11 @@ impl EvictedClasses {
             }
         }
         total
+    }
+
+    /// A node index as stored in `node_of`.
+    fn compact(node: usize) -> u32 {
+        u32::try_from(node).expect("fewer than 2^32 evictions and releases in a replay")
     }
 
     /// Number of nodes made so far (one per eviction or release).

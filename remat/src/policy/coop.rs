@@ -384,10 +384,9 @@ impl Coop {
     ) {
         let mut prices = ctx.tensors.prices();
         for i in intervals {
-            // The tensor's record settles pinned, locked and staleness in
-            // one read; most intervals of a training step are pinned
-            // (parameters, gradients, optimizer state).
-            let (score, pinned) = match i.tensor.map(|t| (t, ctx.tensors.get(t))) {
+            // The tensor's state settles pinned, locked and staleness in
+            // one read.
+            let (score, pinned) = match i.tensor.map(|t| (t, ctx.tensors.state(t))) {
                 None => (Some(0.0), false),
                 Some((_, Ok(tensor))) if tensor.pinned => (None, true),
                 Some((t, Ok(tensor))) if tensor.is_evictable() => {
