@@ -139,6 +139,50 @@ impl EvictedClasses {
         total
     }
 
+    /// [`Self::neighbour_cost_roots`] over `inputs` and then `consumers`,
+    /// for a consumer list in increasing id order (as `TensorTable` keeps
+    /// them): its walk stops at the first consumer above every tensor that
+    /// ever joined a class, since none after it is in one. The same
+    /// additions in the same order.
+    pub fn neighbour_cost_roots_sorted(
+        &self,
+        inputs: &[TensorId],
+        consumers: &[TensorId],
+        roots: &mut Vec<usize>,
+    ) -> f64 {
+        roots.clear();
+        let mut total = 0.0;
+        for &n in inputs {
+            if let Some(cost) = self.new_root_cost(n, roots) {
+                total += cost;
+            }
+        }
+        for &n in consumers {
+            if n >= self.joined_below {
+                break;
+            }
+            if let Some(cost) = self.new_root_cost(n, roots) {
+                total += cost;
+            }
+        }
+        total
+    }
+
+    /// The cost of the class of `tensor` when it is in one whose root is
+    /// not in `roots` yet (the root is then added), else `None`.
+    #[inline]
+    fn new_root_cost(&self, tensor: TensorId, roots: &mut Vec<usize>) -> Option<f64> {
+        if tensor >= self.joined_below {
+            return None;
+        }
+        let root = self.root(self.node_of[tensor]? as usize);
+        if roots.contains(&root) {
+            return None;
+        }
+        roots.push(root);
+        Some(self.cost[root])
+    }
+
     /// A node index as stored in `node_of`.
     fn compact(node: usize) -> u32 {
         u32::try_from(node).expect("fewer than 2^32 evictions and releases in a replay")

@@ -80,7 +80,12 @@ impl TensorState {
     /// Logical time since the last use, at least 1.
     #[inline]
     pub fn staleness(&self, now: u64) -> f64 {
-        (now.saturating_sub(self.last_access) + 1) as f64
+        let ops = now.saturating_sub(self.last_access) + 1;
+        // Through i64, one conversion instruction where u64 takes several
+        // (a search does this for every evictable tensor): the same value,
+        // since op counts are far below 2^63.
+        debug_assert!(ops < 1 << 63);
+        ops as i64 as f64
     }
 
     /// True when a policy may evict it now: resident, not pinned, not locked.
@@ -355,6 +360,13 @@ impl TensorTable {
     /// residency flags with the tensors' records.
     pub fn check_prices(&self) -> RematResult<()> {
         for (id, tensor) in self.tensors.iter().enumerate() {
+            // Cached projected costs walk consumers in increasing id order.
+            if !self.consumers[id].is_sorted() {
+                return Err(RematError::Invariant(format!(
+                    "tensor {id}: consumers {:?} out of order",
+                    self.consumers[id]
+                )));
+            }
             let resident = matches!(tensor.residency, Residency::Resident(_));
             let state = self.states[id];
             if state.resident != resident || state.pinned != tensor.pinned {
@@ -412,11 +424,13 @@ impl Prices<'_> {
             return cost;
         }
         // The same sum over the same neighbours in the same order (inputs,
-        // then consumers) as the uncached one, with no allocation.
-        let neighbours = table.tensors[id].inputs.iter().chain(&table.consumers[id]);
-        let classes = table
-            .classes
-            .neighbour_cost_roots(neighbours.copied(), &mut cache.roots);
+        // then consumers, which `add` lists in increasing id order) as the
+        // uncached one, with no allocation.
+        let classes = table.classes.neighbour_cost_roots_sorted(
+            &table.tensors[id].inputs,
+            &table.consumers[id],
+            &mut cache.roots,
+        );
         let cost = table.tensors[id].cost + classes;
         cache.store_projected(id, cost);
         cost
