@@ -110,7 +110,10 @@ impl PriceCache {
         (entry.projected, entry.has_projected) = (value, true);
         for &root in &self.roots {
             if self.watchers.len() <= root {
-                self.watchers.resize(root + 1, None);
+                // Doubling: class nodes are made at every eviction and
+                // release, and a new root past the end is common.
+                let len = (root + 1).max(2 * self.watchers.len());
+                self.watchers.resize(len, None);
             }
             let next = self.watchers[root];
             let link = match self.free_links {
