@@ -229,4 +229,32 @@ mod tests {
         );
         assert_eq!(classes.neighbour_cost(&[3]), 0.0);
     }
+
+    #[test]
+    fn sorted_walk_stops_past_the_last_member_with_the_same_sum() {
+        let mut classes = EvictedClasses::default();
+        classes.grow_to(10);
+        classes.add(2, 0.5, &[]);
+        classes.add(5, 0.25, &[]);
+        classes.add(6, 0.125, &[5]);
+        classes.remove(6, 0.125);
+        // Tensor 6 left its class but still raised the bound: 7, 8, 9 were
+        // never in one.
+        let mut roots = Vec::new();
+        for (inputs, consumers) in [
+            (&[2usize, 5][..], &[5usize, 7, 9][..]),
+            (&[9, 8, 2], &[2, 5, 8]),
+            (&[], &[6, 7]),
+        ] {
+            let all: Vec<_> = inputs.iter().chain(consumers).copied().collect();
+            let sorted = classes.neighbour_cost_roots_sorted(inputs, consumers, &mut roots);
+            assert_eq!(sorted.to_bits(), classes.neighbour_cost(&all).to_bits());
+        }
+        assert_eq!(
+            classes.neighbour_cost_roots_sorted(&[2], &[5], &mut roots),
+            0.75,
+            "inputs first, then consumers, each class once"
+        );
+        assert_eq!(roots.len(), 2);
+    }
 }

@@ -269,3 +269,35 @@ impl PriceCache {
         self.stack = stack;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watchers_are_forgotten_with_their_class_and_links_are_reused() {
+        let mut cache = PriceCache::new(4, 3);
+        // Tensors 0 and 1 read class root 7, tensor 2 reads roots 7 and 3.
+        for (t, roots) in [(0, &[7usize][..]), (1, &[7]), (2, &[7, 3])] {
+            cache.roots = roots.to_vec();
+            cache.store_projected(t, 1.0);
+        }
+        let arena = cache.links.len();
+        cache.invalidate_classes(&mut vec![3]);
+        assert_eq!(cache.cached(2).0, None, "a watcher of root 3");
+        assert_eq!(cache.cached(0).0, Some(1.0), "not a watcher of root 3");
+        cache.invalidate_classes(&mut vec![7]);
+        for t in 0..3 {
+            assert_eq!(cache.cached(t).0, None, "tensor {t} watched root 7");
+        }
+        // Priced again: the freed links serve the new registrations.
+        for t in 0..3 {
+            cache.roots = vec![7];
+            cache.store_projected(t, 2.0);
+        }
+        assert_eq!(cache.links.len(), arena, "no new link");
+        cache.invalidate_classes(&mut vec![7]);
+        assert!((0..3).all(|t| cache.cached(t).0.is_none()));
+        cache.invalidate_classes(&mut vec![7, 3, 100]);
+    }
+}
