@@ -19,10 +19,12 @@
 //! score's bits: the projected cost and the recompute amplification come
 //! from one read of the price cache (`Prices::projected_and_amplification`;
 //! the amplification is cached beside the peak, the same division done
-//! once), the tensor's record is read once for pinned, locks and staleness,
-//! and the buffers are kept from search to search. The staleness term is
-//! the only part that must be computed at every search (it changes with
-//! every op).
+//! once), the tensor's dense state (`TensorTable::state`, 16 bytes) is
+//! read once for pinned, locks, residency and staleness, and the buffers
+//! are kept from search to search. The staleness term is the only part that
+//! must be computed at every search (it changes with every op). The sweep
+//! converts the best window's bytes to f64 once per new best, not at every
+//! candidate, with the same products as `Window::better_than`.
 //!
 //! Cheap-tensor partitioning: a tensor whose op has a cost density (cost per
 //! byte) below the executor's threshold is "cheap" and goes to the right end of
