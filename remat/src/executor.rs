@@ -278,7 +278,7 @@ impl<'p> Executor<'p> {
         let addr = self.allocate(t)?;
         self.tensors.set_resident(t, addr, self.now)?;
         for input in inputs {
-            self.tensors.get_mut(input)?.last_access = self.now;
+            self.tensors.touch(input, self.now)?;
         }
         Ok(())
     }
@@ -297,7 +297,7 @@ impl<'p> Executor<'p> {
             return Ok(false);
         };
         let size = self.tensors.get(out)?.size;
-        if source.locks != 1 || size > source.size {
+        if self.tensors.state(input)?.locks != 1 || size > source.size {
             return Ok(false);
         }
         self.lock(input, -1)?;
@@ -326,7 +326,7 @@ impl<'p> Executor<'p> {
         };
         let size = self.tensors.get(t)?.size;
         // One lock: the one this recomputation took on its input.
-        if source.locks != 1 || size > source.size || source.pinned {
+        if self.tensors.state(input)?.locks != 1 || size > source.size || source.pinned {
             return Ok(false);
         }
         let inputs = self.tensors.get(t)?.inputs.clone();
@@ -338,7 +338,7 @@ impl<'p> Executor<'p> {
         self.place(t, addr, size)?;
         self.tensors.set_resident(t, addr, self.now)?;
         for i in inputs.into_iter().filter(|&i| i != input) {
-            self.tensors.get_mut(i)?.last_access = self.now;
+            self.tensors.touch(i, self.now)?;
         }
         Ok(true)
     }
@@ -427,20 +427,13 @@ impl<'p> Executor<'p> {
                 self.pool.release(t)?;
                 self.tensors.drop_value(t, Residency::Released)
             }
-            Residency::Evicted => {
-                self.tensors.get_mut(t)?.residency = Residency::Released;
-                Ok(())
-            }
+            Residency::Evicted => self.tensors.release_evicted(t),
             Residency::Unborn | Residency::Released => Ok(()),
         }
     }
 
     fn lock(&mut self, t: TensorId, delta: i32) -> RematResult<()> {
-        let tensor = self.tensors.get_mut(t)?;
-        tensor.locks = tensor.locks.checked_add_signed(delta).ok_or_else(|| {
-            RematError::Invariant(format!("tensor {t} unlocked more often than locked"))
-        })?;
-        Ok(())
+        self.tensors.lock(t, delta)
     }
 
     /// Pool invariants, plus: every resident tensor sits where the pool says,
@@ -456,10 +449,11 @@ impl<'p> Executor<'p> {
                 Residency::Resident(addr) => Some(addr),
                 _ => None,
             };
-            if placed != resident || tensor.locks != 0 {
+            let locks = self.tensors.state(id)?.locks;
+            if placed != resident || locks != 0 {
                 return Err(RematError::Invariant(format!(
-                    "tensor {id}: table says {:?} with {} locks, pool says {placed:?}",
-                    tensor.residency, tensor.locks
+                    "tensor {id}: table says {:?} with {locks} locks, pool says {placed:?}",
+                    tensor.residency
                 )));
             }
         }

@@ -12,6 +12,12 @@
 //! Every class whose cost or root changes is noted (`take_changed`), so that
 //! cached projected costs that read it can be invalidated (`super::price`).
 //!
+//! Lookups are the cold part of a projected cost (one per graph neighbour, in
+//! a table indexed by tensor id), so the table is dense (a node index is a
+//! `u32`, 8 bytes a tensor with its `Option`), and a neighbour above the
+//! highest tensor that ever joined a class (most consumers of a recent
+//! tensor are ops not run yet) is known to be in none without a lookup.
+//!
 //! Owned by one [`super::tensor::TensorTable`]; single-threaded, mutated only on
 //! eviction, release and recomputation.
 
@@ -23,7 +29,12 @@ pub struct EvictedClasses {
     parent: Vec<usize>,
     rank: Vec<u8>,
     cost: Vec<f64>,
-    node_of: Vec<Option<usize>>,
+    /// The node of each tensor now in a class (`u32`: one node per
+    /// eviction or release, far below 2^32 in a training step).
+    node_of: Vec<Option<u32>>,
+    /// One past the highest tensor id ever given a node: tensors at or above
+    /// it are in no class (checked before `node_of` is read).
+    joined_below: usize,
     /// Roots whose class changed (cost, or merged into another) since the
     /// last `take_changed`, when `noting`.
     changed: Vec<usize>,
@@ -74,10 +85,11 @@ impl EvictedClasses {
         self.parent.push(node);
         self.rank.push(0);
         self.cost.push(cost);
-        self.node_of[tensor] = Some(node);
+        self.node_of[tensor] = Some(Self::compact(node));
+        self.joined_below = self.joined_below.max(tensor + 1);
         for &n in neighbours {
             if let Some(other) = self.node_of[n] {
-                self.union(node, other);
+                self.union(node, other as usize);
             }
         }
     }
@@ -88,7 +100,7 @@ impl EvictedClasses {
         let Some(node) = self.node_of[tensor].take() else {
             return false;
         };
-        let root = self.root(node);
+        let root = self.root(node as usize);
         self.cost[root] = (self.cost[root] - cost).max(0.0);
         if self.noting {
             self.changed.push(root);
@@ -113,8 +125,11 @@ impl EvictedClasses {
         roots.clear();
         let mut total = 0.0;
         for n in neighbours {
+            if n >= self.joined_below {
+                continue;
+            }
             if let Some(node) = self.node_of[n] {
-                let root = self.root(node);
+                let root = self.root(node as usize);
                 if !roots.contains(&root) {
                     roots.push(root);
                     total += self.cost[root];
@@ -122,6 +137,55 @@ impl EvictedClasses {
             }
         }
         total
+    }
+
+    /// [`Self::neighbour_cost_roots`] over `inputs` and then `consumers`,
+    /// for a consumer list in increasing id order (as `TensorTable` keeps
+    /// them): its walk stops at the first consumer above every tensor that
+    /// ever joined a class, since none after it is in one. The same
+    /// additions in the same order.
+    pub fn neighbour_cost_roots_sorted(
+        &self,
+        inputs: &[TensorId],
+        consumers: &[TensorId],
+        roots: &mut Vec<usize>,
+    ) -> f64 {
+        roots.clear();
+        let mut total = 0.0;
+        for &n in inputs {
+            if let Some(cost) = self.new_root_cost(n, roots) {
+                total += cost;
+            }
+        }
+        for &n in consumers {
+            if n >= self.joined_below {
+                break;
+            }
+            if let Some(cost) = self.new_root_cost(n, roots) {
+                total += cost;
+            }
+        }
+        total
+    }
+
+    /// The cost of the class of `tensor` when it is in one whose root is
+    /// not in `roots` yet (the root is then added), else `None`.
+    #[inline]
+    fn new_root_cost(&self, tensor: TensorId, roots: &mut Vec<usize>) -> Option<f64> {
+        if tensor >= self.joined_below {
+            return None;
+        }
+        let root = self.root(self.node_of[tensor]? as usize);
+        if roots.contains(&root) {
+            return None;
+        }
+        roots.push(root);
+        Some(self.cost[root])
+    }
+
+    /// A node index as stored in `node_of`.
+    fn compact(node: usize) -> u32 {
+        u32::try_from(node).expect("fewer than 2^32 evictions and releases in a replay")
     }
 
     /// Number of nodes made so far (one per eviction or release).
@@ -164,5 +228,33 @@ mod tests {
             "the recomputed member's cost leaves the class"
         );
         assert_eq!(classes.neighbour_cost(&[3]), 0.0);
+    }
+
+    #[test]
+    fn sorted_walk_stops_past_the_last_member_with_the_same_sum() {
+        let mut classes = EvictedClasses::default();
+        classes.grow_to(10);
+        classes.add(2, 0.5, &[]);
+        classes.add(5, 0.25, &[]);
+        classes.add(6, 0.125, &[5]);
+        classes.remove(6, 0.125);
+        // Tensor 6 left its class but still raised the bound: 7, 8, 9 were
+        // never in one.
+        let mut roots = Vec::new();
+        for (inputs, consumers) in [
+            (&[2usize, 5][..], &[5usize, 7, 9][..]),
+            (&[9, 8, 2], &[2, 5, 8]),
+            (&[], &[6, 7]),
+        ] {
+            let all: Vec<_> = inputs.iter().chain(consumers).copied().collect();
+            let sorted = classes.neighbour_cost_roots_sorted(inputs, consumers, &mut roots);
+            assert_eq!(sorted.to_bits(), classes.neighbour_cost(&all).to_bits());
+        }
+        assert_eq!(
+            classes.neighbour_cost_roots_sorted(&[2], &[5], &mut roots),
+            0.75,
+            "inputs first, then consumers, each class once"
+        );
+        assert_eq!(roots.len(), 2);
     }
 }

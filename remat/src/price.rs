@@ -51,8 +51,17 @@ struct Entry {
 pub struct PriceCache {
     depth: u32,
     entries: Vec<Entry>,
-    /// By class node: tensors whose cached projected cost summed that root.
-    watchers: Vec<Vec<TensorId>>,
+    /// By class node: the first link of the list of tensors whose cached
+    /// projected cost summed that root (in `links`).
+    watchers: Vec<Option<u32>>,
+    /// The watcher lists of all roots, linked through one arena (a tensor
+    /// and the next link of its list), so that registering a watcher, which
+    /// a search does for every price it computes, allocates nothing once
+    /// the arena has grown; links of invalidated lists are reused
+    /// (`free_links`).
+    links: Vec<(TensorId, Option<u32>)>,
+    /// The first link of the list of reusable links.
+    free_links: Option<u32>,
     /// Scratch: the roots of one projected-cost computation.
     pub(super) roots: Vec<usize>,
     /// Scratch: changed class roots, and the descendant walk's stack.
@@ -101,9 +110,26 @@ impl PriceCache {
         (entry.projected, entry.has_projected) = (value, true);
         for &root in &self.roots {
             if self.watchers.len() <= root {
-                self.watchers.resize_with(root + 1, Vec::new);
+                // Doubling: class nodes are made at every eviction and
+                // release, and a new root past the end is common.
+                let len = (root + 1).max(2 * self.watchers.len());
+                self.watchers.resize(len, None);
             }
-            self.watchers[root].push(t);
+            let next = self.watchers[root];
+            let link = match self.free_links {
+                Some(free) => {
+                    self.free_links = self.links[free as usize].1;
+                    self.links[free as usize] = (t, next);
+                    free
+                }
+                None => {
+                    let link = u32::try_from(self.links.len())
+                        .expect("fewer than 2^32 watchers registered at once");
+                    self.links.push((t, next));
+                    link
+                }
+            };
+            self.watchers[root] = Some(link);
         }
     }
 
@@ -193,11 +219,17 @@ impl PriceCache {
     /// (classes whose cost or root changed); `roots` is left empty.
     pub fn invalidate_classes(&mut self, roots: &mut Vec<usize>) {
         for root in roots.drain(..) {
-            let Some(list) = self.watchers.get_mut(root) else {
+            let Some(head) = self.watchers.get_mut(root) else {
                 continue;
             };
-            for t in list.drain(..) {
+            let mut next = head.take();
+            while let Some(link) = next {
+                let (t, after) = self.links[link as usize];
                 self.entries[t].has_projected = false;
+                // The link joins the free list.
+                self.links[link as usize].1 = self.free_links;
+                self.free_links = Some(link);
+                next = after;
             }
         }
     }
@@ -235,5 +267,37 @@ impl PriceCache {
             }
         }
         self.stack = stack;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watchers_are_forgotten_with_their_class_and_links_are_reused() {
+        let mut cache = PriceCache::new(4, 3);
+        // Tensors 0 and 1 read class root 7, tensor 2 reads roots 7 and 3.
+        for (t, roots) in [(0, &[7usize][..]), (1, &[7]), (2, &[7, 3])] {
+            cache.roots = roots.to_vec();
+            cache.store_projected(t, 1.0);
+        }
+        let arena = cache.links.len();
+        cache.invalidate_classes(&mut vec![3]);
+        assert_eq!(cache.cached(2).0, None, "a watcher of root 3");
+        assert_eq!(cache.cached(0).0, Some(1.0), "not a watcher of root 3");
+        cache.invalidate_classes(&mut vec![7]);
+        for t in 0..3 {
+            assert_eq!(cache.cached(t).0, None, "tensor {t} watched root 7");
+        }
+        // Priced again: the freed links serve the new registrations.
+        for t in 0..3 {
+            cache.roots = vec![7];
+            cache.store_projected(t, 2.0);
+        }
+        assert_eq!(cache.links.len(), arena, "no new link");
+        cache.invalidate_classes(&mut vec![7]);
+        assert!((0..3).all(|t| cache.cached(t).0.is_none()));
+        cache.invalidate_classes(&mut vec![7, 3, 100]);
     }
 }

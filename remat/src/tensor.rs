@@ -3,6 +3,13 @@
 //! was last used, and how many running ops hold it (locks). Also the evicted
 //! neighbourhood used by the DTR-style costs.
 //!
+//! What changes while a replay runs and a search reads for every interval
+//! (last use, locks, residency, pinned) is kept apart from the fixed
+//! description, densely ([`TensorState`], 16 bytes a tensor): a search reads
+//! it for every tensor in the pool, most of them cold since the last search,
+//! and four states share a cache line where a whole [`Tensor`] (its input
+//! list included) took more than one.
+//!
 //! A [`TensorTable`] belongs to one executor and is touched by one thread; the
 //! policies read it through `&TensorTable` while they search. With
 //! [`TensorTable::cache_prices`] on, projected costs and recompute peaks are
@@ -42,14 +49,10 @@ pub struct Tensor {
     /// Inputs of the op that makes it.
     pub inputs: Vec<TensorId>,
     /// Parameters, gradients, optimizer state: never evicted. Fixed when
-    /// the tensor is added (`TensorTable::is_pinned` keeps a dense copy).
+    /// the tensor is added (its [`TensorState`] keeps a copy).
     pub pinned: bool,
-    /// Logical time (op index) of the last use.
-    pub last_access: u64,
-    /// Where the value is.
+    /// Where the value is (its [`TensorState`] says whether it is resident).
     pub residency: Residency,
-    /// Running ops that need it resident; a locked tensor is not evictable.
-    pub locks: u32,
 }
 
 impl Tensor {
@@ -57,17 +60,38 @@ impl Tensor {
     pub fn cost_density(&self) -> f64 {
         self.cost / self.size.max(1) as f64
     }
+}
 
+/// The part of a tensor that a search reads for every interval, kept densely
+/// by the [`TensorTable`] (`TensorTable::state`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TensorState {
+    /// Logical time (op index) of the last use.
+    pub last_access: u64,
+    /// Running ops that need it resident; a locked tensor is not evictable.
+    pub locks: u32,
+    /// Its residency is `Resident`.
+    pub resident: bool,
+    /// `Tensor::pinned`.
+    pub pinned: bool,
+}
+
+impl TensorState {
     /// Logical time since the last use, at least 1.
     #[inline]
     pub fn staleness(&self, now: u64) -> f64 {
-        (now.saturating_sub(self.last_access) + 1) as f64
+        let ops = now.saturating_sub(self.last_access) + 1;
+        // Through i64, one conversion instruction where u64 takes several
+        // (a search does this for every evictable tensor): the same value,
+        // since op counts are far below 2^63.
+        debug_assert!(ops < 1 << 63);
+        ops as i64 as f64
     }
 
     /// True when a policy may evict it now: resident, not pinned, not locked.
     #[inline]
     pub fn is_evictable(&self) -> bool {
-        !self.pinned && self.locks == 0 && matches!(self.residency, Residency::Resident(_))
+        !self.pinned && self.locks == 0 && self.resident
     }
 }
 
@@ -76,8 +100,9 @@ impl Tensor {
 pub struct TensorTable {
     tensors: Vec<Tensor>,
     consumers: Vec<Vec<TensorId>>,
-    /// `Tensor::pinned`, densely: a window search asks it of every interval.
-    pinned: Vec<bool>,
+    /// Each tensor's [`TensorState`]; `resident` is kept by `drop_value`
+    /// and `set_resident`, the only ways in and out of the pool.
+    states: Vec<TensorState>,
     classes: EvictedClasses,
     /// Cached prices, when on; filled by searches through `&self`.
     price_cache: Option<RefCell<PriceCache>>,
@@ -104,12 +129,13 @@ impl TensorTable {
             cost,
             inputs,
             pinned,
-            last_access: 0,
             residency: Residency::Unborn,
-            locks: 0,
         });
         self.consumers.push(Vec::new());
-        self.pinned.push(pinned);
+        self.states.push(TensorState {
+            pinned,
+            ..TensorState::default()
+        });
         self.classes.grow_to(id + 1);
         if let Some(prices) = &mut self.price_cache {
             prices.get_mut().grow_to(id + 1);
@@ -145,29 +171,66 @@ impl TensorTable {
         self.tensors.get(id).ok_or(RematError::UnknownTensor(id))
     }
 
-    /// One tensor, to change.
-    pub fn get_mut(&mut self, id: TensorId) -> RematResult<&mut Tensor> {
+    fn get_mut(&mut self, id: TensorId) -> RematResult<&mut Tensor> {
         self.tensors
             .get_mut(id)
             .ok_or(RematError::UnknownTensor(id))
     }
 
+    /// The state of one tensor (last use, locks, resident, pinned).
+    #[inline]
+    pub fn state(&self, id: TensorId) -> RematResult<TensorState> {
+        self.states
+            .get(id)
+            .copied()
+            .ok_or(RematError::UnknownTensor(id))
+    }
+
+    /// Marks `id` as used at logical time `now`.
+    pub fn touch(&mut self, id: TensorId, now: u64) -> RematResult<()> {
+        let state = self
+            .states
+            .get_mut(id)
+            .ok_or(RematError::UnknownTensor(id))?;
+        state.last_access = now;
+        Ok(())
+    }
+
+    /// Adds `delta` to the locks of `id` (a running op holds or lets go of it).
+    pub fn lock(&mut self, id: TensorId, delta: i32) -> RematResult<()> {
+        let state = self
+            .states
+            .get_mut(id)
+            .ok_or(RematError::UnknownTensor(id))?;
+        state.locks = state.locks.checked_add_signed(delta).ok_or_else(|| {
+            RematError::Invariant(format!("tensor {id} unlocked more often than locked"))
+        })?;
+        Ok(())
+    }
+
+    /// The program dropped an evicted tensor: it stays out of the pool, now
+    /// as `Released` (nothing it prices changes: it was missing already).
+    pub fn release_evicted(&mut self, id: TensorId) -> RematResult<()> {
+        let tensor = self.get_mut(id)?;
+        if tensor.residency == Residency::Evicted {
+            tensor.residency = Residency::Released;
+        }
+        Ok(())
+    }
+
     /// True when the tensor is in the pool.
     pub fn is_resident(&self, id: TensorId) -> bool {
-        matches!(
-            self.tensors.get(id).map(|t| t.residency),
-            Some(Residency::Resident(_))
-        )
+        self.states.get(id).is_some_and(|s| s.resident)
     }
 
     /// True when the tensor may never be evicted (an unknown id is not).
     pub fn is_pinned(&self, id: TensorId) -> bool {
-        self.pinned.get(id).copied().unwrap_or(false)
+        self.states.get(id).is_some_and(|s| s.pinned)
     }
 
     /// True when a policy may evict it now: resident, not pinned, not locked.
     pub fn is_evictable(&self, id: TensorId) -> bool {
-        self.tensors.get(id).is_some_and(Tensor::is_evictable)
+        self.states.get(id).is_some_and(TensorState::is_evictable)
     }
 
     /// Inputs and consumers of a tensor: its graph neighbourhood.
@@ -233,7 +296,7 @@ impl TensorTable {
 
     /// Logical time since the last use, at least 1.
     pub fn staleness(&self, id: TensorId, now: u64) -> f64 {
-        self.tensors[id].staleness(now)
+        self.states[id].staleness(now)
     }
 
     /// Marks a resident tensor as gone (`Evicted` or `Released`) and joins it
@@ -244,6 +307,7 @@ impl TensorTable {
         let was_resident = matches!(tensor.residency, Residency::Resident(_));
         tensor.residency = to;
         let cost = tensor.cost;
+        self.states[id].resident = false;
         self.classes.add(id, cost, &neighbours);
         self.invalidate_prices(id, true, was_resident);
         Ok(())
@@ -257,7 +321,8 @@ impl TensorTable {
         // from a tensor computed for the first time.
         let was_missing = matches!(tensor.residency, Residency::Evicted | Residency::Released);
         tensor.residency = Residency::Resident(addr);
-        tensor.last_access = now;
+        let state = &mut self.states[id];
+        (state.resident, state.last_access) = (true, now);
         let left_class = self.classes.remove(id, cost);
         self.invalidate_prices(id, left_class, was_missing);
         Ok(())
@@ -291,8 +356,26 @@ impl TensorTable {
         }
     }
 
-    /// Compares every cached price with a fresh computation.
+    /// Compares every cached price with a fresh computation, and the dense
+    /// residency flags with the tensors' records.
     pub fn check_prices(&self) -> RematResult<()> {
+        for (id, tensor) in self.tensors.iter().enumerate() {
+            // Cached projected costs walk consumers in increasing id order.
+            if !self.consumers[id].is_sorted() {
+                return Err(RematError::Invariant(format!(
+                    "tensor {id}: consumers {:?} out of order",
+                    self.consumers[id]
+                )));
+            }
+            let resident = matches!(tensor.residency, Residency::Resident(_));
+            let state = self.states[id];
+            if state.resident != resident || state.pinned != tensor.pinned {
+                return Err(RematError::Invariant(format!(
+                    "tensor {id}: {:?}, pinned {}, but its state says {state:?}",
+                    tensor.residency, tensor.pinned
+                )));
+            }
+        }
         let Some(prices) = &self.price_cache else {
             return Ok(());
         };
@@ -341,11 +424,13 @@ impl Prices<'_> {
             return cost;
         }
         // The same sum over the same neighbours in the same order (inputs,
-        // then consumers) as the uncached one, with no allocation.
-        let neighbours = table.tensors[id].inputs.iter().chain(&table.consumers[id]);
-        let classes = table
-            .classes
-            .neighbour_cost_roots(neighbours.copied(), &mut cache.roots);
+        // then consumers, which `add` lists in increasing id order) as the
+        // uncached one, with no allocation.
+        let classes = table.classes.neighbour_cost_roots_sorted(
+            &table.tensors[id].inputs,
+            &table.consumers[id],
+            &mut cache.roots,
+        );
         let cost = table.tensors[id].cost + classes;
         cache.store_projected(id, cost);
         cost

@@ -19,10 +19,12 @@
 //! score's bits: the projected cost and the recompute amplification come
 //! from one read of the price cache (`Prices::projected_and_amplification`;
 //! the amplification is cached beside the peak, the same division done
-//! once), the tensor's record is read once for pinned, locks and staleness,
-//! and the buffers are kept from search to search. The staleness term is
-//! the only part that must be computed at every search (it changes with
-//! every op).
+//! once), the tensor's dense state (`TensorTable::state`, 16 bytes) is
+//! read once for pinned, locks, residency and staleness, and the buffers
+//! are kept from search to search. The staleness term is the only part that
+//! must be computed at every search (it changes with every op). The sweep
+//! converts the best window's bytes to f64 once per new best, not at every
+//! candidate, with the same products as `Window::better_than`.
 //!
 //! Cheap-tensor partitioning: a tensor whose op has a cost density (cost per
 //! byte) below the executor's threshold is "cheap" and goes to the right end of
@@ -128,9 +130,24 @@ impl Window {
                 // (bytes > 0: a window holds the request).
                 Ranking::PerByte => (self.score * b.bytes as f64, b.score * self.bytes as f64),
             };
-            mine < theirs || (mine == theirs && self.bytes < b.bytes)
+            self.before(b, mine, theirs)
         })
     }
+
+    /// Whether this window ranks before `b` when their ranking keys are
+    /// `mine` and `theirs`; ties go to the smaller window.
+    #[inline]
+    fn before(&self, b: &Window, mine: f64, theirs: f64) -> bool {
+        mine < theirs || (mine == theirs && self.bytes < b.bytes)
+    }
+}
+
+/// `bytes as f64`, through i64: one conversion instruction where u64 takes
+/// several, and the same value below 2^63 bytes.
+#[inline]
+fn bytes_f64(bytes: u64) -> f64 {
+    debug_assert!(bytes < 1 << 63);
+    bytes as i64 as f64
 }
 
 /// How the sweep ranks the candidate windows (the shortest window that
@@ -160,6 +177,9 @@ fn sweep<'a>(
 ) -> (Option<Window>, usize) {
     let (mut left, mut bytes, mut score, mut steps) = (0usize, 0u64, 0.0f64, 0usize);
     let mut best: Option<Window> = None;
+    // The best window's bytes as f64, for the per-byte comparison: converted
+    // once when it becomes the best, not at every candidate.
+    let mut best_bytes = 0.0f64;
     for right in 0..count {
         steps += 1;
         let item = at(right);
@@ -175,14 +195,26 @@ fn sweep<'a>(
             left += 1;
             steps += 1;
         }
+        if bytes < request || !accept(right) {
+            continue;
+        }
         let window = Window {
             first: left,
             last: right,
             score: score.max(0.0),
             bytes,
         };
-        if bytes >= request && accept(right) && window.better_than(best.as_ref(), ranking) {
+        let better = match (&best, ranking) {
+            (None, _) => true,
+            (Some(b), Ranking::Sum) => window.before(b, window.score, b.score),
+            // The same products as `Window::better_than`.
+            (Some(b), Ranking::PerByte) => {
+                window.before(b, window.score * best_bytes, b.score * bytes_f64(bytes))
+            }
+        };
+        if better {
             best = Some(window);
+            best_bytes = bytes_f64(bytes);
         }
     }
     (best, steps)
@@ -384,10 +416,9 @@ impl Coop {
     ) {
         let mut prices = ctx.tensors.prices();
         for i in intervals {
-            // The tensor's record settles pinned, locked and staleness in
-            // one read; most intervals of a training step are pinned
-            // (parameters, gradients, optimizer state).
-            let (score, pinned) = match i.tensor.map(|t| (t, ctx.tensors.get(t))) {
+            // The tensor's state settles pinned, locked and staleness in
+            // one read.
+            let (score, pinned) = match i.tensor.map(|t| (t, ctx.tensors.state(t))) {
                 None => (Some(0.0), false),
                 Some((_, Ok(tensor))) if tensor.pinned => (None, true),
                 Some((t, Ok(tensor))) if tensor.is_evictable() => {
