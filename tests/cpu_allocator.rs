@@ -444,3 +444,35 @@ fn a_heap_grows_while_threads_allocate() {
     );
     assert_eq!(h.trim(32).len(), 32, "every segment is free again");
 }
+
+/// The stats account for every byte of the segments formatted for slices:
+/// with one class in use and nothing freed, live + idle blocks + unissued
+/// slot slices + spare blocks = the formatted segments, exactly (what
+/// `bench frag` reports to say where a span's excess sits).
+#[test]
+fn stats_account_for_every_byte_of_formatted_segments() {
+    for (size, threads) in [(256u64, 4), (1024, 4), (16, 1)] {
+        let h = heap(256 * MIB);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    for _ in 0..20_000 / threads {
+                        assert!(!h.heap().malloc(size).is_null());
+                    }
+                });
+            }
+        });
+        let st = h.stats();
+        let held = st.live_bytes + st.idle_block_bytes + st.slot_unissued_bytes;
+        assert!(st.active_segments > 0, "{st:?}");
+        assert_eq!(
+            held + st.spare_block_bytes,
+            st.active_segments as u64 * SEGMENT_BYTES,
+            "{size} B: {st:?}"
+        );
+        assert_eq!(
+            st.live_bytes,
+            20_000 / threads as u64 * threads as u64 * size
+        );
+    }
+}

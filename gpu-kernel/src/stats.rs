@@ -33,6 +33,16 @@ pub struct HeapStats {
     pub invalid_frees: u64,
     /// Detected double frees.
     pub double_frees: u64,
+    /// Where memory that is held but not live sits (what makes a heap's
+    /// span exceed what was asked): segments formatted for a class.
+    pub active_segments: u32,
+    /// Bytes of blocks in formatted segments that nobody holds (free in
+    /// their segment's bitmap): formatted ahead of demand, or given back.
+    pub idle_block_bytes: u64,
+    /// Bytes of slices in slot blocks not yet handed out.
+    pub slot_unissued_bytes: u64,
+    /// Bytes of spare blocks parked beside slots.
+    pub spare_block_bytes: u64,
 }
 
 impl HeapStats {
@@ -60,10 +70,12 @@ impl HeapStats {
         for segment in 0..heap.segments as u64 {
             match SegmentState::decode(at(heap.states_at + segment)) {
                 SegmentState::Active { class, .. } => {
+                    s.active_segments += 1;
                     let bitmap = &words[(heap.bitmaps_at + segment * bitmap_words) as usize..]
                         [..bitmap_words as usize];
                     for block in 0..class.blocks_per_segment(shift) {
                         if bitmap[(block / 64) as usize] & 1 << (block % 64) != 0 {
+                            s.idle_block_bytes += 1 << class.block_shift(shift);
                             continue;
                         }
                         let live = if class.is_slice() {
@@ -94,10 +106,12 @@ impl HeapStats {
                 let word = SlotWord(at(heap.slots_at + (c * SLOTS_PER_CLASS + slot) as u64));
                 let live = &mut s.live_per_class[c as usize];
                 *live = live.saturating_sub(word.unissued(per) as u64);
+                s.slot_unissued_bytes += (word.unissued(per) as u64) << class.unit_shift();
                 for i in 0..SPARES_PER_SLOT {
                     if at(heap.spare_index(c, slot, i)) != 0 {
                         let live = &mut s.live_per_class[c as usize];
                         *live = live.saturating_sub(per as u64);
+                        s.spare_block_bytes += 1 << class.block_shift(shift);
                     }
                 }
             }

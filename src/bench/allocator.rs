@@ -63,6 +63,11 @@ pub trait Allocator {
     fn free_segments(&self) -> Result<Option<u32>> {
         Ok(None)
     }
+    /// What the heap holds now and where its held bytes sit, for ours on a
+    /// fixed heap (`None`, the default: an allocator that cannot say).
+    fn heap_stats(&self) -> Result<Option<HeapSnapshot>> {
+        Ok(None)
+    }
     /// Makes the heap `bytes` long, for a heap that follows the size a
     /// growing heap reached in the same test; returns whether it does
     /// (false, the default: the size stays).
@@ -116,6 +121,21 @@ impl Allocator for Ours {
     fn free(&mut self, gpu: &Gpu, ptrs: u64, n: u64) -> Result<()> {
         launch_heap_free(gpu, self.heap.arg(), ptrs, n)
     }
+    fn heap_stats(&self) -> Result<Option<HeapSnapshot>> {
+        Ok(Some(HeapSnapshot {
+            stats: self.heap.stats()?,
+            segment_bytes: self.heap.bytes() / self.heap.segments(),
+        }))
+    }
+}
+
+/// A heap's statistics with its segment size.
+#[derive(Clone, Debug)]
+pub struct HeapSnapshot {
+    /// What the heap holds.
+    pub stats: host::HeapStats,
+    /// Bytes per segment.
+    pub segment_bytes: u64,
 }
 
 /// Ours on CUDA virtual memory (issue 13): a heap that reserves the same

@@ -14,7 +14,7 @@ use host::error::DriverCall;
 use host::gpu::Arg;
 use host::{Gpu, Result};
 
-use super::allocator::{Allocator, Sizes};
+use super::allocator::{Allocator, HeapSnapshot, Sizes};
 
 /// Device arrays for one thread count.
 pub struct Buffers {
@@ -73,6 +73,9 @@ pub struct Round {
     /// Wholly free segments after the allocations, before the frees, when
     /// asked for and the heap says (a heap that grows).
     pub peak_free_segments: Option<u32>,
+    /// The heap's statistics after the allocations, before the frees, when
+    /// asked for and the allocator has them.
+    pub peak_stats: Option<HeapSnapshot>,
 }
 
 /// What a round keeps beyond its times and errors (untimed).
@@ -83,6 +86,9 @@ pub struct Keep {
     /// The heap's free segments at the round's peak (a warm-up round of a
     /// heap that grows: `bench::grow`).
     pub peak: bool,
+    /// The heap's statistics at the round's peak, where the allocator has
+    /// them (`bench frag`'s breakdown of what the heap holds).
+    pub stats: bool,
 }
 
 /// How a round's kernels are timed.
@@ -146,6 +152,11 @@ pub fn round(
     } else {
         None
     };
+    let peak_stats = if keep.stats {
+        allocator.heap_stats()?
+    } else {
+        None
+    };
     let free_ms = if allocator.frees() {
         Some(timing.time(gpu, || allocator.free(gpu, ptrs, n))?)
     } else {
@@ -159,6 +170,7 @@ pub fn round(
         wrong: errors[1],
         ptrs: kept,
         peak_free_segments,
+        peak_stats,
     })
 }
 

@@ -524,6 +524,7 @@ impl Bench {
                 |_| Vec::new(),
                 |gpu, opts, allocator, began| {
                     let mut ratios = Vec::new();
+                    let mut parts = HeldParts::default();
                     let mut valid = true;
                     for _ in 0..opts.iters {
                         if allocator.is_baseline()
@@ -533,6 +534,7 @@ impl Bench {
                         }
                         let keep = measure::Keep {
                             ptrs: true,
+                            stats: true,
                             ..Default::default()
                         };
                         let r =
@@ -550,20 +552,29 @@ impl Bench {
                         }
                         if requested > 0 {
                             ratios.push((hi - lo) as f64 / requested as f64);
+                            if let Some(snapshot) = &r.peak_stats {
+                                parts.add(snapshot, requested);
+                            }
                         }
                     }
-                    let s = Summary::of(&ratios);
-                    Ok(vec![Record::new(
-                        "frag",
-                        allocator.name(),
-                        size,
-                        &label,
-                        threads,
-                        "span_over_requested",
-                        s,
-                        valid,
-                        String::new(),
-                    )])
+                    let record = |metric: &str, samples: &[f64], note: &str| {
+                        Record::new(
+                            "frag",
+                            allocator.name(),
+                            size,
+                            &label,
+                            threads,
+                            metric,
+                            Summary::of(samples),
+                            valid,
+                            note.to_string(),
+                        )
+                    };
+                    let mut records = vec![record("span_over_requested", &ratios, "")];
+                    if !parts.held.is_empty() {
+                        records.extend(parts.records(record));
+                    }
+                    Ok(records)
                 },
             )?;
             out.extend(records);
@@ -697,4 +708,63 @@ pub fn init(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
         ));
     }
     Ok(out)
+}
+
+/// Where the bytes a heap holds at a `frag` round's peak sit, each over the
+/// bytes requested, one sample per round: segments formatted for classes
+/// (`held`; the span is these plus the free segments between them), and
+/// inside them the blocks nobody holds, the slices of slot blocks not yet
+/// handed out, the spare blocks, and the class rounding (live bytes at
+/// class granularity beyond the request).
+#[derive(Default)]
+struct HeldParts {
+    held: Vec<f64>,
+    idle_blocks: Vec<f64>,
+    slot_unissued: Vec<f64>,
+    spares: Vec<f64>,
+    rounding: Vec<f64>,
+}
+
+impl HeldParts {
+    fn add(&mut self, snapshot: &super::allocator::HeapSnapshot, requested: u64) {
+        let s = &snapshot.stats;
+        let over = |bytes: u64| bytes as f64 / requested as f64;
+        self.held
+            .push(over(s.active_segments as u64 * snapshot.segment_bytes));
+        self.idle_blocks.push(over(s.idle_block_bytes));
+        self.slot_unissued.push(over(s.slot_unissued_bytes));
+        self.spares.push(over(s.spare_block_bytes));
+        self.rounding
+            .push(over(s.live_bytes.saturating_sub(requested)));
+    }
+
+    fn records(&self, record: impl Fn(&str, &[f64], &str) -> Record) -> Vec<Record> {
+        vec![
+            record(
+                "held_over_requested",
+                &self.held,
+                "segments formatted for classes at the peak / requested",
+            ),
+            record(
+                "idle_blocks_over_requested",
+                &self.idle_blocks,
+                "blocks in formatted segments nobody holds",
+            ),
+            record(
+                "slot_unissued_over_requested",
+                &self.slot_unissued,
+                "slices of slot blocks not yet handed out",
+            ),
+            record(
+                "spares_over_requested",
+                &self.spares,
+                "spare blocks parked beside slots",
+            ),
+            record(
+                "rounding_over_requested",
+                &self.rounding,
+                "live bytes at class granularity beyond the request",
+            ),
+        ]
+    }
 }
