@@ -110,6 +110,25 @@ impl<'a> BlockBitmap<'a> {
         }
     }
 
+    /// [`BlockBitmap::take`] that first tries `block` itself with one RMW
+    /// (no load first), then scans from its word. Block classes pass the
+    /// ticket of their reservation plus their rank
+    /// ([`crate::segment::Grab::Reserved`]): in a segment no block has come
+    /// back to yet, that bit is free and no other reserver aims at it, so a
+    /// burst's takers of one bitmap word do not all chase its lowest set bit
+    /// one round trip after another. Clearing a bit that is clear already
+    /// changes nothing, so a miss costs one RMW.
+    #[inline]
+    pub fn take_at(&self, blocks: u32, block: u32) -> u32 {
+        let bit = 1u64 << (block & 63);
+        // acq_rel as in `take`: the bit's earlier owner gave it back with a
+        // release, which this acquire pairs with.
+        if arch::fetch_and_acq_rel(self.word(block >> 6), !bit) & bit != 0 {
+            return block;
+        }
+        self.take(blocks, block >> 6)
+    }
+
     /// Marks `block` free; returns false if it already was (a double free).
     /// Release: resets made before are visible to the next owner.
     #[inline]
