@@ -154,13 +154,20 @@ impl Claim {
         let segment = self.segment();
         let block = if self.0 & Claim::FORMATTED != 0 {
             rank
-        } else if self.0 & Claim::TICKETED != 0 {
-            let ticket = (self.0 >> Claim::TICKET_SHIFT) as u32;
-            heap.bitmap(segment)
-                .take_at(class.blocks_per_segment(heap.segment_shift), ticket + rank)
         } else {
-            heap.bitmap(segment)
-                .take(class.blocks_per_segment(heap.segment_shift), rank)
+            // Slices start the scan at word `rank`; block classes try the
+            // bit of their ticket first, then scan from its word.
+            let (start, first) = if self.0 & Claim::TICKETED != 0 {
+                let at = (self.0 >> Claim::TICKET_SHIFT) as u32 + rank;
+                (at >> 6, 1u64 << (at & 63))
+            } else {
+                (rank, 0)
+            };
+            heap.bitmap(segment).take_trying(
+                class.blocks_per_segment(heap.segment_shift),
+                start,
+                first,
+            )
         };
         BlockId { segment, block }
     }
@@ -475,7 +482,8 @@ impl Heap {
                 };
                 if !class.is_slice() {
                     // Block classes: one subtract, however many claim here.
-                    match table.reserve_blocks_add(segment, class, want, self.segment_shift) {
+                    match table.reserve_blocks_add(segment, class, want, blocks, self.segment_shift)
+                    {
                         Grab::Reserved {
                             count,
                             last,
@@ -487,22 +495,14 @@ impl Heap {
                             break Claim::ticketed(segment, count, ticket);
                         }
                         Grab::Missed { gave_back } => {
-                            match gave_back {
-                                // Our give-back was the first free block
-                                // again (returns came while we overdrew):
-                                // the segment serves; pick again.
-                                Some((c, Return::FirstFree)) if c == class => {
-                                    self.class_tree(c).insert(segment)
-                                }
-                                // Drained, or the hint was stale (the
-                                // segment is free, a run, or another
-                                // class's, which gets its blocks back).
-                                Some((c, ret)) => {
-                                    self.after_return(c, segment, ret);
-                                    self.drop_from_class_tree(class, segment);
-                                }
-                                None => self.drop_from_class_tree(class, segment),
+                            // Act on the give-back for the segment's class
+                            // (its first free block again, or its
+                            // retirement), then drop our hint, which
+                            // re-inserts it if it serves after all.
+                            if let Some((c, ret)) = gave_back {
+                                self.after_return(c, segment, ret);
                             }
+                            self.drop_from_class_tree(class, segment);
                             spread += 1;
                             salt = spread_salt(spread);
                             from = elsewhere;

@@ -356,8 +356,9 @@ impl<'a> SegmentTable<'a> {
     }
 
     /// Reserves up to `want` (at least one) free blocks of an active
-    /// segment of `class` with one subtract of `want` from its `free`
-    /// field, for block classes (heaps of `segment_shift`).
+    /// segment of `class` (`total` blocks per segment) with one subtract of
+    /// `want` from its `free` field, for block classes (heaps of
+    /// `segment_shift`).
     ///
     /// Why not a CAS: a burst's claimers of one segment (up to 32 warps
     /// for a 16 KiB class) then queued one CAS round trip after another on
@@ -395,6 +396,7 @@ impl<'a> SegmentTable<'a> {
         segment: u32,
         class: SizeClass,
         want: u32,
+        total: u32,
         segment_shift: u32,
     ) -> Grab {
         let w = self.word(segment);
@@ -402,10 +404,10 @@ impl<'a> SegmentTable<'a> {
         let Some((c, free)) = active(old) else {
             return Grab::Missed { gave_back: None };
         };
-        let total = c.blocks_per_segment(segment_shift);
         if c != class || free <= 0 {
             // Nothing here for us: give all of it back to the class the
             // segment is formatted for.
+            let total = c.blocks_per_segment(segment_shift);
             return Grab::Missed {
                 gave_back: Some((c, self.give_back_free(w, c, want, total))),
             };
@@ -692,7 +694,7 @@ mod tests {
         let (c, _) = block_classes();
         let shift = crate::class::MIN_SEGMENT_SHIFT;
         t.publish_active(0, c, 128);
-        let grab = |want| t.reserve_blocks_add(0, c, want, shift);
+        let grab = |want| t.reserve_blocks_add(0, c, want, 128, shift);
         assert_eq!(
             grab(100),
             Grab::Reserved {
@@ -741,7 +743,7 @@ mod tests {
         // (its claimers may have dropped the segment from their tree), so
         // the give-back says it must join that tree again.
         assert_eq!(
-            t.reserve_blocks_add(0, c16, 32, shift),
+            t.reserve_blocks_add(0, c16, 32, 128, shift),
             Grab::Missed {
                 gave_back: Some((c32, Return::FirstFree))
             }
@@ -757,7 +759,7 @@ mod tests {
         // every block free, and retires it as the last return would.
         t.publish_active(0, c32, 64);
         assert_eq!(
-            t.reserve_blocks_add(0, c16, 32, shift),
+            t.reserve_blocks_add(0, c16, 32, 128, shift),
             Grab::Missed {
                 gave_back: Some((c32, Return::Retired))
             }
@@ -772,7 +774,7 @@ mod tests {
         let (c16, _) = block_classes();
         t.publish_run(0, 3);
         assert_eq!(
-            t.reserve_blocks_add(0, c16, 32, crate::class::MIN_SEGMENT_SHIFT),
+            t.reserve_blocks_add(0, c16, 32, 128, crate::class::MIN_SEGMENT_SHIFT),
             Grab::Missed { gave_back: None }
         );
         assert_eq!(t.load(0), SegmentState::RunHead { segments: 3 });
@@ -815,13 +817,13 @@ mod tests {
                         if id == 8 {
                             if let Grab::Missed {
                                 gave_back: Some((_, r)),
-                            } = t.reserve_blocks_add(0, c32, want, shift)
+                            } = t.reserve_blocks_add(0, c32, want, 64, shift)
                             {
                                 retired(r);
                             }
                             continue;
                         }
-                        match t.reserve_blocks_add(0, c16, want, shift) {
+                        match t.reserve_blocks_add(0, c16, want, 128, shift) {
                             Grab::Reserved { count, ticket, .. } => {
                                 assert!(ticket + count <= 128);
                                 let now = out.fetch_add(count as i64, Ordering::SeqCst);

@@ -731,7 +731,15 @@ fn grab_in_a_thread(
     want: u32,
 ) -> thread::JoinHandle<Grab> {
     let s1 = states.clone();
-    thread::spawn(move || SegmentTable::new(&s1).reserve_blocks_add(0, class, want, SHIFT))
+    thread::spawn(move || {
+        SegmentTable::new(&s1).reserve_blocks_add(
+            0,
+            class,
+            want,
+            class.blocks_per_segment(SHIFT),
+            SHIFT,
+        )
+    })
 }
 
 /// The count a grab got (0 for a miss).
@@ -774,7 +782,7 @@ fn two_add_reservations_overdraw_the_segment() {
         let class = two_block_block_class();
         let states = active_segment(class, 2);
         let t = grab_in_a_thread(&states, class, 1);
-        let mine = SegmentTable::new(&states).reserve_blocks_add(0, class, 2, SHIFT);
+        let mine = SegmentTable::new(&states).reserve_blocks_add(0, class, 2, 2, SHIFT);
         let theirs = t.join().unwrap();
         assert_eq!(got(mine) + got(theirs), 2, "{mine:?} {theirs:?}");
         // Their tickets name different blocks.
