@@ -306,6 +306,19 @@ fn malloc_in_two_threads(tiny: &Arc<Tiny>, size: u64) -> (u64, u64) {
     (mine, t.join().unwrap())
 }
 
+/// Two `malloc(size)` at once (`malloc_in_two_threads`) both succeed at
+/// different addresses, and freeing both leaves the heap whole.
+fn two_mallocs_come_back_whole(tiny: &Arc<Tiny>, size: u64) {
+    let (mine, theirs) = malloc_in_two_threads(tiny, size);
+    assert!(
+        mine != 0 && theirs != 0 && mine != theirs,
+        "{mine:x} {theirs:x}"
+    );
+    tiny.heap.free(mine as *mut u8);
+    tiny.heap.free(theirs as *mut u8);
+    tiny.assert_whole();
+}
+
 fn class_4k() -> SizeClass {
     match Request::for_size(4096, SHIFT) {
         Request::Class(c) => c,
@@ -317,14 +330,7 @@ fn class_4k() -> SizeClass {
 fn two_installs_race_for_one_slot() {
     model_long(|| {
         let tiny = Tiny::new();
-        let (mine, theirs) = malloc_in_two_threads(&tiny, 4096);
-        assert!(
-            mine != 0 && theirs != 0 && mine != theirs,
-            "{mine:x} {theirs:x}"
-        );
-        tiny.heap.free(mine as *mut u8);
-        tiny.heap.free(theirs as *mut u8);
-        tiny.assert_whole();
+        two_mallocs_come_back_whole(&tiny, 4096);
     });
 }
 
@@ -636,14 +642,7 @@ fn two_block_claims_share_a_formatted_segment() {
         // race there, a pick in the same tree word), or both race the
         // lock and the loser waits for the format.
         let tiny = Tiny::new();
-        let (mine, theirs) = malloc_in_two_threads(&tiny, TWO_PER_SEGMENT);
-        assert!(
-            mine != 0 && theirs != 0 && mine != theirs,
-            "{mine:x} {theirs:x}"
-        );
-        tiny.heap.free(mine as *mut u8);
-        tiny.heap.free(theirs as *mut u8);
-        tiny.assert_whole();
+        two_mallocs_come_back_whole(&tiny, TWO_PER_SEGMENT);
     });
 }
 
