@@ -91,6 +91,28 @@ impl<'a> BlockBitmap<'a> {
     /// by another reserver first, so rescan.
     #[inline]
     pub fn take(&self, blocks: u32, start: u32) -> u32 {
+        self.take_trying(blocks, start, 0)
+    }
+
+    /// [`BlockBitmap::take`] that first tries the bits `first` of word
+    /// `start` with one RMW (no load first; `first` is one bit or none).
+    /// Block classes pass the bit of their reservation's ticket plus their
+    /// rank ([`crate::segment::Grab::Reserved`]): in a segment no block has
+    /// come back to yet, that bit is free and no other reserver aims at it,
+    /// so a burst's takers of one bitmap word do not all chase its lowest
+    /// set bit one round trip after another. Clearing a bit that is clear
+    /// already changes nothing, so a miss costs one RMW. One function for
+    /// both (`first` 0 for slices): two inlined copies of the scan cost
+    /// `heap_alloc` ten registers on sm_90.
+    #[inline]
+    pub fn take_trying(&self, blocks: u32, start: u32, first: u64) -> u32 {
+        if first != 0 {
+            // acq_rel as below: the bit's earlier owner gave it back with
+            // a release, which this acquire pairs with.
+            if arch::fetch_and_acq_rel(self.word(start), !first) & first != 0 {
+                return start * 64 + first.trailing_zeros();
+            }
+        }
         let words = blocks.div_ceil(64);
         loop {
             for k in 0..words {

@@ -13,7 +13,9 @@
 //!
 //! Claiming a block: take the lowest segment of the class tree (after a lost
 //! race, another of its tree word, picked per warp) and reserve one of its
-//! free blocks in the segment table, then take a bit of its bitmap; if the
+//! free blocks in the segment table (block classes: with one subtract, which
+//! may overdraw and give back, `SegmentTable::reserve_blocks_add`; slice
+//! classes: with a CAS), then take a bit of its bitmap; if the
 //! class tree is empty, claim the lowest free segment and format it, or, under
 //! the class's format lock, as many of them as the claimers in flight want.
 //! Returning a block: set its bitmap bit, then count it in the segment table;
@@ -33,7 +35,7 @@ use crate::class::{
     CLASSES, MIN_SLICE_SHIFT, Request, SLICES_PER_BLOCK_SHIFT, SizeClass, bitmap_words_per_segment,
 };
 use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
-use crate::segment::{Previous, Reservation, Return, SegmentState, SegmentTable};
+use crate::segment::{Grab, Previous, Reservation, Return, SegmentState, SegmentTable};
 use crate::slot::SLOTS_PER_CLASS;
 use crate::veb::VebTree;
 
@@ -107,16 +109,29 @@ impl BlockId {
 
 /// Blocks a team leader claimed for its team, packed in one word so it can
 /// be shuffled: `count` blocks of `segment`, either reserved in the segment
-/// table (each member takes a bitmap bit) or freshly formatted (member `i`
-/// owns block `i`). A count of zero: nothing could be claimed.
+/// table (each member takes a bitmap bit; for a block class, first trying
+/// the bit at the reservation's ticket plus its rank) or freshly formatted
+/// (member `i` owns block `i`). A count of zero: nothing could be claimed.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Claim(u64);
 
 impl Claim {
     const FORMATTED: u64 = 1 << 48;
+    /// A block class's reservation: bits `TICKET_SHIFT..` hold its ticket.
+    const TICKETED: u64 = 1 << 49;
+    /// Tickets are below a block class's 2048 blocks per segment at most.
+    const TICKET_SHIFT: u32 = 50;
 
     fn reserved(segment: u32, count: u32) -> Claim {
         Claim(segment as u64 | (count as u64) << 32)
+    }
+
+    fn ticketed(segment: u32, count: u32, ticket: u32) -> Claim {
+        Claim(
+            Claim::reserved(segment, count).0
+                | Claim::TICKETED
+                | (ticket as u64) << Claim::TICKET_SHIFT,
+        )
     }
 
     fn formatted(segment: u32, count: u32) -> Claim {
@@ -140,8 +155,19 @@ impl Claim {
         let block = if self.0 & Claim::FORMATTED != 0 {
             rank
         } else {
-            heap.bitmap(segment)
-                .take(class.blocks_per_segment(heap.segment_shift), rank)
+            // Slices start the scan at word `rank`; block classes try the
+            // bit of their ticket first, then scan from its word.
+            let (start, first) = if self.0 & Claim::TICKETED != 0 {
+                let at = (self.0 >> Claim::TICKET_SHIFT) as u32 + rank;
+                (at >> 6, 1u64 << (at & 63))
+            } else {
+                (rank, 0)
+            };
+            heap.bitmap(segment).take_trying(
+                class.blocks_per_segment(heap.segment_shift),
+                start,
+                first,
+            )
         };
         BlockId { segment, block }
     }
@@ -388,10 +414,14 @@ impl Heap {
     /// zero means the heap has no block of this class left.
     ///
     /// The first try is the lowest segment of the class tree, so light load
-    /// packs the class low. A claimer whose reservation loses a race there
-    /// tries a segment of the same tree word picked by its SM and warp
-    /// (`VebTree::pick`): a burst's claimers spread over the segments of a
-    /// batch instead of queueing on one state word.
+    /// packs the class low. Block classes reserve with one subtract on the
+    /// segment's state word, so every claimer of a segment is served in one
+    /// L2 atomic (no CAS chain); one that finds it drained gives its
+    /// subtract back and tries a segment of the same tree word picked by its
+    /// SM and warp (`VebTree::pick`). Slice classes reserve with a CAS (their
+    /// path as before), and a claimer whose CAS loses a race spreads the same
+    /// way: a burst's claimers spread over the segments of a batch instead
+    /// of queueing on one state word.
     ///
     /// Formatting is serialised per class (unless the caller takes the whole
     /// segment, or a slot installer half of it): when the class tree runs
@@ -441,6 +471,45 @@ impl Heap {
                 .pick(from, salt)
                 .or_else(|| if from != 0 { tree.pick(0, salt) } else { None });
             if let Some((segment, choices)) = found {
+                // Where to look after a miss: the segment's tree word again
+                // by SM and warp (a different pick each time), or the next
+                // word if this one has no other segment. A performance
+                // choice only: any segment of the tree serves.
+                let elsewhere = if choices > 1 {
+                    segment & !63
+                } else {
+                    (segment | 63).wrapping_add(1)
+                };
+                if !class.is_slice() {
+                    // Block classes: one subtract, however many claim here.
+                    match table.reserve_blocks_add(segment, class, want, blocks, self.segment_shift)
+                    {
+                        Grab::Reserved {
+                            count,
+                            last,
+                            ticket,
+                        } => {
+                            if last {
+                                self.drop_from_class_tree(class, segment);
+                            }
+                            break Claim::ticketed(segment, count, ticket);
+                        }
+                        Grab::Missed { gave_back } => {
+                            // Act on the give-back for the segment's class
+                            // (its first free block again, or its
+                            // retirement), then drop our hint, which
+                            // re-inserts it if it serves after all.
+                            if let Some((c, ret)) = gave_back {
+                                self.after_return(c, segment, ret);
+                            }
+                            self.drop_from_class_tree(class, segment);
+                            spread += 1;
+                            salt = spread_salt(spread);
+                            from = elsewhere;
+                        }
+                    }
+                    continue;
+                }
                 match table.reserve_blocks_once(segment, class, want) {
                     Reservation::Reserved { count, last } => {
                         if last {
@@ -450,18 +519,11 @@ impl Heap {
                     }
                     Reservation::Stale => self.drop_from_class_tree(class, segment),
                     Reservation::Contended => {
-                        // Another claimer got there first: pick again in
-                        // this word by SM and warp (a different pick each
-                        // time), or in the next word if this one has no
-                        // other segment. A performance choice only: any
-                        // segment of the tree serves.
+                        // Another claimer got there first: pick again
+                        // elsewhere.
                         spread += 1;
                         salt = spread_salt(spread);
-                        from = if choices > 1 {
-                            segment & !63
-                        } else {
-                            (segment | 63).wrapping_add(1)
-                        };
+                        from = elsewhere;
                     }
                 }
                 continue;
@@ -783,7 +845,15 @@ impl Heap {
     #[inline(never)]
     fn return_blocks(&self, class: SizeClass, segment: u32, count: u32) {
         let total = class.blocks_per_segment(self.segment_shift);
-        match self.table().return_blocks(segment, class, count, total) {
+        let ret = self.table().return_blocks(segment, class, count, total);
+        self.after_return(class, segment, ret);
+    }
+
+    /// Moves `segment` of `class` between trees as an add of free blocks
+    /// (a return, or a reservation's give-back) said.
+    #[inline(always)]
+    fn after_return(&self, class: SizeClass, segment: u32, ret: Return) {
+        match ret {
             Return::FirstFree => self.class_tree(class).insert(segment),
             Return::Partial => {}
             Return::Retired => {

@@ -3,25 +3,46 @@
 //! multi-segment run), and the transitions between those states.
 //!
 //! # State word
-//! `kind` (bits 24..28), `class` (bits 16..24), `free` blocks (bits 0..16),
-//! and for a run head its length in segments (bits 32..64).
+//! `kind` (bits 24..28), `class` (bits 16..24), for an `Active` segment its
+//! `free` count (bits 32..64, a two's-complement `i32`), and for a run head
+//! its length in segments less one (bits 0..24).
+//!
+//! The `free` field sits at the top of the word so that an add or a
+//! subtract of it can never carry or borrow into another field: block
+//! classes reserve with one subtract that may overdraw it (see
+//! [`SegmentTable::reserve_blocks_add`]), and a claimer holding a stale
+//! hint may subtract from the word of a segment that is no longer what it
+//! thought. For any kind but `Active` bits 32..64 therefore mean nothing
+//! (a stale subtract may have left a value there): every reader ignores
+//! them and every transition out of those kinds writes the whole word (a
+//! store, or a CAS that retries while only those bits moved).
 //!
 //! # Invariants (owned here)
 //! - A segment is in the segment tree only while its kind is `Free`.
-//! - For an `Active` segment, `free` never exceeds the number of set bits of
-//!   its block bitmap: a freed block's bit is set *before* `free` is
-//!   incremented, and a claimed block's bit is cleared *after* `free` was
-//!   decremented (a reservation). So a thread holding a reservation always
-//!   finds a set bit.
-//! - An `Active` segment turns `Free` only by a CAS from the word whose
-//!   `free` equals the class's blocks per segment (every block returned, or
-//!   none ever reserved: a segment a batch formatted for claimers in flight
-//!   that found blocks elsewhere, retired by `retire_idle`), so no
-//!   reservation can be outstanding when it does.
+//! - For an `Active` segment, `free = total - out - pending`, where `total`
+//!   is the class's blocks per segment, `out` the blocks reserved and not
+//!   yet returned, and `pending` what overdrawing reservations subtracted
+//!   beyond the blocks they got and have not given back yet. So `free`
+//!   never exceeds the number of set bits of its block bitmap (a freed
+//!   block's bit is set *before* `free` is incremented, and a claimed
+//!   block's bit is cleared *after* `free` was decremented), and a thread
+//!   holding a reservation always finds a set bit.
+//! - `free == total` exactly when no block is out and no overdraw is
+//!   pending. An `Active` segment turns `Free` only by a CAS from that word
+//!   (made by the thread whose add brought `free` to `total`, or by
+//!   `retire_idle` for a segment a batch formatted that no claim used), so
+//!   no reservation, granted or pending, can be outstanding when it does.
+//!   While a reservation's subtract is not given back the segment cannot
+//!   retire: a give-back always lands on the same incarnation of the
+//!   segment it was taken from.
+//! - Whoever's RMW takes `free` from above 0 to 0 or below drops the
+//!   segment from its class tree (with a re-check); whoever's add takes it
+//!   from 0 or below to above 0 inserts it (`Return::FirstFree`).
 //!
 //! All transitions of a segment others can reach are acq_rel RMWs on the
-//! state word (CASes, and the add that returns blocks: see
-//! [`SegmentTable::return_blocks`]). A segment only its formatter holds
+//! state word (CASes, the add that returns blocks, see
+//! [`SegmentTable::return_blocks`], and the subtract that reserves them for
+//! block classes). A segment only its formatter holds
 //! (claimed from the segment tree, in no class tree yet) is published by a
 //! release store, or in a batch by one fence and a relaxed store per
 //! segment; readers that only need
@@ -31,10 +52,15 @@
 use crate::arch::{self, Word};
 use crate::class::SizeClass;
 
-const FREE_MASK: u64 = 0xffff;
+/// The `free` field: bits 32..64, signed (an overdraw makes it negative).
+const FREE_SHIFT: u32 = 32;
+/// One block in the `free` field.
+const ONE_FREE: u64 = 1 << FREE_SHIFT;
 const CLASS_SHIFT: u32 = 16;
 const KIND_SHIFT: u32 = 24;
-const RUN_SHIFT: u32 = 32;
+/// A run head's length less one (runs of up to 2^24 segments, the largest
+/// tree's universe), below the kind.
+const RUN_MASK: u64 = (1 << KIND_SHIFT) - 1;
 /// Bits 28..30 of a `Free` word: what the segment was before it came back
 /// (`free` uses it to tell a double free from a wild pointer).
 const HISTORY_SHIFT: u32 = 28;
@@ -73,20 +99,30 @@ pub enum SegmentState {
     RunTail,
 }
 
+/// The class and signed `free` count of an `Active` word.
+#[inline(always)]
+fn active(word: u64) -> Option<(SizeClass, i32)> {
+    if (word >> KIND_SHIFT) & 0xf != 1 {
+        return None;
+    }
+    let class = SizeClass::new(((word >> CLASS_SHIFT) & 0xff) as u32)?;
+    Some((class, (word >> FREE_SHIFT) as u32 as i32))
+}
+
 impl SegmentState {
-    /// Decodes a state word.
+    /// Decodes a state word. An overdrawn `Active` word (a negative `free`
+    /// field, for a moment) has no free block.
     #[inline(always)]
     pub fn decode(word: u64) -> SegmentState {
+        if let Some((class, free)) = active(word) {
+            return SegmentState::Active {
+                class,
+                free: free.max(0) as u32,
+            };
+        }
         match (word >> KIND_SHIFT) & 0xf {
-            1 => match SizeClass::new(((word >> CLASS_SHIFT) & 0xff) as u32) {
-                Some(class) => SegmentState::Active {
-                    class,
-                    free: (word & FREE_MASK) as u32,
-                },
-                None => SegmentState::Free,
-            },
             2 => SegmentState::RunHead {
-                segments: (word >> RUN_SHIFT) as u32,
+                segments: (word & RUN_MASK) as u32 + 1,
             },
             3 => SegmentState::RunTail,
             _ => SegmentState::Free,
@@ -99,9 +135,13 @@ impl SegmentState {
         match self {
             SegmentState::Free => 0,
             SegmentState::Active { class, free } => {
-                1 << KIND_SHIFT | (class.index() as u64) << CLASS_SHIFT | free as u64
+                1 << KIND_SHIFT
+                    | (class.index() as u64) << CLASS_SHIFT
+                    | (free as u64) << FREE_SHIFT
             }
-            SegmentState::RunHead { segments } => 2 << KIND_SHIFT | (segments as u64) << RUN_SHIFT,
+            SegmentState::RunHead { segments } => {
+                2 << KIND_SHIFT | (segments as u64).wrapping_sub(1) & RUN_MASK
+            }
             SegmentState::RunTail => 3 << KIND_SHIFT,
         }
     }
@@ -148,6 +188,36 @@ pub enum Return {
     Retired,
 }
 
+/// The outcome of [`SegmentTable::reserve_blocks_add`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grab {
+    /// `count` free blocks are now ours to take from the bitmap; `last` if
+    /// the subtract took the segment's `free` to 0 or below (the caller
+    /// drops it from its class tree). `ticket`: the class's blocks per
+    /// segment less the `free` count the subtract found, where the bitmap
+    /// of a segment that no block has come back to yet has this
+    /// reservation's blocks (`ticket..ticket + count`), a hint to start
+    /// the search at.
+    Reserved {
+        /// Blocks reserved (at least one).
+        count: u32,
+        /// The reservation took the last free blocks.
+        last: bool,
+        /// Where this reservation's blocks are in a fresh bitmap.
+        ticket: u32,
+    },
+    /// Nothing reserved. `gave_back`: the subtract found an `Active` word,
+    /// of this class with no free block or of another class, and was given
+    /// back: the class the segment is formatted for, and what the give-back
+    /// did (which the caller acts on as on a return of blocks of that
+    /// class). `None`: the word was not `Active` (free or a run), and its
+    /// bits 32..64, which mean nothing there, are left as they are.
+    Missed {
+        /// The segment's class and the give-back's outcome.
+        gave_back: Option<(SizeClass, Return)>,
+    },
+}
+
 /// The state words of all segments.
 #[derive(Clone, Copy)]
 pub struct SegmentTable<'a> {
@@ -190,11 +260,25 @@ impl<'a> SegmentTable<'a> {
         }
     }
 
-    /// Publishes a freshly formatted segment. Release: the bitmap written
-    /// before is visible to whoever reserves a block after seeing this.
+    /// Publishes a freshly formatted segment. Release (a fence, then the
+    /// write): the bitmap written before is visible to whoever reserves a
+    /// block after seeing this.
+    ///
+    /// The write is an exchange, not a store, wherever a segment that was
+    /// free (or a run) gets a new state: a stale block reservation may
+    /// subtract from the word at the same time (see the module docs), and
+    /// the two must be ordered by RMW atomicity. With a store, the GPU's
+    /// coherence order already does that (the subtract comes wholly before
+    /// the store, which overwrites it, or after it, and sees the new word),
+    /// but loom, which checks these paths, lets a relaxed store lose against
+    /// RMWs of another thread that it executed before (a C++-forbidden
+    /// outcome: a store followed, in its own thread, by a load that reads
+    /// the other thread's adds). The exchange's result is unused, so the
+    /// GPU does not wait for it.
     #[inline]
     pub fn publish_active(&self, segment: u32, class: SizeClass, free: u32) {
-        arch::store_release(
+        arch::fence_acq_rel();
+        arch::swap_relaxed(
             self.word(segment),
             SegmentState::Active { class, free }.encode(),
         );
@@ -202,11 +286,12 @@ impl<'a> SegmentTable<'a> {
 
     /// Publishes freshly formatted segments `first + k`, one for each bit `k`
     /// of `mask`, each with `free` free blocks but `own`, which has
-    /// `own_free`. One fence, then a relaxed store per segment: the fence
-    /// followed by a store is a release of every bitmap written before the
-    /// fence (a release pattern), so whoever reserves after seeing one of
-    /// these words sees its bitmap, as with [`SegmentTable::publish_active`];
-    /// a batch pays for one fence instead of one release store per segment.
+    /// `own_free`. One fence, then a relaxed exchange per segment (an
+    /// exchange for the reason given at [`SegmentTable::publish_active`]):
+    /// the fence followed by a write is a release of every bitmap written
+    /// before the fence (a release pattern), so whoever reserves after
+    /// seeing one of these words sees its bitmap; a batch pays for one fence
+    /// instead of one per segment.
     #[inline]
     pub fn publish_active_many(
         &self,
@@ -222,7 +307,7 @@ impl<'a> SegmentTable<'a> {
         while rest != 0 {
             let segment = first + rest.trailing_zeros();
             let free = if segment == own { own_free } else { free };
-            arch::store_relaxed(
+            arch::swap_relaxed(
                 self.word(segment),
                 SegmentState::Active { class, free }.encode(),
             );
@@ -249,8 +334,8 @@ impl<'a> SegmentTable<'a> {
     pub fn reserve_blocks_once(&self, segment: u32, class: SizeClass, want: u32) -> Reservation {
         let w = self.word(segment);
         let current = arch::load_relaxed(w);
-        let serves = |word| match SegmentState::decode(word) {
-            SegmentState::Active { class: c, free } if c == class && free > 0 => Some(free),
+        let serves = |word| match active(word) {
+            Some((c, free)) if c == class && free > 0 => Some(free as u32),
             _ => None,
         };
         let Some(free) = serves(current) else {
@@ -260,13 +345,135 @@ impl<'a> SegmentTable<'a> {
         // acq_rel: acquire, to see the bitmap published with the word (or
         // the bits set by the returns counted in it); release, so a return
         // that counts after this reservation is ordered after it.
-        match arch::compare_exchange_acq_rel(w, current, current - count as u64) {
+        match arch::compare_exchange_acq_rel(w, current, current - count as u64 * ONE_FREE) {
             Ok(_) => Reservation::Reserved {
                 count,
                 last: free == count,
             },
             Err(actual) if serves(actual).is_some() => Reservation::Contended,
             Err(_) => Reservation::Stale,
+        }
+    }
+
+    /// Reserves up to `want` (at least one) free blocks of an active
+    /// segment of `class` (`total` blocks per segment) with one subtract of
+    /// `want` from its `free` field, for block classes (heaps of
+    /// `segment_shift`).
+    ///
+    /// Why not a CAS: a burst's claimers of one segment (up to 32 warps
+    /// for a 16 KiB class) then queued one CAS round trip after another on
+    /// its word; every subtract is served by the L2 in one pass, in any
+    /// order. The price is the overdraw: a subtract that finds fewer than
+    /// `want` free takes what there is and gives the rest back with an add
+    /// ([`Grab::Reserved`] with a smaller count), one that finds none gives
+    /// all of it back ([`Grab::Missed`]). Between the two the word shows
+    /// less free than the bitmap holds (the `pending` of the module's
+    /// invariant): other claimers may miss blocks that are there, but none
+    /// can reserve one that is not, and the segment cannot retire, since
+    /// `free` stays below `total` until the give-back.
+    ///
+    /// A give-back is a return without bitmap bits: the add that brings
+    /// `free` to `total` retires the segment with a CAS from exactly that
+    /// word, and an add that takes it from 0 or below to above 0 says the
+    /// segment must join its class tree again ([`Return::FirstFree`]); the
+    /// caller acts on either for the class the word names.
+    ///
+    /// The subtract is blind: a claimer whose class-tree hint is stale may
+    /// hit a segment that was retired and is free, a run, or formatted for
+    /// another class. A free or run word keeps the subtracted top bits
+    /// (which mean nothing there, and which the next transition
+    /// overwrites); an `Active` word of another class gets its blocks back
+    /// the same way as an overdraw.
+    ///
+    /// Acq_rel, as the CAS it replaces: acquire, to see the bitmap
+    /// published with the word (the formatter's release store or fence)
+    /// and the bits set by the returns counted in it; release, so a return
+    /// or retirement that counts after this reservation is ordered after
+    /// it.
+    #[inline]
+    pub fn reserve_blocks_add(
+        &self,
+        segment: u32,
+        class: SizeClass,
+        want: u32,
+        total: u32,
+        segment_shift: u32,
+    ) -> Grab {
+        let w = self.word(segment);
+        let old = arch::fetch_add_acq_rel(w, (want as u64 * ONE_FREE).wrapping_neg());
+        let Some((c, free)) = active(old) else {
+            return Grab::Missed { gave_back: None };
+        };
+        if c != class || free <= 0 {
+            // Nothing here for us: give all of it back to the class the
+            // segment is formatted for.
+            let total = c.blocks_per_segment(segment_shift);
+            return Grab::Missed {
+                gave_back: Some((c, self.give_back_free(w, c, want, total))),
+            };
+        }
+        let free = free as u32;
+        let count = want.min(free);
+        if count < want {
+            // The overdraw: `last` below makes the caller drop the segment
+            // from its class tree, with a re-check made after this add, so
+            // a `FirstFree` here needs nothing more; it cannot retire the
+            // segment while we hold `count` blocks of it.
+            self.give_back_free(w, c, want - count, total);
+        }
+        Grab::Reserved {
+            count,
+            last: free <= want,
+            ticket: total.saturating_sub(free),
+        }
+    }
+
+    /// Adds `count` to an `Active` word of `class` (`total` blocks per
+    /// segment) whose blocks or overdraw the caller holds, so that the add
+    /// cannot carry out of `free` nor find the segment changed; retires it
+    /// if the add brought `free` to `total`.
+    ///
+    /// Acq_rel: the release orders what the caller did before (a returned
+    /// block's bitmap bit) before the count, so a claimer that reserves
+    /// (acquire) finds the bits; the acquire orders what the previous
+    /// returners did before a retirement made here. The retiring CAS fails
+    /// only if the word moved on: a claimer subtracted meanwhile (the
+    /// segment stays active for it, and whoever brings `free` back to
+    /// `total` later retires it), or another retired it (`retire_idle`).
+    /// Either way exactly one thread retires it, and never while a block is
+    /// reserved or an overdraw pending.
+    #[inline]
+    fn give_back_free(&self, w: &Word, class: SizeClass, count: u32, total: u32) -> Return {
+        let old = arch::fetch_add_acq_rel(w, count as u64 * ONE_FREE);
+        let free = (old >> FREE_SHIFT) as u32 as i32;
+        self.after_add(w, old, free, class, count, total)
+    }
+
+    /// What an add of `count` to the word `old` (`free` its field) did, and
+    /// the retiring CAS if it brought `free` to `total`.
+    #[inline(always)]
+    fn after_add(
+        &self,
+        w: &Word,
+        old: u64,
+        free: i32,
+        class: SizeClass,
+        count: u32,
+        total: u32,
+    ) -> Return {
+        let now = free + count as i32;
+        if now == total as i32 {
+            let full = old.wrapping_add(count as u64 * ONE_FREE);
+            if arch::compare_exchange_acq_rel(w, full, retired_word(Previous::Active(class)))
+                .is_ok()
+            {
+                return Return::Retired;
+            }
+        }
+        if free <= 0 && now > 0 {
+            Return::FirstFree
+        } else {
+            Return::Partial
         }
     }
 
@@ -292,9 +499,9 @@ impl<'a> SegmentTable<'a> {
     #[inline]
     pub fn return_blocks(&self, segment: u32, class: SizeClass, count: u32, total: u32) -> Return {
         let w = self.word(segment);
-        let old = arch::fetch_add_acq_rel(w, count as u64);
-        let free = match SegmentState::decode(old) {
-            SegmentState::Active { free, class: c } if c == class && free + count <= total => free,
+        let old = arch::fetch_add_acq_rel(w, count as u64 * ONE_FREE);
+        let free = match active(old) {
+            Some((c, free)) if c == class && free as i64 + count as i64 <= total as i64 => free,
             // Unreachable while the caller holds blocks of this segment:
             // only a bad free on an unchecked heap whose segment changed
             // hands after `release_block`'s check gets here. Undo the add
@@ -302,22 +509,13 @@ impl<'a> SegmentTable<'a> {
             // between saw a wrong free count, which a CAS loop would have
             // avoided, but only for a program that already freed wrongly.
             _ => {
-                arch::fetch_add_acq_rel(w, (count as u64).wrapping_neg());
+                arch::fetch_add_acq_rel(w, (count as u64 * ONE_FREE).wrapping_neg());
                 return Return::Partial;
             }
         };
-        let full = old + count as u64;
-        if free + count == total
-            && arch::compare_exchange_acq_rel(w, full, retired_word(Previous::Active(class)))
-                .is_ok()
-        {
-            return Return::Retired;
-        }
-        if free == 0 {
-            Return::FirstFree
-        } else {
-            Return::Partial
-        }
+        // A `free` of 0 or below before the add (below: claimers' pending
+        // overdraw) and above after: the segment must join its class tree.
+        self.after_add(w, old, free, class, count, total)
     }
 
     /// Retires an active segment of `class` none of whose `total` blocks is
@@ -343,13 +541,16 @@ impl<'a> SegmentTable<'a> {
         .is_ok()
     }
 
-    /// Marks a claimed run of segments as one allocation.
+    /// Marks a claimed run of segments as one allocation: exchanges, as
+    /// [`SegmentTable::publish_active`], the head's after a fence (release:
+    /// the tails' words before the head's).
     #[inline]
     pub fn publish_run(&self, head: u32, segments: u32) {
         for s in head + 1..head + segments {
-            arch::store_relaxed(self.word(s), SegmentState::RunTail.encode());
+            arch::swap_relaxed(self.word(s), SegmentState::RunTail.encode());
         }
-        arch::store_release(self.word(head), SegmentState::RunHead { segments }.encode());
+        arch::fence_acq_rel();
+        arch::swap_relaxed(self.word(head), SegmentState::RunHead { segments }.encode());
     }
 
     /// Ends a run: `Some(length)` if this call freed it, `None` if `head` is
@@ -357,13 +558,27 @@ impl<'a> SegmentTable<'a> {
     #[inline]
     pub fn end_run(&self, head: u32) -> Option<u32> {
         let w = self.word(head);
-        let current = arch::load_relaxed(w);
+        let mut current = arch::load_relaxed(w);
         let SegmentState::RunHead { segments } = SegmentState::decode(current) else {
             return None;
         };
-        arch::compare_exchange_acq_rel(w, current, retired_word(Previous::RunHead)).ok()?;
+        // A CAS that fails only because a stale block reservation changed
+        // bits 32..64 (which mean nothing in a run head) is retried: only
+        // a change of the run head itself (another free ending it) makes
+        // this free a double one.
+        loop {
+            match arch::compare_exchange_acq_rel(w, current, retired_word(Previous::RunHead)) {
+                Ok(_) => break,
+                Err(actual)
+                    if SegmentState::decode(actual) == (SegmentState::RunHead { segments }) =>
+                {
+                    current = actual
+                }
+                Err(_) => return None,
+            }
+        }
         for s in head + 1..head + segments {
-            arch::store_relaxed(self.word(s), SegmentState::Free.encode());
+            arch::swap_relaxed(self.word(s), SegmentState::Free.encode());
         }
         Some(segments)
     }
@@ -450,5 +665,198 @@ mod tests {
         assert!(t.retire_idle(0, c16, 8));
         assert_eq!(t.load(0), SegmentState::Free);
         assert_eq!(t.previous(0), Previous::Active(c16));
+    }
+
+    /// The smallest block class (128 blocks of 16 KiB per 2 MiB segment)
+    /// and the next (64 of 32 KiB).
+    fn block_classes() -> (SizeClass, SizeClass) {
+        let shift = crate::class::MIN_SEGMENT_SHIFT;
+        let mut blocks = (0..crate::class::CLASSES)
+            .filter_map(SizeClass::new)
+            .filter(|c| !c.is_slice());
+        let (a, b) = (blocks.next().unwrap(), blocks.next().unwrap());
+        assert_eq!(
+            (a.blocks_per_segment(shift), b.blocks_per_segment(shift)),
+            (128, 64)
+        );
+        (a, b)
+    }
+
+    /// The raw signed `free` field of segment 0.
+    fn field(states: &[Word]) -> i32 {
+        (arch::load_relaxed(&states[0]) >> FREE_SHIFT) as u32 as i32
+    }
+
+    #[test]
+    fn an_overdraw_takes_what_is_there_and_gives_the_rest_back() {
+        let states = [Word::new(0)];
+        let t = SegmentTable::new(&states);
+        let (c, _) = block_classes();
+        let shift = crate::class::MIN_SEGMENT_SHIFT;
+        t.publish_active(0, c, 128);
+        let grab = |want| t.reserve_blocks_add(0, c, want, 128, shift);
+        assert_eq!(
+            grab(100),
+            Grab::Reserved {
+                count: 100,
+                last: false,
+                ticket: 0
+            }
+        );
+        assert_eq!(
+            grab(32),
+            Grab::Reserved {
+                count: 28,
+                last: true,
+                ticket: 100
+            }
+        );
+        assert_eq!(field(&states), 0, "the overdraw was given back");
+        assert_eq!(
+            grab(1),
+            Grab::Missed {
+                gave_back: Some((c, Return::Partial))
+            }
+        );
+        assert_eq!(field(&states), 0);
+        assert_eq!(t.return_blocks(0, c, 28, 128), Return::FirstFree);
+        assert_eq!(t.return_blocks(0, c, 100, 128), Return::Retired);
+        assert_eq!(t.load(0), SegmentState::Free);
+        // A stale reservation on the free word: nothing to give back, the
+        // word still reads free and remembers its class, and the next
+        // format's store overwrites what the subtract left.
+        assert_eq!(grab(7), Grab::Missed { gave_back: None });
+        assert_eq!(t.load(0), SegmentState::Free);
+        assert_eq!(t.previous(0), Previous::Active(c));
+        t.publish_active(0, c, 128);
+        assert_eq!(field(&states), 128);
+    }
+
+    #[test]
+    fn a_stale_reservation_gives_another_class_its_blocks_back() {
+        let states = [Word::new(0)];
+        let t = SegmentTable::new(&states);
+        let (c16, c32) = block_classes();
+        let shift = crate::class::MIN_SEGMENT_SHIFT;
+        t.publish_active(0, c32, 10);
+        // The subtract took the other class's `free` below 1 for a moment
+        // (its claimers may have dropped the segment from their tree), so
+        // the give-back says it must join that tree again.
+        assert_eq!(
+            t.reserve_blocks_add(0, c16, 32, 128, shift),
+            Grab::Missed {
+                gave_back: Some((c32, Return::FirstFree))
+            }
+        );
+        assert_eq!(
+            t.load(0),
+            SegmentState::Active {
+                class: c32,
+                free: 10
+            }
+        );
+        // An idle segment of the other class: the give-back brings it to
+        // every block free, and retires it as the last return would.
+        t.publish_active(0, c32, 64);
+        assert_eq!(
+            t.reserve_blocks_add(0, c16, 32, 128, shift),
+            Grab::Missed {
+                gave_back: Some((c32, Return::Retired))
+            }
+        );
+        assert_eq!(t.load(0), SegmentState::Free);
+    }
+
+    #[test]
+    fn a_run_head_survives_a_stale_reservation() {
+        let states: [Word; 3] = core::array::from_fn(|_| Word::new(0));
+        let t = SegmentTable::new(&states);
+        let (c16, _) = block_classes();
+        t.publish_run(0, 3);
+        assert_eq!(
+            t.reserve_blocks_add(0, c16, 32, 128, crate::class::MIN_SEGMENT_SHIFT),
+            Grab::Missed { gave_back: None }
+        );
+        assert_eq!(t.load(0), SegmentState::RunHead { segments: 3 });
+        assert_eq!(t.end_run(0), Some(3));
+        assert_eq!(t.end_run(0), None);
+        let longest = SegmentState::RunHead { segments: 1 << 24 };
+        assert_eq!(SegmentState::decode(longest.encode()), longest);
+    }
+
+    /// Eight threads reserve 1–32 blocks of one 128-block segment at a
+    /// time with one subtract each, hold them a while and return them in
+    /// pieces; a ninth reserves for another class (a stale hint) and gives
+    /// back. Yields at every other RMW. Whoever retires the segment formats
+    /// it again (as a claimer of the free segment would). Never more than
+    /// 128 blocks out, and at the end every block is back: the segment is
+    /// free or whole, with no overdraw left behind.
+    #[test]
+    fn hammered_add_reservations_never_overdraw_the_bitmap() {
+        extern crate std;
+        use std::sync::atomic::{AtomicI64, Ordering};
+        let states = [Word::new(0)];
+        let t = SegmentTable::new(&states);
+        let (c16, c32) = block_classes();
+        let shift = crate::class::MIN_SEGMENT_SHIFT;
+        t.publish_active(0, c16, 128);
+        let out = AtomicI64::new(0);
+        let (t, out) = (&t, &out);
+        let retired = |r| {
+            if r == Return::Retired {
+                t.publish_active(0, c16, 128);
+            }
+        };
+        std::thread::scope(|s| {
+            for id in 0..9u32 {
+                s.spawn(move || {
+                    arch::preempt_every(2);
+                    let mut held = 0u32;
+                    for step in 0..4000u32 {
+                        let want = 1 + (id * 7 + step * 13) % 32;
+                        if id == 8 {
+                            if let Grab::Missed {
+                                gave_back: Some((_, r)),
+                            } = t.reserve_blocks_add(0, c32, want, 64, shift)
+                            {
+                                retired(r);
+                            }
+                            continue;
+                        }
+                        match t.reserve_blocks_add(0, c16, want, 128, shift) {
+                            Grab::Reserved { count, ticket, .. } => {
+                                assert!(ticket + count <= 128);
+                                let now = out.fetch_add(count as i64, Ordering::SeqCst);
+                                assert!(now + count as i64 <= 128, "{now} + {count} out");
+                                held += count;
+                            }
+                            Grab::Missed {
+                                gave_back: Some((_, r)),
+                            } => retired(r),
+                            Grab::Missed { gave_back: None } => {}
+                        }
+                        if held > 0 && step % 3 == id % 3 {
+                            let back = held.div_ceil(2);
+                            out.fetch_sub(back as i64, Ordering::SeqCst);
+                            held -= back;
+                            retired(t.return_blocks(0, c16, back, 128));
+                        }
+                    }
+                    if held > 0 {
+                        out.fetch_sub(held as i64, Ordering::SeqCst);
+                        retired(t.return_blocks(0, c16, held, 128));
+                    }
+                });
+            }
+        });
+        assert_eq!(out.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            t.load(0),
+            SegmentState::Active {
+                class: c16,
+                free: 128
+            }
+        );
+        assert_eq!(field(&states), 128);
     }
 }

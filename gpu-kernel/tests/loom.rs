@@ -13,6 +13,18 @@
 //! - Segment return: a reservation racing the return of a segment's last
 //!   block ends in one of the two consistent orders; two returns of the last
 //!   blocks retire the segment exactly once.
+//! - Block-class reservations by one subtract
+//!   (`SegmentTable::reserve_blocks_add`): racing the return of a segment's
+//!   last block out, two reservations that together want more than the
+//!   segment has (the overdraw is given back, the counts add up to what was
+//!   free, and no overdraw is left in the word), one racing the retiring
+//!   return and one racing `retire_idle` (exactly one retirement, never
+//!   with a block reserved), and a stale one that hits another class's
+//!   segment racing that class's last return (the give-back retires it if
+//!   it comes last). Through the real `malloc`: a two-lane team (a claim of
+//!   two) on a segment of the 1 MiB class with one block free overdraws it
+//!   while the other block comes back; the lanes get different blocks and
+//!   both segments come back after the frees.
 //! - The slot protocol through the real `malloc`/`free` on a one-segment
 //!   heap: two installs racing for one slot, an install racing a flush, an
 //!   allocation racing a reclaim. Each ends with every slice back and the
@@ -56,7 +68,7 @@ use gpu_kernel::class::{MIN_SEGMENT_SHIFT, Request, SLICE_CLASSES, SLICES_PER_BL
 const SHIFT: u32 = MIN_SEGMENT_SHIFT;
 const SEGMENT_BYTES: u64 = 1 << SHIFT;
 use gpu_kernel::layout::NO_SPARES;
-use gpu_kernel::segment::{Reservation, Return, SegmentState, SegmentTable};
+use gpu_kernel::segment::{Grab, Reservation, Return, SegmentState, SegmentTable};
 use gpu_kernel::veb::{TreeShape, VebTree};
 use loom::sync::Arc;
 use loom::thread;
@@ -699,5 +711,217 @@ fn a_batch_format_serves_the_waiting_claimers() {
             gpu_kernel::arch::load_relaxed(format_lock_word(&tiny, class)),
             phantom
         );
+    });
+}
+
+/// The block class with two blocks per 2 MiB segment (1 MiB blocks).
+fn two_block_block_class() -> SizeClass {
+    match Request::for_size(TWO_PER_SEGMENT, SHIFT) {
+        Request::Class(c) if !c.is_slice() => c,
+        r => panic!("{r:?}"),
+    }
+}
+
+/// `reserve_blocks_add` of `want` blocks of `class` on segment 0 of
+/// `states` in a second model thread.
+fn grab_in_a_thread(
+    states: &Arc<Vec<Word>>,
+    class: SizeClass,
+    want: u32,
+) -> thread::JoinHandle<Grab> {
+    let s1 = states.clone();
+    thread::spawn(move || {
+        SegmentTable::new(&s1).reserve_blocks_add(
+            0,
+            class,
+            want,
+            class.blocks_per_segment(SHIFT),
+            SHIFT,
+        )
+    })
+}
+
+/// The count a grab got (0 for a miss).
+fn got(grab: Grab) -> u32 {
+    match grab {
+        Grab::Reserved { count, .. } => count,
+        Grab::Missed { .. } => 0,
+    }
+}
+
+#[test]
+fn an_add_reservation_racing_the_last_return() {
+    model(|| {
+        let class = two_block_block_class();
+        let states = active_segment(class, 1);
+        let t = grab_in_a_thread(&states, class, 1);
+        let returned = SegmentTable::new(&states).return_blocks(0, class, 1, 2);
+        let grab = t.join().unwrap();
+        let end = SegmentTable::new(&states).load(0);
+        match grab {
+            // Before the return's retiring CAS (which then fails) or
+            // before its add: the segment stays active with one block out.
+            Grab::Reserved { count: 1, .. } => {
+                assert_ne!(returned, Return::Retired);
+                assert_eq!(end, SegmentState::Active { class, free: 1 });
+            }
+            // After the retirement: a subtract on the free word.
+            Grab::Missed { gave_back: None } => {
+                assert_eq!(returned, Return::Retired);
+                assert_eq!(end, SegmentState::Free);
+            }
+            other => panic!("inconsistent outcome {other:?} {returned:?}, state {end:?}"),
+        }
+    });
+}
+
+#[test]
+fn two_add_reservations_overdraw_the_segment() {
+    model(|| {
+        let class = two_block_block_class();
+        let states = active_segment(class, 2);
+        let t = grab_in_a_thread(&states, class, 1);
+        let mine = SegmentTable::new(&states).reserve_blocks_add(0, class, 2, 2, SHIFT);
+        let theirs = t.join().unwrap();
+        assert_eq!(got(mine) + got(theirs), 2, "{mine:?} {theirs:?}");
+        // Their tickets name different blocks.
+        if let (
+            Grab::Reserved { ticket: a, .. },
+            Grab::Reserved {
+                ticket: b,
+                count: 1,
+                ..
+            },
+        ) = (mine, theirs)
+        {
+            assert_ne!(a, b);
+        }
+        // No overdraw left: nothing free, both blocks out, and the two
+        // returns retire the segment once.
+        let table = SegmentTable::new(&states);
+        assert_eq!(table.load(0), SegmentState::Active { class, free: 0 });
+        assert_eq!(table.return_blocks(0, class, 1, 2), Return::FirstFree);
+        assert_eq!(table.return_blocks(0, class, 1, 2), Return::Retired);
+    });
+}
+
+#[test]
+fn an_overdrawing_reservation_racing_the_retiring_return() {
+    model(|| {
+        let class = two_block_block_class();
+        let states = active_segment(class, 1);
+        // Wants two where one is free: takes one and gives one back, or
+        // comes after the return (takes both, or finds the segment free).
+        let t = grab_in_a_thread(&states, class, 2);
+        let returned = SegmentTable::new(&states).return_blocks(0, class, 1, 2);
+        let grab = t.join().unwrap();
+        let end = SegmentTable::new(&states).load(0);
+        let out = got(grab);
+        if out == 0 {
+            assert_eq!(grab, Grab::Missed { gave_back: None });
+            assert_eq!(returned, Return::Retired);
+            assert_eq!(end, SegmentState::Free);
+        } else {
+            assert_ne!(returned, Return::Retired, "{grab:?}");
+            assert_eq!(
+                end,
+                SegmentState::Active {
+                    class,
+                    free: 2 - out
+                }
+            );
+        }
+    });
+}
+
+#[test]
+fn an_add_reservation_racing_retire_idle() {
+    model(|| {
+        let class = two_block_block_class();
+        let states = active_segment(class, 2);
+        let t = grab_in_a_thread(&states, class, 1);
+        let retired = SegmentTable::new(&states).retire_idle(0, class, 2);
+        let grab = t.join().unwrap();
+        let end = SegmentTable::new(&states).load(0);
+        match grab {
+            Grab::Reserved { count: 1, .. } if !retired => {
+                assert_eq!(end, SegmentState::Active { class, free: 1 })
+            }
+            Grab::Missed { gave_back: None } if retired => assert_eq!(end, SegmentState::Free),
+            other => panic!("inconsistent outcome {other:?} {retired}, state {end:?}"),
+        }
+    });
+}
+
+#[test]
+fn a_stale_reservation_racing_the_other_class_last_return() {
+    model(|| {
+        // The segment is the other class's (two blocks, one out); a
+        // claimer of the 1 MiB class whose hint is stale subtracts from it.
+        let class = two_block_block_class();
+        let other = (0..gpu_kernel::class::CLASSES)
+            .filter_map(SizeClass::new)
+            .find(|c| !c.is_slice() && *c != class)
+            .unwrap();
+        let total = other.blocks_per_segment(SHIFT);
+        let states = active_segment(other, total - 1);
+        let t = grab_in_a_thread(&states, class, 1);
+        let returned = SegmentTable::new(&states).return_blocks(0, other, 1, total);
+        let grab = t.join().unwrap();
+        let retirements = [
+            returned == Return::Retired,
+            grab == Grab::Missed {
+                gave_back: Some((other, Return::Retired)),
+            },
+        ];
+        assert_eq!(
+            retirements.iter().filter(|r| **r).count(),
+            1,
+            "{grab:?} {returned:?}"
+        );
+        assert_eq!(SegmentTable::new(&states).load(0), SegmentState::Free);
+    });
+}
+
+#[test]
+fn a_team_overdraws_a_segment_while_its_block_comes_back() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(1);
+    b.max_branches = 100_000;
+    b.check(|| {
+        // Segment 0 of two 1 MiB blocks has one out (this thread's). A
+        // two-lane team wants two: its subtract takes the free one and
+        // gives one back (or, after the free below, takes both), the other
+        // lane claims again. This thread frees its block meanwhile.
+        let tiny = Tiny::with_segments(2);
+        let first = tiny.heap.malloc(TWO_PER_SEGMENT) as u64;
+        assert_ne!(first, 0);
+        let warp = HostWarp::new();
+        let lanes: Vec<_> = (0..2u32)
+            .map(|lane| {
+                let (tiny, warp) = (tiny.clone(), warp.clone());
+                thread::spawn(move || {
+                    join_host_warp(warp, lane);
+                    tiny.heap.malloc(TWO_PER_SEGMENT) as u64
+                })
+            })
+            .collect();
+        tiny.heap.free(first as *mut u8);
+        let mut got: Vec<u64> = lanes.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(got.iter().all(|&p| p != 0), "{got:x?}");
+        got.sort_unstable();
+        got.dedup();
+        assert_eq!(got.len(), 2, "a block handed out twice");
+        for p in got {
+            tiny.heap.free(p as *mut u8);
+        }
+        tiny.heap.flush_slots();
+        let words: Vec<u64> = tiny
+            ._metadata
+            .iter()
+            .map(gpu_kernel::arch::load_relaxed)
+            .collect();
+        let stats = gpu_kernel::stats::HeapStats::from_snapshot(&tiny.heap, &words);
+        assert_eq!(tiny.heap.free_segments(), 2, "{stats:?}");
     });
 }

@@ -142,6 +142,12 @@ pub fn fetch_and_acq_rel(w: &Word, v: u64) -> u64 {
     preempt_point();
     w.fetch_and(v, Ordering::AcqRel)
 }
+/// Relaxed exchange; returns the old value.
+#[inline(always)]
+pub fn swap_relaxed(w: &Word, v: u64) -> u64 {
+    preempt_point();
+    w.swap(v, Ordering::Relaxed)
+}
 /// Acquire-release exchange; returns the old value.
 #[inline(always)]
 pub fn swap_acq_rel(w: &Word, v: u64) -> u64 {

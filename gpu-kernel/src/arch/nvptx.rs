@@ -137,6 +137,12 @@ rmw64!(
     "Acquire-release and; returns the old value."
 );
 rmw64!(
+    swap_relaxed,
+    "relaxed",
+    "exch.b64",
+    "Relaxed exchange; returns the old value."
+);
+rmw64!(
     swap_acq_rel,
     "acq_rel",
     "exch.b64",
