@@ -12,7 +12,9 @@
 //! classes reserve with one subtract that may overdraw it (see
 //! [`SegmentTable::reserve_blocks_add`]), and a claimer holding a stale
 //! hint may subtract from the word of a segment that is no longer what it
-//! thought. For any kind but `Active` bits 32..64 therefore mean nothing
+//! thought (it checks the word first, so only if the segment changed
+//! between that check and the subtract). For any kind but `Active` bits
+//! 32..64 therefore mean nothing
 //! (a stale subtract may have left a value there): every reader ignores
 //! them and every transition out of those kinds writes the whole word (a
 //! store, or a CAS that retries while only those bits moved).
@@ -206,12 +208,15 @@ pub enum Grab {
         /// Where this reservation's blocks are in a fresh bitmap.
         ticket: u32,
     },
-    /// Nothing reserved. `gave_back`: the subtract found an `Active` word,
-    /// of this class with no free block or of another class, and was given
-    /// back: the class the segment is formatted for, and what the give-back
-    /// did (which the caller acts on as on a return of blocks of that
-    /// class). `None`: the word was not `Active` (free or a run), and its
-    /// bits 32..64, which mean nothing there, are left as they are.
+    /// Nothing reserved. `None`: the check before the subtract found no
+    /// free block of this class there (the usual miss: nothing was
+    /// subtracted), or the subtract found a word that is not `Active`
+    /// (free or a run; its bits 32..64, which mean nothing there, are left
+    /// as they are). `Some`: the word changed between the check and the
+    /// subtract, which found an `Active` word of this class with no free
+    /// block or of another class, and was given back: the class the
+    /// segment is formatted for, and what the give-back did (which the
+    /// caller acts on as on a return of blocks of that class).
     Missed {
         /// The segment's class and the give-back's outcome.
         gave_back: Option<(SizeClass, Return)>,
@@ -378,12 +383,31 @@ impl<'a> SegmentTable<'a> {
     /// segment must join its class tree again ([`Return::FirstFree`]); the
     /// caller acts on either for the class the word names.
     ///
-    /// The subtract is blind: a claimer whose class-tree hint is stale may
-    /// hit a segment that was retired and is free, a run, or formatted for
-    /// another class. A free or run word keeps the subtracted top bits
-    /// (which mean nothing there, and which the next transition
-    /// overwrites); an `Active` word of another class gets its blocks back
-    /// the same way as an overdraw.
+    /// A relaxed load first: the subtract is made only if the word shows
+    /// free blocks of `class`. A claimer's class-tree hint may be stale
+    /// (the segment was drained, retired, made a run or formatted for
+    /// another class since it was inserted), and a subtract on a word that
+    /// cannot serve is not harmless even though it is given back: until
+    /// the give-back, the word shows fewer free blocks than the segment
+    /// has, so its own class's claimers miss blocks that are there, drop
+    /// the segment from their class tree, and, finding the tree empty,
+    /// format another segment or answer null on a full heap (the unit test
+    /// `a_stale_claimer_never_hides_another_class_blocks` and the loom
+    /// model `a_stale_reservation_hides_nothing_from_the_owner` show it
+    /// without the load; `docs/PERF.md`, "Block claims look before they
+    /// subtract"). A drained segment of this class is left
+    /// alone too: no herd of subtracts and give-backs on it. The load is a
+    /// filter only, so relaxed: what the claimer may then read is ordered
+    /// by the subtract's acquire; a stale value either skips a segment
+    /// that could serve (the caller's drop re-checks and re-inserts it) or
+    /// lets the subtract through, as below.
+    ///
+    /// The subtract itself stays blind: between the load and the subtract
+    /// the segment may have changed (every block returned, retired, then
+    /// claimed for a run or another class). A free or run word keeps the
+    /// subtracted top bits (which mean nothing there, and which the next
+    /// transition overwrites); an `Active` word of another class gets its
+    /// blocks back the same way as an overdraw.
     ///
     /// Acq_rel, as the CAS it replaces: acquire, to see the bitmap
     /// published with the word (the formatter's release store or fence)
@@ -400,6 +424,25 @@ impl<'a> SegmentTable<'a> {
         segment_shift: u32,
     ) -> Grab {
         let w = self.word(segment);
+        match active(arch::load_relaxed(w)) {
+            Some((c, free)) if c == class && free > 0 => {}
+            _ => return Grab::Missed { gave_back: None },
+        }
+        self.subtract_blocks(w, class, want, total, segment_shift)
+    }
+
+    /// The subtract of [`SegmentTable::reserve_blocks_add`], made without
+    /// looking at the word first: what follows when the word changed
+    /// between that check and the subtract.
+    #[inline]
+    fn subtract_blocks(
+        &self,
+        w: &Word,
+        class: SizeClass,
+        want: u32,
+        total: u32,
+        segment_shift: u32,
+    ) -> Grab {
         let old = arch::fetch_add_acq_rel(w, (want as u64 * ONE_FREE).wrapping_neg());
         let Some((c, free)) = active(old) else {
             return Grab::Missed { gave_back: None };
@@ -712,8 +755,13 @@ mod tests {
             }
         );
         assert_eq!(field(&states), 0, "the overdraw was given back");
+        // Drained: the check sees no free block and subtracts nothing.
+        assert_eq!(grab(1), Grab::Missed { gave_back: None });
+        assert_eq!(field(&states), 0);
+        // A subtract made after a check that saw free blocks, which others
+        // took meanwhile: given back to the same class.
         assert_eq!(
-            grab(1),
+            t.subtract_blocks(&states[0], c, 1, 128, shift),
             Grab::Missed {
                 gave_back: Some((c, Return::Partial))
             }
@@ -739,11 +787,20 @@ mod tests {
         let (c16, c32) = block_classes();
         let shift = crate::class::MIN_SEGMENT_SHIFT;
         t.publish_active(0, c32, 10);
-        // The subtract took the other class's `free` below 1 for a moment
-        // (its claimers may have dropped the segment from their tree), so
-        // the give-back says it must join that tree again.
+        // The check sees another class's word: nothing subtracted.
+        let before = arch::load_relaxed(&states[0]);
         assert_eq!(
             t.reserve_blocks_add(0, c16, 32, 128, shift),
+            Grab::Missed { gave_back: None }
+        );
+        assert_eq!(arch::load_relaxed(&states[0]), before);
+        // A subtract whose check saw the 16 KiB class there before the
+        // segment was retired and formatted for 32 KiB: it took the other
+        // class's `free` below 1 for a moment (its claimers may have
+        // dropped the segment from their tree), so the give-back says it
+        // must join that tree again.
+        assert_eq!(
+            t.subtract_blocks(&states[0], c16, 32, 128, shift),
             Grab::Missed {
                 gave_back: Some((c32, Return::FirstFree))
             }
@@ -759,7 +816,7 @@ mod tests {
         // every block free, and retires it as the last return would.
         t.publish_active(0, c32, 64);
         assert_eq!(
-            t.reserve_blocks_add(0, c16, 32, 128, shift),
+            t.subtract_blocks(&states[0], c16, 32, 128, shift),
             Grab::Missed {
                 gave_back: Some((c32, Return::Retired))
             }
@@ -773,8 +830,14 @@ mod tests {
         let t = SegmentTable::new(&states);
         let (c16, _) = block_classes();
         t.publish_run(0, 3);
+        let shift = crate::class::MIN_SEGMENT_SHIFT;
         assert_eq!(
-            t.reserve_blocks_add(0, c16, 32, 128, crate::class::MIN_SEGMENT_SHIFT),
+            t.reserve_blocks_add(0, c16, 32, 128, shift),
+            Grab::Missed { gave_back: None }
+        );
+        // One whose check came before the run was made.
+        assert_eq!(
+            t.subtract_blocks(&states[0], c16, 32, 128, shift),
             Grab::Missed { gave_back: None }
         );
         assert_eq!(t.load(0), SegmentState::RunHead { segments: 3 });
@@ -784,10 +847,70 @@ mod tests {
         assert_eq!(SegmentState::decode(longest.encode()), longest);
     }
 
+    /// A claimer of the 16 KiB class whose hint is stale (segment 0 is
+    /// the 32 KiB class's) keeps reserving there while the segment's own
+    /// class, alone, reserves its 64 blocks one at a time, returns them
+    /// and formats the segment again, 200 times. Nothing else takes its
+    /// blocks, so none of the owner's reservations may miss: a stale
+    /// claimer must not make another class's free blocks look taken (a
+    /// claimer that misses drops the segment from its class tree, and with
+    /// the class tree empty it formats another segment or, on a full heap,
+    /// answers null). The stale claimer yields at every RMW, so a subtract
+    /// it made stays in the word while the owner reserves.
+    #[test]
+    fn a_stale_claimer_never_hides_another_class_blocks() {
+        extern crate std;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let states = [Word::new(0)];
+        let t = SegmentTable::new(&states);
+        let (c16, c32) = block_classes();
+        let shift = crate::class::MIN_SEGMENT_SHIFT;
+        t.publish_active(0, c32, 64);
+        let stop = AtomicBool::new(false);
+        let (t, stop) = (&t, &stop);
+        let misses = std::thread::scope(|s| {
+            s.spawn(move || {
+                arch::preempt_every(1);
+                while !stop.load(Ordering::Relaxed) {
+                    let grab = t.reserve_blocks_add(0, c16, 32, 128, shift);
+                    assert!(matches!(grab, Grab::Missed { .. }), "{grab:?}");
+                }
+            });
+            let mut misses = 0;
+            for _ in 0..200 {
+                for _ in 0..64 {
+                    if !matches!(
+                        t.reserve_blocks_add(0, c32, 1, 64, shift),
+                        Grab::Reserved { count: 1, .. }
+                    ) {
+                        misses += 1;
+                    }
+                    std::thread::yield_now();
+                }
+                // Give everything back; the last add (ours, or a stale
+                // give-back after it) retires the segment; format again.
+                let held = 64 - misses.min(64);
+                if held > 0 {
+                    t.return_blocks(0, c32, held, 64);
+                }
+                while t.load(0) != SegmentState::Free {
+                    std::thread::yield_now();
+                }
+                t.publish_active(0, c32, 64);
+                if misses > 0 {
+                    break;
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            misses
+        });
+        assert_eq!(misses, 0, "the owner missed blocks a stale claimer hid");
+    }
+
     /// Eight threads reserve 1–32 blocks of one 128-block segment at a
     /// time with one subtract each, hold them a while and return them in
-    /// pieces; a ninth reserves for another class (a stale hint) and gives
-    /// back. Yields at every other RMW. Whoever retires the segment formats
+    /// pieces; a ninth subtracts for another class without the check (a
+    /// stale hint whose segment changed after the check) and gives back. Yields at every other RMW. Whoever retires the segment formats
     /// it again (as a claimer of the free segment would). Never more than
     /// 128 blocks out, and at the end every block is back: the segment is
     /// free or whole, with no overdraw left behind.
@@ -801,7 +924,7 @@ mod tests {
         let shift = crate::class::MIN_SEGMENT_SHIFT;
         t.publish_active(0, c16, 128);
         let out = AtomicI64::new(0);
-        let (t, out) = (&t, &out);
+        let (t, out, w0) = (&t, &out, &states[0]);
         let retired = |r| {
             if r == Return::Retired {
                 t.publish_active(0, c16, 128);
@@ -817,7 +940,7 @@ mod tests {
                         if id == 8 {
                             if let Grab::Missed {
                                 gave_back: Some((_, r)),
-                            } = t.reserve_blocks_add(0, c32, want, 64, shift)
+                            } = t.subtract_blocks(w0, c32, want, 64, shift)
                             {
                                 retired(r);
                             }

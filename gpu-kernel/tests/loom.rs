@@ -19,10 +19,13 @@
 //!   segment has (the overdraw is given back, the counts add up to what was
 //!   free, and no overdraw is left in the word), one racing the retiring
 //!   return and one racing `retire_idle` (exactly one retirement, never
-//!   with a block reserved), and a stale one that hits another class's
-//!   segment racing that class's last return (the give-back retires it if
-//!   it comes last). Through the real `malloc`: a two-lane team (a claim of
-//!   two) on a segment of the 1 MiB class with one block free overdraws it
+//!   with a block reserved), a stale one on another class's segment
+//!   racing that class's last return (exactly one retirement), a stale
+//!   one that does not hide another class's free block from that class's
+//!   claimer (the check before the subtract), and one whose segment is
+//!   retired and formatted for another class between that check and its
+//!   subtract (the give-back retires it if it comes last). Through the
+//!   real `malloc`: a two-lane team (a claim of two) on a segment of the 1 MiB class with one block free overdraws it
 //!   while the other block comes back; the lanes get different blocks and
 //!   both segments come back after the frees.
 //! - The slot protocol through the real `malloc`/`free` on a one-segment
@@ -880,6 +883,83 @@ fn a_stale_reservation_racing_the_other_class_last_return() {
             "{grab:?} {returned:?}"
         );
         assert_eq!(SegmentTable::new(&states).load(0), SegmentState::Free);
+    });
+}
+
+#[test]
+fn a_stale_reservation_hides_nothing_from_the_owner() {
+    model(|| {
+        // Segment 0 is the other class's, with one block free; a claimer of
+        // the 1 MiB class whose hint is stale reserves there while the
+        // owner's class reserves that block. The owner must get it: were it
+        // to miss, it would drop the segment from its class tree and, on a
+        // full heap, answer null with the block free.
+        let class = two_block_block_class();
+        let other = (0..gpu_kernel::class::CLASSES)
+            .filter_map(SizeClass::new)
+            .find(|c| !c.is_slice() && *c != class)
+            .unwrap();
+        let total = other.blocks_per_segment(SHIFT);
+        let states = active_segment(other, 1);
+        let t = grab_in_a_thread(&states, class, 1);
+        let owner = SegmentTable::new(&states).reserve_blocks_add(0, other, 1, total, SHIFT);
+        let stale = t.join().unwrap();
+        assert!(matches!(stale, Grab::Missed { .. }), "{stale:?}");
+        assert_eq!(got(owner), 1, "the owner missed its free block: {owner:?}");
+        assert_eq!(
+            SegmentTable::new(&states).load(0),
+            SegmentState::Active {
+                class: other,
+                free: 0
+            }
+        );
+    });
+}
+
+#[test]
+fn a_segment_changes_class_between_the_check_and_the_subtract() {
+    model(|| {
+        // Segment 0 of the 1 MiB class is idle (both blocks free). A
+        // claimer of that class checks it and subtracts, while this thread
+        // retires it idle, formats it for the other class with one block
+        // taken, and returns that block (the segment's last out). Whatever
+        // the claimer's check saw, either it reserved before the
+        // retirement (which then fails) or the segment is retired exactly
+        // once, by the return or by the claimer's give-back.
+        let class = two_block_block_class();
+        let other = (0..gpu_kernel::class::CLASSES)
+            .filter_map(SizeClass::new)
+            .find(|c| !c.is_slice() && *c != class)
+            .unwrap();
+        let total = other.blocks_per_segment(SHIFT);
+        let states = active_segment(class, 2);
+        let t = grab_in_a_thread(&states, class, 1);
+        let table = SegmentTable::new(&states);
+        let mut returned = None;
+        if table.retire_idle(0, class, 2) {
+            table.publish_active(0, other, total - 1);
+            returned = Some(table.return_blocks(0, other, 1, total));
+        }
+        let grab = t.join().unwrap();
+        let end = table.load(0);
+        match (grab, returned) {
+            (Grab::Reserved { count: 1, .. }, None) => {
+                assert_eq!(end, SegmentState::Active { class, free: 1 })
+            }
+            (Grab::Missed { gave_back }, Some(returned)) => {
+                let retirements = [
+                    returned == Return::Retired,
+                    gave_back == Some((other, Return::Retired)),
+                ];
+                assert_eq!(
+                    retirements.iter().filter(|r| **r).count(),
+                    1,
+                    "{gave_back:?} {returned:?}"
+                );
+                assert_eq!(end, SegmentState::Free);
+            }
+            other => panic!("inconsistent outcome {other:?}, state {end:?}"),
+        }
     });
 }
 
