@@ -306,15 +306,47 @@ impl Heap {
 
     /// In stealing mode, reserve only from a word that still has slices, so
     /// a thread that found the heap exhausted does not become an installer
-    /// again. Returns [`CLOSED`] when the word has no slices left.
+    /// again. Returns [`CLOSED`] when the word has no slices left and no
+    /// install in flight.
+    ///
+    /// A word with more reserved than its capacity has an installer in
+    /// flight (the team whose range held the index equal to the capacity,
+    /// see [`crate::slot`]): it has taken a block out of every place a
+    /// stealer looks (a spare popped, or blocks claimed from a tree) and
+    /// will put it in this word with its exchange. Passing such a word by
+    /// answered null beside a block about to be installed (one warp's 32
+    /// of 524,288 4 KiB allocations short on the GPU, main's code as well
+    /// as `blk-add`'s; `a_stealer_waits_for_an_install_in_flight`), so the
+    /// leader waits for the exchange, as a team past the end at home does,
+    /// and looks at the new word. The wait ends: an installer never waits
+    /// for a slot (it claims, reclaims, and exchanges), and each team
+    /// installs at most once at home and once per open word it crosses, so
+    /// installs in flight come to an end with the kernel's teams.
     #[inline]
     fn reserve_if_open(&self, word: &Word, size: u32, per_block: u32) -> u64 {
-        let current = SlotWord(arch::load_relaxed(word));
-        if current.reserved() >= current.capacity(per_block) {
-            return CLOSED;
+        let mut round = 0;
+        loop {
+            let current = SlotWord(arch::load_relaxed(word));
+            let cap = current.capacity(per_block);
+            if current.reserved() < cap {
+                // Relaxed (dependency-ordered), as in `malloc_slice`.
+                return arch::fetch_add_dependent(word, size as u64);
+            }
+            if current.reserved() == cap {
+                // Exhausted (or empty) with no index taken past it: no one
+                // installs here until a team adds again.
+                return CLOSED;
+            }
+            // The same wait as in `malloc_slice`, ABA case included.
+            loop {
+                let now = SlotWord(arch::load_relaxed(word));
+                if now.version() != current.version() || now.reserved() <= now.capacity(per_block) {
+                    break;
+                }
+                arch::backoff(round);
+                round += 1;
+            }
         }
-        // Relaxed (dependency-ordered), as in `malloc_slice`.
-        arch::fetch_add_dependent(word, size as u64)
     }
 
     /// Replaces the slot word with a fresh block (or with an empty word if
@@ -653,6 +685,50 @@ mod stealing_tests {
         let slices = 1u64 << (MIN_SEGMENT_SHIFT - 4);
         assert_eq!(got + kept.len() as u64, slices, "every slice handed out");
     }
+}
+
+/// A team that found the heap exhausted and steals from other slots waits
+/// for an install in flight there: the block that installer claimed (or
+/// popped from a spare) is in no tree, no spare word and no slot word until
+/// its exchange, so a stealer that passed it by answered null beside a
+/// block about to be installed. Here the one segment of the heap is such a
+/// block, held by a simulated installer of slot 1 (its word shows an index
+/// taken past the capacity, so an installer owns it); this thread's own
+/// slot (0) is empty and the segment tree too. The malloc must wait for
+/// the install and take a slice of that block, not answer null.
+#[cfg(all(test, not(loom)))]
+#[test]
+fn a_stealer_waits_for_an_install_in_flight() {
+    extern crate std;
+    use crate::class::{MIN_SEGMENT_SHIFT, Request};
+    let (heap, _words) = crate::layout::test_support::test_heap(1, 1);
+    let Request::Class(class) = Request::for_size(4096, MIN_SEGMENT_SHIFT) else {
+        panic!("4 KiB is a slice class");
+    };
+    assert_eq!(heap.slots_for(class), 1, "every thread's home is slot 0");
+    // The installer of slot 1 claimed the segment (its block taken) and
+    // has not yet replaced its word.
+    let (first, taken) = heap.claim_whole_segments(class, 1).unwrap();
+    let block = BlockId::whole_segment(first + taken.trailing_zeros());
+    let slot1 = heap.slot(class, 1);
+    arch::store_relaxed(slot1, SlotWord::new(None, 1, 0).0);
+    let heap = &heap;
+    let p = std::thread::scope(|s| {
+        let t = s.spawn(move || heap.malloc(4096) as u64);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // The install completes: a new version with the block, none of
+        // its slices taken (the installing team took its own elsewhere).
+        arch::swap_acq_rel(slot1, SlotWord::new(Some(heap.global(block)), 0, 1).0);
+        t.join().unwrap()
+    });
+    assert_eq!(
+        p,
+        heap.block_address(class, block),
+        "null (or another slice) beside the block being installed"
+    );
+    heap.free(p as *mut u8);
+    heap.flush_slots();
+    assert_eq!(heap.free_segments(), 1, "the heap is whole again");
 }
 
 #[cfg(test)]
