@@ -269,21 +269,21 @@ impl<'a> SegmentTable<'a> {
     /// write): the bitmap written before is visible to whoever reserves a
     /// block after seeing this.
     ///
-    /// The write is an exchange, not a store, wherever a segment that was
-    /// free (or a run) gets a new state: a stale block reservation may
-    /// subtract from the word at the same time (see the module docs), and
-    /// the two must be ordered by RMW atomicity. With a store, the GPU's
-    /// coherence order already does that (the subtract comes wholly before
-    /// the store, which overwrites it, or after it, and sees the new word),
-    /// but loom, which checks these paths, lets a relaxed store lose against
-    /// RMWs of another thread that it executed before (a C++-forbidden
-    /// outcome: a store followed, in its own thread, by a load that reads
-    /// the other thread's adds). The exchange's result is unused, so the
-    /// GPU does not wait for it.
+    /// Wherever a segment that was free (or a run) gets a new state, a
+    /// stale block reservation may subtract from the word at the same time
+    /// (see the module docs): coherence and RMW atomicity order the two
+    /// (the subtract comes wholly before the store, which overwrites it, or
+    /// after it, and sees the new word), so the write is a plain store on
+    /// the GPU and the host. `arch::store_relaxed_racing_rmw` makes it an
+    /// exchange under loom only, whose model of a store against another
+    /// thread's RMWs broke a model run of these paths. (Branch `blk-add`
+    /// made it an exchange everywhere, the likely cause of its runs of
+    /// 16/32 MiB allocating 15% slower, `docs/PERF.md`; not measured
+    /// apart.)
     #[inline]
     pub fn publish_active(&self, segment: u32, class: SizeClass, free: u32) {
         arch::fence_acq_rel();
-        arch::swap_relaxed(
+        arch::store_relaxed_racing_rmw(
             self.word(segment),
             SegmentState::Active { class, free }.encode(),
         );
@@ -291,8 +291,8 @@ impl<'a> SegmentTable<'a> {
 
     /// Publishes freshly formatted segments `first + k`, one for each bit `k`
     /// of `mask`, each with `free` free blocks but `own`, which has
-    /// `own_free`. One fence, then a relaxed exchange per segment (an
-    /// exchange for the reason given at [`SegmentTable::publish_active`]):
+    /// `own_free`. One fence, then a relaxed store per segment (one that
+    /// may race RMWs, as at [`SegmentTable::publish_active`]):
     /// the fence followed by a write is a release of every bitmap written
     /// before the fence (a release pattern), so whoever reserves after
     /// seeing one of these words sees its bitmap; a batch pays for one fence
@@ -312,7 +312,7 @@ impl<'a> SegmentTable<'a> {
         while rest != 0 {
             let segment = first + rest.trailing_zeros();
             let free = if segment == own { own_free } else { free };
-            arch::swap_relaxed(
+            arch::store_relaxed_racing_rmw(
                 self.word(segment),
                 SegmentState::Active { class, free }.encode(),
             );
@@ -584,16 +584,19 @@ impl<'a> SegmentTable<'a> {
         .is_ok()
     }
 
-    /// Marks a claimed run of segments as one allocation: exchanges, as
-    /// [`SegmentTable::publish_active`], the head's after a fence (release:
-    /// the tails' words before the head's).
+    /// Marks a claimed run of segments as one allocation: stores that may
+    /// race a stale subtract, as at [`SegmentTable::publish_active`], the
+    /// head's after a fence (release: the tails' words before the head's).
     #[inline]
     pub fn publish_run(&self, head: u32, segments: u32) {
         for s in head + 1..head + segments {
-            arch::swap_relaxed(self.word(s), SegmentState::RunTail.encode());
+            arch::store_relaxed_racing_rmw(self.word(s), SegmentState::RunTail.encode());
         }
         arch::fence_acq_rel();
-        arch::swap_relaxed(self.word(head), SegmentState::RunHead { segments }.encode());
+        arch::store_relaxed_racing_rmw(
+            self.word(head),
+            SegmentState::RunHead { segments }.encode(),
+        );
     }
 
     /// Ends a run: `Some(length)` if this call freed it, `None` if `head` is
@@ -621,7 +624,7 @@ impl<'a> SegmentTable<'a> {
             }
         }
         for s in head + 1..head + segments {
-            arch::swap_relaxed(self.word(s), SegmentState::Free.encode());
+            arch::store_relaxed_racing_rmw(self.word(s), SegmentState::Free.encode());
         }
         Some(segments)
     }

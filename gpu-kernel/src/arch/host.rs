@@ -142,11 +142,27 @@ pub fn fetch_and_acq_rel(w: &Word, v: u64) -> u64 {
     preempt_point();
     w.fetch_and(v, Ordering::AcqRel)
 }
-/// Relaxed exchange; returns the old value.
+/// Relaxed store to a word that other threads may change with RMWs at the
+/// same time (a segment's state word, which a stale block reservation may
+/// subtract from while it is published). Coherence and RMW atomicity order
+/// the two, in C++ as in PTX: the RMW reads the stored value, or the store
+/// overwrites the RMW's result. So it is a plain relaxed store here and on
+/// the GPU. Under loom it is an exchange: loom let a relaxed store be
+/// overtaken by another thread's RMWs that read the value before it (a
+/// store followed, in its own thread, by a load that read the other
+/// thread's adds made on the old value), an outcome C++ forbids, which
+/// broke a model of these paths; an RMW is ordered against RMWs there.
 #[inline(always)]
-pub fn swap_relaxed(w: &Word, v: u64) -> u64 {
-    preempt_point();
-    w.swap(v, Ordering::Relaxed)
+pub fn store_relaxed_racing_rmw(w: &Word, v: u64) {
+    #[cfg(loom)]
+    {
+        preempt_point();
+        w.swap(v, Ordering::Relaxed);
+    }
+    #[cfg(not(loom))]
+    {
+        w.store(v, Ordering::Relaxed)
+    }
 }
 /// Acquire-release exchange; returns the old value.
 #[inline(always)]

@@ -78,6 +78,13 @@ macro_rules! store64 {
 
 store64!(store_relaxed, "relaxed", "Relaxed store at device scope.");
 store64!(store_release, "release", "Release store at device scope.");
+store64!(
+    store_relaxed_racing_rmw,
+    "relaxed",
+    "Relaxed store at device scope to a word that other threads may change \
+     with RMWs at the same time: coherence and RMW atomicity order the two \
+     (the host twin says why it is an exchange under loom)."
+);
 
 macro_rules! rmw64 {
     ($name:ident, $sem:literal, $op:literal, $doc:literal) => {
@@ -135,12 +142,6 @@ rmw64!(
     "acq_rel",
     "and.b64",
     "Acquire-release and; returns the old value."
-);
-rmw64!(
-    swap_relaxed,
-    "relaxed",
-    "exch.b64",
-    "Relaxed exchange; returns the old value."
 );
 rmw64!(
     swap_acq_rel,
