@@ -416,9 +416,11 @@ impl Heap {
     /// The first try is the lowest segment of the class tree, so light load
     /// packs the class low. Block classes reserve with one subtract on the
     /// segment's state word, so every claimer of a segment is served in one
-    /// L2 atomic (no CAS chain); one that finds it drained gives its
-    /// subtract back and tries a segment of the same tree word picked by its
-    /// SM and warp (`VebTree::pick`). Slice classes reserve with a CAS (their
+    /// L2 atomic (no CAS chain), after a load that keeps it off a word it
+    /// cannot serve (a stale subtract would hide another class's blocks);
+    /// one that finds the segment drained (by that load, or by a subtract
+    /// it then gives back) tries a segment of the same tree word picked by
+    /// its SM and warp (`VebTree::pick`). Slice classes reserve with a CAS (their
     /// path as before), and a claimer whose CAS loses a race spreads the same
     /// way: a burst's claimers spread over the segments of a batch instead
     /// of queueing on one state word.
