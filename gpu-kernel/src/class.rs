@@ -1,11 +1,11 @@
 //! Size classes: which class serves a request, and the geometry of each.
 //!
-//! - Classes `0..SLICE_CLASSES` are *slice classes*: slices of 16 B … 8 KiB;
+//! - Classes `0..SLICE_CLASSES` are *slice classes*: slices of 16 B … 16 KiB;
 //!   a block holds [`SLICES_PER_BLOCK`] slices, or as many as fit in one
-//!   segment if fewer (8 KiB slices: 256 per 2 MiB segment, 2048 per
+//!   segment if fewer (16 KiB slices: 128 per 2 MiB segment, 1024 per
 //!   16 MiB), so a block is 64 KiB … one segment.
 //! - The following classes are *block classes*: one allocation is one whole
-//!   block of 16 KiB … one segment, for requests above 8 KiB.
+//!   block of 32 KiB … one segment, for requests above 16 KiB.
 //! - Requests above a segment take several contiguous segments.
 //!
 //! A segment is formatted for one class at a time and holds
@@ -75,18 +75,20 @@ pub const SLICES_PER_BLOCK_SHIFT: u32 = 12;
 pub const SLICES_PER_BLOCK: u64 = 1 << SLICES_PER_BLOCK_SHIFT;
 /// log2 of the smallest slice (16 B).
 pub const MIN_SLICE_SHIFT: u32 = 4;
-/// log2 of the largest slice (8 KiB). 8 KiB was the smallest block class
+/// log2 of the largest slice (16 KiB). 8 KiB was the smallest block class
 /// until 2026-11-23: a burst of 2^20 requests then made every warp's claim
 /// contend for one segment's state word and took 31.5 ms on the H100; as
 /// slices through the slots it takes 0.33 ms (`docs/PERF.md`, "8 KiB
-/// becomes a slice class"). 16 KiB is the most this could be: the smallest
-/// block class must leave a 2 MiB segment 64 blocks (one bitmap word).
-pub const MAX_SLICE_SHIFT: u32 = 13;
-/// Number of slice classes (16 B … 8 KiB).
+/// becomes a slice class"). 16 KiB followed the same day (a burst of 2^19:
+/// 1.70 → 0.32 ms, "16 KiB becomes a slice class"). 16 KiB is the most
+/// this can be: the smallest block class must leave a 2 MiB segment 64
+/// blocks (one bitmap word).
+pub const MAX_SLICE_SHIFT: u32 = 14;
+/// Number of slice classes (16 B … 16 KiB).
 pub const SLICE_CLASSES: u32 = MAX_SLICE_SHIFT - MIN_SLICE_SHIFT + 1;
-/// log2 of the smallest block class (16 KiB).
+/// log2 of the smallest block class (32 KiB).
 pub const MIN_BLOCK_CLASS_SHIFT: u32 = MAX_SLICE_SHIFT + 1;
-/// Number of block classes on a heap of the largest segments (16 KiB …
+/// Number of block classes on a heap of the largest segments (32 KiB …
 /// 16 MiB); a heap uses those up to its own segment size.
 pub const BLOCK_CLASSES: u32 = MAX_SEGMENT_SHIFT - MIN_BLOCK_CLASS_SHIFT + 1;
 /// Number of classes of both kinds on a heap of the largest segments: what
@@ -281,7 +283,9 @@ mod tests {
             assert_eq!(class(4097).unit_shift(), 13);
             assert!(class(8192).is_slice());
             assert_eq!(class(8193).unit_shift(), 14);
-            assert!(!class(8193).is_slice());
+            assert!(class(16384).is_slice());
+            assert_eq!(class(16385).unit_shift(), 15);
+            assert!(!class(16385).is_slice());
             assert_eq!(class(segment).index(), classes(shift) - 1);
             assert_eq!(class(segment).blocks_per_segment(shift), 1);
             assert_eq!(Request::for_size(segment + 1, shift), Request::Segments(2));
@@ -291,8 +295,9 @@ mod tests {
             );
             assert_eq!(class(4096).slices_per_block(shift), 1 << (shift - 12));
             assert_eq!(class(8192).slices_per_block(shift), 1 << (shift - 13));
+            assert_eq!(class(16384).slices_per_block(shift), 1 << (shift - 14));
             assert_eq!(
-                class(16384).blocks_per_segment(shift),
+                class(32768).blocks_per_segment(shift),
                 max_blocks_per_segment(shift)
             );
         }

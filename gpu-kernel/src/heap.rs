@@ -1,8 +1,8 @@
 //! `malloc` and `free` on a [`Heap`]: the three tiers put together.
 //!
-//! - Slice classes (16 B … 4 KiB): a warp team reserves slices from the block
+//! - Slice classes (16 B … 16 KiB): a warp team reserves slices from the block
 //!   in its slot ([`crate::team`]); the installer claims blocks here.
-//! - Block classes (8 KiB … one segment): one block per call, claimed from the
+//! - Block classes (32 KiB … one segment): one block per call, claimed from the
 //!   class tree or from a freshly formatted segment.
 //! - Above a segment: a run of segments claimed from the top of the segment
 //!   tree ([`crate::run`]).
@@ -72,10 +72,10 @@ const LARGE_HEAP_UNLOCKED_FORMAT_SHIFT: u32 =
 const FORMAT_HELD: u64 = 1;
 const DEMAND_SHIFT: u32 = 1;
 /// Most segments one hold of a format lock formats: one segment-tree word
-/// (`VebTree::claim_low_many`). At 16 MiB segments of 16 KiB blocks that
-/// is 65,536 blocks, 2,048 warp claims: more than the ~1,056 warps
-/// `heap_alloc` keeps resident on the H100 want at once (33 segments). The
-/// holder writes 16 bitmap words per such segment meanwhile; slice classes
+/// (`VebTree::claim_low_many`). At 16 MiB segments of 32 KiB blocks that
+/// is 32,768 blocks, 1,024 warp claims: about what the ~1,056 warps
+/// `heap_alloc` keeps resident on the H100 want at once (66 segments). The
+/// holder writes 8 bitmap words per such segment meanwhile; slice classes
 /// (which also restart a counter per block) want one segment at a time.
 const MAX_FORMAT_BATCH: u32 = 64;
 /// Spreads salts for `VebTree::pick` over `u32` (2^32 / the golden ratio).
@@ -1139,29 +1139,29 @@ mod tests {
     use super::*;
     use crate::class::MIN_SEGMENT_SHIFT;
 
-    /// The smallest block class: 128 blocks of 16 KiB per 2 MiB segment.
-    fn class_16k() -> SizeClass {
-        match Request::for_size(16 << 10, MIN_SEGMENT_SHIFT) {
+    /// The smallest block class: 64 blocks of 32 KiB per 2 MiB segment.
+    fn class_32k() -> SizeClass {
+        match Request::for_size(32 << 10, MIN_SEGMENT_SHIFT) {
             Request::Class(c) if !c.is_slice() => c,
             r => panic!("{r:?}"),
         }
     }
 
     /// The format lock's holder formats as many segments as the claimers
-    /// in flight want (here its own 32 blocks and five others' 32 each:
-    /// 192 blocks, two segments of 128), takes its blocks from the lowest
+    /// in flight want (here its own 32 blocks and two others' 32 each:
+    /// 96 blocks, two segments of 64), takes its blocks from the lowest
     /// and leaves the others' demand counted; alone, it formats one. A
     /// segment of the batch no claim used is retired idle.
     #[test]
     fn a_format_fills_the_demand_in_flight() {
         let (h, _words) = crate::layout::test_support::test_heap(8, 8);
-        let class = class_16k();
-        let others = 5 * (32 << DEMAND_SHIFT);
+        let class = class_32k();
+        let others = 2 * (32 << DEMAND_SHIFT);
         arch::fetch_add_relaxed(h.format_lock(class), others);
         let claim = h.claim_blocks(class, 32);
         assert_eq!((claim.segment(), claim.count()), (0, 32));
-        assert_eq!(h.table().load(0), SegmentState::Active { class, free: 96 });
-        assert_eq!(h.table().load(1), SegmentState::Active { class, free: 128 });
+        assert_eq!(h.table().load(0), SegmentState::Active { class, free: 32 });
+        assert_eq!(h.table().load(1), SegmentState::Active { class, free: 64 });
         assert_eq!(h.table().load(2), SegmentState::Free);
         assert_eq!(h.class_tree(class).count(), 2);
         assert_eq!(arch::load_relaxed(h.format_lock(class)), others);
@@ -1188,7 +1188,7 @@ mod tests {
     fn racing_claims_hand_out_every_block_once() {
         let segments = 16;
         let (h, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
-        let class = class_16k();
+        let class = class_32k();
         let h = &h;
         let mut all: Vec<(u32, u32)> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..8u32)
@@ -1220,7 +1220,7 @@ mod tests {
         let total = all.len();
         all.dedup();
         assert_eq!(all.len(), total, "a block handed out twice");
-        assert_eq!(total as u64, segments * 128);
+        assert_eq!(total as u64, segments * 64);
         assert_eq!(arch::load_relaxed(h.format_lock(class)), 0);
         h.retire_idle_segments();
         assert_eq!(h.free_segments(), 0, "every segment has blocks out");

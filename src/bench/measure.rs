@@ -112,12 +112,25 @@ pub enum Timing {
 /// host takes to submit a launch and an event.
 pub const QUEUED_HOLD: Duration = Duration::from_micros(200);
 
+/// The hold [`Timing::Queued`] uses: [`QUEUED_HOLD`], or
+/// `GPUMALLOC_QUEUED_HOLD_US` microseconds where that is set. A diagnostic:
+/// a hold of 0 runs an empty kernel just before the start event, so the GPU
+/// is busy until then but still waits for the host's submission of the
+/// timed kernel; comparing it with 200 µs and with [`Timing::Launch`] says
+/// whether the time `Launch` adds is the host's submission or an idle GPU.
+fn queued_hold() -> Duration {
+    std::env::var("GPUMALLOC_QUEUED_HOLD_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(QUEUED_HOLD, Duration::from_micros)
+}
+
 impl Timing {
     /// Milliseconds of what `work` launches, timed this way.
     pub fn time(self, gpu: &Gpu, work: impl FnOnce() -> Result<()>) -> Result<f64> {
         match self {
             Timing::Launch => gpu.time(work),
-            Timing::Queued => gpu.time_queued(QUEUED_HOLD, work),
+            Timing::Queued => gpu.time_queued(queued_hold(), work),
         }
     }
 }

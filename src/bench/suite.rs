@@ -1,7 +1,7 @@
 //! The tests, each written once over every [`Allocator`].
 //!
 //! - `single`: `threads` threads each allocate one block of a size, then free
-//!   it (16 B … 8 KiB in powers of two, plus one multi-segment size).
+//!   it (16 B … 16 MiB in powers of two, plus one multi-segment size).
 //! - `mixed`: sizes drawn uniformly from `[lo, hi]` by a seeded hash of the
 //!   thread id.
 //! - `scaling`: 2^0 … 2^20 threads for one size and for mixed sizes.
@@ -70,7 +70,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Options {
-        // Every class: slices 16 B … 8 KiB, blocks 16 KiB … 16 MiB (the
+        // Every class: slices 16 B … 16 KiB, blocks 32 KiB … 16 MiB (the
         // largest segment; a heap of smaller segments serves the larger of
         // these as runs). Sizes whose 2^20 requests would pass half the
         // heap run with fewer threads (`threads_for`).
