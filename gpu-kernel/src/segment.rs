@@ -713,10 +713,15 @@ mod tests {
         assert_eq!(t.previous(0), Previous::Active(c16));
     }
 
-    /// The smallest block class (128 blocks of 16 KiB per 2 MiB segment)
-    /// and the next (64 of 32 KiB).
+    /// Segments of 4 MiB for the block-class tests: their smallest block
+    /// class (32 KiB since 16 KiB became a slice class) has 128 blocks
+    /// there.
+    const BLOCK_TEST_SHIFT: u32 = crate::class::MIN_SEGMENT_SHIFT + 1;
+
+    /// The smallest block class (128 blocks of 32 KiB per 4 MiB segment)
+    /// and the next (64 of 64 KiB).
     fn block_classes() -> (SizeClass, SizeClass) {
-        let shift = crate::class::MIN_SEGMENT_SHIFT;
+        let shift = BLOCK_TEST_SHIFT;
         let mut blocks = (0..crate::class::CLASSES)
             .filter_map(SizeClass::new)
             .filter(|c| !c.is_slice());
@@ -738,7 +743,7 @@ mod tests {
         let states = [Word::new(0)];
         let t = SegmentTable::new(&states);
         let (c, _) = block_classes();
-        let shift = crate::class::MIN_SEGMENT_SHIFT;
+        let shift = BLOCK_TEST_SHIFT;
         t.publish_active(0, c, 128);
         let grab = |want| t.reserve_blocks_add(0, c, want, 128, shift);
         assert_eq!(
@@ -787,41 +792,41 @@ mod tests {
     fn a_stale_reservation_gives_another_class_its_blocks_back() {
         let states = [Word::new(0)];
         let t = SegmentTable::new(&states);
-        let (c16, c32) = block_classes();
-        let shift = crate::class::MIN_SEGMENT_SHIFT;
-        t.publish_active(0, c32, 10);
+        let (small, next) = block_classes();
+        let shift = BLOCK_TEST_SHIFT;
+        t.publish_active(0, next, 10);
         // The check sees another class's word: nothing subtracted.
         let before = arch::load_relaxed(&states[0]);
         assert_eq!(
-            t.reserve_blocks_add(0, c16, 32, 128, shift),
+            t.reserve_blocks_add(0, small, 32, 128, shift),
             Grab::Missed { gave_back: None }
         );
         assert_eq!(arch::load_relaxed(&states[0]), before);
-        // A subtract whose check saw the 16 KiB class there before the
-        // segment was retired and formatted for 32 KiB: it took the other
+        // A subtract whose check saw the smaller class there before the
+        // segment was retired and formatted for the next: it took the other
         // class's `free` below 1 for a moment (its claimers may have
         // dropped the segment from their tree), so the give-back says it
         // must join that tree again.
         assert_eq!(
-            t.subtract_blocks(&states[0], c16, 32, 128, shift),
+            t.subtract_blocks(&states[0], small, 32, 128, shift),
             Grab::Missed {
-                gave_back: Some((c32, Return::FirstFree))
+                gave_back: Some((next, Return::FirstFree))
             }
         );
         assert_eq!(
             t.load(0),
             SegmentState::Active {
-                class: c32,
+                class: next,
                 free: 10
             }
         );
         // An idle segment of the other class: the give-back brings it to
         // every block free, and retires it as the last return would.
-        t.publish_active(0, c32, 64);
+        t.publish_active(0, next, 64);
         assert_eq!(
-            t.subtract_blocks(&states[0], c16, 32, 128, shift),
+            t.subtract_blocks(&states[0], small, 32, 128, shift),
             Grab::Missed {
-                gave_back: Some((c32, Return::Retired))
+                gave_back: Some((next, Return::Retired))
             }
         );
         assert_eq!(t.load(0), SegmentState::Free);
@@ -831,16 +836,16 @@ mod tests {
     fn a_run_head_survives_a_stale_reservation() {
         let states: [Word; 3] = core::array::from_fn(|_| Word::new(0));
         let t = SegmentTable::new(&states);
-        let (c16, _) = block_classes();
+        let (small, _) = block_classes();
         t.publish_run(0, 3);
-        let shift = crate::class::MIN_SEGMENT_SHIFT;
+        let shift = BLOCK_TEST_SHIFT;
         assert_eq!(
-            t.reserve_blocks_add(0, c16, 32, 128, shift),
+            t.reserve_blocks_add(0, small, 32, 128, shift),
             Grab::Missed { gave_back: None }
         );
         // One whose check came before the run was made.
         assert_eq!(
-            t.subtract_blocks(&states[0], c16, 32, 128, shift),
+            t.subtract_blocks(&states[0], small, 32, 128, shift),
             Grab::Missed { gave_back: None }
         );
         assert_eq!(t.load(0), SegmentState::RunHead { segments: 3 });
@@ -850,8 +855,8 @@ mod tests {
         assert_eq!(SegmentState::decode(longest.encode()), longest);
     }
 
-    /// A claimer of the 16 KiB class whose hint is stale (segment 0 is
-    /// the 32 KiB class's) keeps reserving there while the segment's own
+    /// A claimer of the smallest block class whose hint is stale (segment 0
+    /// is the next class's) keeps reserving there while the segment's own
     /// class, alone, reserves its 64 blocks one at a time, returns them
     /// and formats the segment again, 200 times. Nothing else takes its
     /// blocks, so none of the owner's reservations may miss: a stale
@@ -866,16 +871,16 @@ mod tests {
         use std::sync::atomic::{AtomicBool, Ordering};
         let states = [Word::new(0)];
         let t = SegmentTable::new(&states);
-        let (c16, c32) = block_classes();
-        let shift = crate::class::MIN_SEGMENT_SHIFT;
-        t.publish_active(0, c32, 64);
+        let (small, next) = block_classes();
+        let shift = BLOCK_TEST_SHIFT;
+        t.publish_active(0, next, 64);
         let stop = AtomicBool::new(false);
         let (t, stop) = (&t, &stop);
         let misses = std::thread::scope(|s| {
             s.spawn(move || {
                 arch::preempt_every(1);
                 while !stop.load(Ordering::Relaxed) {
-                    let grab = t.reserve_blocks_add(0, c16, 32, 128, shift);
+                    let grab = t.reserve_blocks_add(0, small, 32, 128, shift);
                     assert!(matches!(grab, Grab::Missed { .. }), "{grab:?}");
                 }
             });
@@ -883,7 +888,7 @@ mod tests {
             for _ in 0..200 {
                 for _ in 0..64 {
                     if !matches!(
-                        t.reserve_blocks_add(0, c32, 1, 64, shift),
+                        t.reserve_blocks_add(0, next, 1, 64, shift),
                         Grab::Reserved { count: 1, .. }
                     ) {
                         misses += 1;
@@ -894,12 +899,12 @@ mod tests {
                 // give-back after it) retires the segment; format again.
                 let held = 64 - misses.min(64);
                 if held > 0 {
-                    t.return_blocks(0, c32, held, 64);
+                    t.return_blocks(0, next, held, 64);
                 }
                 while t.load(0) != SegmentState::Free {
                     std::thread::yield_now();
                 }
-                t.publish_active(0, c32, 64);
+                t.publish_active(0, next, 64);
                 if misses > 0 {
                     break;
                 }
@@ -923,14 +928,14 @@ mod tests {
         use std::sync::atomic::{AtomicI64, Ordering};
         let states = [Word::new(0)];
         let t = SegmentTable::new(&states);
-        let (c16, c32) = block_classes();
-        let shift = crate::class::MIN_SEGMENT_SHIFT;
-        t.publish_active(0, c16, 128);
+        let (small, next) = block_classes();
+        let shift = BLOCK_TEST_SHIFT;
+        t.publish_active(0, small, 128);
         let out = AtomicI64::new(0);
         let (t, out, w0) = (&t, &out, &states[0]);
         let retired = |r| {
             if r == Return::Retired {
-                t.publish_active(0, c16, 128);
+                t.publish_active(0, small, 128);
             }
         };
         std::thread::scope(|s| {
@@ -943,13 +948,13 @@ mod tests {
                         if id == 8 {
                             if let Grab::Missed {
                                 gave_back: Some((_, r)),
-                            } = t.subtract_blocks(w0, c32, want, 64, shift)
+                            } = t.subtract_blocks(w0, next, want, 64, shift)
                             {
                                 retired(r);
                             }
                             continue;
                         }
-                        match t.reserve_blocks_add(0, c16, want, 128, shift) {
+                        match t.reserve_blocks_add(0, small, want, 128, shift) {
                             Grab::Reserved { count, ticket, .. } => {
                                 assert!(ticket + count <= 128);
                                 let now = out.fetch_add(count as i64, Ordering::SeqCst);
@@ -965,12 +970,12 @@ mod tests {
                             let back = held.div_ceil(2);
                             out.fetch_sub(back as i64, Ordering::SeqCst);
                             held -= back;
-                            retired(t.return_blocks(0, c16, back, 128));
+                            retired(t.return_blocks(0, small, back, 128));
                         }
                     }
                     if held > 0 {
                         out.fetch_sub(held as i64, Ordering::SeqCst);
-                        retired(t.return_blocks(0, c16, held, 128));
+                        retired(t.return_blocks(0, small, held, 128));
                     }
                 });
             }
@@ -979,7 +984,7 @@ mod tests {
         assert_eq!(
             t.load(0),
             SegmentState::Active {
-                class: c16,
+                class: small,
                 free: 128
             }
         );
