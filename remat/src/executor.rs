@@ -8,7 +8,10 @@
 //! siblings are recomputed) and locked; its outputs are placed (evicting what
 //! the policy says until they fit); then the program's drops are applied.
 //! A recomputation recomputes only the tensor asked for, at the full cost of
-//! its op (multi-output ops are not recomputed as a unit).
+//! its op (multi-output ops are not recomputed as a unit). A recomputed
+//! input that the program had dropped stays resident afterwards, evictable,
+//! unless the policy asks for it to be freed again once nothing holds it
+//! (`EvictionPolicy::drops_dead_inputs`, Coop's default).
 //!
 //! In-place ops: under DTR and DTE the output is a copy (copy-on-write, as
 //! DTR's prototype rewrites in-place ops) and the input dies after it; Coop
@@ -261,6 +264,11 @@ impl<'p> Executor<'p> {
             for &input in &inputs {
                 self.lock(input, -1)?;
             }
+            if self.policy.drops_dead_inputs() {
+                for &input in &inputs {
+                    self.drop_dead(input)?;
+                }
+            }
             stack.pop();
             if !stack.is_empty() {
                 self.lock(t, 1)?;
@@ -407,6 +415,17 @@ impl<'p> Executor<'p> {
                 return Ok(addr);
             }
         }
+    }
+
+    /// Frees `t` again when the program has dropped it, it is resident (it
+    /// was recomputed as an input of a recomputation) and nothing holds it.
+    fn drop_dead(&mut self, t: TensorId) -> RematResult<()> {
+        let state = self.tensors.state(t)?;
+        if !self.dead[t] || !state.resident || state.locks != 0 || state.pinned {
+            return Ok(());
+        }
+        self.pool.release(t)?;
+        self.tensors.drop_value(t, Residency::Released)
     }
 
     fn evict(&mut self, t: TensorId) -> RematResult<()> {
