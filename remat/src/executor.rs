@@ -243,6 +243,12 @@ impl<'p> Executor<'p> {
     /// inputs first; an explicit stack keeps deep chains off the call stack.
     fn rematerialize(&mut self, root: TensorId) -> RematResult<()> {
         let mut stack: Vec<(TensorId, usize)> = vec![(root, 0)];
+        // Dropped tensors brought back for this chain: freed again once the
+        // whole chain is done, not as soon as their consumer is, since a
+        // sibling further up may need them too (freed at once, a chain whose
+        // dropped tensors share inputs recomputes them once per consumer,
+        // exponentially in its depth).
+        let mut recomputed_dead = Vec::new();
         while let Some(&(t, next)) = stack.last() {
             let inputs = self.tensors.get(t)?.inputs.clone();
             if let Some(&input) = inputs.get(next) {
@@ -264,14 +270,17 @@ impl<'p> Executor<'p> {
             for &input in &inputs {
                 self.lock(input, -1)?;
             }
-            if self.policy.drops_dead_inputs() {
-                for &input in &inputs {
-                    self.drop_dead(input)?;
-                }
+            if self.dead[t] {
+                recomputed_dead.push(t);
             }
             stack.pop();
             if !stack.is_empty() {
                 self.lock(t, 1)?;
+            }
+        }
+        if self.policy.drops_dead_inputs() {
+            for t in recomputed_dead {
+                self.drop_dead(t)?;
             }
         }
         Ok(())
@@ -418,7 +427,8 @@ impl<'p> Executor<'p> {
     }
 
     /// Frees `t` again when the program has dropped it, it is resident (it
-    /// was recomputed as an input of a recomputation) and nothing holds it.
+    /// was recomputed for a recomputation chain that is now done) and
+    /// nothing holds it.
     fn drop_dead(&mut self, t: TensorId) -> RematResult<()> {
         let state = self.tensors.state(t)?;
         if !self.dead[t] || !state.resident || state.locks != 0 || state.pinned {
