@@ -270,7 +270,10 @@ impl<'p> Executor<'p> {
             for &input in &inputs {
                 self.lock(input, -1)?;
             }
-            if self.dead[t] {
+            // The root is what the caller needs next, dropped or not (a
+            // dropped tensor can be an op's input again where the program
+            // read an old version after an in-place op).
+            if self.dead[t] && t != root {
                 recomputed_dead.push(t);
             }
             stack.pop();
