@@ -22,6 +22,9 @@
 //!                  that its window's leftover joins the free block next to
 //!                  the window, and without (minimum ratio, overhead at
 //!                  0.9, 0.7, 0.5)
+//!   --dead-ablation  each policy with a recomputed input that the program
+//!                  had dropped freed again once nothing holds it, and left
+//!                  resident (minimum ratio, overhead at 0.9, 0.7, 0.5)
 //!   --latency-ablation  search time of DTR, DTR with Coop's price cache
 //!                  and Coop at 0.9 to 0.5 (median of 5 replays each)
 //! ```
@@ -35,7 +38,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use remat::compare::{
-    latency_ablation, memory_ablation, merge_ablation, min_ratios, ranking_ablation, sweep, table,
+    dead_ablation, latency_ablation, memory_ablation, merge_ablation, min_ratios, ranking_ablation,
+    sweep, table,
 };
 use remat::sweep::{Command, run_command};
 use remat::synth;
@@ -56,7 +60,7 @@ fn main() -> ExitCode {
 fn run() -> Result<(), String> {
     let (mut traces, mut budgets, mut do_sweep) = (Vec::new(), Vec::new(), false);
     let (mut do_ablation, mut do_latency, mut do_ranking) = (false, false, false);
-    let mut do_merge = false;
+    let (mut do_merge, mut do_dead) = (false, false);
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -69,6 +73,7 @@ fn run() -> Result<(), String> {
             "--latency-ablation" => do_latency = true,
             "--ranking-ablation" => do_ranking = true,
             "--merge-ablation" => do_merge = true,
+            "--dead-ablation" => do_dead = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
             "-h" | "--help" => {
@@ -82,7 +87,7 @@ fn run() -> Result<(), String> {
     if traces.is_empty() {
         return synthetic().map_err(|e| e.to_string());
     }
-    if do_ablation || do_latency || do_ranking || do_merge {
+    if do_ablation || do_latency || do_ranking || do_merge || do_dead {
         for path in &traces {
             let recorded = remat::Recorded::read(path).map_err(|e| e.to_string())?;
             if do_ablation {
@@ -93,6 +98,9 @@ fn run() -> Result<(), String> {
             }
             if do_merge {
                 println!("{}\n{}", path.display(), merge_ablation(&recorded.trace));
+            }
+            if do_dead {
+                println!("{}\n{}", path.display(), dead_ablation(&recorded.trace));
             }
             if do_latency {
                 println!(

@@ -91,6 +91,7 @@ pub fn memory_ablation(trace: &Trace) -> String {
         ("DTE", false, |on| {
             Box::new(Dte {
                 price_recompute_memory: on,
+                ..Dte::default()
             })
         }),
         ("Coop", true, |on| {
@@ -150,6 +151,40 @@ pub fn merge_ablation(trace: &Trace) -> String {
         }),
     ];
     switch_ablation(trace, "leftover merged", &makers)
+}
+
+/// Each policy with a recomputed input that the program had dropped freed
+/// again once nothing holds it (`EvictionPolicy::drops_dead_inputs`; on by
+/// default in Coop only) and left resident: minimum ratio and overhead at a
+/// few ratios, as [`memory_ablation`].
+pub fn dead_ablation(trace: &Trace) -> String {
+    let makers: [Switched; 4] = [
+        ("DTR", false, |on| {
+            Box::new(Dtr {
+                drop_dead_inputs: on,
+                ..Dtr::default()
+            })
+        }),
+        ("DTE", false, |on| {
+            Box::new(Dte {
+                drop_dead_inputs: on,
+                ..Dte::default()
+            })
+        }),
+        ("Coop", true, |on| {
+            Box::new(Coop {
+                drop_dead_inputs: on,
+                ..Coop::default()
+            })
+        }),
+        ("Coop-G", false, |on| {
+            Box::new(Coop {
+                drop_dead_inputs: on,
+                ..Coop::grouped()
+            })
+        }),
+    ];
+    switch_ablation(trace, "dropped inputs freed again", &makers)
 }
 
 /// Each policy of `makers` with its switch off and on: the bisected minimum

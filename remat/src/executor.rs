@@ -8,7 +8,10 @@
 //! siblings are recomputed) and locked; its outputs are placed (evicting what
 //! the policy says until they fit); then the program's drops are applied.
 //! A recomputation recomputes only the tensor asked for, at the full cost of
-//! its op (multi-output ops are not recomputed as a unit).
+//! its op (multi-output ops are not recomputed as a unit). A recomputed
+//! input that the program had dropped stays resident afterwards, evictable,
+//! unless the policy asks for it to be freed again once nothing holds it
+//! (`EvictionPolicy::drops_dead_inputs`, Coop's default).
 //!
 //! In-place ops: under DTR and DTE the output is a copy (copy-on-write, as
 //! DTR's prototype rewrites in-place ops) and the input dies after it; Coop
@@ -240,6 +243,12 @@ impl<'p> Executor<'p> {
     /// inputs first; an explicit stack keeps deep chains off the call stack.
     fn rematerialize(&mut self, root: TensorId) -> RematResult<()> {
         let mut stack: Vec<(TensorId, usize)> = vec![(root, 0)];
+        // Dropped tensors brought back for this chain: freed again once the
+        // whole chain is done, not as soon as their consumer is, since a
+        // sibling further up may need them too (freed at once, a chain whose
+        // dropped tensors share inputs recomputes them once per consumer,
+        // exponentially in its depth).
+        let mut recomputed_dead = Vec::new();
         while let Some(&(t, next)) = stack.last() {
             let inputs = self.tensors.get(t)?.inputs.clone();
             if let Some(&input) = inputs.get(next) {
@@ -261,9 +270,20 @@ impl<'p> Executor<'p> {
             for &input in &inputs {
                 self.lock(input, -1)?;
             }
+            // The root is what the caller needs next, dropped or not (a
+            // dropped tensor can be an op's input again where the program
+            // read an old version after an in-place op).
+            if self.dead[t] && t != root {
+                recomputed_dead.push(t);
+            }
             stack.pop();
             if !stack.is_empty() {
                 self.lock(t, 1)?;
+            }
+        }
+        if self.policy.drops_dead_inputs() {
+            for t in recomputed_dead {
+                self.drop_dead(t)?;
             }
         }
         Ok(())
@@ -407,6 +427,18 @@ impl<'p> Executor<'p> {
                 return Ok(addr);
             }
         }
+    }
+
+    /// Frees `t` again when the program has dropped it, it is resident (it
+    /// was recomputed for a recomputation chain that is now done) and
+    /// nothing holds it.
+    fn drop_dead(&mut self, t: TensorId) -> RematResult<()> {
+        let state = self.tensors.state(t)?;
+        if !self.dead[t] || !state.resident || state.locks != 0 || state.pinned {
+            return Ok(());
+        }
+        self.pool.release(t)?;
+        self.tensors.drop_value(t, Residency::Released)
     }
 
     fn evict(&mut self, t: TensorId) -> RematResult<()> {

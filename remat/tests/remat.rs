@@ -233,6 +233,99 @@ fn coop_recomputes_an_in_place_op_over_its_recomputed_input() {
     );
 }
 
+/// A step where a dropped tensor comes back only as the input of a
+/// recomputation: `x` is dropped after `y` reads it, `y` is evicted for
+/// `z`, and `e` needs `y` back, so `x` is recomputed first. Freed again
+/// after `y` (`drops_dead_inputs`), `x` leaves room for `f`; left resident,
+/// it has to be evicted for `f`.
+#[test]
+fn recomputed_dropped_inputs_are_freed_again() {
+    let out = |size| OutputSpec {
+        size,
+        pinned: false,
+    };
+    let mut b = TraceBuilder::new();
+    let x = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    let y = b.op(&[x], &[out(100)], 1.0).expect("valid")[0];
+    // Never read, so dropped at once: it only pushes `y` out.
+    b.op(&[], &[out(250)], 1.0).expect("valid");
+    let k = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    let e = b.op(&[k, y], &[out(10)], 1.0).expect("valid")[0];
+    let f = b.op(&[e], &[out(190)], 1.0).expect("valid")[0];
+    b.keep(f);
+    let trace = b.finish();
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    let policies: [(Box<dyn EvictionPolicy>, Box<dyn EvictionPolicy>); 2] = [
+        (
+            Box::new(Coop::default()),
+            Box::new(Coop {
+                drop_dead_inputs: false,
+                ..Coop::default()
+            }),
+        ),
+        (
+            Box::new(Dtr {
+                drop_dead_inputs: true,
+                ..Dtr::default()
+            }),
+            Box::new(Dtr::default()),
+        ),
+    ];
+    for (mut on, mut off) in policies {
+        let freed = replay(&trace, 310, on.as_mut(), options);
+        let kept = replay(&trace, 310, off.as_mut(), options);
+        // `y` evicted once and recomputed with `x`, either way.
+        assert!(freed.finished() && freed.recomputations == 2, "{freed:?}");
+        assert!(kept.finished() && kept.recomputations == 2, "{kept:?}");
+        // Only `y` evicted when `x` is freed again; `x` too when it stays.
+        assert_eq!(
+            (freed.evictions, kept.evictions),
+            (1, 2),
+            "{freed:?} {kept:?}"
+        );
+    }
+}
+
+/// A chain whose dropped tensors share an input: `b` feeds both `c1` and
+/// `c2`, all three dropped, and `y` (made from `c1` and `c2`) is evicted and
+/// needed again. `b` is recomputed once for the chain: it is freed again
+/// only when the whole chain is done, not as soon as `c1` is (which would
+/// recompute it a second time for `c2`).
+#[test]
+fn dropped_inputs_stay_until_their_chain_is_done() {
+    let out = |size, pinned| OutputSpec { size, pinned };
+    let mut b = TraceBuilder::new();
+    let a = b.op(&[], &[out(100, true)], 1.0).expect("valid")[0];
+    let shared = b.op(&[a], &[out(10, false)], 1.0).expect("valid")[0];
+    let c1 = b.op(&[shared], &[out(10, false)], 1.0).expect("valid")[0];
+    let c2 = b.op(&[shared], &[out(10, false)], 1.0).expect("valid")[0];
+    let y = b.op(&[c1, c2], &[out(10, false)], 1.0).expect("valid")[0];
+    // Never read, so dropped at once: it only pushes `y` out.
+    b.op(&[], &[out(95, false)], 1.0).expect("valid");
+    let e = b.op(&[y, a], &[out(10, false)], 1.0).expect("valid")[0];
+    b.keep(e);
+    let trace = b.finish();
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    for on in [true, false] {
+        let mut coop = Coop {
+            drop_dead_inputs: on,
+            ..Coop::default()
+        };
+        let report = replay(&trace, 200, &mut coop, options);
+        // `shared`, `c1`, `c2` and `y`, each once.
+        assert!(report.finished(), "{report:?}");
+        assert_eq!(
+            (report.evictions, report.recomputations),
+            (1, 4),
+            "{report:?}"
+        );
+    }
+}
+
 /// A random DAG: each op reads up to three recent tensors, makes one or two
 /// outputs of random size (some pinned), and is in-place now and then.
 fn random_trace(seed: u64, ops: usize) -> Trace {

@@ -84,6 +84,18 @@
 //! ResNet-50 finish at 0.4. Measured: ResNet-50 finishes at 0.4, where it
 //! ran out, and Swin-T's minimum is 0.297 (0.302) (`--merge-ablation`).
 //!
+//! Dropped inputs freed again (`drop_dead_inputs`, not in the paper, on by
+//! default in Coop): a tensor that the program has dropped comes back only
+//! as an input of a recomputation; once that recomputation (and any other
+//! that holds it) is done, the executor frees it again, as the program's
+//! drop did, instead of leaving it resident until some search evicts it.
+//! Left resident, such tensors are freshly touched and so score high: on
+//! Swin-T's backward pass at 0.5 they held 0.9-2.2 GiB of a 3.4 GiB pool,
+//! while the live tensors between them were evicted and the backward
+//! temporaries' holes among them made most of the free space. Off in
+//! Coop-G, whose anchored windows then evict the same chains over and
+//! over (overhead in the thousands of percent on Swin-T).
+//!
 //! Each layout rule can be switched off (or on) for ablations.
 //!
 //! Owned by one executor; single-threaded. Keeps the step count of its last
@@ -314,6 +326,11 @@ pub struct Coop {
     /// that free block instead of becoming a hole of its own (not in the
     /// paper; on by default in Coop, off in Coop-G; see the module docs).
     pub merge_leftover: bool,
+    /// A tensor the program had dropped, recomputed as an input of a
+    /// recomputation, is freed again once nothing holds it
+    /// (`EvictionPolicy::drops_dead_inputs`; not in the paper; on by
+    /// default in Coop, off in Coop-G; see the module docs).
+    pub drop_dead_inputs: bool,
     /// Pointer moves of the last search.
     pub last_steps: usize,
     /// Intervals seen by the last search.
@@ -331,6 +348,7 @@ impl Default for Coop {
             price_recompute_memory: true,
             rank_per_byte: true,
             merge_leftover: true,
+            drop_dead_inputs: true,
             last_steps: 0,
             last_items: 0,
             scratch: Scan::default(),
@@ -347,18 +365,20 @@ impl Coop {
         Coop {
             pinned_at_ends: true,
             merge_leftover: false,
+            drop_dead_inputs: false,
             ..Coop::default()
         }
     }
 
     /// The paper's Coop: windows ranked by summed score, no recompute-memory
-    /// pricing, the paper's placement inside a window (partitioning and
-    /// recomputable in-place on).
+    /// pricing, the paper's placement inside a window, recomputed dropped
+    /// inputs left resident (partitioning and recomputable in-place on).
     pub fn paper() -> Coop {
         Coop {
             price_recompute_memory: false,
             rank_per_byte: false,
             merge_leftover: false,
+            drop_dead_inputs: false,
             ..Coop::default()
         }
     }
@@ -601,5 +621,9 @@ impl EvictionPolicy for Coop {
 
     fn caches_prices(&self) -> bool {
         true
+    }
+
+    fn drops_dead_inputs(&self) -> bool {
+        self.drop_dead_inputs
     }
 }

@@ -15,6 +15,10 @@ pub struct Dte {
     /// Scale the score by the recompute amplification (not in the
     /// published policy; off by default, for the ablation only).
     pub price_recompute_memory: bool,
+    /// Free a recomputed input that the program had dropped once nothing
+    /// holds it (`EvictionPolicy::drops_dead_inputs`; Coop's rule, off by
+    /// default, for the ablation only).
+    pub drop_dead_inputs: bool,
 }
 
 impl EvictionPolicy for Dte {
@@ -38,5 +42,9 @@ impl EvictionPolicy for Dte {
             window: None,
             addr: None,
         })
+    }
+
+    fn drops_dead_inputs(&self) -> bool {
+        self.drop_dead_inputs
     }
 }

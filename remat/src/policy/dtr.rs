@@ -14,6 +14,10 @@ pub struct Dtr {
     /// Scale the score by the recompute amplification (not in the
     /// published policy; off by default, for the ablation only).
     pub price_recompute_memory: bool,
+    /// Free a recomputed input that the program had dropped once nothing
+    /// holds it (`EvictionPolicy::drops_dead_inputs`; Coop's rule, off by
+    /// default, for the ablation only).
+    pub drop_dead_inputs: bool,
     /// Keep projected costs and recompute peaks between searches, as Coop
     /// does (`TensorTable::cache_prices`): the same scores and decisions,
     /// faster. Off by default (the published policy recomputes them), on
@@ -46,5 +50,9 @@ impl EvictionPolicy for Dtr {
 
     fn caches_prices(&self) -> bool {
         self.cache_prices
+    }
+
+    fn drops_dead_inputs(&self) -> bool {
+        self.drop_dead_inputs
     }
 }

@@ -75,6 +75,14 @@ pub trait EvictionPolicy {
         false
     }
 
+    /// Whether a tensor that the program had dropped, recomputed as an
+    /// input of a recomputation, is freed again as soon as the
+    /// recomputations that hold it are done (the program's drop applied
+    /// again), instead of staying resident until it is evicted.
+    fn drops_dead_inputs(&self) -> bool {
+        false
+    }
+
     /// Whether the executor should keep projected costs and recompute peaks
     /// between searches (`TensorTable::cache_prices`, at
     /// [`RECOMPUTE_DEPTH`]). The scores are the same either way; only the
