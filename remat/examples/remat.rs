@@ -25,6 +25,10 @@
 //!   --dead-ablation  each policy with a recomputed input that the program
 //!                  had dropped freed again once nothing holds it, and left
 //!                  resident (minimum ratio, overhead at 0.9, 0.7, 0.5)
+//!   --metadata-ablation  every policy on the trace as recorded and with
+//!                  the inputs of ops that read only their inputs' shape
+//!                  (new_empty, ones_like...) left out (minimum ratio,
+//!                  overhead at 0.9, 0.7, 0.5)
 //!   --latency-ablation  search time of DTR, DTR with Coop's price cache
 //!                  and Coop at 0.9 to 0.5 (median of 5 replays each)
 //! ```
@@ -38,8 +42,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use remat::compare::{
-    dead_ablation, latency_ablation, memory_ablation, merge_ablation, min_ratios, ranking_ablation,
-    sweep, table,
+    dead_ablation, latency_ablation, memory_ablation, merge_ablation, metadata_ablation,
+    min_ratios, ranking_ablation, sweep, table,
 };
 use remat::sweep::{Command, run_command};
 use remat::synth;
@@ -60,7 +64,7 @@ fn main() -> ExitCode {
 fn run() -> Result<(), String> {
     let (mut traces, mut budgets, mut do_sweep) = (Vec::new(), Vec::new(), false);
     let (mut do_ablation, mut do_latency, mut do_ranking) = (false, false, false);
-    let (mut do_merge, mut do_dead) = (false, false);
+    let (mut do_merge, mut do_dead, mut do_metadata) = (false, false, false);
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -74,6 +78,7 @@ fn run() -> Result<(), String> {
             "--ranking-ablation" => do_ranking = true,
             "--merge-ablation" => do_merge = true,
             "--dead-ablation" => do_dead = true,
+            "--metadata-ablation" => do_metadata = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
             "-h" | "--help" => {
@@ -87,7 +92,7 @@ fn run() -> Result<(), String> {
     if traces.is_empty() {
         return synthetic().map_err(|e| e.to_string());
     }
-    if do_ablation || do_latency || do_ranking || do_merge || do_dead {
+    if do_ablation || do_latency || do_ranking || do_merge || do_dead || do_metadata {
         for path in &traces {
             let recorded = remat::Recorded::read(path).map_err(|e| e.to_string())?;
             if do_ablation {
@@ -101,6 +106,9 @@ fn run() -> Result<(), String> {
             }
             if do_dead {
                 println!("{}\n{}", path.display(), dead_ablation(&recorded.trace));
+            }
+            if do_metadata {
+                println!("{}\n{}", path.display(), metadata_ablation(&recorded));
             }
             if do_latency {
                 println!(

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use super::executor::{ReplayOptions, Report, budget_for, min_budget_ratio, replay};
 use super::policy::{Coop, Dte, Dtr, EvictionPolicy};
+use super::recorded::Recorded;
 use super::trace::Trace;
 
 /// A named way to make a fresh policy.
@@ -187,12 +188,61 @@ pub fn dead_ablation(trace: &Trace) -> String {
     switch_ablation(trace, "dropped inputs freed again", &makers)
 }
 
+/// Every policy on the trace as recorded and on the trace without the
+/// inputs of its metadata-only ops (`Recorded::without_metadata_inputs`;
+/// off by default): minimum ratio and overhead at a few ratios, as
+/// [`memory_ablation`]. The trace is the same for every policy, so this is
+/// a question of the replay's model, not of any one policy.
+pub fn metadata_ablation(recorded: &Recorded) -> String {
+    let traces = [
+        ("as recorded", recorded.trace.clone()),
+        ("dropped", recorded.without_metadata_inputs()),
+    ];
+    let mut out = format!(
+        "inputs of metadata-only ops ({} ops): policy, trace, min ratio, overhead at",
+        recorded.metadata_ops.len()
+    );
+    for r in ABLATION_RATIOS {
+        let _ = write!(out, " {r}");
+    }
+    out.push('\n');
+    for (name, make) in all_policies() {
+        for (label, trace) in &traces {
+            let min = min_budget_ratio(trace, &make, (0.05, 1.2), 0.005);
+            let min = min.map_or("-".to_string(), |m| format!("{m:.3}"));
+            let _ = write!(out, "  {name:>6} {label:>11} {min:>6}");
+            for ratio in ABLATION_RATIOS {
+                let r = replay(
+                    trace,
+                    budget_for(trace, ratio),
+                    make().as_mut(),
+                    ReplayOptions::default(),
+                );
+                let _ = write!(out, " {:>7}", overhead_cell(&r));
+            }
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The ratios at which the ablations give the overhead.
+const ABLATION_RATIOS: [f64; 3] = [0.9, 0.7, 0.5];
+
+/// A replay's overhead as a table cell (✗: it did not finish).
+fn overhead_cell(r: &Report) -> String {
+    if r.finished() {
+        format!("{:.1}%", 100.0 * r.overhead())
+    } else {
+        "✗".to_string()
+    }
+}
+
 /// Each policy of `makers` with its switch off and on: the bisected minimum
 /// budget ratio and the overhead at 0.9, 0.7 and 0.5 (✗: fails).
 fn switch_ablation(trace: &Trace, switch: &str, makers: &[Switched]) -> String {
-    const RATIOS: [f64; 3] = [0.9, 0.7, 0.5];
     let mut out = format!("{switch}: policy, switch, min ratio, overhead at");
-    for r in RATIOS {
+    for r in ABLATION_RATIOS {
         let _ = write!(out, " {r}");
     }
     out.push('\n');
@@ -206,19 +256,14 @@ fn switch_ablation(trace: &Trace, switch: &str, makers: &[Switched]) -> String {
                 "  {name:>6} {:>3}{mark:10} {min:>6}",
                 if on { "on" } else { "off" }
             );
-            for ratio in RATIOS {
+            for ratio in ABLATION_RATIOS {
                 let r = replay(
                     trace,
                     budget_for(trace, ratio),
                     make(on).as_mut(),
                     ReplayOptions::default(),
                 );
-                let cell = if r.finished() {
-                    format!("{:.1}%", 100.0 * r.overhead())
-                } else {
-                    "✗".to_string()
-                };
-                let _ = write!(out, " {cell:>7}");
+                let _ = write!(out, " {:>7}", overhead_cell(&r));
             }
             out.push('\n');
         }

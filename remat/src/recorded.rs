@@ -53,7 +53,31 @@ pub struct Recorded {
     pub names: Vec<String>,
     /// The `meta` lines, in order.
     pub meta: Vec<(String, String)>,
+    /// The ops named in [`METADATA_ONLY`] that list an input, in order.
+    pub metadata_ops: Vec<usize>,
 }
+
+/// Ops whose output depends on their inputs' shape, dtype and device only,
+/// never on their values: `x.new_empty(shape)` for the drop-path mask of a
+/// Swin block (then filled by `bernoulli_`), `x.new_zeros(...)`,
+/// `torch.ones_like(loss)` for the seed of the backward pass. The recorder
+/// lists the tensor they were called on as an input, and the replay takes
+/// it for a data input: recomputing Swin-T's 256-byte drop-path mask then
+/// recomputes the block's MLP output it was shaped after, and the 294 MiB
+/// GELU output and the MLP's first output before that.
+/// [`Recorded::without_metadata_inputs`] gives the trace without those
+/// inputs (not the default: `compare::metadata_ablation`).
+pub const METADATA_ONLY: [&str; 9] = [
+    "aten::new_empty",
+    "aten::new_empty_strided",
+    "aten::new_zeros",
+    "aten::new_ones",
+    "aten::new_full",
+    "aten::empty_like",
+    "aten::zeros_like",
+    "aten::ones_like",
+    "aten::full_like",
+];
 
 impl Recorded {
     /// The value of a `meta` key, if the trace has one.
@@ -62,6 +86,18 @@ impl Recorded {
             .iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The trace with the inputs of its [`METADATA_ONLY`] ops left out, so
+    /// that a replay neither keeps the tensor such an op was called on
+    /// resident to run it nor recomputes that tensor to recompute its
+    /// output (which reads none of its values).
+    pub fn without_metadata_inputs(&self) -> Trace {
+        let mut trace = self.trace.clone();
+        for &op in &self.metadata_ops {
+            trace.ops[op].inputs.clear();
+        }
+        trace
     }
 
     /// Reads a trace file, gzip-compressed or not.
@@ -192,6 +228,9 @@ impl Reader {
                 Some(f) => *f = true,
             }
         }
+        if !in_place && !inputs.is_empty() && METADATA_ONLY.contains(&name) {
+            self.out.metadata_ops.push(self.out.trace.ops.len());
+        }
         self.out.names.push(name.to_string());
         self.out.trace.ops.push(Op {
             inputs,
@@ -256,6 +295,29 @@ op aten::sum 100 - | 3 | 4 | 3
         assert_eq!(ops[2].inputs, vec![0, 1]);
         assert_eq!(r.trace.total_cost(), 2900.0);
         assert_eq!(r.trace.peak_live_bytes(), 4096 + 512 + 1024 + 512);
+        Ok(())
+    }
+
+    #[test]
+    fn metadata_only_ops_lose_their_inputs_on_request() -> RematResult<()> {
+        let text = "gpumalloc-remat-trace 1
+op leaf 0 - | | 4096p |
+op aten::mm 2500 - | 0 | 8192 |
+op aten::new_empty 100 - | 1 | 512 |
+op aten::bernoulli_.float 100 i | 2 | 512 | 2
+op aten::mul.Tensor 100 - | 1 3 | 8192 | 1 3
+";
+        let r = Recorded::parse(text)?;
+        assert_eq!(
+            r.metadata_ops,
+            vec![2],
+            "new_empty; bernoulli_ reads values"
+        );
+        assert_eq!(r.trace.ops[2].inputs, vec![1], "as recorded by default");
+        let t = r.without_metadata_inputs();
+        assert!(t.ops[2].inputs.is_empty());
+        assert_eq!(t.ops[3].inputs, vec![2]);
+        assert_eq!(t.ops[4].inputs, vec![1, 3]);
         Ok(())
     }
 
