@@ -725,6 +725,15 @@ fn two_block_block_class() -> SizeClass {
     }
 }
 
+/// The smallest block class other than `class`: the owner of a segment a
+/// stale claimer of `class` reserves on.
+fn another_block_class(class: SizeClass) -> SizeClass {
+    (0..gpu_kernel::class::CLASSES)
+        .filter_map(SizeClass::new)
+        .find(|c| !c.is_slice() && *c != class)
+        .unwrap()
+}
+
 /// `reserve_blocks_add` of `want` blocks of `class` on segment 0 of
 /// `states` in a second model thread.
 fn grab_in_a_thread(
@@ -862,10 +871,7 @@ fn a_stale_reservation_racing_the_other_class_last_return() {
         // The segment is the other class's (two blocks, one out); a
         // claimer of the 1 MiB class whose hint is stale subtracts from it.
         let class = two_block_block_class();
-        let other = (0..gpu_kernel::class::CLASSES)
-            .filter_map(SizeClass::new)
-            .find(|c| !c.is_slice() && *c != class)
-            .unwrap();
+        let other = another_block_class(class);
         let total = other.blocks_per_segment(SHIFT);
         let states = active_segment(other, total - 1);
         let t = grab_in_a_thread(&states, class, 1);
@@ -895,10 +901,7 @@ fn a_stale_reservation_hides_nothing_from_the_owner() {
         // to miss, it would drop the segment from its class tree and, on a
         // full heap, answer null with the block free.
         let class = two_block_block_class();
-        let other = (0..gpu_kernel::class::CLASSES)
-            .filter_map(SizeClass::new)
-            .find(|c| !c.is_slice() && *c != class)
-            .unwrap();
+        let other = another_block_class(class);
         let total = other.blocks_per_segment(SHIFT);
         let states = active_segment(other, 1);
         let t = grab_in_a_thread(&states, class, 1);
@@ -927,10 +930,7 @@ fn a_segment_changes_class_between_the_check_and_the_subtract() {
         // retirement (which then fails) or the segment is retired exactly
         // once, by the return or by the claimer's give-back.
         let class = two_block_block_class();
-        let other = (0..gpu_kernel::class::CLASSES)
-            .filter_map(SizeClass::new)
-            .find(|c| !c.is_slice() && *c != class)
-            .unwrap();
+        let other = another_block_class(class);
         let total = other.blocks_per_segment(SHIFT);
         let states = active_segment(class, 2);
         let t = grab_in_a_thread(&states, class, 1);
