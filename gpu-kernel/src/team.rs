@@ -116,6 +116,25 @@ enum Extra {
     },
 }
 
+/// Waits while `word` shows `seen`'s version with more slices reserved than
+/// its capacity: an installer then owns index `cap` (exactly one per version,
+/// see [`crate::slot`]) and its exchange will change the word. Within one
+/// version `reserved` only grows, so the wait ends with that exchange. A
+/// word with `seen`'s block and generation but `reserved <= cap` is a later
+/// version whose 8-bit generation wrapped (ABA): the caller retries rather
+/// than waiting for a change that may never come.
+#[inline(always)]
+fn wait_for_install(word: &Word, seen: SlotWord, per_block: u32, round: &mut u32) {
+    loop {
+        let now = SlotWord(arch::load_relaxed(word));
+        if now.version() != seen.version() || now.reserved() <= now.capacity(per_block) {
+            return;
+        }
+        arch::backoff(*round);
+        *round += 1;
+    }
+}
+
 impl Heap {
     /// The slice path: warp teams reserve slices from their slot's block.
     #[inline]
@@ -197,23 +216,10 @@ impl Heap {
                 }
                 continue;
             }
-            // Past the end: wait until the installer replaces the word. Our
-            // team's range lies wholly past the capacity (else it would hold
-            // index `cap` and install), so our version's `reserved` exceeds
-            // `cap`, and within one version `reserved` only grows: while the
-            // word shows our version with `reserved > cap`, an installer owns
-            // index `cap` and its CAS will change the word. A word with our
-            // block and generation but `reserved <= cap` is a later version
-            // whose 8-bit generation wrapped (ABA): retry rather than wait for
-            // a change that may never come.
-            loop {
-                let now = SlotWord(arch::load_relaxed(word));
-                if now.version() != seen.version() || now.reserved() <= now.capacity(per_block) {
-                    break;
-                }
-                arch::backoff(round);
-                round += 1;
-            }
+            // Past the end: our team's range lies wholly past the capacity
+            // (else it would hold index `cap` and install), so wait until the
+            // installer replaces the word.
+            wait_for_install(word, seen, per_block, &mut round);
         }
     }
 
@@ -337,15 +343,7 @@ impl Heap {
                 // installs here until a team adds again.
                 return CLOSED;
             }
-            // The same wait as in `malloc_slice`, ABA case included.
-            loop {
-                let now = SlotWord(arch::load_relaxed(word));
-                if now.version() != current.version() || now.reserved() <= now.capacity(per_block) {
-                    break;
-                }
-                arch::backoff(round);
-                round += 1;
-            }
+            wait_for_install(word, current, per_block, &mut round);
         }
     }
 
