@@ -464,13 +464,27 @@ impl Heap {
         } else {
             (want as u64) << DEMAND_SHIFT
         };
-        if demand != 0 {
-            arch::fetch_add_relaxed(lock, demand);
-        }
+        // The add's old value is the demand of the other claimers in
+        // flight: at least a segment's worth is a burst, in which a block
+        // claimer's first pick is salted over the lowest batch like a
+        // retry (`VebTree::pick_wide`), instead of every claimer of the
+        // burst loading and subtracting from the lowest segment first (all
+        // but its first few then overdraw, give back and drop it from the
+        // class tree: three RMWs each on two words). Under light load the
+        // first pick stays the lowest segment, which packs the class low.
+        let others = if demand != 0 {
+            arch::fetch_add_relaxed(lock, demand) >> DEMAND_SHIFT
+        } else {
+            0
+        };
         // Where the next search starts (the start of a tree word) and how
         // it picks in that word: 0 takes the lowest.
         let mut from = 0;
-        let mut salt = 0u32;
+        let mut salt = if !class.is_slice() && others >= blocks as u64 {
+            spread_salt(0)
+        } else {
+            0
+        };
         let mut spread = 0u32;
         let mut round = 0;
         let claim = loop {
