@@ -126,6 +126,12 @@ impl Claim {
     const TICKETED: u64 = 1 << 49;
     /// Tickets are below a block class's 2048 blocks per segment at most.
     const TICKET_SHIFT: u32 = 50;
+    /// Not blocks but a task (`claim_blocks` with `team_format`): the
+    /// leader holds its class's format lock and found the class tree
+    /// empty; its team formats a batch of the segment count in the low
+    /// bits ([`Heap::format_batch_team`]), which releases the lock. Its
+    /// count is 0, so nothing takes it for blocks.
+    const TEAM_FORMAT: u64 = 1 << 62;
 
     fn reserved(segment: u32, count: u32) -> Claim {
         Claim(segment as u64 | (count as u64) << 32)
@@ -141,6 +147,15 @@ impl Claim {
 
     fn formatted(segment: u32, count: u32) -> Claim {
         Claim(Claim::reserved(segment, count).0 | Claim::FORMATTED)
+    }
+
+    fn team_format(segments: u32) -> Claim {
+        Claim(segments as u64 | Claim::TEAM_FORMAT)
+    }
+
+    #[inline(always)]
+    fn is_team_format(self) -> bool {
+        self.0 & Claim::TEAM_FORMAT != 0
     }
 
     #[inline(always)]
@@ -386,9 +401,17 @@ impl Heap {
             let rank = arch::rank_in(team, lane);
             let mut claim = 0;
             if lane == leader {
-                claim = self.by_value().claim_blocks(class, team.count_ones()).0;
+                claim = self
+                    .by_value()
+                    .claim_blocks_for(class, team.count_ones(), true)
+                    .0;
             }
             let mut claim = Claim(arch::shfl_u64(team, claim, leader));
+            if claim.is_team_format() {
+                claim = self
+                    .by_value()
+                    .format_batch_team(class, team, claim.segment());
+            }
             if claim.count() == 0 {
                 // Before failing, give back what slice classes hold idle and
                 // try once more (the leader alone: one reclaim per team).
@@ -438,8 +461,18 @@ impl Heap {
     /// here, and the lock's holder, finding the class tree empty, formats
     /// as many segments as that demand fills ([`Heap::format_batch`]): one
     /// under light load, up to eight tree words' worth (512) in a burst.
-    #[inline(never)]
+    #[inline(always)]
     pub(crate) fn claim_blocks(&self, class: SizeClass, want: u32) -> Claim {
+        self.claim_blocks_for(class, want, false)
+    }
+
+    /// [`Heap::claim_blocks`]; with `team_format`, a block-class caller
+    /// that wins the format lock with the class tree empty gets a
+    /// [`Claim::team_format`] task instead of formatting the batch alone:
+    /// its whole team then formats it ([`Heap::format_batch_team`]), which
+    /// releases the lock. Only `malloc_block`'s team leader passes true.
+    #[inline(never)]
+    fn claim_blocks_for(&self, class: SizeClass, want: u32, team_format: bool) -> Claim {
         let tree = self.class_tree(class);
         let table = self.table();
         let lock = self.format_lock(class);
@@ -578,6 +611,11 @@ impl Heap {
                         .div_ceil(blocks as u64)
                         .clamp(1, MAX_FORMAT_BATCH as u64)
                         as u32;
+                    if team_format && !class.is_slice() {
+                        // The lock stays held and this claimer's demand
+                        // counted: `format_batch_team` releases both.
+                        return Claim::team_format(segments);
+                    }
                     let claim = self.format_batch(class, want, segments);
                     // Release: publishes the formatted segments (their tree
                     // insert) to the next holder; this claimer's demand goes
@@ -693,6 +731,114 @@ impl Heap {
             }
         }
         claim
+    }
+
+    /// [`Heap::format_batch`] made by a whole team, whose leader holds
+    /// `class`'s format lock with its `team.count_ones()` blocks of demand
+    /// counted (a [`Claim::team_format`] task of `segments` segments): the
+    /// leader claims one segment-tree word at a time and shuffles it to
+    /// the team; each member formats the bitmaps of every `n`-th segment
+    /// of it (`n` the team's size, from its rank) and publishes their state
+    /// words after a fence of its own; then the leader inserts the word
+    /// into the class tree. A batch of 512 segments is then 16 formats per
+    /// lane instead of 512 by one thread while every other claimer of the
+    /// class waits. Returns the team's blocks (the first `min(n, blocks)`
+    /// of the batch's lowest segment), or nothing if the segment tree had
+    /// no segment. Every member of `team` calls it.
+    #[inline(never)]
+    fn format_batch_team(&self, class: SizeClass, team: u32, segments: u32) -> Claim {
+        let lane = arch::lane_id();
+        let leader = arch::lowest_lane(team);
+        let rank = arch::rank_in(team, lane);
+        let size = team.count_ones();
+        let blocks = class.blocks_per_segment(self.segment_shift);
+        debug_assert!(!class.is_slice() && size < blocks);
+        let taken = size.min(blocks);
+        let salt = spread_salt(0);
+        let mut own = u32::MAX;
+        let mut left = segments;
+        while left > 0 {
+            let mut first = 0u32;
+            let mut ids = 0u64;
+            if lane == leader
+                && let Some((f, t)) = self.segment_tree().claim_low_many(left.min(64), salt)
+            {
+                (first, ids) = (f, t);
+            }
+            let ids = arch::shfl_u64(team, ids, leader);
+            if ids == 0 {
+                break;
+            }
+            let first = arch::shfl_u32(team, first, leader);
+            // The team's blocks come from the batch's first segment; no
+            // segment of a later word matches `word_own`.
+            let word_own = if own == u32::MAX {
+                first + ids.trailing_zeros()
+            } else {
+                u32::MAX
+            };
+            // This member's segments of the word: every `size`-th, from
+            // its rank.
+            let mut mine = 0u64;
+            let mut rest = ids;
+            let mut turn = 0;
+            while rest != 0 {
+                if turn == rank {
+                    mine |= rest & rest.wrapping_neg();
+                }
+                turn = if turn + 1 == size { 0 } else { turn + 1 };
+                rest &= rest - 1;
+            }
+            if mine != 0 {
+                let mut rest = mine;
+                while rest != 0 {
+                    let segment = first + rest.trailing_zeros();
+                    let gone = if segment == word_own { taken } else { 0 };
+                    self.bitmap(segment).format(blocks, gone);
+                    rest &= rest - 1;
+                }
+                // Its fence orders this member's bitmap stores before its
+                // state stores, as for a batch formatted by one thread.
+                self.table().publish_active_many(
+                    first,
+                    mine,
+                    class,
+                    blocks,
+                    word_own,
+                    blocks - taken,
+                );
+            }
+            // The leader's insert makes the word's segments findable, so
+            // every member's state stores must happen before it (a claimer
+            // that found a segment in the tree but a stale `Free` state
+            // would drop it; the drop's re-check, ordered after the insert
+            // by the remove's acquire, must see `Active`). A release orders
+            // only the leader's own writes; `bar.warp.sync` over the team
+            // orders the members' writes before what the leader does next.
+            arch::warp_sync(team);
+            if lane == leader {
+                self.class_tree(class).insert_many(first, ids);
+            }
+            if own == u32::MAX {
+                own = word_own;
+            }
+            left -= ids.count_ones();
+        }
+        if lane == leader {
+            // Release, as in `claim_blocks`: publishes the batch (the
+            // leader's inserts) to the next holder; the leader's demand
+            // (its team's blocks, counted at entry) goes in the same RMW.
+            let demand = (size as u64) << DEMAND_SHIFT;
+            arch::fetch_add_acq_rel(
+                self.format_lock(class),
+                (FORMAT_HELD + demand).wrapping_neg(),
+            );
+        }
+        if own == u32::MAX {
+            Claim(0)
+        } else {
+            Claim::formatted(own, taken)
+        }
     }
 
     /// Gives back to the segment tree every segment formatted for a class
@@ -1250,6 +1396,79 @@ mod tests {
         // beyond the first word, and every block is still handed out once.
         let picked = h.class_tree(class).pick_wide(0, 0xc000_0000).unwrap().0;
         assert!(picked >= 64, "{picked}");
+    }
+
+    /// A five-lane host warp formats a batch of 150 segments (three
+    /// segment-tree words) as a team (`format_batch_team`, as
+    /// `malloc_block` does after its leader won the format lock), while
+    /// four lone claimers wait for the batch and then claim until the heap
+    /// is empty, yielding at every third RMW: the team gets the first five
+    /// blocks of the lowest segment, every block of the heap is handed out
+    /// once, and the lock ends free with no demand counted.
+    #[test]
+    fn a_team_formats_a_batch_while_others_claim() {
+        use crate::arch::ThreadWarp;
+        const LANES: u32 = 5;
+        let segments = 200;
+        let (h, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
+        let class = class_32k();
+        let h = &h;
+        // The leader's win: the lock held with its team's demand counted.
+        arch::fetch_add_relaxed(
+            h.format_lock(class),
+            FORMAT_HELD + ((LANES as u64) << DEMAND_SHIFT),
+        );
+        let warp = ThreadWarp::new(LANES);
+        let mut all: Vec<(u32, u32)> = std::thread::scope(|s| {
+            let team: Vec<_> = (0..LANES)
+                .map(|lane| {
+                    let warp = warp.clone();
+                    s.spawn(move || {
+                        let mask = warp.mask();
+                        arch::join_thread_warp(warp, lane);
+                        arch::preempt_every(3);
+                        let claim = h.format_batch_team(class, mask, 150);
+                        assert_eq!((claim.segment(), claim.count()), (0, LANES));
+                        let b = claim.take(h, class, arch::rank_in(mask, lane));
+                        arch::leave_thread_warp();
+                        std::vec![(b.segment, b.block)]
+                    })
+                })
+                .collect();
+            let lone: Vec<_> = (0..4u32)
+                .map(|t| {
+                    s.spawn(move || {
+                        arch::preempt_every(3);
+                        let mut mine = Vec::new();
+                        for step in 0u32.. {
+                            let claim = h.claim_blocks(class, 1 + (t * 7 + step * 13) % 32);
+                            if claim.count() == 0 {
+                                break;
+                            }
+                            for rank in 0..claim.count() {
+                                let b = claim.take(h, class, rank);
+                                mine.push((b.segment, b.block));
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            team.into_iter()
+                .chain(lone)
+                .flat_map(|w| w.join().unwrap())
+                .collect()
+        });
+        all.sort_unstable();
+        assert_eq!(
+            &all[..LANES as usize],
+            &[(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)]
+        );
+        let total = all.len();
+        all.dedup();
+        assert_eq!(all.len(), total, "a block handed out twice");
+        assert_eq!(total as u64, segments * 64);
+        assert_eq!(arch::load_relaxed(h.format_lock(class)), 0);
     }
 
     /// Eight threads claiming 1–32 blocks at a time, yielding at every
