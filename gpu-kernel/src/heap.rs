@@ -71,13 +71,18 @@ const LARGE_HEAP_UNLOCKED_FORMAT_SHIFT: u32 =
 /// should fill.
 const FORMAT_HELD: u64 = 1;
 const DEMAND_SHIFT: u32 = 1;
-/// Most segments one hold of a format lock formats: one segment-tree word
-/// (`VebTree::claim_low_many`). At 16 MiB segments of 32 KiB blocks that
-/// is 32,768 blocks, 1,024 warp claims: about what the ~1,056 warps
-/// `heap_alloc` keeps resident on the H100 want at once (66 segments). The
-/// holder writes 8 bitmap words per such segment meanwhile; slice classes
-/// (which also restart a counter per block) want one segment at a time.
-const MAX_FORMAT_BATCH: u32 = 64;
+/// Most segments one hold of a format lock formats: eight segment-tree
+/// words (`VebTree::claim_low_many`, one word per RMW). The bench's block
+/// classes at 8 MiB segments want 1,024 segments for half the 16 GiB heap,
+/// and the ~1,056 warps `heap_alloc` keeps resident on the H100 want 132
+/// (32 KiB), 264 (64 KiB) or 528 (128 KiB) segments at once: capped at one
+/// word (64), every one of these classes took 16 holds of the lock in a
+/// row, each a lock hand-off, a format and a drain of the batch by its
+/// claimers (`docs/PERF.md`, "Block-class batches beyond one tree word").
+/// The batch is still sized by the demand in flight, so under light load
+/// it is one segment. Slice classes (which also restart a counter per
+/// block) want one segment at a time.
+const MAX_FORMAT_BATCH: u32 = 512;
 /// Spreads salts for `VebTree::pick` over `u32` (2^32 / the golden ratio).
 const SPREAD_HASH: u32 = 0x9e37_79b9;
 
@@ -121,6 +126,12 @@ impl Claim {
     const TICKETED: u64 = 1 << 49;
     /// Tickets are below a block class's 2048 blocks per segment at most.
     const TICKET_SHIFT: u32 = 50;
+    /// Not blocks but a task (`claim_blocks` with `team_format`): the
+    /// leader holds its class's format lock and found the class tree
+    /// empty; its team formats a batch of the segment count in the low
+    /// bits ([`Heap::format_batch_team`]), which releases the lock. Its
+    /// count is 0, so nothing takes it for blocks.
+    const TEAM_FORMAT: u64 = 1 << 62;
 
     fn reserved(segment: u32, count: u32) -> Claim {
         Claim(segment as u64 | (count as u64) << 32)
@@ -136,6 +147,15 @@ impl Claim {
 
     fn formatted(segment: u32, count: u32) -> Claim {
         Claim(Claim::reserved(segment, count).0 | Claim::FORMATTED)
+    }
+
+    fn team_format(segments: u32) -> Claim {
+        Claim(segments as u64 | Claim::TEAM_FORMAT)
+    }
+
+    #[inline(always)]
+    fn is_team_format(self) -> bool {
+        self.0 & Claim::TEAM_FORMAT != 0
     }
 
     #[inline(always)]
@@ -381,9 +401,17 @@ impl Heap {
             let rank = arch::rank_in(team, lane);
             let mut claim = 0;
             if lane == leader {
-                claim = self.by_value().claim_blocks(class, team.count_ones()).0;
+                claim = self
+                    .by_value()
+                    .claim_blocks_for(class, team.count_ones(), true)
+                    .0;
             }
             let mut claim = Claim(arch::shfl_u64(team, claim, leader));
+            if claim.is_team_format() {
+                claim = self
+                    .by_value()
+                    .format_batch_team(class, team, claim.segment());
+            }
             if claim.count() == 0 {
                 // Before failing, give back what slice classes hold idle and
                 // try once more (the leader alone: one reclaim per team).
@@ -419,8 +447,8 @@ impl Heap {
     /// L2 atomic (no CAS chain), after a load that keeps it off a word it
     /// cannot serve (a stale subtract would hide another class's blocks);
     /// one that finds the segment drained (by that load, or by a subtract
-    /// it then gives back) tries a segment of the same tree word picked by
-    /// its SM and warp (`VebTree::pick`). Slice classes reserve with a CAS (their
+    /// it then gives back) tries a segment picked by its SM and warp among
+    /// the tree words of the lowest batch (`VebTree::pick_wide`). Slice classes reserve with a CAS (their
     /// path as before), and a claimer whose CAS loses a race spreads the same
     /// way: a burst's claimers spread over the segments of a batch instead
     /// of queueing on one state word.
@@ -432,9 +460,19 @@ impl Heap {
     /// each claimer counts its `want` in the format lock's word while it is
     /// here, and the lock's holder, finding the class tree empty, formats
     /// as many segments as that demand fills ([`Heap::format_batch`]): one
-    /// under light load, up to a tree word's worth (64) in a burst.
-    #[inline(never)]
+    /// under light load, up to eight tree words' worth (512) in a burst.
+    #[inline(always)]
     pub(crate) fn claim_blocks(&self, class: SizeClass, want: u32) -> Claim {
+        self.claim_blocks_for(class, want, false)
+    }
+
+    /// [`Heap::claim_blocks`]; with `team_format`, a block-class caller
+    /// that wins the format lock with the class tree empty gets a
+    /// [`Claim::team_format`] task instead of formatting the batch alone:
+    /// its whole team then formats it ([`Heap::format_batch_team`]), which
+    /// releases the lock. Only `malloc_block`'s team leader passes true.
+    #[inline(never)]
+    fn claim_blocks_for(&self, class: SizeClass, want: u32, team_format: bool) -> Claim {
         let tree = self.class_tree(class);
         let table = self.table();
         let lock = self.format_lock(class);
@@ -459,24 +497,46 @@ impl Heap {
         } else {
             (want as u64) << DEMAND_SHIFT
         };
-        if demand != 0 {
-            arch::fetch_add_relaxed(lock, demand);
-        }
+        // The add's old value is the demand of the other claimers in
+        // flight: at least a segment's worth is a burst, in which a block
+        // claimer's first pick is salted over the lowest batch like a
+        // retry (`VebTree::pick_wide`), instead of every claimer of the
+        // burst loading and subtracting from the lowest segment first (all
+        // but its first few then overdraw, give back and drop it from the
+        // class tree: three RMWs each on two words). Under light load the
+        // first pick stays the lowest segment, which packs the class low.
+        let others = if demand != 0 {
+            arch::fetch_add_relaxed(lock, demand) >> DEMAND_SHIFT
+        } else {
+            0
+        };
         // Where the next search starts (the start of a tree word) and how
         // it picks in that word: 0 takes the lowest.
         let mut from = 0;
-        let mut salt = 0u32;
+        let mut salt = if !class.is_slice() && others >= blocks as u64 {
+            spread_salt(0)
+        } else {
+            0
+        };
         let mut spread = 0u32;
         let mut round = 0;
         let claim = loop {
-            let found = tree
-                .pick(from, salt)
-                .or_else(|| if from != 0 { tree.pick(0, salt) } else { None });
+            // Block classes pick over the words of a batch (`pick_wide`;
+            // `from` stays 0 for them): a burst's claimers spread over a
+            // batch of several tree words at once instead of draining its
+            // lowest word first.
+            let found = if class.is_slice() {
+                tree.pick(from, salt)
+                    .or_else(|| if from != 0 { tree.pick(0, salt) } else { None })
+            } else {
+                tree.pick_wide(0, salt)
+            };
             if let Some((segment, choices)) = found {
-                // Where to look after a miss: the segment's tree word again
-                // by SM and warp (a different pick each time), or the next
-                // word if this one has no other segment. A performance
-                // choice only: any segment of the tree serves.
+                // Where a slice claimer looks after a lost race: the
+                // segment's tree word again by SM and warp (a different pick
+                // each time), or the next word if this one has no other
+                // segment. A performance choice only: any segment of the
+                // tree serves.
                 let elsewhere = if choices > 1 {
                     segment & !63
                 } else {
@@ -507,7 +567,6 @@ impl Heap {
                             self.drop_from_class_tree(class, segment);
                             spread += 1;
                             salt = spread_salt(spread);
-                            from = elsewhere;
                         }
                     }
                     continue;
@@ -552,6 +611,11 @@ impl Heap {
                         .div_ceil(blocks as u64)
                         .clamp(1, MAX_FORMAT_BATCH as u64)
                         as u32;
+                    if team_format && !class.is_slice() {
+                        // The lock stays held and this claimer's demand
+                        // counted: `format_batch_team` releases both.
+                        return Claim::team_format(segments);
+                    }
                     let claim = self.format_batch(class, want, segments);
                     // Release: publishes the formatted segments (their tree
                     // insert) to the next holder; this claimer's demand goes
@@ -607,12 +671,12 @@ impl Heap {
         }
     }
 
-    /// The format lock's holder: claims up to `segments` (1..=64) of the
-    /// lowest free segments with one RMW on the segment tree (those of its
-    /// lowest word: fewer if it has fewer), formats them all for `class`,
-    /// keeps the first `min(want, blocks)` blocks of the lowest for the
-    /// caller, publishes them with one fence and inserts them into the class
-    /// tree with one RMW. Called only where a segment has more blocks than
+    /// The format lock's holder: claims up to `segments`
+    /// (1..=`MAX_FORMAT_BATCH`) of the lowest free segments, one segment-tree
+    /// word at a time with one RMW each (fewer if the tree has fewer), formats
+    /// them all for `class`, keeps the first `min(want, blocks)` blocks of
+    /// the lowest for the caller, and publishes each word's segments with one
+    /// fence and inserts them into the class tree with one RMW. Called only where a segment has more blocks than
     /// `want`, so every segment of the batch has free blocks.
     ///
     /// Why a batch: one format per lock hold made a burst of 2^19 claims of
@@ -627,27 +691,154 @@ impl Heap {
     fn format_batch(&self, class: SizeClass, want: u32, segments: u32) -> Claim {
         // Salted retries for block classes only, as in `format_segment`.
         let salt = if class.is_slice() { 0 } else { spread_salt(0) };
-        let Some((first, taken_ids)) = self.segment_tree().claim_low_many(segments, salt) else {
-            return Claim(0);
-        };
         let blocks = class.blocks_per_segment(self.segment_shift);
         debug_assert!(want < blocks);
-        let own = first + taken_ids.trailing_zeros();
         let taken = want.min(blocks);
-        let mut rest = taken_ids;
-        while rest != 0 {
-            let segment = first + rest.trailing_zeros();
-            let mine = if segment == own { taken } else { 0 };
-            self.bitmap(segment).format(blocks, mine);
-            if class.is_slice() {
-                self.restart_counters(segment, blocks);
+        let mut claim = Claim(0);
+        let mut left = segments;
+        // One segment-tree word per pass: claimed with one RMW, formatted,
+        // published with one fence and inserted into the class tree with
+        // one RMW before the next word is claimed, so claimers waiting for
+        // the batch start on its first word while the rest is formatted.
+        while left > 0 {
+            let Some((first, taken_ids)) = self.segment_tree().claim_low_many(left.min(64), salt)
+            else {
+                break;
+            };
+            left -= taken_ids.count_ones();
+            // The caller's blocks come from the batch's first segment; no
+            // segment of a later word matches `own`.
+            let own = if claim.count() == 0 {
+                first + taken_ids.trailing_zeros()
+            } else {
+                u32::MAX
+            };
+            let mut rest = taken_ids;
+            while rest != 0 {
+                let segment = first + rest.trailing_zeros();
+                let mine = if segment == own { taken } else { 0 };
+                self.bitmap(segment).format(blocks, mine);
+                if class.is_slice() {
+                    self.restart_counters(segment, blocks);
+                }
+                rest &= rest - 1;
             }
-            rest &= rest - 1;
+            self.table()
+                .publish_active_many(first, taken_ids, class, blocks, own, blocks - taken);
+            self.class_tree(class).insert_many(first, taken_ids);
+            if own != u32::MAX {
+                claim = Claim::formatted(own, taken);
+            }
         }
-        self.table()
-            .publish_active_many(first, taken_ids, class, blocks, own, blocks - taken);
-        self.class_tree(class).insert_many(first, taken_ids);
-        Claim::formatted(own, taken)
+        claim
+    }
+
+    /// [`Heap::format_batch`] made by a whole team, whose leader holds
+    /// `class`'s format lock with its `team.count_ones()` blocks of demand
+    /// counted (a [`Claim::team_format`] task of `segments` segments): the
+    /// leader claims one segment-tree word at a time and shuffles it to
+    /// the team; each member formats the bitmaps of every `n`-th segment
+    /// of it (`n` the team's size, from its rank) and publishes their state
+    /// words after a fence of its own; then the leader inserts the word
+    /// into the class tree. A batch of 512 segments is then 16 formats per
+    /// lane instead of 512 by one thread while every other claimer of the
+    /// class waits. Returns the team's blocks (the first `min(n, blocks)`
+    /// of the batch's lowest segment), or nothing if the segment tree had
+    /// no segment. Every member of `team` calls it.
+    #[inline(never)]
+    fn format_batch_team(&self, class: SizeClass, team: u32, segments: u32) -> Claim {
+        let lane = arch::lane_id();
+        let leader = arch::lowest_lane(team);
+        let rank = arch::rank_in(team, lane);
+        let size = team.count_ones();
+        let blocks = class.blocks_per_segment(self.segment_shift);
+        debug_assert!(!class.is_slice() && size < blocks);
+        let taken = size.min(blocks);
+        let salt = spread_salt(0);
+        let mut own = u32::MAX;
+        let mut left = segments;
+        while left > 0 {
+            let mut first = 0u32;
+            let mut ids = 0u64;
+            if lane == leader
+                && let Some((f, t)) = self.segment_tree().claim_low_many(left.min(64), salt)
+            {
+                (first, ids) = (f, t);
+            }
+            let ids = arch::shfl_u64(team, ids, leader);
+            if ids == 0 {
+                break;
+            }
+            let first = arch::shfl_u32(team, first, leader);
+            // The team's blocks come from the batch's first segment; no
+            // segment of a later word matches `word_own`.
+            let word_own = if own == u32::MAX {
+                first + ids.trailing_zeros()
+            } else {
+                u32::MAX
+            };
+            // This member's segments of the word: every `size`-th, from
+            // its rank.
+            let mut mine = 0u64;
+            let mut rest = ids;
+            let mut turn = 0;
+            while rest != 0 {
+                if turn == rank {
+                    mine |= rest & rest.wrapping_neg();
+                }
+                turn = if turn + 1 == size { 0 } else { turn + 1 };
+                rest &= rest - 1;
+            }
+            if mine != 0 {
+                let mut rest = mine;
+                while rest != 0 {
+                    let segment = first + rest.trailing_zeros();
+                    let gone = if segment == word_own { taken } else { 0 };
+                    self.bitmap(segment).format(blocks, gone);
+                    rest &= rest - 1;
+                }
+                // Its fence orders this member's bitmap stores before its
+                // state stores, as for a batch formatted by one thread.
+                self.table().publish_active_many(
+                    first,
+                    mine,
+                    class,
+                    blocks,
+                    word_own,
+                    blocks - taken,
+                );
+            }
+            // The leader's insert makes the word's segments findable, so
+            // every member's state stores must happen before it (a claimer
+            // that found a segment in the tree but a stale `Free` state
+            // would drop it; the drop's re-check, ordered after the insert
+            // by the remove's acquire, must see `Active`). A release orders
+            // only the leader's own writes; `bar.warp.sync` over the team
+            // orders the members' writes before what the leader does next.
+            arch::warp_sync(team);
+            if lane == leader {
+                self.class_tree(class).insert_many(first, ids);
+            }
+            if own == u32::MAX {
+                own = word_own;
+            }
+            left -= ids.count_ones();
+        }
+        if lane == leader {
+            // Release, as in `claim_blocks`: publishes the batch (the
+            // leader's inserts) to the next holder; the leader's demand
+            // (its team's blocks, counted at entry) goes in the same RMW.
+            let demand = (size as u64) << DEMAND_SHIFT;
+            arch::fetch_add_acq_rel(
+                self.format_lock(class),
+                (FORMAT_HELD + demand).wrapping_neg(),
+            );
+        }
+        if own == u32::MAX {
+            Claim(0)
+        } else {
+            Claim::formatted(own, taken)
+        }
     }
 
     /// Gives back to the segment tree every segment formatted for a class
@@ -1179,6 +1370,107 @@ mod tests {
         assert_eq!(arch::load_relaxed(h.format_lock(class)), 0);
     }
 
+    /// A demand of more than a segment-tree word's worth of segments (here
+    /// 150 segments of 64 blocks, on a heap of 200) formats a batch over
+    /// three tree words, one claim of the segment tree per word: the
+    /// caller's blocks come from the lowest segment, the others' demand
+    /// stays counted, and every segment of the batch is in the class tree
+    /// with all its blocks free.
+    #[test]
+    fn a_batch_spans_several_tree_words() {
+        let (h, _words) = crate::layout::test_support::test_heap(200, 200);
+        let class = class_32k();
+        let others = (150 * 64 - 32) << DEMAND_SHIFT;
+        arch::fetch_add_relaxed(h.format_lock(class), others);
+        let claim = h.claim_blocks(class, 32);
+        assert_eq!((claim.segment(), claim.count()), (0, 32));
+        assert_eq!(h.table().load(0), SegmentState::Active { class, free: 32 });
+        for s in 1..150 {
+            assert_eq!(h.table().load(s), SegmentState::Active { class, free: 64 });
+        }
+        assert_eq!(h.table().load(150), SegmentState::Free);
+        assert_eq!(h.class_tree(class).count(), 150);
+        assert_eq!(h.free_segments(), 50);
+        assert_eq!(arch::load_relaxed(h.format_lock(class)), others);
+        // Claims spread over the batch's words: a salted wide pick lands
+        // beyond the first word, and every block is still handed out once.
+        let picked = h.class_tree(class).pick_wide(0, 0xc000_0000).unwrap().0;
+        assert!(picked >= 64, "{picked}");
+    }
+
+    /// A five-lane host warp formats a batch of 150 segments (three
+    /// segment-tree words) as a team (`format_batch_team`, as
+    /// `malloc_block` does after its leader won the format lock), while
+    /// four lone claimers wait for the batch and then claim until the heap
+    /// is empty, yielding at every third RMW: the team gets the first five
+    /// blocks of the lowest segment, every block of the heap is handed out
+    /// once, and the lock ends free with no demand counted.
+    #[test]
+    fn a_team_formats_a_batch_while_others_claim() {
+        use crate::arch::ThreadWarp;
+        const LANES: u32 = 5;
+        let segments = 200;
+        let (h, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
+        let class = class_32k();
+        let h = &h;
+        // The leader's win: the lock held with its team's demand counted.
+        arch::fetch_add_relaxed(
+            h.format_lock(class),
+            FORMAT_HELD + ((LANES as u64) << DEMAND_SHIFT),
+        );
+        let warp = ThreadWarp::new(LANES);
+        let mut all: Vec<(u32, u32)> = std::thread::scope(|s| {
+            let team: Vec<_> = (0..LANES)
+                .map(|lane| {
+                    let warp = warp.clone();
+                    s.spawn(move || {
+                        let mask = warp.mask();
+                        arch::join_thread_warp(warp, lane);
+                        arch::preempt_every(3);
+                        let claim = h.format_batch_team(class, mask, 150);
+                        assert_eq!((claim.segment(), claim.count()), (0, LANES));
+                        let b = claim.take(h, class, arch::rank_in(mask, lane));
+                        arch::leave_thread_warp();
+                        std::vec![(b.segment, b.block)]
+                    })
+                })
+                .collect();
+            let lone: Vec<_> = (0..4u32)
+                .map(|t| {
+                    s.spawn(move || {
+                        arch::preempt_every(3);
+                        let mut mine = Vec::new();
+                        for step in 0u32.. {
+                            let claim = h.claim_blocks(class, 1 + (t * 7 + step * 13) % 32);
+                            if claim.count() == 0 {
+                                break;
+                            }
+                            for rank in 0..claim.count() {
+                                let b = claim.take(h, class, rank);
+                                mine.push((b.segment, b.block));
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            team.into_iter()
+                .chain(lone)
+                .flat_map(|w| w.join().unwrap())
+                .collect()
+        });
+        all.sort_unstable();
+        assert_eq!(
+            &all[..LANES as usize],
+            &[(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)]
+        );
+        let total = all.len();
+        all.dedup();
+        assert_eq!(all.len(), total, "a block handed out twice");
+        assert_eq!(total as u64, segments * 64);
+        assert_eq!(arch::load_relaxed(h.format_lock(class)), 0);
+    }
+
     /// Eight threads claiming 1–32 blocks at a time, yielding at every
     /// third RMW (races on the lowest segment, on the lock, batches sized
     /// by each other's demand): every block of the heap is handed out
@@ -1186,10 +1478,26 @@ mod tests {
     /// block, and the format lock ends free with no demand counted.
     #[test]
     fn racing_claims_hand_out_every_block_once() {
-        let segments = 16;
+        race_claims_until_empty(16, 0);
+    }
+
+    /// As above, with a standing demand of 200 segments counted in the
+    /// lock (claimers the host threads stand in for): every batch spans
+    /// several segment-tree words, claims spread over them (`pick_wide`),
+    /// and still every block is handed out once.
+    #[test]
+    fn racing_claims_over_batches_of_several_words() {
+        race_claims_until_empty(300, 200 * 64);
+    }
+
+    /// Eight threads claim blocks of the smallest block class on a heap
+    /// of `segments` 2 MiB segments until their first empty claim, with
+    /// `standing` blocks of demand counted in the format lock throughout.
+    fn race_claims_until_empty(segments: u64, standing: u64) {
         let (h, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
         let class = class_32k();
         let h = &h;
+        arch::fetch_add_relaxed(h.format_lock(class), standing << DEMAND_SHIFT);
         let mut all: Vec<(u32, u32)> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..8u32)
                 .map(|t| {
@@ -1221,7 +1529,10 @@ mod tests {
         all.dedup();
         assert_eq!(all.len(), total, "a block handed out twice");
         assert_eq!(total as u64, segments * 64);
-        assert_eq!(arch::load_relaxed(h.format_lock(class)), 0);
+        assert_eq!(
+            arch::load_relaxed(h.format_lock(class)),
+            standing << DEMAND_SHIFT
+        );
         h.retire_idle_segments();
         assert_eq!(h.free_segments(), 0, "every segment has blocks out");
     }

@@ -130,6 +130,11 @@ fn lowest_bits(mut x: u64, count: u32) -> u64 {
     out
 }
 
+/// Draws [`VebTree::pick_wide`]'s salt within a leaf word from its salt
+/// for the word (an odd multiplier: a bijection of `u32`, so distinct
+/// salts stay distinct, and 0 stays 0).
+const WITHIN_WORD_HASH: u32 = 0x85eb_ca6b;
+
 /// `x` (not 0) without as many of its lowest set bits as `salt` picks: the
 /// fraction `salt / 2^32` of them, scaled by the salt's high bits (no
 /// division); none for salt 0, never all.
@@ -243,6 +248,37 @@ impl<'a> VebTree<'a> {
         let ids = leaf & (u64::MAX << (id & 63));
         let picked = skip_by_salt(ids, salt).trailing_zeros();
         Some(((id & !63) | picked, ids.count_ones()))
+    }
+
+    /// [`VebTree::pick`] over more than one leaf word: the leaf word is
+    /// itself chosen by `salt` among those that the level-1 word above the
+    /// first non-empty one marks (at or after it: up to 64 leaf words,
+    /// 4,096 ids), then the id among that word's ids by a second salt drawn
+    /// from `salt`. What racing claimers use when the ids they want span
+    /// several leaf words (a format batch of more than 64 segments): with
+    /// `pick` they would all search the lowest word until it ran empty, then
+    /// the next. Salt 0 picks the lowest id, as `pick`. A level-1 bit is a
+    /// hint: a chosen word found empty falls back to the first non-empty
+    /// one. Returns the id and how many ids its leaf word offered.
+    #[inline]
+    pub fn pick_wide(&self, from: u32, salt: u32) -> Option<(u32, u32)> {
+        let (id, mut leaf) = self.successor_with_leaf(from)?;
+        let mut index = id >> 6;
+        leaf &= u64::MAX << (id & 63);
+        if self.shape.levels > 1 && salt != 0 {
+            let above = arch::load_relaxed(self.word(1, index >> 6)) & (u64::MAX << (index & 63));
+            let chosen = (index & !63) | skip_by_salt(above | bit(index), salt).trailing_zeros();
+            if chosen != index && chosen < self.shape.level_words[0] {
+                let other = arch::load_relaxed(self.word(0, chosen));
+                if other != 0 {
+                    index = chosen;
+                    leaf = other;
+                }
+            }
+        }
+        let within = salt.wrapping_mul(WITHIN_WORD_HASH);
+        let picked = skip_by_salt(leaf, within).trailing_zeros();
+        Some((index << 6 | picked, leaf.count_ones()))
     }
 
     /// [`VebTree::successor`], with the value its search read from the id's
@@ -564,6 +600,34 @@ mod tests {
         // The emptied words' hints were cleared: an insert is found again.
         t.insert(100);
         assert_eq!(t.claim_lowest(), Some(100));
+    }
+
+    /// `pick_wide` chooses the leaf word by its salt among the non-empty
+    /// words at or after the first one (under one level-1 word), then the id
+    /// in it; salt 0 is the lowest id, and a word whose hint is stale (set
+    /// above, empty below) falls back to the first word.
+    #[test]
+    fn pick_wide_spreads_over_several_words() {
+        let shape = TreeShape::new(64 * 64 * 2);
+        let w = words(shape.words);
+        let t = VebTree::new(&w, &shape);
+        t.insert_many(64, 1 << 3 | 1 << 7);
+        t.insert_many(128, 1 << 5);
+        t.insert_many(256, 1 << 2 | 1 << 60);
+        t.insert(5000);
+        assert_eq!(t.pick_wide(0, 0), Some((67, 2)));
+        let mut words_seen: Vec<u32> = (0..64u32)
+            .map(|k| t.pick_wide(0, k << 26 | 1).unwrap().0 >> 6)
+            .collect();
+        words_seen.sort_unstable();
+        words_seen.dedup();
+        // Leaf words 1, 2 and 4; never 5000's, under the next level-1 word.
+        assert_eq!(words_seen, [1, 2, 4]);
+        // From beyond the first word: only the words at or after it.
+        assert!((0..64u32).all(|k| t.pick_wide(134, k << 26 | 1).unwrap().0 >= 256));
+        // A stale hint: word 2 emptied without clearing its parent bit.
+        arch::fetch_and_acq_rel(&w[shape.level_start[0] as usize + 2], 0);
+        assert!((0..64u32).all(|k| t.pick_wide(0, k << 26 | 1).unwrap().0 >> 6 != 2));
     }
 
     #[test]
