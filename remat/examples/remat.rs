@@ -25,6 +25,9 @@
 //!   --dead-ablation  each policy with a recomputed input that the program
 //!                  had dropped freed again once nothing holds it, and left
 //!                  resident (minimum ratio, overhead at 0.9, 0.7, 0.5)
+//!   --relocate-ablation  each policy with an op's locked inputs moved
+//!                  beside its output when the output fits nowhere, and
+//!                  without (minimum ratio, overhead at 0.9, 0.7, 0.5)
 //!   --metadata-ablation  every policy on the trace as recorded and with
 //!                  the inputs of ops that read only their inputs' shape
 //!                  (new_empty, ones_like...) left out (minimum ratio,
@@ -43,7 +46,7 @@ use std::process::ExitCode;
 
 use remat::compare::{
     dead_ablation, latency_ablation, memory_ablation, merge_ablation, metadata_ablation,
-    min_ratios, ranking_ablation, sweep, table,
+    min_ratios, ranking_ablation, relocate_ablation, sweep, table,
 };
 use remat::sweep::{Command, run_command};
 use remat::synth;
@@ -65,6 +68,7 @@ fn run() -> Result<(), String> {
     let (mut traces, mut budgets, mut do_sweep) = (Vec::new(), Vec::new(), false);
     let (mut do_ablation, mut do_latency, mut do_ranking) = (false, false, false);
     let (mut do_merge, mut do_dead, mut do_metadata) = (false, false, false);
+    let mut do_relocate = false;
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -79,6 +83,7 @@ fn run() -> Result<(), String> {
             "--merge-ablation" => do_merge = true,
             "--dead-ablation" => do_dead = true,
             "--metadata-ablation" => do_metadata = true,
+            "--relocate-ablation" => do_relocate = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
             "-h" | "--help" => {
@@ -92,7 +97,8 @@ fn run() -> Result<(), String> {
     if traces.is_empty() {
         return synthetic().map_err(|e| e.to_string());
     }
-    if do_ablation || do_latency || do_ranking || do_merge || do_dead || do_metadata {
+    if do_ablation || do_latency || do_ranking || do_merge || do_dead || do_metadata || do_relocate
+    {
         for path in &traces {
             let recorded = remat::Recorded::read(path).map_err(|e| e.to_string())?;
             if do_ablation {
@@ -106,6 +112,9 @@ fn run() -> Result<(), String> {
             }
             if do_dead {
                 println!("{}\n{}", path.display(), dead_ablation(&recorded.trace));
+            }
+            if do_relocate {
+                println!("{}\n{}", path.display(), relocate_ablation(&recorded.trace));
             }
             if do_metadata {
                 println!("{}\n{}", path.display(), metadata_ablation(&recorded));

@@ -188,6 +188,41 @@ pub fn dead_ablation(trace: &Trace) -> String {
     switch_ablation(trace, "dropped inputs freed again", &makers)
 }
 
+/// Each policy with an op's locked inputs moved beside its output when the
+/// output fits nowhere (`EvictionPolicy::relocates_inputs`; on by default in
+/// Coop only) and without: minimum ratio and overhead at a few ratios, as
+/// [`memory_ablation`]. The rule acts only where a replay would otherwise
+/// run out of memory, so a row that finishes either way is the same.
+pub fn relocate_ablation(trace: &Trace) -> String {
+    let makers: [Switched; 4] = [
+        ("DTR", false, |on| {
+            Box::new(Dtr {
+                relocate_inputs: on,
+                ..Dtr::default()
+            })
+        }),
+        ("DTE", false, |on| {
+            Box::new(Dte {
+                relocate_inputs: on,
+                ..Dte::default()
+            })
+        }),
+        ("Coop", true, |on| {
+            Box::new(Coop {
+                relocate_inputs: on,
+                ..Coop::default()
+            })
+        }),
+        ("Coop-G", false, |on| {
+            Box::new(Coop {
+                relocate_inputs: on,
+                ..Coop::grouped()
+            })
+        }),
+    ];
+    switch_ablation(trace, "locked inputs moved beside the output", &makers)
+}
+
 /// Every policy on the trace as recorded and on the trace without the
 /// inputs of its metadata-only ops (`Recorded::without_metadata_inputs`;
 /// off by default): minimum ratio and overhead at a few ratios, as

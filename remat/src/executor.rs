@@ -52,6 +52,10 @@ pub struct Report {
     pub recomputations: usize,
     /// Tensors evicted.
     pub evictions: usize,
+    /// Locked inputs moved beside their op's output
+    /// (`EvictionPolicy::relocates_inputs`); each is charged its op's cost
+    /// in `recompute_cost`.
+    pub relocations: usize,
     /// Free bytes / capacity, right after each allocation that had to evict.
     pub fragmentation: Vec<f64>,
     /// Wall time of the policy's search for each allocation that had to evict
@@ -136,6 +140,7 @@ impl Report {
             recompute_cost: 0.0,
             recomputations: 0,
             evictions: 0,
+            relocations: 0,
             fragmentation: Vec::new(),
             search_ns: Vec::new(),
         }
@@ -200,7 +205,7 @@ impl<'p> Executor<'p> {
             // The in-place output goes last: its input dies when it is placed,
             // and the other outputs still read that input.
             for &out in outputs.iter().skip(1) {
-                self.compute(out)?;
+                self.compute_output(&op.inputs, out)?;
                 self.lock(out, 1)?;
             }
             let in_place = match outputs.first() {
@@ -210,7 +215,7 @@ impl<'p> Executor<'p> {
                 _ => false,
             };
             if let Some(&out) = outputs.first().filter(|_| !in_place) {
-                self.compute(out)?;
+                self.compute_output(&op.inputs, out)?;
                 self.lock(out, 1)?;
             }
             let still_locked = &op.inputs[usize::from(in_place)..];
@@ -263,7 +268,7 @@ impl<'p> Executor<'p> {
                 continue;
             }
             if !self.recompute_in_place(t)? {
-                self.compute(t)?;
+                self.compute_output(&inputs, t)?;
             }
             self.report.recompute_cost += self.tensors.get(t)?.cost;
             self.report.recomputations += 1;
@@ -299,6 +304,139 @@ impl<'p> Executor<'p> {
         self.tensors.set_resident(t, addr, self.now)?;
         for input in inputs {
             self.tensors.touch(input, self.now)?;
+        }
+        Ok(())
+    }
+
+    /// Computes output `out` of an op whose inputs are resident and locked.
+    /// When it does not fit anywhere and the policy relocates inputs
+    /// (`EvictionPolicy::relocates_inputs`), tries once more with the op's
+    /// movable inputs and `out` placed as one request
+    /// ([`Executor::compute_beside_inputs`]).
+    fn compute_output(&mut self, inputs: &[TensorId], out: TensorId) -> RematResult<()> {
+        match self.compute(out) {
+            Err(error @ RematError::OutOfMemory { .. }) if self.policy.relocates_inputs() => {
+                self.compute_beside_inputs(inputs, out, error)
+            }
+            result => result,
+        }
+    }
+
+    /// The op's output `out` fits nowhere, though its locked inputs and the
+    /// free and evictable space around them may hold all of them together
+    /// (Swin-T at 0.26: two locked 294 MiB inputs in the middle of a
+    /// 1,089 MiB run between gradients, 280.7 MiB on one side of them and
+    /// 220.5 MiB on the other, for a 294 MiB output). The movable inputs
+    /// (resident, not pinned, held by this op alone) are slid, in address
+    /// order, against the free space on their left, so that the free space
+    /// there joins the space on their right, and the output is placed as
+    /// usual; failing that, slid to the right; failing that, they leave
+    /// their places and the policy finds room for their bytes and the
+    /// output's as one request, where they go side by side in address
+    /// order, the output after them. A move is charged as a recomputation
+    /// of the moved tensor (its op's cost; a device copy costs no more for
+    /// an element-wise op, less for a matmul) and counted in
+    /// `Report::relocations`. When nothing works the inputs go back where
+    /// they were (nothing was placed since) and `error` is returned.
+    fn compute_beside_inputs(
+        &mut self,
+        inputs: &[TensorId],
+        out: TensorId,
+        error: RematError,
+    ) -> RematResult<()> {
+        let mut moved: Vec<(u64, TensorId, u64)> = Vec::new();
+        for &i in inputs {
+            let state = self.tensors.state(i)?;
+            if !state.resident || state.pinned || state.locks != 1 {
+                continue;
+            }
+            if let Some(interval) = self.pool.interval_of(i)
+                && !moved.iter().any(|m| m.1 == i)
+            {
+                moved.push((interval.addr, i, interval.size));
+            }
+        }
+        if moved.is_empty() {
+            return Err(error);
+        }
+        moved.sort_unstable();
+        for to_left in [true, false] {
+            let order: Vec<_> = if to_left {
+                moved.clone()
+            } else {
+                moved.iter().rev().copied().collect()
+            };
+            for &(addr, i, size) in &order {
+                self.pool.release(i)?;
+                let block = self
+                    .pool
+                    .free_block_at(addr)
+                    .ok_or(RematError::UnknownTensor(i))?;
+                let to = if to_left {
+                    block.addr
+                } else {
+                    block.addr + block.size - size
+                };
+                self.pool.place(i, to, size)?;
+            }
+            match self.compute(out) {
+                Ok(()) => return self.settle_moved(&moved),
+                Err(RematError::OutOfMemory { .. }) => self.put_back(&moved)?,
+                Err(other) => return Err(other),
+            }
+        }
+        let mut request = self.request_for(out)?;
+        let output_size = request.size;
+        request.size += moved.iter().map(|m| m.2).sum::<u64>();
+        for &(_, i, _) in &moved {
+            self.pool.release(i)?;
+        }
+        let Ok((start, evicting)) = self.find_room(&request) else {
+            for &(addr, i, size) in &moved {
+                self.pool.place(i, addr, size)?;
+            }
+            return Err(error);
+        };
+        let mut addr = start;
+        for &(_, i, size) in &moved {
+            self.pool.place(i, addr, size)?;
+            addr += size;
+        }
+        self.place(out, addr, output_size)?;
+        self.tensors.set_resident(out, addr, self.now)?;
+        for input in self.tensors.get(out)?.inputs.clone() {
+            self.tensors.touch(input, self.now)?;
+        }
+        self.record_evicting(evicting);
+        self.settle_moved(&moved)
+    }
+
+    /// Moves the pool's intervals of `moved` (`(old address, tensor, size)`)
+    /// back to their old addresses.
+    fn put_back(&mut self, moved: &[(u64, TensorId, u64)]) -> RematResult<()> {
+        for &(_, i, _) in moved {
+            self.pool.release(i)?;
+        }
+        for &(addr, i, size) in moved {
+            self.pool.place(i, addr, size)?;
+        }
+        Ok(())
+    }
+
+    /// The table follows the pool for the inputs of `moved` that the pool
+    /// now holds elsewhere; each move is charged and counted.
+    fn settle_moved(&mut self, moved: &[(u64, TensorId, u64)]) -> RematResult<()> {
+        for &(old, i, _) in moved {
+            let addr = self
+                .pool
+                .interval_of(i)
+                .ok_or(RematError::UnknownTensor(i))?
+                .addr;
+            if addr != old {
+                self.tensors.set_resident(i, addr, self.now)?;
+                self.report.recompute_cost += self.tensors.get(i)?.cost;
+                self.report.relocations += 1;
+            }
         }
         Ok(())
     }
@@ -373,22 +511,46 @@ impl<'p> Executor<'p> {
         }
     }
 
-    /// Finds space for `t`, evicting as the policy says.
-    fn allocate(&mut self, t: TensorId) -> RematResult<u64> {
+    /// What the policy is asked to find room for when `t` is made.
+    fn request_for(&self, t: TensorId) -> RematResult<Request> {
         let tensor = self.tensors.get(t)?;
-        let request = Request {
+        Ok(Request {
             size: tensor.size,
             cheap: tensor.cost_density() < self.cheap_below,
             pinned: tensor.pinned,
-        };
+        })
+    }
+
+    /// Finds space for `t`, evicting as the policy says.
+    fn allocate(&mut self, t: TensorId) -> RematResult<u64> {
+        let request = self.request_for(t)?;
+        let (addr, evicting) = self.find_room(&request)?;
+        self.place(t, addr, request.size)?;
+        self.record_evicting(evicting);
+        Ok(addr)
+    }
+
+    /// After an allocation that evicted (`search_ns` is then its search
+    /// time), records the search time and the pool's free share.
+    fn record_evicting(&mut self, search_ns: Option<u64>) {
+        if let Some(search_ns) = search_ns {
+            self.report.search_ns.push(search_ns);
+            let free = self.pool.free_bytes() as f64 / self.pool.capacity().max(1) as f64;
+            self.report.fragmentation.push(free);
+        }
+    }
+
+    /// Where `request` can go, evicting as the policy says; with the
+    /// search's time when anything was evicted. Places nothing.
+    fn find_room(&mut self, request: &Request) -> RematResult<(u64, Option<u64>)> {
+        let request = *request;
         let ctx = SearchContext {
             pool: &self.pool,
             tensors: &self.tensors,
             now: self.now,
         };
         if let Some(addr) = self.policy.place(&ctx, &request) {
-            self.place(t, addr, request.size)?;
-            return Ok(addr);
+            return Ok((addr, None));
         }
         let (mut search_ns, mut evicted) = (0u64, 0usize);
         loop {
@@ -418,13 +580,7 @@ impl<'p> Executor<'p> {
             };
             let addr = eviction.addr.or_else(|| self.policy.place(&ctx, &request));
             if let Some(addr) = addr {
-                self.place(t, addr, request.size)?;
-                if evicted > 0 {
-                    self.report.search_ns.push(search_ns);
-                    let free = self.pool.free_bytes() as f64 / self.pool.capacity().max(1) as f64;
-                    self.report.fragmentation.push(free);
-                }
-                return Ok(addr);
+                return Ok((addr, (evicted > 0).then_some(search_ns)));
             }
         }
     }

@@ -1122,3 +1122,62 @@ fn gap_search_picks_the_windows_of_the_whole_pool_search() {
         }
     }
 }
+
+/// An op's two locked inputs sit in the middle of the pool with 100 bytes
+/// free on either side, and its 200-byte output fits nowhere: nothing else
+/// is evictable. With `relocates_inputs` the inputs slide together against
+/// one side, the two free blocks join, and the output goes there (two
+/// moves, each charged its op's cost, nothing evicted); without it the
+/// replay runs out of memory. For Coop (on by default) and for DTR with the
+/// switch.
+#[test]
+fn locked_inputs_move_beside_an_output_that_fits_nowhere() {
+    let out = |size| OutputSpec {
+        size,
+        pinned: false,
+    };
+    let mut b = TraceBuilder::new();
+    let left = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    let x = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    let y = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    // Reads `left` (which then dies) and is never read (dies at once): the
+    // two leave the blocks on either side of `x` and `y` free.
+    b.op(&[left], &[out(100)], 1.0).expect("valid");
+    let w = b.op(&[x, y], &[out(200)], 1.0).expect("valid")[0];
+    b.keep(w);
+    let trace = b.finish();
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    let policies: [(Box<dyn EvictionPolicy>, Box<dyn EvictionPolicy>); 2] = [
+        (
+            Box::new(Coop::default()),
+            Box::new(Coop {
+                relocate_inputs: false,
+                ..Coop::default()
+            }),
+        ),
+        (
+            Box::new(Dtr {
+                relocate_inputs: true,
+                ..Dtr::default()
+            }),
+            Box::new(Dtr::default()),
+        ),
+    ];
+    for (mut on, mut off) in policies {
+        let moved = replay(&trace, 400, on.as_mut(), options);
+        let stuck = replay(&trace, 400, off.as_mut(), options);
+        assert!(moved.finished(), "{moved:?}");
+        assert_eq!(
+            (moved.relocations, moved.evictions, moved.recompute_cost),
+            (2, 0, 2.0),
+            "{moved:?}"
+        );
+        assert!(
+            matches!(stuck.error, Some(RematError::OutOfMemory { .. })),
+            "{stuck:?}"
+        );
+        assert_eq!(stuck.ops_done, 4, "{stuck:?}");
+    }
+}

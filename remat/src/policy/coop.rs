@@ -331,6 +331,11 @@ pub struct Coop {
     /// (`EvictionPolicy::drops_dead_inputs`; not in the paper; on by
     /// default in Coop, off in Coop-G; see the module docs).
     pub drop_dead_inputs: bool,
+    /// When an op's output fits nowhere, its movable locked inputs are moved
+    /// and placed with it as one request (`EvictionPolicy::relocates_inputs`;
+    /// not in the paper; on by default in Coop, off in Coop-G and the
+    /// paper's Coop; see the module docs).
+    pub relocate_inputs: bool,
     /// Pointer moves of the last search.
     pub last_steps: usize,
     /// Intervals seen by the last search.
@@ -349,6 +354,7 @@ impl Default for Coop {
             rank_per_byte: true,
             merge_leftover: true,
             drop_dead_inputs: true,
+            relocate_inputs: true,
             last_steps: 0,
             last_items: 0,
             scratch: Scan::default(),
@@ -366,6 +372,7 @@ impl Coop {
             pinned_at_ends: true,
             merge_leftover: false,
             drop_dead_inputs: false,
+            relocate_inputs: false,
             ..Coop::default()
         }
     }
@@ -379,6 +386,7 @@ impl Coop {
             rank_per_byte: false,
             merge_leftover: false,
             drop_dead_inputs: false,
+            relocate_inputs: false,
             ..Coop::default()
         }
     }
@@ -625,5 +633,9 @@ impl EvictionPolicy for Coop {
 
     fn drops_dead_inputs(&self) -> bool {
         self.drop_dead_inputs
+    }
+
+    fn relocates_inputs(&self) -> bool {
+        self.relocate_inputs
     }
 }

@@ -19,6 +19,10 @@ pub struct Dte {
     /// holds it (`EvictionPolicy::drops_dead_inputs`; Coop's rule, off by
     /// default, for the ablation only).
     pub drop_dead_inputs: bool,
+    /// Move an op's locked inputs beside its output when the output fits
+    /// nowhere (`EvictionPolicy::relocates_inputs`; Coop's rule, off by
+    /// default, for the ablation only).
+    pub relocate_inputs: bool,
 }
 
 impl EvictionPolicy for Dte {
@@ -46,5 +50,9 @@ impl EvictionPolicy for Dte {
 
     fn drops_dead_inputs(&self) -> bool {
         self.drop_dead_inputs
+    }
+
+    fn relocates_inputs(&self) -> bool {
+        self.relocate_inputs
     }
 }

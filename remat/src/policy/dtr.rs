@@ -18,6 +18,10 @@ pub struct Dtr {
     /// holds it (`EvictionPolicy::drops_dead_inputs`; Coop's rule, off by
     /// default, for the ablation only).
     pub drop_dead_inputs: bool,
+    /// Move an op's locked inputs beside its output when the output fits
+    /// nowhere (`EvictionPolicy::relocates_inputs`; Coop's rule, off by
+    /// default, for the ablation only).
+    pub relocate_inputs: bool,
     /// Keep projected costs and recompute peaks between searches, as Coop
     /// does (`TensorTable::cache_prices`): the same scores and decisions,
     /// faster. Off by default (the published policy recomputes them), on
@@ -54,5 +58,9 @@ impl EvictionPolicy for Dtr {
 
     fn drops_dead_inputs(&self) -> bool {
         self.drop_dead_inputs
+    }
+
+    fn relocates_inputs(&self) -> bool {
+        self.relocate_inputs
     }
 }

@@ -83,6 +83,14 @@ pub trait EvictionPolicy {
         false
     }
 
+    /// Whether, when an op's output fits nowhere, the executor tries once
+    /// more with the op's movable inputs (resident, unpinned, held by that
+    /// op alone) moved and placed with the output as one request
+    /// (`Executor::compute_beside_inputs`), instead of running out of memory.
+    fn relocates_inputs(&self) -> bool {
+        false
+    }
+
     /// Whether the executor should keep projected costs and recompute peaks
     /// between searches (`TensorTable::cache_prices`, at
     /// [`RECOMPUTE_DEPTH`]). The scores are the same either way; only the
