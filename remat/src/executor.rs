@@ -11,7 +11,11 @@
 //! its op (multi-output ops are not recomputed as a unit). A recomputed
 //! input that the program had dropped stays resident afterwards, evictable,
 //! unless the policy asks for it to be freed again once nothing holds it
-//! (`EvictionPolicy::drops_dead_inputs`, Coop's default).
+//! (`EvictionPolicy::drops_dead_inputs`, Coop's default). When a tensor
+//! fits nowhere, a policy may ask for its inputs that only its op holds to
+//! be moved so that it fits beside them (`EvictionPolicy::relocates_inputs`,
+//! Coop's default; each move charged as a recomputation of the moved
+//! tensor); otherwise the replay runs out of memory there.
 //!
 //! In-place ops: under DTR and DTE the output is a copy (copy-on-write, as
 //! DTR's prototype rewrites in-place ops) and the input dies after it; Coop
