@@ -257,22 +257,16 @@ fn recomputed_dropped_inputs_are_freed_again() {
     let options = ReplayOptions {
         check_invariants: true,
     };
-    let policies: [(Box<dyn EvictionPolicy>, Box<dyn EvictionPolicy>); 2] = [
-        (
-            Box::new(Coop::default()),
-            Box::new(Coop {
-                drop_dead_inputs: false,
-                ..Coop::default()
-            }),
-        ),
-        (
-            Box::new(Dtr {
-                drop_dead_inputs: true,
-                ..Dtr::default()
-            }),
-            Box::new(Dtr::default()),
-        ),
-    ];
+    let policies = with_and_without(
+        Coop {
+            drop_dead_inputs: false,
+            ..Coop::default()
+        },
+        Dtr {
+            drop_dead_inputs: true,
+            ..Dtr::default()
+        },
+    );
     for (mut on, mut off) in policies {
         let freed = replay(&trace, 310, on.as_mut(), options);
         let kept = replay(&trace, 310, off.as_mut(), options);
@@ -1149,22 +1143,16 @@ fn locked_inputs_move_beside_an_output_that_fits_nowhere() {
     let options = ReplayOptions {
         check_invariants: true,
     };
-    let policies: [(Box<dyn EvictionPolicy>, Box<dyn EvictionPolicy>); 2] = [
-        (
-            Box::new(Coop::default()),
-            Box::new(Coop {
-                relocate_inputs: false,
-                ..Coop::default()
-            }),
-        ),
-        (
-            Box::new(Dtr {
-                relocate_inputs: true,
-                ..Dtr::default()
-            }),
-            Box::new(Dtr::default()),
-        ),
-    ];
+    let policies = with_and_without(
+        Coop {
+            relocate_inputs: false,
+            ..Coop::default()
+        },
+        Dtr {
+            relocate_inputs: true,
+            ..Dtr::default()
+        },
+    );
     for (mut on, mut off) in policies {
         let moved = replay(&trace, 400, on.as_mut(), options);
         let stuck = replay(&trace, 400, off.as_mut(), options);
@@ -1180,4 +1168,16 @@ fn locked_inputs_move_beside_an_output_that_fits_nowhere() {
         );
         assert_eq!(stuck.ops_done, 4, "{stuck:?}");
     }
+}
+
+/// A rule on and off in each of Coop (on by default: `coop_off` turns it
+/// off) and DTR (off by default: `dtr_on` turns it on), as (on, off) pairs.
+fn with_and_without(
+    coop_off: Coop,
+    dtr_on: Dtr,
+) -> [(Box<dyn EvictionPolicy>, Box<dyn EvictionPolicy>); 2] {
+    [
+        (Box::new(Coop::default()), Box::new(coop_off)),
+        (Box::new(dtr_on), Box::new(Dtr::default())),
+    ]
 }
