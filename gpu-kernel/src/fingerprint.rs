@@ -21,7 +21,9 @@ use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT};
 
 /// Bump when a change alters the metadata layout or the handle without
 /// changing any constant hashed below.
-const LAYOUT_VERSION: u64 = 1;
+/// 2: one out-of-tree window word per class after the request slots
+/// (`Heap::drop_from_class_tree`).
+const LAYOUT_VERSION: u64 = 2;
 
 /// The name of the PTX global that holds a PTX's fingerprint.
 pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";

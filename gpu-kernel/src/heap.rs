@@ -25,7 +25,12 @@
 //! Class-tree membership is a hint kept eventually right: a thread that finds a
 //! segment there which cannot serve the class removes it, then re-reads the
 //! state and re-inserts it if it can serve after all (the state may have
-//! changed between the two).
+//! changed between the two). Between that remove and re-insert a segment
+//! with free blocks is in no tree: each such drop is a *window*, counted in
+//! its class's out-of-tree word, and a claim answers null only after a look
+//! at the trees during which no window of its class was open or opened
+//! ([`Heap::claim_blocks_settled`]; `docs/PERF.md`, "The null beside free
+//! blocks").
 
 use core::ptr;
 
@@ -83,6 +88,16 @@ const DEMAND_SHIFT: u32 = 1;
 /// it is one segment. Slice classes (which also restart a counter per
 /// block) want one segment at a time.
 const MAX_FORMAT_BATCH: u32 = 512;
+/// A class's out-of-tree word (`Heap::out_of_tree`): its low 32 bits count
+/// the windows open now (drops between their remove and their re-insert
+/// decision, `Heap::drop_from_class_tree`), its high 32 bits the windows
+/// ever opened (modulo 2^32). A window opens with one add of
+/// `WINDOW_OPENED + WINDOW_OPEN` and closes with one subtract of
+/// `WINDOW_OPEN`, so the word is unchanged across a span only if no window
+/// opened in it.
+const WINDOW_OPEN: u64 = 1;
+const WINDOW_OPENED: u64 = 1 << 32;
+const WINDOWS_OPEN_MASK: u64 = WINDOW_OPENED - 1;
 /// Spreads salts for `VebTree::pick` over `u32` (2^32 / the golden ratio).
 const SPREAD_HASH: u32 = 0x9e37_79b9;
 
@@ -277,6 +292,12 @@ impl Heap {
     #[inline(always)]
     fn format_lock(&self, class: SizeClass) -> &Word {
         &self.region(self.locks_at + class.index() as u64, 1)[0]
+    }
+
+    /// `class`'s out-of-tree window word (see `WINDOW_OPEN`).
+    #[inline(always)]
+    fn out_of_tree(&self, class: SizeClass) -> &Word {
+        &self.region(self.out_of_tree_at(class.index()), 1)[0]
     }
 
     /// The run lock and the count of optimistic run claims in flight (see
@@ -654,14 +675,82 @@ impl Heap {
     #[cold]
     fn reclaim_and_claim(&self, class: SizeClass, want: u32) -> Claim {
         self.reclaim();
-        self.claim_blocks(class, want)
+        self.claim_blocks_settled(class, want)
+    }
+
+    /// [`Heap::claim_blocks`] for a request about to fail: a claim that
+    /// comes back empty counts only if no out-of-tree window of `class`
+    /// was open when it started nor opened while it ran; otherwise it waits
+    /// for the windows open to close and claims again. Cold: only the last
+    /// try of a request gets here.
+    ///
+    /// Why: an empty claim saw the class tree empty (under the format lock)
+    /// and the segment tree exhausted. A drop in its window has a segment
+    /// out of the class tree that its re-check may find serving (a stale
+    /// load before the drop, a give-back in between) and put back; a claim
+    /// that looked in that window answered null beside free blocks
+    /// (`docs/PERF.md`, "The null beside free blocks"). With the word
+    /// unchanged and no window open across the claim, every segment of the
+    /// class with free blocks was in the class tree when the claim looked
+    /// (a return's `FirstFree` insert aside: that free is still in flight,
+    /// so a null ordered before it is a valid answer).
+    ///
+    /// Bounded: windows never wait, so the wait ends when those open close;
+    /// each retry means another thread opened a window meanwhile, i.e. made
+    /// a claim on a segment of the class tree; once the class tree stays
+    /// empty no window opens (a drop follows a pick from the tree, or a
+    /// reservation of a segment that was in it).
+    #[inline(never)]
+    #[cold]
+    pub(crate) fn claim_blocks_settled(&self, class: SizeClass, want: u32) -> Claim {
+        let word = self.out_of_tree(class);
+        let mut round = 0;
+        loop {
+            // Acquire: a window that closed before this load (its release
+            // subtract, read here) has its re-insert ordered before the
+            // claim's tree reads, which then see the segment.
+            let before = arch::load_acquire(word);
+            if before & WINDOWS_OPEN_MASK != 0 {
+                arch::backoff(round);
+                round = round.saturating_add(1);
+                continue;
+            }
+            let claim = self.claim_blocks(class, want);
+            if claim.count() != 0 {
+                return claim;
+            }
+            // The fence orders the claim's (relaxed) tree reads before the
+            // load below: a tree read that saw a window's remove (an
+            // acq_rel RMW, program-ordered after the window's opening add)
+            // synchronises with that remove through the fence, so the load
+            // sees the opening add and differs from `before`. Relaxed load:
+            // the fence gives it its ordering.
+            arch::fence_acq_rel();
+            if arch::load_relaxed(word) == before {
+                return claim;
+            }
+            round = 0;
+        }
     }
 
     /// Removes `segment` from the class tree, then puts it back if its state
     /// says it can serve the class after all.
+    ///
+    /// The remove and the re-insert decision make an out-of-tree window of
+    /// the class (see `WINDOW_OPEN`), opened before the remove and closed
+    /// after the decision, so that a claim about to answer null sees it
+    /// ([`Heap::claim_blocks_settled`]). The opening add may be relaxed:
+    /// the remove that follows it is a release RMW, so a claim whose tree
+    /// read sees the remove and then fences sees the add. The closing
+    /// subtract is a release: a claim that reads it (acquire) and then
+    /// looks at the tree sees the re-insert. Cost: two RMWs on the class's
+    /// window word per drop (a drop follows a drained or stale pick, about
+    /// once per drained segment outside a burst's herd); never a wait.
     #[inline]
     fn drop_from_class_tree(&self, class: SizeClass, segment: u32) {
         let tree = self.class_tree(class);
+        let window = self.out_of_tree(class);
+        arch::fetch_add_relaxed(window, WINDOW_OPENED + WINDOW_OPEN);
         tree.remove(segment);
         if let SegmentState::Active { class: c, free } = self.table().load(segment)
             && c == class
@@ -669,6 +758,7 @@ impl Heap {
         {
             tree.insert(segment);
         }
+        arch::fetch_add_release(window, WINDOW_OPEN.wrapping_neg());
     }
 
     /// The format lock's holder: claims up to `segments`
@@ -1368,6 +1458,32 @@ mod tests {
         assert_eq!(h.class_tree(class).count(), 1);
         assert_eq!(h.free_segments(), 7);
         assert_eq!(arch::load_relaxed(h.format_lock(class)), 0);
+    }
+
+    /// A drop in its window (its segment, with 32 free blocks, out of the
+    /// class tree and about to go back) on a heap with no free segment: a
+    /// plain claim answers nothing beside those blocks; the settled claim
+    /// (a request's last try) waits for the window to close and gets them.
+    #[test]
+    fn a_settled_claim_waits_for_a_drop_in_flight() {
+        let (h, _words) = crate::layout::test_support::test_heap(1, 1);
+        let class = class_32k();
+        assert_eq!(h.claim_blocks(class, 32).count(), 32);
+        assert_eq!(h.free_segments(), 0);
+        // A dropper between its remove and its re-insert.
+        let window = h.out_of_tree(class);
+        arch::fetch_add_relaxed(window, WINDOW_OPENED + WINDOW_OPEN);
+        h.class_tree(class).remove(0);
+        assert_eq!(h.claim_blocks(class, 8).count(), 0);
+        let h = &h;
+        std::thread::scope(|s| {
+            let waiter = s.spawn(move || h.claim_blocks_settled(class, 8).count());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            h.class_tree(class).insert(0);
+            arch::fetch_add_release(window, WINDOW_OPEN.wrapping_neg());
+            assert_eq!(waiter.join().unwrap(), 8);
+        });
+        assert_eq!(h.table().load(0), SegmentState::Active { class, free: 24 });
     }
 
     /// A demand of more than a segment-tree word's worth of segments (here

@@ -98,8 +98,9 @@ pub struct Heap {
     /// Word offset of the slot words.
     pub(crate) slots_at: u64,
     /// Word offset of the per-class format locks, followed by the run lock
-    /// (word `locks_at + CLASSES`), the run cursor (the next word) and the
-    /// `REQUEST_SLOTS` run request slots (`Heap::request_words`).
+    /// (word `locks_at + CLASSES`), the run cursor (the next word), the
+    /// `REQUEST_SLOTS` run request slots (`Heap::request_words`) and one
+    /// out-of-tree window word per class (`Heap::out_of_tree_at`).
     pub(crate) locks_at: u64,
     /// Word offset of the slots' spare blocks.
     pub(crate) spares_at: u64,
@@ -251,7 +252,7 @@ impl Heap {
         let stats_at = 0;
         let slots_at = stats_at + STAT_WORDS;
         let locks_at = slots_at + (SLICE_CLASSES * SLOTS_PER_CLASS) as u64;
-        let spares_at = locks_at + CLASSES as u64 + 2 + REQUEST_SLOTS as u64;
+        let spares_at = locks_at + CLASSES as u64 + 2 + REQUEST_SLOTS as u64 + CLASSES as u64;
         let states_at = spares_at + (SLICE_CLASSES * SLOTS_PER_CLASS * SPARES_PER_SLOT) as u64;
         let bitmaps_at = states_at + segments;
         let counters_at = bitmaps_at + segments * bitmap_words_per_segment(segment_shift) as u64;
@@ -461,6 +462,12 @@ impl Heap {
     pub fn request_words(&self) -> core::ops::Range<u64> {
         let at = self.run_cursor_at() + 1;
         at..at + REQUEST_SLOTS as u64
+    }
+
+    /// The metadata word of class `class_index`'s out-of-tree windows
+    /// (after the request slots): see `Heap::drop_from_class_tree`.
+    pub(crate) fn out_of_tree_at(&self, class_index: u32) -> u64 {
+        self.request_words().end + class_index as u64
     }
 }
 

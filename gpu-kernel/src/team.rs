@@ -364,7 +364,7 @@ impl Heap {
             .or_else(|| (0..SLOTS_PER_CLASS).find_map(|s| self.pop_spare(class, s)))
             .or_else(|| {
                 self.reclaim();
-                self.claim_for_slot(class, &mut extra)
+                self.claim_for_slot_settled(class, &mut extra)
             })
             .map(|b| self.global(b));
         let reserved = if fresh.is_some() { taken } else { 0 };
@@ -425,6 +425,26 @@ impl Heap {
     /// in `extra` for [`Heap::park_extra`].
     #[inline]
     fn claim_for_slot(&self, class: SizeClass, extra: &mut Extra) -> Option<BlockId> {
+        self.claim_for_slot_as(class, extra, false)
+    }
+
+    /// [`Heap::claim_for_slot`] as the last try of an install: a class
+    /// claim that comes back empty is settled first
+    /// ([`Heap::claim_blocks_settled`]: no null beside free blocks out of
+    /// the class tree for a moment). Out of line and cold.
+    #[inline(never)]
+    #[cold]
+    fn claim_for_slot_settled(&self, class: SizeClass, extra: &mut Extra) -> Option<BlockId> {
+        self.claim_for_slot_as(class, extra, true)
+    }
+
+    #[inline(always)]
+    fn claim_for_slot_as(
+        &self,
+        class: SizeClass,
+        extra: &mut Extra,
+        settled: bool,
+    ) -> Option<BlockId> {
         // Spares only where the class's slots with all their spares stay
         // within 1/8 of the heap (and they are reclaimed before any request
         // fails): a small heap is not eaten by idle blocks.
@@ -442,7 +462,11 @@ impl Heap {
             };
             return Some(BlockId::whole_segment(first + taken.trailing_zeros()));
         }
-        let claim = self.claim_blocks(class, 1 + spares);
+        let claim = if settled {
+            self.claim_blocks_settled(class, 1 + spares)
+        } else {
+            self.claim_blocks(class, 1 + spares)
+        };
         if claim.count() == 0 {
             return None;
         }
