@@ -1555,18 +1555,7 @@ mod tests {
                 .map(|t| {
                     s.spawn(move || {
                         arch::preempt_every(3);
-                        let mut mine = Vec::new();
-                        for step in 0u32.. {
-                            let claim = h.claim_blocks(class, 1 + (t * 7 + step * 13) % 32);
-                            if claim.count() == 0 {
-                                break;
-                            }
-                            for rank in 0..claim.count() {
-                                let b = claim.take(h, class, rank);
-                                mine.push((b.segment, b.block));
-                            }
-                        }
-                        mine
+                        claim_until_empty(h, class, t)
                     })
                 })
                 .collect();
@@ -1606,6 +1595,24 @@ mod tests {
         race_claims_until_empty(300, 200 * 64);
     }
 
+    /// Thread `t`'s claims of 1–32 blocks of `class` (a size that varies
+    /// with `t` and the step) until its first empty claim: the (segment,
+    /// block) of every block it took.
+    fn claim_until_empty(h: &Heap, class: SizeClass, t: u32) -> Vec<(u32, u32)> {
+        let mut mine = Vec::new();
+        for step in 0u32.. {
+            let claim = h.claim_blocks(class, 1 + (t * 7 + step * 13) % 32);
+            if claim.count() == 0 {
+                break;
+            }
+            for rank in 0..claim.count() {
+                let b = claim.take(h, class, rank);
+                mine.push((b.segment, b.block));
+            }
+        }
+        mine
+    }
+
     /// Eight threads claim blocks of the smallest block class on a heap
     /// of `segments` 2 MiB segments until their first empty claim, with
     /// `standing` blocks of demand counted in the format lock throughout.
@@ -1619,19 +1626,7 @@ mod tests {
                 .map(|t| {
                     s.spawn(move || {
                         arch::preempt_every(3);
-                        let mut mine = Vec::new();
-                        for step in 0u32.. {
-                            let want = 1 + (t * 7 + step * 13) % 32;
-                            let claim = h.claim_blocks(class, want);
-                            if claim.count() == 0 {
-                                break;
-                            }
-                            for rank in 0..claim.count() {
-                                let b = claim.take(h, class, rank);
-                                mine.push((b.segment, b.block));
-                            }
-                        }
-                        mine
+                        claim_until_empty(h, class, t)
                     })
                 })
                 .collect();
