@@ -4,7 +4,8 @@
 # so that a noisy stretch of the machine hits both), each step under a
 # timeout, then summarises each binary's runs with scripts/remat-latency.py
 # and prints, per model, the median over the ratios of DTR's search time
-# over Coop's and the ratios at 10x or more, side by side.
+# over Coop's and the ratios at 10x or more, side by side, and whether the
+# two binaries' sweeps agree on every column but the search times.
 #
 # Needs Python 3 and coreutils' timeout, not Rust. Run from the repository
 # root (it reads docs/results/remat/MODEL.remat.gz):
@@ -65,6 +66,7 @@ done
 
 # Side by side: Coop's row of each table (median and ratios at >= 10x).
 python3 - "$out" "$name_a" "$name_b" "$models" <<'EOF' | tee "$out/summary.md"
+import csv
 import sys
 from pathlib import Path
 
@@ -80,11 +82,23 @@ def coop_rows(side):
     return rows
 
 
+def decisions(side, model):
+    """Every column but the search times of the first run that finished."""
+    for run in sorted((out / side).glob("run-*")):
+        path = run / f"{model}.sweep.csv"
+        if path.exists():
+            rows = list(csv.DictReader(open(path)))
+            return [{k: v for k, v in r.items() if not k.startswith("search")} for r in rows]
+    return None
+
+
 a, b = coop_rows("A"), coop_rows("B")
 print(f"| model | {name_a}: DTR / Coop, median (range) | {name_a}: ratios >= 10x "
-      f"| {name_b}: DTR / Coop, median (range) | {name_b}: ratios >= 10x |")
-print("| --- | --- | --- | --- | --- |")
+      f"| {name_b}: DTR / Coop, median (range) | {name_b}: ratios >= 10x | other columns |")
+print("| --- | --- | --- | --- | --- | --- |")
 for m in models:
     ra, rb = a.get(m, ("-", "-")), b.get(m, ("-", "-"))
-    print(f"| {m} | {ra[0]} | {ra[1]} | {rb[0]} | {rb[1]} |")
+    da, db = decisions("A", m), decisions("B", m)
+    same = "-" if da is None or db is None else ("same" if da == db else "DIFFER")
+    print(f"| {m} | {ra[0]} | {ra[1]} | {rb[0]} | {rb[1]} | {same} |")
 EOF
