@@ -289,6 +289,20 @@ pub fn gap_ablation(trace: &Trace) -> String {
     switch_ablation(trace, "pinned requests in the shortest run", &makers)
 }
 
+/// Coop with the free bytes inside a window counted twice in its per-byte
+/// ranking (`Coop::credit_holes`, off by default) and without: minimum ratio
+/// and overhead at a few ratios, as [`memory_ablation`]. DTR and DTE have no
+/// windows (DTE's score already counts the free blocks beside a tensor).
+pub fn hole_ablation(trace: &Trace) -> String {
+    let makers: [Switched; 1] = [("Coop", false, |on| {
+        Box::new(Coop {
+            credit_holes: on,
+            ..Coop::default()
+        })
+    })];
+    switch_ablation(trace, "holes credited in the per-byte ranking", &makers)
+}
+
 /// Every policy on the trace as recorded and on the trace without the
 /// inputs of its metadata-only ops (`Recorded::without_metadata_inputs`;
 /// off by default): minimum ratio and overhead at a few ratios, as

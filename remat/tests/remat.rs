@@ -1328,6 +1328,39 @@ fn pinned_requests_go_to_the_shortest_run() {
     );
 }
 
+/// Two windows for a 100-byte request: a 100-byte tensor of score 10 alone
+/// (0.100 per byte), or a 50-byte hole and a 60-byte tensor of score 12
+/// (0.109 per byte). Per byte, the first; with the hole credited
+/// (`Ranking::PerByteAndHole`, 12 over 110 + 50 bytes: 0.075), the second,
+/// which absorbs the hole.
+#[test]
+fn crediting_holes_prefers_the_window_that_absorbs_one() {
+    let item = |addr, size, score: Option<f64>| WindowItem {
+        addr,
+        size,
+        score,
+        pinned: score.is_none(),
+    };
+    let items = [
+        item(0, 100, Some(10.0)),
+        item(100, 10, None),
+        item(110, 50, Some(0.0)),
+        item(160, 60, Some(12.0)),
+    ];
+    let first = |ranking| {
+        cheapest_window(&items, 100, ranking)
+            .0
+            .map(|w| (w.first, w.last))
+    };
+    assert_eq!(first(Ranking::PerByte), Some((0, 0)));
+    assert_eq!(first(Ranking::PerByteAndHole), Some((2, 3)));
+    let coop = Coop {
+        credit_holes: true,
+        ..Coop::default()
+    };
+    assert_eq!(coop.ranking(), Ranking::PerByteAndHole);
+}
+
 /// A rule on and off in each of Coop (on by default: `coop_off` turns it
 /// off) and DTR (off by default: `dtr_on` turns it on), as (on, off) pairs.
 fn with_and_without(
