@@ -239,10 +239,13 @@ fn sweep<'a>(
     accept: impl Fn(usize) -> bool,
 ) -> (Option<Window>, usize) {
     let (mut left, mut bytes, mut score, mut steps) = (0usize, 0u64, 0.0f64, 0usize);
-    // Free bytes (items of score 0) in the current window.
+    // Free bytes (items of score 0) in the current window, counted only for
+    // the ranking that reads them (the branch goes the same way at every
+    // item).
     let mut holes = 0u64;
+    let credit = ranking == Ranking::PerByteAndHole;
     let hole = |item: &WindowItem| {
-        if item.score == Some(0.0) {
+        if credit && item.score == Some(0.0) {
             item.size
         } else {
             0
