@@ -28,6 +28,16 @@
 //!   --relocate-ablation  each policy with an op's locked inputs moved
 //!                  beside its output when the output fits nowhere, and
 //!                  without (minimum ratio, overhead at 0.9, 0.7, 0.5)
+//!   --held-ablation  each policy with the tensors an op and its
+//!                  recomputation chain hold moved together when a tensor
+//!                  still fits nowhere, and without (minimum ratio, overhead
+//!                  at 0.9, 0.7, 0.5)
+//!   --gap-ablation  DTR, DTE and Coop with unevictable requests placed in
+//!                  the shortest run between pinned tensors that has room,
+//!                  and as before (minimum ratio, overhead at 0.9, 0.7, 0.5)
+//!   --hole-ablation  Coop with the free bytes inside a window counted
+//!                  twice in its per-byte ranking, and without (minimum
+//!                  ratio, overhead at 0.9, 0.7, 0.5)
 //!   --metadata-ablation  every policy on the trace as recorded and with
 //!                  the inputs of ops that read only their inputs' shape
 //!                  (new_empty, ones_like...) left out (minimum ratio,
@@ -45,8 +55,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use remat::compare::{
-    dead_ablation, latency_ablation, memory_ablation, merge_ablation, metadata_ablation,
-    min_ratios, ranking_ablation, relocate_ablation, sweep, table,
+    dead_ablation, gap_ablation, held_ablation, hole_ablation, latency_ablation, memory_ablation,
+    merge_ablation, metadata_ablation, min_ratios, ranking_ablation, relocate_ablation, sweep,
+    table,
 };
 use remat::sweep::{Command, run_command};
 use remat::synth;
@@ -68,7 +79,8 @@ fn run() -> Result<(), String> {
     let (mut traces, mut budgets, mut do_sweep) = (Vec::new(), Vec::new(), false);
     let (mut do_ablation, mut do_latency, mut do_ranking) = (false, false, false);
     let (mut do_merge, mut do_dead, mut do_metadata) = (false, false, false);
-    let mut do_relocate = false;
+    let (mut do_relocate, mut do_held, mut do_gap) = (false, false, false);
+    let mut do_hole = false;
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -84,6 +96,9 @@ fn run() -> Result<(), String> {
             "--dead-ablation" => do_dead = true,
             "--metadata-ablation" => do_metadata = true,
             "--relocate-ablation" => do_relocate = true,
+            "--held-ablation" => do_held = true,
+            "--gap-ablation" => do_gap = true,
+            "--hole-ablation" => do_hole = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
             "-h" | "--help" => {
@@ -97,8 +112,19 @@ fn run() -> Result<(), String> {
     if traces.is_empty() {
         return synthetic().map_err(|e| e.to_string());
     }
-    if do_ablation || do_latency || do_ranking || do_merge || do_dead || do_metadata || do_relocate
-    {
+    let ablations = [
+        do_ablation,
+        do_latency,
+        do_ranking,
+        do_merge,
+        do_dead,
+        do_metadata,
+        do_relocate,
+        do_held,
+        do_gap,
+        do_hole,
+    ];
+    if ablations.iter().any(|&on| on) {
         for path in &traces {
             let recorded = remat::Recorded::read(path).map_err(|e| e.to_string())?;
             if do_ablation {
@@ -115,6 +141,15 @@ fn run() -> Result<(), String> {
             }
             if do_relocate {
                 println!("{}\n{}", path.display(), relocate_ablation(&recorded.trace));
+            }
+            if do_held {
+                println!("{}\n{}", path.display(), held_ablation(&recorded.trace));
+            }
+            if do_gap {
+                println!("{}\n{}", path.display(), gap_ablation(&recorded.trace));
+            }
+            if do_hole {
+                println!("{}\n{}", path.display(), hole_ablation(&recorded.trace));
             }
             if do_metadata {
                 println!("{}\n{}", path.display(), metadata_ablation(&recorded));

@@ -223,6 +223,86 @@ pub fn relocate_ablation(trace: &Trace) -> String {
     switch_ablation(trace, "locked inputs moved beside the output", &makers)
 }
 
+/// Each policy with the tensors that an op and its recomputation chain hold
+/// moved together (and if need be one pinned tensor splitting a run moved
+/// out of it) when a tensor still fits nowhere
+/// (`EvictionPolicy::moves_held_tensors`; on by default in Coop only) and
+/// without: minimum ratio and overhead at a few ratios, as
+/// [`memory_ablation`]. Like the rule before it, it acts only where a replay
+/// would otherwise run out of memory.
+pub fn held_ablation(trace: &Trace) -> String {
+    let makers: [Switched; 4] = [
+        ("DTR", false, |on| {
+            Box::new(Dtr {
+                move_held_tensors: on,
+                ..Dtr::default()
+            })
+        }),
+        ("DTE", false, |on| {
+            Box::new(Dte {
+                move_held_tensors: on,
+                ..Dte::default()
+            })
+        }),
+        ("Coop", true, |on| {
+            Box::new(Coop {
+                move_held_tensors: on,
+                ..Coop::default()
+            })
+        }),
+        ("Coop-G", false, |on| {
+            Box::new(Coop {
+                move_held_tensors: on,
+                ..Coop::grouped()
+            })
+        }),
+    ];
+    switch_ablation(trace, "held tensors moved together", &makers)
+}
+
+/// Each policy with unevictable requests placed in the shortest run between
+/// pinned tensors that has a free block for them (`policy::short_gap`; on by
+/// default in Coop only) and as before (first-fit, or Coop's partitioning):
+/// minimum ratio and overhead at a few ratios, as [`memory_ablation`]. Coop-G
+/// places them against its anchors either way.
+pub fn gap_ablation(trace: &Trace) -> String {
+    let makers: [Switched; 3] = [
+        ("DTR", false, |on| {
+            Box::new(Dtr {
+                pinned_in_short_gaps: on,
+                ..Dtr::default()
+            })
+        }),
+        ("DTE", false, |on| {
+            Box::new(Dte {
+                pinned_in_short_gaps: on,
+                ..Dte::default()
+            })
+        }),
+        ("Coop", true, |on| {
+            Box::new(Coop {
+                pinned_in_short_gaps: on,
+                ..Coop::default()
+            })
+        }),
+    ];
+    switch_ablation(trace, "pinned requests in the shortest run", &makers)
+}
+
+/// Coop with the free bytes inside a window counted twice in its per-byte
+/// ranking (`Coop::credit_holes`, off by default) and without: minimum ratio
+/// and overhead at a few ratios, as [`memory_ablation`]. DTR and DTE have no
+/// windows (DTE's score already counts the free blocks beside a tensor).
+pub fn hole_ablation(trace: &Trace) -> String {
+    let makers: [Switched; 1] = [("Coop", false, |on| {
+        Box::new(Coop {
+            credit_holes: on,
+            ..Coop::default()
+        })
+    })];
+    switch_ablation(trace, "holes credited in the per-byte ranking", &makers)
+}
+
 /// Every policy on the trace as recorded and on the trace without the
 /// inputs of its metadata-only ops (`Recorded::without_metadata_inputs`;
 /// off by default): minimum ratio and overhead at a few ratios, as

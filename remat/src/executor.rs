@@ -15,7 +15,10 @@
 //! fits nowhere, a policy may ask for its inputs that only its op holds to
 //! be moved so that it fits beside them (`EvictionPolicy::relocates_inputs`,
 //! Coop's default; each move charged as a recomputation of the moved
-//! tensor); otherwise the replay runs out of memory there.
+//! tensor), and failing that for every tensor the op and its recomputation
+//! chain hold, and one pinned tensor splitting a run, to be moved
+//! (`EvictionPolicy::moves_held_tensors`, Coop's default, `executor/held.rs`);
+//! otherwise the replay runs out of memory there.
 //!
 //! In-place ops: under DTR and DTE the output is a copy (copy-on-write, as
 //! DTR's prototype rewrites in-place ops) and the input dies after it; Coop
@@ -30,6 +33,8 @@
 //! One executor owns its pool, table and policy; single-threaded.
 
 use std::time::Instant;
+
+mod held;
 
 use super::error::{RematError, RematResult};
 use super::policy::{EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext};
@@ -316,11 +321,19 @@ impl<'p> Executor<'p> {
     /// When it does not fit anywhere and the policy relocates inputs
     /// (`EvictionPolicy::relocates_inputs`), tries once more with the op's
     /// movable inputs and `out` placed as one request
-    /// ([`Executor::compute_beside_inputs`]).
+    /// ([`Executor::compute_beside_inputs`]); when that fails too and the
+    /// policy moves held tensors (`EvictionPolicy::moves_held_tensors`),
+    /// with every held tensor moved (`executor/held.rs`).
     fn compute_output(&mut self, inputs: &[TensorId], out: TensorId) -> RematResult<()> {
-        match self.compute(out) {
+        let result = match self.compute(out) {
             Err(error @ RematError::OutOfMemory { .. }) if self.policy.relocates_inputs() => {
                 self.compute_beside_inputs(inputs, out, error)
+            }
+            result => result,
+        };
+        match result {
+            Err(error @ RematError::OutOfMemory { .. }) if self.policy.moves_held_tensors() => {
+                self.compute_with_held_and_pinned_moved(out, error)
             }
             result => result,
         }

@@ -709,9 +709,12 @@ fn grouped_coop_puts_pinned_tensors_against_the_pinned_end() {
     };
     // A gradient of 100 bytes: the paper's Coop takes the lowest free block
     // (the hole at 300, which cuts the activations in two), Coop-G the free
-    // block next to the parameter.
-    assert_eq!(Coop::default().place(&ctx, &pinned(100)), Some(300));
+    // block next to the parameter, and so does Coop, whose pinned requests
+    // go to the shortest run with room (`policy::short_gap`), here the
+    // block against the parameter's end of the run.
+    assert_eq!(Coop::paper().place(&ctx, &pinned(100)), Some(300));
     assert_eq!(Coop::grouped().place(&ctx, &pinned(100)), Some(800));
+    assert_eq!(Coop::default().place(&ctx, &pinned(100)), Some(800));
     // 200 bytes fit no free block: Coop-G evicts the activation next to the
     // free block by the parameter and ends against the parameter.
     let mut grouped = Coop::grouped();
@@ -1143,16 +1146,27 @@ fn locked_inputs_move_beside_an_output_that_fits_nowhere() {
     let options = ReplayOptions {
         check_invariants: true,
     };
-    let policies = with_and_without(
-        Coop {
-            relocate_inputs: false,
-            ..Coop::default()
-        },
-        Dtr {
-            relocate_inputs: true,
-            ..Dtr::default()
-        },
-    );
+    // Coop's later resort (held tensors moved) would rescue it too: off.
+    let without_held = Coop {
+        move_held_tensors: false,
+        ..Coop::default()
+    };
+    let policies = [
+        (
+            Box::new(without_held.clone()) as Box<dyn EvictionPolicy>,
+            Box::new(Coop {
+                relocate_inputs: false,
+                ..without_held
+            }) as Box<dyn EvictionPolicy>,
+        ),
+        (
+            Box::new(Dtr {
+                relocate_inputs: true,
+                ..Dtr::default()
+            }),
+            Box::new(Dtr::default()),
+        ),
+    ];
     for (mut on, mut off) in policies {
         let moved = replay(&trace, 400, on.as_mut(), options);
         let stuck = replay(&trace, 400, off.as_mut(), options);
@@ -1168,6 +1182,183 @@ fn locked_inputs_move_beside_an_output_that_fits_nowhere() {
         );
         assert_eq!(stuck.ops_done, 4, "{stuck:?}");
     }
+}
+
+/// A tensor that an op holds but does not read (the second output of a
+/// two-output op, made first and locked while the first is placed) sits in
+/// the middle of a 300-byte pool, between an evictable 100-byte tensor and
+/// 100 free bytes, and the op's 200-byte first output fits nowhere: no
+/// window may hold the locked tensor, and the rule that moves an op's
+/// inputs has none to move. With `moves_held_tensors` the held tensor and
+/// the output go together into one window (the evictable tensor evicted,
+/// one move charged the op's cost); without it the replay runs out of
+/// memory. For Coop (on by default) and for DTR with the switch.
+#[test]
+fn held_tensors_move_together_when_a_tensor_fits_nowhere() {
+    let out = |size| OutputSpec {
+        size,
+        pinned: false,
+    };
+    let mut b = TraceBuilder::new();
+    let a = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    b.keep(a);
+    let both = b.op(&[], &[out(200), out(100)], 1.0).expect("valid");
+    b.keep(both[0]);
+    b.keep(both[1]);
+    let trace = b.finish();
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    let policies = with_and_without(
+        Coop {
+            move_held_tensors: false,
+            ..Coop::default()
+        },
+        Dtr {
+            move_held_tensors: true,
+            ..Dtr::default()
+        },
+    );
+    for (mut on, mut off) in policies {
+        let moved = replay(&trace, 300, on.as_mut(), options);
+        let stuck = replay(&trace, 300, off.as_mut(), options);
+        assert!(moved.finished(), "{moved:?}");
+        assert_eq!(
+            (moved.relocations, moved.evictions, moved.recompute_cost),
+            (1, 1, 1.0),
+            "{moved:?}"
+        );
+        assert!(
+            matches!(stuck.error, Some(RematError::OutOfMemory { .. })),
+            "{stuck:?}"
+        );
+        assert_eq!(stuck.ops_done, 1, "{stuck:?}");
+    }
+}
+
+/// A pinned tensor (as a gradient) splits the free space: 100 free bytes,
+/// a 50-byte pinned tensor, 100 free, a 100-byte pinned tensor, 100 free;
+/// nothing else is resident and a 200-byte tensor fits nowhere. With
+/// `moves_held_tensors` the smaller pinned tensor that alone separates two
+/// runs long enough together moves to the free block beyond the other one
+/// (one move, charged its op's cost), and the tensor fits where it was;
+/// without it the replay runs out of memory. Pinned requests are placed
+/// first-fit here (Coop's shortest-run placement off) so that the layout is
+/// the one described. For Coop and for DTR with the switch.
+#[test]
+fn a_pinned_tensor_splitting_a_run_moves_out_of_it() {
+    let out = |size, pinned| OutputSpec { size, pinned };
+    let mut b = TraceBuilder::new();
+    let f = b.op(&[], &[out(100, false)], 1.0).expect("valid")[0];
+    let p = b.op(&[], &[out(50, true)], 1.0).expect("valid")[0];
+    let g = b.op(&[], &[out(100, false)], 1.0).expect("valid")[0];
+    let q = b.op(&[], &[out(100, true)], 1.0).expect("valid")[0];
+    // Reads f and g, which then die, and makes nothing.
+    b.op(&[f, g], &[], 1.0).expect("valid");
+    let w = b.op(&[], &[out(200, false)], 1.0).expect("valid")[0];
+    for t in [p, q, w] {
+        b.keep(t);
+    }
+    let trace = b.finish();
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    let first_fit = Coop {
+        pinned_in_short_gaps: false,
+        ..Coop::default()
+    };
+    let policies = with_and_without(
+        Coop {
+            move_held_tensors: false,
+            ..first_fit.clone()
+        },
+        Dtr {
+            move_held_tensors: true,
+            ..Dtr::default()
+        },
+    );
+    let [(_, coop_off), dtr] = policies;
+    let policies = [
+        (Box::new(first_fit) as Box<dyn EvictionPolicy>, coop_off),
+        dtr,
+    ];
+    for (mut on, mut off) in policies {
+        let moved = replay(&trace, 450, on.as_mut(), options);
+        let stuck = replay(&trace, 450, off.as_mut(), options);
+        assert!(moved.finished(), "{moved:?}");
+        assert_eq!(
+            (moved.relocations, moved.evictions, moved.recompute_cost),
+            (1, 0, 1.0),
+            "{moved:?}"
+        );
+        assert!(
+            matches!(stuck.error, Some(RematError::OutOfMemory { .. })),
+            "{stuck:?}"
+        );
+        assert_eq!(stuck.ops_done, 5, "{stuck:?}");
+    }
+}
+
+/// A pinned request (as a gradient) in a pool whose free space is a
+/// 100-byte hole among evictable tensors in the long run [0, 850) and a
+/// 50-byte block in a short run between two pinned tensors: a 50-byte one
+/// goes to the short run, leaving the long run free of pinned tensors
+/// (first-fit puts it into the long run's hole); a 60-byte one fits only the
+/// hole, and goes against its end nearer an end of the run.
+#[test]
+fn pinned_requests_go_to_the_shortest_run() {
+    let mut pool = Pool::new(1000);
+    for (t, addr, size) in [(0, 0, 100), (1, 200, 100), (2, 800, 50)] {
+        pool.place(t, addr, size).expect("free space");
+    }
+    for (t, addr, size) in [(3, 850, 50), (4, 950, 50)] {
+        pool.place_pinned(t, addr, size).expect("free space");
+    }
+    pool.place(5, 300, 500).expect("free space");
+    // Free: [100, 200) in the run [0, 850), [900, 950) between the pinned
+    // tensors (too small), nothing else.
+    assert_eq!(pool.first_fit(50), Some(100));
+    assert_eq!(
+        remat::policy::short_gap::place_in_shortest_gap(&pool, 50),
+        Some(900)
+    );
+    assert_eq!(
+        remat::policy::short_gap::place_in_shortest_gap(&pool, 60),
+        Some(100)
+    );
+}
+
+/// Two windows for a 100-byte request: a 100-byte tensor of score 10 alone
+/// (0.100 per byte), or a 50-byte hole and a 60-byte tensor of score 12
+/// (0.109 per byte). Per byte, the first; with the hole credited
+/// (`Ranking::PerByteAndHole`, 12 over 110 + 50 bytes: 0.075), the second,
+/// which absorbs the hole.
+#[test]
+fn crediting_holes_prefers_the_window_that_absorbs_one() {
+    let item = |addr, size, score: Option<f64>| WindowItem {
+        addr,
+        size,
+        score,
+        pinned: score.is_none(),
+    };
+    let items = [
+        item(0, 100, Some(10.0)),
+        item(100, 10, None),
+        item(110, 50, Some(0.0)),
+        item(160, 60, Some(12.0)),
+    ];
+    let first = |ranking| {
+        cheapest_window(&items, 100, ranking)
+            .0
+            .map(|w| (w.first, w.last))
+    };
+    assert_eq!(first(Ranking::PerByte), Some((0, 0)));
+    assert_eq!(first(Ranking::PerByteAndHole), Some((2, 3)));
+    let coop = Coop {
+        credit_holes: true,
+        ..Coop::default()
+    };
+    assert_eq!(coop.ranking(), Ranking::PerByteAndHole);
 }
 
 /// A rule on and off in each of Coop (on by default: `coop_off` turns it

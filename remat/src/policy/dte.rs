@@ -23,6 +23,15 @@ pub struct Dte {
     /// nowhere (`EvictionPolicy::relocates_inputs`; Coop's rule, off by
     /// default, for the ablation only).
     pub relocate_inputs: bool,
+    /// Move every tensor the op and its recomputation chain hold, and if
+    /// need be one pinned tensor splitting a run, when a tensor still fits
+    /// nowhere (`EvictionPolicy::moves_held_tensors`; Coop's rule, off by
+    /// default, for the ablation only).
+    pub move_held_tensors: bool,
+    /// Place an unevictable request in the shortest run between pinned
+    /// tensors with a free block for it (`super::short_gap`; Coop's rule,
+    /// off by default, for the ablation only) instead of first-fit.
+    pub pinned_in_short_gaps: bool,
 }
 
 impl EvictionPolicy for Dte {
@@ -54,5 +63,17 @@ impl EvictionPolicy for Dte {
 
     fn relocates_inputs(&self) -> bool {
         self.relocate_inputs
+    }
+
+    fn moves_held_tensors(&self) -> bool {
+        self.move_held_tensors
+    }
+
+    fn place(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<u64> {
+        if request.pinned && self.pinned_in_short_gaps {
+            super::short_gap::place_in_shortest_gap(ctx.pool, request.size)
+        } else {
+            ctx.pool.first_fit(request.size)
+        }
     }
 }

@@ -10,6 +10,7 @@
 pub mod coop;
 pub mod dte;
 pub mod dtr;
+pub mod short_gap;
 
 pub use coop::Coop;
 pub use dte::Dte;
@@ -88,6 +89,15 @@ pub trait EvictionPolicy {
     /// op alone) moved and placed with the output as one request
     /// (`Executor::compute_beside_inputs`), instead of running out of memory.
     fn relocates_inputs(&self) -> bool {
+        false
+    }
+
+    /// Whether, when a tensor still fits nowhere (after any moves of
+    /// [`EvictionPolicy::relocates_inputs`]), the executor tries once more
+    /// with every tensor that the op and its recomputation chain hold
+    /// (resident, unpinned, locked) moved and placed with it as one request
+    /// (`executor/held.rs`), instead of running out of memory.
+    fn moves_held_tensors(&self) -> bool {
         false
     }
 
