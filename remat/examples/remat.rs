@@ -28,6 +28,11 @@
 //!   --relocate-ablation  each policy with an op's locked inputs moved
 //!                  beside its output when the output fits nowhere, and
 //!                  without (minimum ratio, overhead at 0.9, 0.7, 0.5)
+//!   --chain-ablation  each policy with an op's and a recomputation's
+//!                  inputs brought back resident first, then deepest chain
+//!                  first, and tensors on a dropped chain (a backward
+//!                  gradient) kept, and without (minimum ratio, overhead at
+//!                  0.9, 0.7, 0.5)
 //!   --metadata-ablation  every policy on the trace as recorded and with
 //!                  the inputs of ops that read only their inputs' shape
 //!                  (new_empty, ones_like...) left out (minimum ratio,
@@ -45,8 +50,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use remat::compare::{
-    dead_ablation, latency_ablation, memory_ablation, merge_ablation, metadata_ablation,
-    min_ratios, ranking_ablation, relocate_ablation, sweep, table,
+    chain_ablation, dead_ablation, latency_ablation, memory_ablation, merge_ablation,
+    metadata_ablation, min_ratios, ranking_ablation, relocate_ablation, sweep, table,
 };
 use remat::sweep::{Command, run_command};
 use remat::synth;
@@ -68,7 +73,7 @@ fn run() -> Result<(), String> {
     let (mut traces, mut budgets, mut do_sweep) = (Vec::new(), Vec::new(), false);
     let (mut do_ablation, mut do_latency, mut do_ranking) = (false, false, false);
     let (mut do_merge, mut do_dead, mut do_metadata) = (false, false, false);
-    let mut do_relocate = false;
+    let (mut do_relocate, mut do_chain) = (false, false);
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -84,6 +89,7 @@ fn run() -> Result<(), String> {
             "--dead-ablation" => do_dead = true,
             "--metadata-ablation" => do_metadata = true,
             "--relocate-ablation" => do_relocate = true,
+            "--chain-ablation" => do_chain = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
             "-h" | "--help" => {
@@ -97,7 +103,14 @@ fn run() -> Result<(), String> {
     if traces.is_empty() {
         return synthetic().map_err(|e| e.to_string());
     }
-    if do_ablation || do_latency || do_ranking || do_merge || do_dead || do_metadata || do_relocate
+    if do_ablation
+        || do_latency
+        || do_ranking
+        || do_merge
+        || do_dead
+        || do_metadata
+        || do_relocate
+        || do_chain
     {
         for path in &traces {
             let recorded = remat::Recorded::read(path).map_err(|e| e.to_string())?;
@@ -115,6 +128,9 @@ fn run() -> Result<(), String> {
             }
             if do_relocate {
                 println!("{}\n{}", path.display(), relocate_ablation(&recorded.trace));
+            }
+            if do_chain {
+                println!("{}\n{}", path.display(), chain_ablation(&recorded.trace));
             }
             if do_metadata {
                 println!("{}\n{}", path.display(), metadata_ablation(&recorded));

@@ -31,6 +31,7 @@
 
 use std::time::Instant;
 
+use super::chain_order::ordered_inputs;
 use super::error::{RematError, RematResult};
 use super::policy::{EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext};
 use super::pool::Pool;
@@ -180,6 +181,9 @@ impl<'p> Executor<'p> {
             for (k, out) in op.outputs.iter().enumerate() {
                 tensors.add(out.size, op.cost, op.inputs.clone(), out.pinned)?;
                 overwrites.push((op.in_place && k == 0).then(|| op.inputs[0]));
+                if op.in_place && k == 0 {
+                    tensors.mark_overwritten(op.inputs[0]);
+                }
             }
         }
         if policy.caches_prices() {
@@ -239,6 +243,13 @@ impl<'p> Executor<'p> {
 
     /// Makes every input resident and locks it.
     fn materialize(&mut self, inputs: &[TensorId]) -> RematResult<()> {
+        let ordered;
+        let inputs = if self.policy.orders_inputs() {
+            ordered = ordered_inputs(&self.tensors, inputs);
+            &ordered[..]
+        } else {
+            inputs
+        };
         for &input in inputs {
             if !self.tensors.is_resident(input) {
                 self.rematerialize(input)?;
@@ -258,8 +269,11 @@ impl<'p> Executor<'p> {
         // dropped tensors share inputs recomputes them once per consumer,
         // exponentially in its depth).
         let mut recomputed_dead = Vec::new();
+        // Each tensor's inputs in the order they are brought back, fixed
+        // when it is pushed (`chain_order`, when the policy asks for it).
+        let mut orders: Vec<Vec<TensorId>> = vec![self.input_order(root)?];
         while let Some(&(t, next)) = stack.last() {
-            let inputs = self.tensors.get(t)?.inputs.clone();
+            let inputs = orders.last().cloned().unwrap_or_default();
             if let Some(&input) = inputs.get(next) {
                 if let Some(top) = stack.last_mut() {
                     top.1 += 1;
@@ -268,6 +282,7 @@ impl<'p> Executor<'p> {
                     self.lock(input, 1)?;
                 } else {
                     stack.push((input, 0));
+                    orders.push(self.input_order(input)?);
                 }
                 continue;
             }
@@ -286,6 +301,7 @@ impl<'p> Executor<'p> {
                 recomputed_dead.push(t);
             }
             stack.pop();
+            orders.pop();
             if !stack.is_empty() {
                 self.lock(t, 1)?;
             }
@@ -296,6 +312,17 @@ impl<'p> Executor<'p> {
             }
         }
         Ok(())
+    }
+
+    /// The inputs of `t` in the order a recomputation of `t` brings them
+    /// back: as recorded, or `chain_order`'s when the policy orders inputs.
+    fn input_order(&self, t: TensorId) -> RematResult<Vec<TensorId>> {
+        let inputs = &self.tensors.get(t)?.inputs;
+        Ok(if self.policy.orders_inputs() {
+            ordered_inputs(&self.tensors, inputs)
+        } else {
+            inputs.clone()
+        })
     }
 
     /// Places tensor `t` (its inputs must be resident) and marks its inputs used.

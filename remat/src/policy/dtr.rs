@@ -5,7 +5,7 @@
 //! first-fit, as in a conventional allocator. Stateless; single-threaded.
 
 use super::{
-    Eviction, EvictionPolicy, Request, SearchContext, lowest_score, recompute_amplification,
+    Eviction, EvictionPolicy, Request, SearchContext, lowest_score_kept, recompute_amplification,
 };
 
 /// The DTR policy.
@@ -22,6 +22,13 @@ pub struct Dtr {
     /// nowhere (`EvictionPolicy::relocates_inputs`; Coop's rule, off by
     /// default, for the ablation only).
     pub relocate_inputs: bool,
+    /// Bring an op's or a recomputation's inputs back in `chain_order`'s
+    /// order (`EvictionPolicy::orders_inputs`; Coop's rule, off by default,
+    /// for the ablation only).
+    pub order_inputs: bool,
+    /// Never evict a tensor on a dropped chain (`dropped_chain`; Coop's
+    /// rule, off by default, for the ablation only).
+    pub keep_dropped_chains: bool,
     /// Keep projected costs and recompute peaks between searches, as Coop
     /// does (`TensorTable::cache_prices`): the same scores and decisions,
     /// faster. Off by default (the published policy recomputes them), on
@@ -35,7 +42,7 @@ impl EvictionPolicy for Dtr {
     }
 
     fn next_eviction(&mut self, ctx: &SearchContext<'_>, _request: &Request) -> Option<Eviction> {
-        let victim = lowest_score(ctx, |t| {
+        let victim = lowest_score_kept(ctx, self.keep_dropped_chains, |t| {
             let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1));
             let h =
                 ctx.tensors.projected_cost(t) / (size as f64 * ctx.tensors.staleness(t, ctx.now));
@@ -62,5 +69,9 @@ impl EvictionPolicy for Dtr {
 
     fn relocates_inputs(&self) -> bool {
         self.relocate_inputs
+    }
+
+    fn orders_inputs(&self) -> bool {
+        self.order_inputs
     }
 }
