@@ -1210,39 +1210,41 @@ fn inputs_come_back_resident_first_then_deepest_chain_first() {
     );
 }
 
-/// On the recorded ResNet-50 step at 0.35, Coop brings an op's inputs back
-/// in recorded order and runs out of memory at op 846 (a gradient that op
-/// 844 reads was evicted while the chain of its other input ran, and its
-/// own chain runs back to the loss); in `chain_order`'s order it finishes.
-/// DTR runs out at this ratio either way. (Off by default in Coop.)
+/// On the recorded ResNet-50 step at 0.3195 (DTR's minimum), Coop finishes
+/// with both recomputation-chain rules (`chain_order`, `dropped_chain`; on
+/// by default) and runs out of memory with either alone or neither: in
+/// recorded order a gradient read by op 844 is evicted while the chain of
+/// its sibling input runs; without the keep rule a 196 MiB gradient made
+/// at op 845 is evicted at op 846 and its chain runs back to the loss.
 #[test]
-fn ordered_inputs_let_coop_finish_resnet50_at_035() {
+fn chain_rules_let_coop_finish_resnet50_at_dtrs_minimum() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../docs/results/remat/resnet50.remat.gz");
     let trace = Recorded::read(&path).expect("committed trace reads").trace;
-    let budget = budget_for(&trace, 0.35);
-    let ordered = replay(
+    let budget = budget_for(&trace, 0.3195);
+    let both = replay(
         &trace,
         budget,
-        &mut Coop {
-            order_inputs: true,
-            ..Coop::default()
-        },
+        &mut Coop::default(),
         ReplayOptions::default(),
     );
-    assert!(ordered.finished(), "{:?}", ordered.error);
-    let recorded_order = replay(
-        &trace,
-        budget,
-        &mut Coop {
-            order_inputs: false,
-            ..Coop::default()
-        },
-        ReplayOptions::default(),
-    );
-    assert!(
-        matches!(recorded_order.error, Some(RematError::OutOfMemory { .. })),
-        "{:?}",
-        recorded_order.error
-    );
+    assert!(both.finished(), "{:?}", both.error);
+    assert!(both.overhead() < 0.657, "{}", both.overhead());
+    for (order_inputs, keep_dropped_chains) in [(true, false), (false, true), (false, false)] {
+        let report = replay(
+            &trace,
+            budget,
+            &mut Coop {
+                order_inputs,
+                keep_dropped_chains,
+                ..Coop::default()
+            },
+            ReplayOptions::default(),
+        );
+        assert!(
+            matches!(report.error, Some(RematError::OutOfMemory { .. })),
+            "order {order_inputs}, keep {keep_dropped_chains}: {:?}",
+            report.error
+        );
+    }
 }
