@@ -38,6 +38,11 @@
 //!   --hole-ablation  Coop with the free bytes inside a window counted
 //!                  twice in its per-byte ranking, and without (minimum
 //!                  ratio, overhead at 0.9, 0.7, 0.5)
+//!   --chain-ablation  each policy with an op's and a recomputation's
+//!                  inputs brought back resident first, then deepest chain
+//!                  first, and tensors on a dropped chain (a backward
+//!                  gradient) kept, and without (minimum ratio, overhead at
+//!                  0.9, 0.7, 0.5)
 //!   --metadata-ablation  every policy on the trace as recorded and with
 //!                  the inputs of ops that read only their inputs' shape
 //!                  (new_empty, ones_like...) left out (minimum ratio,
@@ -55,9 +60,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use remat::compare::{
-    dead_ablation, gap_ablation, held_ablation, hole_ablation, latency_ablation, memory_ablation,
-    merge_ablation, metadata_ablation, min_ratios, ranking_ablation, relocate_ablation, sweep,
-    table,
+    chain_ablation, dead_ablation, gap_ablation, held_ablation, hole_ablation, latency_ablation,
+    memory_ablation, merge_ablation, metadata_ablation, min_ratios, ranking_ablation,
+    relocate_ablation, sweep, table,
 };
 use remat::sweep::{Command, run_command};
 use remat::synth;
@@ -80,7 +85,7 @@ fn run() -> Result<(), String> {
     let (mut do_ablation, mut do_latency, mut do_ranking) = (false, false, false);
     let (mut do_merge, mut do_dead, mut do_metadata) = (false, false, false);
     let (mut do_relocate, mut do_held, mut do_gap) = (false, false, false);
-    let mut do_hole = false;
+    let (mut do_hole, mut do_chain) = (false, false);
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -99,6 +104,7 @@ fn run() -> Result<(), String> {
             "--held-ablation" => do_held = true,
             "--gap-ablation" => do_gap = true,
             "--hole-ablation" => do_hole = true,
+            "--chain-ablation" => do_chain = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
             "-h" | "--help" => {
@@ -123,6 +129,7 @@ fn run() -> Result<(), String> {
         do_held,
         do_gap,
         do_hole,
+        do_chain,
     ];
     if ablations.iter().any(|&on| on) {
         for path in &traces {
@@ -150,6 +157,9 @@ fn run() -> Result<(), String> {
             }
             if do_hole {
                 println!("{}\n{}", path.display(), hole_ablation(&recorded.trace));
+            }
+            if do_chain {
+                println!("{}\n{}", path.display(), chain_ablation(&recorded.trace));
             }
             if do_metadata {
                 println!("{}\n{}", path.display(), metadata_ablation(&recorded));

@@ -303,6 +303,46 @@ pub fn hole_ablation(trace: &Trace) -> String {
     switch_ablation(trace, "holes credited in the per-byte ranking", &makers)
 }
 
+/// Each policy with the two recomputation-chain rules of branch
+/// `remat-resnet` (`EvictionPolicy::orders_inputs`: inputs brought back
+/// resident first, then deepest chain first; `keep_dropped_chains`: no
+/// tensor on a dropped chain evicted; on by default in Coop only; they pay
+/// only together on ResNet-50) and without: minimum ratio and overhead at a
+/// few ratios, as [`memory_ablation`].
+pub fn chain_ablation(trace: &Trace) -> String {
+    let makers: [Switched; 4] = [
+        ("DTR", false, |on| {
+            Box::new(Dtr {
+                order_inputs: on,
+                keep_dropped_chains: on,
+                ..Dtr::default()
+            })
+        }),
+        ("DTE", false, |on| {
+            Box::new(Dte {
+                order_inputs: on,
+                keep_dropped_chains: on,
+                ..Dte::default()
+            })
+        }),
+        ("Coop", true, |on| {
+            Box::new(Coop {
+                order_inputs: on,
+                keep_dropped_chains: on,
+                ..Coop::default()
+            })
+        }),
+        ("Coop-G", false, |on| {
+            Box::new(Coop {
+                order_inputs: on,
+                keep_dropped_chains: on,
+                ..Coop::grouped()
+            })
+        }),
+    ];
+    switch_ablation(trace, "inputs ordered and dropped chains kept", &makers)
+}
+
 /// Every policy on the trace as recorded and on the trace without the
 /// inputs of its metadata-only ops (`Recorded::without_metadata_inputs`;
 /// off by default): minimum ratio and overhead at a few ratios, as

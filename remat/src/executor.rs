@@ -36,6 +36,7 @@ use std::time::Instant;
 
 mod held;
 
+use super::chain_order::ordered_inputs;
 use super::error::{RematError, RematResult};
 use super::policy::{EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext};
 use super::pool::Pool;
@@ -185,6 +186,9 @@ impl<'p> Executor<'p> {
             for (k, out) in op.outputs.iter().enumerate() {
                 tensors.add(out.size, op.cost, op.inputs.clone(), out.pinned)?;
                 overwrites.push((op.in_place && k == 0).then(|| op.inputs[0]));
+                if op.in_place && k == 0 {
+                    tensors.mark_overwritten(op.inputs[0]);
+                }
             }
         }
         if policy.caches_prices() {
@@ -244,6 +248,13 @@ impl<'p> Executor<'p> {
 
     /// Makes every input resident and locks it.
     fn materialize(&mut self, inputs: &[TensorId]) -> RematResult<()> {
+        let ordered;
+        let inputs = if self.policy.orders_inputs() {
+            ordered = ordered_inputs(&self.tensors, inputs);
+            &ordered[..]
+        } else {
+            inputs
+        };
         for &input in inputs {
             if !self.tensors.is_resident(input) {
                 self.rematerialize(input)?;
@@ -263,8 +274,11 @@ impl<'p> Executor<'p> {
         // dropped tensors share inputs recomputes them once per consumer,
         // exponentially in its depth).
         let mut recomputed_dead = Vec::new();
+        // Each tensor's inputs in the order they are brought back, fixed
+        // when it is pushed (`chain_order`, when the policy asks for it).
+        let mut orders: Vec<Vec<TensorId>> = vec![self.input_order(root)?];
         while let Some(&(t, next)) = stack.last() {
-            let inputs = self.tensors.get(t)?.inputs.clone();
+            let inputs = orders.last().cloned().unwrap_or_default();
             if let Some(&input) = inputs.get(next) {
                 if let Some(top) = stack.last_mut() {
                     top.1 += 1;
@@ -273,6 +287,7 @@ impl<'p> Executor<'p> {
                     self.lock(input, 1)?;
                 } else {
                     stack.push((input, 0));
+                    orders.push(self.input_order(input)?);
                 }
                 continue;
             }
@@ -291,6 +306,7 @@ impl<'p> Executor<'p> {
                 recomputed_dead.push(t);
             }
             stack.pop();
+            orders.pop();
             if !stack.is_empty() {
                 self.lock(t, 1)?;
             }
@@ -301,6 +317,17 @@ impl<'p> Executor<'p> {
             }
         }
         Ok(())
+    }
+
+    /// The inputs of `t` in the order a recomputation of `t` brings them
+    /// back: as recorded, or `chain_order`'s when the policy orders inputs.
+    fn input_order(&self, t: TensorId) -> RematResult<Vec<TensorId>> {
+        let inputs = &self.tensors.get(t)?.inputs;
+        Ok(if self.policy.orders_inputs() {
+            ordered_inputs(&self.tensors, inputs)
+        } else {
+            inputs.clone()
+        })
     }
 
     /// Places tensor `t` (its inputs must be resident) and marks its inputs used.

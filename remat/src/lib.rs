@@ -18,7 +18,9 @@
 //! policies, not an allocator; it owns no GPU memory and uses `lake` only
 //! for its PNG encoder (`lake::plan::png`).
 
+pub mod chain_order;
 pub mod compare;
+pub mod dropped_chain;
 pub mod error;
 pub mod executor;
 pub mod neighbourhood;

@@ -106,6 +106,10 @@ pub struct TensorTable {
     classes: EvictedClasses,
     /// Cached prices, when on; filled by searches through `&self`.
     price_cache: Option<RefCell<PriceCache>>,
+    /// Per tensor: an in-place op writes over it (its output takes its
+    /// place), so the program drops it as an old version, not because its
+    /// last use passed (`dropped_chain`).
+    overwritten: Vec<bool>,
 }
 
 impl TensorTable {
@@ -132,6 +136,7 @@ impl TensorTable {
             residency: Residency::Unborn,
         });
         self.consumers.push(Vec::new());
+        self.overwritten.push(false);
         self.states.push(TensorState {
             pinned,
             ..TensorState::default()
@@ -141,6 +146,18 @@ impl TensorTable {
             prices.get_mut().grow_to(id + 1);
         }
         Ok(id)
+    }
+
+    /// Notes that an in-place op writes over `id` (see `overwritten`).
+    pub fn mark_overwritten(&mut self, id: TensorId) {
+        if let Some(o) = self.overwritten.get_mut(id) {
+            *o = true;
+        }
+    }
+
+    /// Whether an in-place op writes over `id` in the trace.
+    pub fn is_overwritten(&self, id: TensorId) -> bool {
+        self.overwritten.get(id).copied().unwrap_or(false)
     }
 
     /// Keeps projected costs and recompute peaks at `depth` between searches

@@ -1372,3 +1372,89 @@ fn with_and_without(
         (Box::new(dtr_on), Box::new(Dtr::default())),
     ]
 }
+
+/// `chain_order`: resident inputs first, then the missing ones by the bytes
+/// their recomputation holds beyond their own, descending. t1 (100 bytes)
+/// comes back from a resident input (nothing beyond itself); t4 (10 bytes)
+/// needs t3 and t2 back first (10 bytes beyond); t5 is resident.
+#[test]
+fn inputs_come_back_resident_first_then_deepest_chain_first() {
+    let mut table = TensorTable::default();
+    let t0 = table.add(10, 1.0, vec![], false).expect("add");
+    let t1 = table.add(100, 1.0, vec![t0], false).expect("add");
+    let t2 = table.add(10, 1.0, vec![t0], false).expect("add");
+    let t3 = table.add(10, 1.0, vec![t2], false).expect("add");
+    let t4 = table.add(10, 1.0, vec![t3], false).expect("add");
+    let t5 = table.add(5, 1.0, vec![], false).expect("add");
+    for (k, &t) in [t0, t1, t2, t3, t4, t5].iter().enumerate() {
+        table.set_resident(t, k as u64 * 100, 1).expect("resident");
+    }
+    for t in [t1, t2, t3, t4] {
+        table.drop_value(t, Residency::Evicted).expect("evict");
+    }
+    let mut needs = std::collections::HashMap::new();
+    assert_eq!(remat::chain_order::need(&table, t4, &mut needs), 20);
+    assert_eq!(remat::chain_order::need(&table, t1, &mut needs), 100);
+    assert_eq!(
+        remat::chain_order::ordered_inputs(&table, &[t1, t4, t5]),
+        vec![t5, t4, t1]
+    );
+}
+
+/// On the recorded ResNet-50 step at 0.3195 (DTR's minimum), Coop finishes
+/// with both recomputation-chain rules (`chain_order`, `dropped_chain`; on
+/// by default) and runs out of memory with either alone or neither: in
+/// recorded order a gradient read by op 844 is evicted while the chain of
+/// its sibling input runs; without the keep rule a 196 MiB gradient made
+/// at op 845 is evicted at op 846 and its chain runs back to the loss.
+#[test]
+fn chain_rules_let_coop_finish_resnet50_at_dtrs_minimum() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/results/remat/resnet50.remat.gz");
+    let trace = Recorded::read(&path).expect("committed trace reads").trace;
+    // DTR's minimum as the sweep finds it (the same bisection), and DTR's
+    // overhead there: the ratio the done-when asks Coop to reach.
+    let make_dtr = || Box::new(Dtr::default()) as Box<dyn EvictionPolicy>;
+    let dtr_min =
+        remat::min_budget_ratio(&trace, &make_dtr, (0.05, 1.2), 0.005).expect("DTR finishes");
+    let budget = budget_for(&trace, dtr_min);
+    let dtr = replay(
+        &trace,
+        budget,
+        &mut Dtr::default(),
+        ReplayOptions::default(),
+    );
+    assert!(dtr.finished(), "{:?}", dtr.error);
+    let coop = replay(
+        &trace,
+        budget,
+        &mut Coop::default(),
+        ReplayOptions::default(),
+    );
+    assert!(coop.finished(), "{:?}", coop.error);
+    assert!(
+        coop.overhead() <= dtr.overhead(),
+        "{} > {}",
+        coop.overhead(),
+        dtr.overhead()
+    );
+    // Without the dropped-chain rule Coop runs out there (inputs ordered or
+    // not: the ordering is off by default since it costs Swin-T its margin).
+    for order_inputs in [false, true] {
+        let report = replay(
+            &trace,
+            budget,
+            &mut Coop {
+                order_inputs,
+                keep_dropped_chains: false,
+                ..Coop::default()
+            },
+            ReplayOptions::default(),
+        );
+        assert!(
+            matches!(report.error, Some(RematError::OutOfMemory { .. })),
+            "order {order_inputs}: {:?}",
+            report.error
+        );
+    }
+}

@@ -6,7 +6,7 @@
 //! Stateless; single-threaded.
 
 use super::{
-    Eviction, EvictionPolicy, Request, SearchContext, lowest_score, recompute_amplification,
+    Eviction, EvictionPolicy, Request, SearchContext, lowest_score_kept, recompute_amplification,
 };
 
 /// The DTE policy.
@@ -32,6 +32,13 @@ pub struct Dte {
     /// tensors with a free block for it (`super::short_gap`; Coop's rule,
     /// off by default, for the ablation only) instead of first-fit.
     pub pinned_in_short_gaps: bool,
+    /// Bring an op's or a recomputation's inputs back in `chain_order`'s
+    /// order (`EvictionPolicy::orders_inputs`; Coop's rule, off by default,
+    /// for the ablation only).
+    pub order_inputs: bool,
+    /// Never evict a tensor on a dropped chain (`dropped_chain`; Coop's
+    /// rule, off by default, for the ablation only).
+    pub keep_dropped_chains: bool,
 }
 
 impl EvictionPolicy for Dte {
@@ -40,7 +47,7 @@ impl EvictionPolicy for Dte {
     }
 
     fn next_eviction(&mut self, ctx: &SearchContext<'_>, _request: &Request) -> Option<Eviction> {
-        let victim = lowest_score(ctx, |t| {
+        let victim = lowest_score_kept(ctx, self.keep_dropped_chains, |t| {
             let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1));
             let span = (size + ctx.pool.adjacent_free(t)) as f64;
             let h = ctx.tensors.projected_cost(t) / (span * ctx.tensors.staleness(t, ctx.now));
@@ -75,5 +82,9 @@ impl EvictionPolicy for Dte {
         } else {
             ctx.pool.first_fit(request.size)
         }
+    }
+
+    fn orders_inputs(&self) -> bool {
+        self.order_inputs
     }
 }

@@ -16,6 +16,7 @@ pub use coop::Coop;
 pub use dte::Dte;
 pub use dtr::Dtr;
 
+use super::dropped_chain::on_dropped_chain;
 use super::pool::Pool;
 use super::tensor::{TensorId, TensorTable};
 
@@ -101,6 +102,14 @@ pub trait EvictionPolicy {
         false
     }
 
+    /// Whether an op, or a recomputation, brings back its inputs in
+    /// `chain_order`'s order (resident ones locked first, then the missing
+    /// ones whose recomputation holds the most bytes beyond their own
+    /// first) instead of in the order recorded.
+    fn orders_inputs(&self) -> bool {
+        false
+    }
+
     /// Whether the executor should keep projected costs and recompute peaks
     /// between searches (`TensorTable::cache_prices`, at
     /// [`RECOMPUTE_DEPTH`]). The scores are the same either way; only the
@@ -131,15 +140,18 @@ pub fn amplification(peak: u64, size: u64) -> f64 {
     peak.max(size) as f64 / size.max(1) as f64
 }
 
-/// The resident, evictable tensor with the lowest score, if any.
-pub(crate) fn lowest_score(
+/// The resident, evictable tensor with the lowest score, if any; with
+/// `keep_dropped_chains`, none on a dropped chain (`dropped_chain`).
+pub(crate) fn lowest_score_kept(
     ctx: &SearchContext<'_>,
+    keep_dropped_chains: bool,
     score: impl Fn(TensorId) -> f64,
 ) -> Option<TensorId> {
     ctx.pool
         .intervals()
         .filter_map(|i| i.tensor)
         .filter(|&t| ctx.tensors.is_evictable(t))
+        .filter(|&t| !(keep_dropped_chains && on_dropped_chain(ctx.tensors, t)))
         .map(|t| (score(t), t))
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, t)| t)
