@@ -23,7 +23,8 @@ use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT};
 /// changing any constant hashed below.
 /// 2: one out-of-tree window word per class after the request slots
 /// (`Heap::drop_from_class_tree`).
-const LAYOUT_VERSION: u64 = 2;
+/// 3: slot words `SLOT_STRIDE_WORDS` (16) apart.
+const LAYOUT_VERSION: u64 = 3;
 
 /// The name of the PTX global that holds a PTX's fingerprint.
 pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
@@ -32,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 11] = [
+pub const SETTINGS: [&str; 12] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -44,10 +45,11 @@ pub const SETTINGS: [&str; 11] = [
     "GPUMALLOC_LARGE_HEAP_SHIFT",
     "GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT",
     "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT",
+    "GPUMALLOC_SLOT_STRIDE",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 11] = [
+const SETTING_VALUES: [Option<&str>; 12] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -59,6 +61,7 @@ const SETTING_VALUES: [Option<&str>; 11] = [
     option_env!("GPUMALLOC_LARGE_HEAP_SHIFT"),
     option_env!("GPUMALLOC_LARGE_HEAP_SLOT_BUDGET_SHIFT"),
     option_env!("GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT"),
+    option_env!("GPUMALLOC_SLOT_STRIDE"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -41,7 +41,6 @@ use crate::class::{
 };
 use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
 use crate::segment::{Grab, Previous, Reservation, Return, SegmentState, SegmentTable};
-use crate::slot::SLOTS_PER_CLASS;
 use crate::veb::VebTree;
 
 /// A slot installer that takes at least 1 / 2^this of a new segment's blocks
@@ -283,10 +282,7 @@ impl Heap {
 
     #[inline(always)]
     pub(crate) fn slot(&self, class: SizeClass, slot: u32) -> &Word {
-        &self.region(
-            self.slots_at + (class.index() * SLOTS_PER_CLASS + slot) as u64,
-            1,
-        )[0]
+        &self.region(self.slot_at(class.index(), slot), 1)[0]
     }
 
     #[inline(always)]

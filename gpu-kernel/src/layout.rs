@@ -24,7 +24,7 @@ use crate::class::{
     slice_blocks_per_segment,
 };
 use crate::request::REQUEST_SLOTS;
-use crate::slot::{MAX_SLOT_BLOCK, SLOTS_PER_CLASS, SPARES_PER_SLOT};
+use crate::slot::{MAX_SLOT_BLOCK, SLOT_STRIDE_WORDS, SLOTS_PER_CLASS, SPARES_PER_SLOT};
 use crate::veb::TreeShape;
 
 /// Flag: keep one bit per slice to detect double frees of slices.
@@ -251,7 +251,7 @@ impl Heap {
         let tree = TreeShape::new(segments as u32);
         let stats_at = 0;
         let slots_at = stats_at + STAT_WORDS;
-        let locks_at = slots_at + (SLICE_CLASSES * SLOTS_PER_CLASS) as u64;
+        let locks_at = slots_at + (SLICE_CLASSES * SLOTS_PER_CLASS * SLOT_STRIDE_WORDS) as u64;
         let spares_at = locks_at + CLASSES as u64 + 2 + REQUEST_SLOTS as u64 + CLASSES as u64;
         let states_at = spares_at + (SLICE_CLASSES * SLOTS_PER_CLASS * SPARES_PER_SLOT) as u64;
         let bitmaps_at = states_at + segments;
@@ -449,6 +449,13 @@ impl Heap {
         self.tree
             .prefix_image(present, &mut words[at..at + self.tree.words as usize]);
         words[self.run_cursor_at() as usize] = (self.segments - present.min(self.segments)) as u64;
+    }
+
+    /// The metadata word of slot `slot` of slice class `class_index`
+    /// (`SLOT_STRIDE_WORDS` apart).
+    #[inline(always)]
+    pub(crate) fn slot_at(&self, class_index: u32, slot: u32) -> u64 {
+        self.slots_at + ((class_index * SLOTS_PER_CLASS + slot) * SLOT_STRIDE_WORDS) as u64
     }
 
     /// The metadata word of the run cursor (after the run lock).

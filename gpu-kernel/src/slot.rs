@@ -29,6 +29,17 @@
 pub const SLOTS_PER_CLASS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SLOTS"), 32);
 const _: () = assert!(SLOTS_PER_CLASS.is_power_of_two() && SLOTS_PER_CLASS <= 256);
 
+/// Metadata words from one slot word to the next (`Heap`'s layout): 16,
+/// so each slot word has a 128-byte line of its own. Packed (1), a class's
+/// 32 slot words shared two lines, which every team's add and every waiting
+/// team's polling load met on; a line each made 2 / 4 KiB allocation 10%
+/// faster and mixed 8% (`docs/PERF.md`, "Slot words a line apart?").
+/// `GPUMALLOC_SLOT_STRIDE` at build time (a power of two up to 16) sets
+/// another stride, for measuring.
+pub const SLOT_STRIDE_WORDS: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_SLOT_STRIDE"), 16);
+const _: () = assert!(SLOT_STRIDE_WORDS.is_power_of_two() && SLOT_STRIDE_WORDS <= 16);
+
 /// Claimed blocks a slot keeps ready for its next installs. An installer
 /// that finds none claims `1 + SPARES_PER_SLOT` blocks at once and parks the
 /// extra ones here, so only one install in four waits for a claim (claims

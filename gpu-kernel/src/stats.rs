@@ -103,7 +103,7 @@ impl HeapStats {
         for class in (0..SLICE_CLASSES).filter_map(SizeClass::new) {
             let (c, per) = (class.index(), class.slices_per_block(shift));
             for slot in 0..SLOTS_PER_CLASS {
-                let word = SlotWord(at(heap.slots_at + (c * SLOTS_PER_CLASS + slot) as u64));
+                let word = SlotWord(at(heap.slot_at(c, slot)));
                 let live = &mut s.live_per_class[c as usize];
                 *live = live.saturating_sub(word.unissued(per) as u64);
                 s.slot_unissued_bytes += (word.unissued(per) as u64) << class.unit_shift();
