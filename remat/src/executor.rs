@@ -429,20 +429,34 @@ impl<'p> Executor<'p> {
                 Err(other) => return Err(other),
             }
         }
+        self.compute_with_moved_as_one(out, &moved, error)
+    }
+
+    /// Computes `out` (its inputs resident and locked) with the tensors of
+    /// `moved` (`(old address, tensor, size)`) placed with it as one request:
+    /// the moved tensors first, in order, then the output. If no room can be
+    /// found, the moved tensors go back where they were and `error` is
+    /// returned.
+    fn compute_with_moved_as_one(
+        &mut self,
+        out: TensorId,
+        moved: &[(u64, TensorId, u64)],
+        error: RematError,
+    ) -> RematResult<()> {
         let mut request = self.request_for(out)?;
         let output_size = request.size;
         request.size += moved.iter().map(|m| m.2).sum::<u64>();
-        for &(_, i, _) in &moved {
+        for &(_, i, _) in moved {
             self.pool.release(i)?;
         }
         let Ok((start, evicting)) = self.find_room(&request) else {
-            for &(addr, i, size) in &moved {
+            for &(addr, i, size) in moved {
                 self.pool.place(i, addr, size)?;
             }
             return Err(error);
         };
         let mut addr = start;
-        for &(_, i, size) in &moved {
+        for &(_, i, size) in moved {
             self.pool.place(i, addr, size)?;
             addr += size;
         }
@@ -452,7 +466,7 @@ impl<'p> Executor<'p> {
             self.tensors.touch(input, self.now)?;
         }
         self.record_evicting(evicting);
-        self.settle_moved(&moved)
+        self.settle_moved(moved)
     }
 
     /// Moves the pool's intervals of `moved` (`(old address, tensor, size)`)

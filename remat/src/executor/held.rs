@@ -38,30 +38,7 @@ impl Executor<'_> {
         if moved.is_empty() {
             return Err(error);
         }
-        let mut request = self.request_for(out)?;
-        let output_size = request.size;
-        request.size += moved.iter().map(|m| m.2).sum::<u64>();
-        for &(_, t, _) in &moved {
-            self.pool.release(t)?;
-        }
-        let Ok((start, evicting)) = self.find_room(&request) else {
-            for &(addr, t, size) in &moved {
-                self.pool.place(t, addr, size)?;
-            }
-            return Err(error);
-        };
-        let mut addr = start;
-        for &(_, t, size) in &moved {
-            self.pool.place(t, addr, size)?;
-            addr += size;
-        }
-        self.place(out, addr, output_size)?;
-        self.tensors.set_resident(out, addr, self.now)?;
-        for input in self.tensors.get(out)?.inputs.clone() {
-            self.tensors.touch(input, self.now)?;
-        }
-        self.record_evicting(evicting);
-        self.settle_moved(&moved)
+        self.compute_with_moved_as_one(out, &moved, error)
     }
 
     /// [`Executor::compute_with_held_moved`], and when that fails, once more

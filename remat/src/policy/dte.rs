@@ -77,11 +77,7 @@ impl EvictionPolicy for Dte {
     }
 
     fn place(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<u64> {
-        if request.pinned && self.pinned_in_short_gaps {
-            super::short_gap::place_in_shortest_gap(ctx.pool, request.size)
-        } else {
-            ctx.pool.first_fit(request.size)
-        }
+        super::short_gap::place_first_fit_or_short_gap(ctx.pool, request, self.pinned_in_short_gaps)
     }
 
     fn orders_inputs(&self) -> bool {

@@ -46,3 +46,18 @@ pub fn place_in_shortest_gap(pool: &Pool, size: u64) -> Option<u64> {
     }
     best.map(|(_, addr)| addr)
 }
+
+/// DTR's and DTE's placement: a pinned request in the shortest gap when
+/// `pinned_in_short_gaps` (Coop's rule, given to them for the ablation),
+/// else first-fit.
+pub fn place_first_fit_or_short_gap(
+    pool: &Pool,
+    request: &super::Request,
+    pinned_in_short_gaps: bool,
+) -> Option<u64> {
+    if request.pinned && pinned_in_short_gaps {
+        place_in_shortest_gap(pool, request.size)
+    } else {
+        pool.first_fit(request.size)
+    }
+}
