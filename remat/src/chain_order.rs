@@ -1,5 +1,5 @@
 //! The order in which an op, or a recomputation, brings back its inputs
-//! (`EvictionPolicy::orders_inputs`; not in the papers; off by default
+//! (`AddedRules::order_inputs`; not in the papers; off by default
 //! since the held-tensor move joined it, see `policy::coop`;
 //! `--chain-ablation`): the resident
 //! inputs first, so that they are locked before anything is recomputed and

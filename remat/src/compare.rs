@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::executor::{ReplayOptions, Report, budget_for, min_budget_ratio, replay};
-use super::policy::{Coop, Dte, Dtr, EvictionPolicy};
+use super::policy::{AddedRules, Coop, Dte, Dtr, EvictionPolicy};
 use super::recorded::Recorded;
 use super::trace::Trace;
 
@@ -155,109 +155,46 @@ pub fn merge_ablation(trace: &Trace) -> String {
 }
 
 /// Each policy with a recomputed input that the program had dropped freed
-/// again once nothing holds it (`EvictionPolicy::drops_dead_inputs`; on by
+/// again once nothing holds it (`AddedRules::drop_dead_inputs`; on by
 /// default in Coop only) and left resident: minimum ratio and overhead at a
 /// few ratios, as [`memory_ablation`].
 pub fn dead_ablation(trace: &Trace) -> String {
-    let makers: [Switched; 4] = [
-        ("DTR", false, |on| {
-            Box::new(Dtr {
-                drop_dead_inputs: on,
-                ..Dtr::default()
-            })
-        }),
-        ("DTE", false, |on| {
-            Box::new(Dte {
-                drop_dead_inputs: on,
-                ..Dte::default()
-            })
-        }),
-        ("Coop", true, |on| {
-            Box::new(Coop {
-                drop_dead_inputs: on,
-                ..Coop::default()
-            })
-        }),
-        ("Coop-G", false, |on| {
-            Box::new(Coop {
-                drop_dead_inputs: on,
-                ..Coop::grouped()
-            })
-        }),
-    ];
-    switch_ablation(trace, "dropped inputs freed again", &makers)
+    rule_ablation(
+        trace,
+        "dropped inputs freed again",
+        |r, on| r.drop_dead_inputs = on,
+        true,
+    )
 }
 
 /// Each policy with an op's locked inputs moved beside its output when the
-/// output fits nowhere (`EvictionPolicy::relocates_inputs`; on by default in
+/// output fits nowhere (`AddedRules::relocate_inputs`; on by default in
 /// Coop only) and without: minimum ratio and overhead at a few ratios, as
 /// [`memory_ablation`]. The rule acts only where a replay would otherwise
 /// run out of memory, so a row that finishes either way is the same.
 pub fn relocate_ablation(trace: &Trace) -> String {
-    let makers: [Switched; 4] = [
-        ("DTR", false, |on| {
-            Box::new(Dtr {
-                relocate_inputs: on,
-                ..Dtr::default()
-            })
-        }),
-        ("DTE", false, |on| {
-            Box::new(Dte {
-                relocate_inputs: on,
-                ..Dte::default()
-            })
-        }),
-        ("Coop", true, |on| {
-            Box::new(Coop {
-                relocate_inputs: on,
-                ..Coop::default()
-            })
-        }),
-        ("Coop-G", false, |on| {
-            Box::new(Coop {
-                relocate_inputs: on,
-                ..Coop::grouped()
-            })
-        }),
-    ];
-    switch_ablation(trace, "locked inputs moved beside the output", &makers)
+    rule_ablation(
+        trace,
+        "locked inputs moved beside the output",
+        |r, on| r.relocate_inputs = on,
+        true,
+    )
 }
 
 /// Each policy with the tensors that an op and its recomputation chain hold
 /// moved together (and if need be one pinned tensor splitting a run moved
 /// out of it) when a tensor still fits nowhere
-/// (`EvictionPolicy::moves_held_tensors`; on by default in Coop only) and
+/// (`AddedRules::move_held_tensors`; on by default in Coop only) and
 /// without: minimum ratio and overhead at a few ratios, as
 /// [`memory_ablation`]. Like the rule before it, it acts only where a replay
 /// would otherwise run out of memory.
 pub fn held_ablation(trace: &Trace) -> String {
-    let makers: [Switched; 4] = [
-        ("DTR", false, |on| {
-            Box::new(Dtr {
-                move_held_tensors: on,
-                ..Dtr::default()
-            })
-        }),
-        ("DTE", false, |on| {
-            Box::new(Dte {
-                move_held_tensors: on,
-                ..Dte::default()
-            })
-        }),
-        ("Coop", true, |on| {
-            Box::new(Coop {
-                move_held_tensors: on,
-                ..Coop::default()
-            })
-        }),
-        ("Coop-G", false, |on| {
-            Box::new(Coop {
-                move_held_tensors: on,
-                ..Coop::grouped()
-            })
-        }),
-    ];
-    switch_ablation(trace, "held tensors moved together", &makers)
+    rule_ablation(
+        trace,
+        "held tensors moved together",
+        |r, on| r.move_held_tensors = on,
+        true,
+    )
 }
 
 /// Each policy with unevictable requests placed in the shortest run between
@@ -266,27 +203,12 @@ pub fn held_ablation(trace: &Trace) -> String {
 /// minimum ratio and overhead at a few ratios, as [`memory_ablation`]. Coop-G
 /// places them against its anchors either way.
 pub fn gap_ablation(trace: &Trace) -> String {
-    let makers: [Switched; 3] = [
-        ("DTR", false, |on| {
-            Box::new(Dtr {
-                pinned_in_short_gaps: on,
-                ..Dtr::default()
-            })
-        }),
-        ("DTE", false, |on| {
-            Box::new(Dte {
-                pinned_in_short_gaps: on,
-                ..Dte::default()
-            })
-        }),
-        ("Coop", true, |on| {
-            Box::new(Coop {
-                pinned_in_short_gaps: on,
-                ..Coop::default()
-            })
-        }),
-    ];
-    switch_ablation(trace, "pinned requests in the shortest run", &makers)
+    rule_ablation(
+        trace,
+        "pinned requests in the shortest run",
+        |r, on| r.pinned_in_short_gaps = on,
+        false,
+    )
 }
 
 /// Coop with the free bytes inside a window counted twice in its per-byte
@@ -304,43 +226,21 @@ pub fn hole_ablation(trace: &Trace) -> String {
 }
 
 /// Each policy with the two recomputation-chain rules of branch
-/// `remat-resnet` (`EvictionPolicy::orders_inputs`: inputs brought back
+/// `remat-resnet` (`AddedRules::order_inputs`: inputs brought back
 /// resident first, then deepest chain first; `keep_dropped_chains`: no
 /// tensor on a dropped chain evicted; on by default in Coop only; they pay
 /// only together on ResNet-50) and without: minimum ratio and overhead at a
 /// few ratios, as [`memory_ablation`].
 pub fn chain_ablation(trace: &Trace) -> String {
-    let makers: [Switched; 4] = [
-        ("DTR", false, |on| {
-            Box::new(Dtr {
-                order_inputs: on,
-                keep_dropped_chains: on,
-                ..Dtr::default()
-            })
-        }),
-        ("DTE", false, |on| {
-            Box::new(Dte {
-                order_inputs: on,
-                keep_dropped_chains: on,
-                ..Dte::default()
-            })
-        }),
-        ("Coop", true, |on| {
-            Box::new(Coop {
-                order_inputs: on,
-                keep_dropped_chains: on,
-                ..Coop::default()
-            })
-        }),
-        ("Coop-G", false, |on| {
-            Box::new(Coop {
-                order_inputs: on,
-                keep_dropped_chains: on,
-                ..Coop::grouped()
-            })
-        }),
-    ];
-    switch_ablation(trace, "inputs ordered and dropped chains kept", &makers)
+    rule_ablation(
+        trace,
+        "inputs ordered and dropped chains kept",
+        |r, on| {
+            r.order_inputs = on;
+            r.keep_dropped_chains = on;
+        },
+        true,
+    )
 }
 
 /// Every policy on the trace as recorded and on the trace without the
@@ -396,16 +296,95 @@ fn overhead_cell(r: &Report) -> String {
 /// Each policy of `makers` with its switch off and on: the bisected minimum
 /// budget ratio and the overhead at 0.9, 0.7 and 0.5 (✗: fails).
 fn switch_ablation(trace: &Trace, switch: &str, makers: &[Switched]) -> String {
+    let rows: Vec<SwitchedRow<'_>> = makers
+        .iter()
+        .map(|(name, default, make)| (*name, Some(*default), make as &dyn Fn(bool) -> _))
+        .collect();
+    ablation_table(trace, switch, &rows)
+}
+
+/// A policy with one switch, as [`Switched`], made by any function; the
+/// default is `None` when the policy's defaults are neither all off nor all
+/// on (a switch of two rules).
+type SwitchedRow<'a> = (
+    &'static str,
+    Option<bool>,
+    &'a dyn Fn(bool) -> Box<dyn EvictionPolicy>,
+);
+
+/// DTR, DTE, Coop and (with `with_grouped`) Coop-G, each with one of the
+/// added rules (`AddedRules`, as `set` switches it) off and on over its own
+/// defaults: minimum ratio and overhead at a few ratios, as
+/// [`memory_ablation`]. A row is marked default where switching the rule
+/// that way changes nothing in that policy's defaults.
+fn rule_ablation(
+    trace: &Trace,
+    switch: &str,
+    set: fn(&mut AddedRules, bool),
+    with_grouped: bool,
+) -> String {
+    let switched = move |mut rules: AddedRules, on: bool| {
+        set(&mut rules, on);
+        rules
+    };
+    let default = |rules: AddedRules| {
+        [false, true]
+            .into_iter()
+            .find(|&on| switched(rules, on) == rules)
+    };
+    let dtr = move |on| -> Box<dyn EvictionPolicy> {
+        Box::new(Dtr {
+            rules: switched(AddedRules::NONE, on),
+            ..Dtr::default()
+        })
+    };
+    let dte = move |on| -> Box<dyn EvictionPolicy> {
+        Box::new(Dte {
+            rules: switched(AddedRules::NONE, on),
+            ..Dte::default()
+        })
+    };
+    let coop = move |on| -> Box<dyn EvictionPolicy> {
+        let coop = Coop::default();
+        Box::new(Coop {
+            rules: switched(coop.rules, on),
+            ..coop
+        })
+    };
+    let grouped = move |on| -> Box<dyn EvictionPolicy> {
+        let grouped = Coop::grouped();
+        Box::new(Coop {
+            rules: switched(grouped.rules, on),
+            ..grouped
+        })
+    };
+    let mut rows: Vec<SwitchedRow<'_>> = vec![
+        ("DTR", Some(false), &dtr),
+        ("DTE", Some(false), &dte),
+        ("Coop", default(Coop::default().rules), &coop),
+    ];
+    if with_grouped {
+        rows.push(("Coop-G", default(Coop::grouped().rules), &grouped));
+    }
+    ablation_table(trace, switch, &rows)
+}
+
+/// The table of [`switch_ablation`] and [`rule_ablation`].
+fn ablation_table(trace: &Trace, switch: &str, rows: &[SwitchedRow<'_>]) -> String {
     let mut out = format!("{switch}: policy, switch, min ratio, overhead at");
     for r in ABLATION_RATIOS {
         let _ = write!(out, " {r}");
     }
     out.push('\n');
-    for &(name, default, make) in makers {
+    for &(name, default, make) in rows {
         for on in [false, true] {
             let min = min_budget_ratio(trace, &|| make(on), (0.05, 1.2), 0.005);
             let min = min.map_or("-".to_string(), |m| format!("{m:.3}"));
-            let mark = if on == default { " (default)" } else { "" };
+            let mark = if default == Some(on) {
+                " (default)"
+            } else {
+                ""
+            };
             let _ = write!(
                 out,
                 "  {name:>6} {:>3}{mark:10} {min:>6}",

@@ -11,13 +11,13 @@
 //! its op (multi-output ops are not recomputed as a unit). A recomputed
 //! input that the program had dropped stays resident afterwards, evictable,
 //! unless the policy asks for it to be freed again once nothing holds it
-//! (`EvictionPolicy::drops_dead_inputs`, Coop's default). When a tensor
+//! (`AddedRules::drop_dead_inputs`, Coop's default). When a tensor
 //! fits nowhere, a policy may ask for its inputs that only its op holds to
-//! be moved so that it fits beside them (`EvictionPolicy::relocates_inputs`,
+//! be moved so that it fits beside them (`AddedRules::relocate_inputs`,
 //! Coop's default; each move charged as a recomputation of the moved
 //! tensor), and failing that for every tensor the op and its recomputation
 //! chain hold, and one pinned tensor splitting a run, to be moved
-//! (`EvictionPolicy::moves_held_tensors`, Coop's default, `executor/held.rs`);
+//! (`AddedRules::move_held_tensors`, Coop's default, `executor/held.rs`);
 //! otherwise the replay runs out of memory there.
 //!
 //! In-place ops: under DTR and DTE the output is a copy (copy-on-write, as
@@ -63,7 +63,7 @@ pub struct Report {
     /// Tensors evicted.
     pub evictions: usize,
     /// Locked inputs moved beside their op's output
-    /// (`EvictionPolicy::relocates_inputs`); each is charged its op's cost
+    /// (`AddedRules::relocate_inputs`); each is charged its op's cost
     /// in `recompute_cost`.
     pub relocations: usize,
     /// Free bytes / capacity, right after each allocation that had to evict.
@@ -249,7 +249,7 @@ impl<'p> Executor<'p> {
     /// Makes every input resident and locks it.
     fn materialize(&mut self, inputs: &[TensorId]) -> RematResult<()> {
         let ordered;
-        let inputs = if self.policy.orders_inputs() {
+        let inputs = if self.policy.rules().order_inputs {
             ordered = ordered_inputs(&self.tensors, inputs);
             &ordered[..]
         } else {
@@ -311,7 +311,7 @@ impl<'p> Executor<'p> {
                 self.lock(t, 1)?;
             }
         }
-        if self.policy.drops_dead_inputs() {
+        if self.policy.rules().drop_dead_inputs {
             for t in recomputed_dead {
                 self.drop_dead(t)?;
             }
@@ -323,7 +323,7 @@ impl<'p> Executor<'p> {
     /// back: as recorded, or `chain_order`'s when the policy orders inputs.
     fn input_order(&self, t: TensorId) -> RematResult<Vec<TensorId>> {
         let inputs = &self.tensors.get(t)?.inputs;
-        Ok(if self.policy.orders_inputs() {
+        Ok(if self.policy.rules().order_inputs {
             ordered_inputs(&self.tensors, inputs)
         } else {
             inputs.clone()
@@ -346,20 +346,22 @@ impl<'p> Executor<'p> {
 
     /// Computes output `out` of an op whose inputs are resident and locked.
     /// When it does not fit anywhere and the policy relocates inputs
-    /// (`EvictionPolicy::relocates_inputs`), tries once more with the op's
+    /// (`AddedRules::relocate_inputs`), tries once more with the op's
     /// movable inputs and `out` placed as one request
     /// ([`Executor::compute_beside_inputs`]); when that fails too and the
-    /// policy moves held tensors (`EvictionPolicy::moves_held_tensors`),
+    /// policy moves held tensors (`AddedRules::move_held_tensors`),
     /// with every held tensor moved (`executor/held.rs`).
     fn compute_output(&mut self, inputs: &[TensorId], out: TensorId) -> RematResult<()> {
         let result = match self.compute(out) {
-            Err(error @ RematError::OutOfMemory { .. }) if self.policy.relocates_inputs() => {
+            Err(error @ RematError::OutOfMemory { .. }) if self.policy.rules().relocate_inputs => {
                 self.compute_beside_inputs(inputs, out, error)
             }
             result => result,
         };
         match result {
-            Err(error @ RematError::OutOfMemory { .. }) if self.policy.moves_held_tensors() => {
+            Err(error @ RematError::OutOfMemory { .. })
+                if self.policy.rules().move_held_tensors =>
+            {
                 self.compute_with_held_and_pinned_moved(out, error)
             }
             result => result,

@@ -12,7 +12,7 @@
 use gpu_kernels::workload::SplitMix64;
 use remat::compare::{sweep, table};
 use remat::policy::coop::{Ranking, Side, WindowItem, cheapest_anchored_window, cheapest_window};
-use remat::policy::{Coop, Dte, Dtr, EvictionPolicy, Request, SearchContext};
+use remat::policy::{AddedRules, Coop, Dte, Dtr, EvictionPolicy, Request, SearchContext};
 use remat::pool::Pool;
 use remat::tensor::{Residency, TensorTable};
 use remat::{
@@ -236,7 +236,7 @@ fn coop_recomputes_an_in_place_op_over_its_recomputed_input() {
 /// A step where a dropped tensor comes back only as the input of a
 /// recomputation: `x` is dropped after `y` reads it, `y` is evicted for
 /// `z`, and `e` needs `y` back, so `x` is recomputed first. Freed again
-/// after `y` (`drops_dead_inputs`), `x` leaves room for `f`; left resident,
+/// after `y` (`drop_dead_inputs`), `x` leaves room for `f`; left resident,
 /// it has to be evicted for `f`.
 #[test]
 fn recomputed_dropped_inputs_are_freed_again() {
@@ -259,11 +259,17 @@ fn recomputed_dropped_inputs_are_freed_again() {
     };
     let policies = with_and_without(
         Coop {
-            drop_dead_inputs: false,
+            rules: AddedRules {
+                drop_dead_inputs: false,
+                ..AddedRules::COOP
+            },
             ..Coop::default()
         },
         Dtr {
-            drop_dead_inputs: true,
+            rules: AddedRules {
+                drop_dead_inputs: true,
+                ..AddedRules::NONE
+            },
             ..Dtr::default()
         },
     );
@@ -306,7 +312,10 @@ fn dropped_inputs_stay_until_their_chain_is_done() {
     };
     for on in [true, false] {
         let mut coop = Coop {
-            drop_dead_inputs: on,
+            rules: AddedRules {
+                drop_dead_inputs: on,
+                ..AddedRules::COOP
+            },
             ..Coop::default()
         };
         let report = replay(&trace, 200, &mut coop, options);
@@ -1122,7 +1131,7 @@ fn gap_search_picks_the_windows_of_the_whole_pool_search() {
 
 /// An op's two locked inputs sit in the middle of the pool with 100 bytes
 /// free on either side, and its 200-byte output fits nowhere: nothing else
-/// is evictable. With `relocates_inputs` the inputs slide together against
+/// is evictable. With `relocate_inputs` the inputs slide together against
 /// one side, the two free blocks join, and the output goes there (two
 /// moves, each charged its op's cost, nothing evicted); without it the
 /// replay runs out of memory. For Coop (on by default) and for DTR with the
@@ -1148,20 +1157,29 @@ fn locked_inputs_move_beside_an_output_that_fits_nowhere() {
     };
     // Coop's later resort (held tensors moved) would rescue it too: off.
     let without_held = Coop {
-        move_held_tensors: false,
+        rules: AddedRules {
+            move_held_tensors: false,
+            ..AddedRules::COOP
+        },
         ..Coop::default()
     };
     let policies = [
         (
             Box::new(without_held.clone()) as Box<dyn EvictionPolicy>,
             Box::new(Coop {
-                relocate_inputs: false,
+                rules: AddedRules {
+                    relocate_inputs: false,
+                    ..without_held.rules
+                },
                 ..without_held
             }) as Box<dyn EvictionPolicy>,
         ),
         (
             Box::new(Dtr {
-                relocate_inputs: true,
+                rules: AddedRules {
+                    relocate_inputs: true,
+                    ..AddedRules::NONE
+                },
                 ..Dtr::default()
             }),
             Box::new(Dtr::default()),
@@ -1189,7 +1207,7 @@ fn locked_inputs_move_beside_an_output_that_fits_nowhere() {
 /// the middle of a 300-byte pool, between an evictable 100-byte tensor and
 /// 100 free bytes, and the op's 200-byte first output fits nowhere: no
 /// window may hold the locked tensor, and the rule that moves an op's
-/// inputs has none to move. With `moves_held_tensors` the held tensor and
+/// inputs has none to move. With `move_held_tensors` the held tensor and
 /// the output go together into one window (the evictable tensor evicted,
 /// one move charged the op's cost); without it the replay runs out of
 /// memory. For Coop (on by default) and for DTR with the switch.
@@ -1211,11 +1229,17 @@ fn held_tensors_move_together_when_a_tensor_fits_nowhere() {
     };
     let policies = with_and_without(
         Coop {
-            move_held_tensors: false,
+            rules: AddedRules {
+                move_held_tensors: false,
+                ..AddedRules::COOP
+            },
             ..Coop::default()
         },
         Dtr {
-            move_held_tensors: true,
+            rules: AddedRules {
+                move_held_tensors: true,
+                ..AddedRules::NONE
+            },
             ..Dtr::default()
         },
     );
@@ -1239,7 +1263,7 @@ fn held_tensors_move_together_when_a_tensor_fits_nowhere() {
 /// A pinned tensor (as a gradient) splits the free space: 100 free bytes,
 /// a 50-byte pinned tensor, 100 free, a 100-byte pinned tensor, 100 free;
 /// nothing else is resident and a 200-byte tensor fits nowhere. With
-/// `moves_held_tensors` the smaller pinned tensor that alone separates two
+/// `move_held_tensors` the smaller pinned tensor that alone separates two
 /// runs long enough together moves to the free block beyond the other one
 /// (one move, charged its op's cost), and the tensor fits where it was;
 /// without it the replay runs out of memory. Pinned requests are placed
@@ -1264,16 +1288,25 @@ fn a_pinned_tensor_splitting_a_run_moves_out_of_it() {
         check_invariants: true,
     };
     let first_fit = Coop {
-        pinned_in_short_gaps: false,
+        rules: AddedRules {
+            pinned_in_short_gaps: false,
+            ..AddedRules::COOP
+        },
         ..Coop::default()
     };
     let policies = with_and_without(
         Coop {
-            move_held_tensors: false,
+            rules: AddedRules {
+                move_held_tensors: false,
+                ..first_fit.rules
+            },
             ..first_fit.clone()
         },
         Dtr {
-            move_held_tensors: true,
+            rules: AddedRules {
+                move_held_tensors: true,
+                ..AddedRules::NONE
+            },
             ..Dtr::default()
         },
     );
@@ -1445,8 +1478,11 @@ fn chain_rules_let_coop_finish_resnet50_at_dtrs_minimum() {
             &trace,
             budget,
             &mut Coop {
-                order_inputs,
-                keep_dropped_chains: false,
+                rules: AddedRules {
+                    order_inputs,
+                    keep_dropped_chains: false,
+                    ..AddedRules::COOP
+                },
                 ..Coop::default()
             },
             ReplayOptions::default(),

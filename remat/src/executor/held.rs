@@ -1,7 +1,7 @@
 //! The last resort of an allocation that fits nowhere: every tensor that the
 //! running op and its recomputation chain hold (resident, unpinned, locked)
 //! leaves its place, and the policy finds room for their bytes and the new
-//! tensor's as one request (`EvictionPolicy::moves_held_tensors`).
+//! tensor's as one request (`AddedRules::move_held_tensors`).
 //!
 //! Why: a window may not hold a locked tensor, so the tensors a deep
 //! recomputation chain holds for later cut the run they lie in. On Swin-T at

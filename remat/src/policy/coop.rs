@@ -102,7 +102,7 @@
 //! op holds together against the free space on one side, so that the free
 //! space on either side of them joins, and places the output as usual;
 //! failing that, it places them with the output as one request
-//! (`EvictionPolicy::relocates_inputs`). On Swin-T at 0.26, op 1,303's two
+//! (`AddedRules::relocate_inputs`). On Swin-T at 0.26, op 1,303's two
 //! locked 294 MiB inputs sat in the middle of a 1,089 MiB run between
 //! gradients, 13 MiB short of room for the output on either side. It acts
 //! only where a replay would otherwise run out of memory: GPT-2's minimum
@@ -113,7 +113,7 @@
 //! every tensor the op and its recomputation chain hold (resident, unpinned,
 //! locked) is moved and placed with it as one request, and failing that one
 //! pinned tensor that alone splits a long enough run is moved out of it
-//! first (`EvictionPolicy::moves_held_tensors`, `executor/held.rs`). On
+//! first (`AddedRules::move_held_tensors`, `executor/held.rs`). On
 //! Swin-T below 0.266 a chain that brings back a 294 MiB GELU output holds
 //! up to four tensors strewn over the run it needs. Only where a replay
 //! would otherwise run out of memory: Swin-T's minimum 0.288 -> 0.230 with
@@ -156,7 +156,7 @@
 //! Owned by one executor; single-threaded. Keeps the step count of its last
 //! search so that tests can check that the search is linear.
 
-use super::{Eviction, EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext};
+use super::{AddedRules, Eviction, EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext};
 use crate::dropped_chain::on_dropped_chain;
 use crate::pool::Interval;
 use crate::tensor::{TensorId, TensorTable};
@@ -415,38 +415,13 @@ pub struct Coop {
     /// that free block instead of becoming a hole of its own (not in the
     /// paper; on by default in Coop, off in Coop-G; see the module docs).
     pub merge_leftover: bool,
-    /// A tensor the program had dropped, recomputed as an input of a
-    /// recomputation, is freed again once nothing holds it
-    /// (`EvictionPolicy::drops_dead_inputs`; not in the paper; on by
-    /// default in Coop, off in Coop-G; see the module docs).
-    pub drop_dead_inputs: bool,
-    /// When an op's output fits nowhere, its movable locked inputs are moved
-    /// and placed with it as one request (`EvictionPolicy::relocates_inputs`;
-    /// not in the paper; on by default in Coop, off in Coop-G and the
-    /// paper's Coop; see the module docs).
-    pub relocate_inputs: bool,
-    /// An op's and a recomputation's inputs are brought back in
-    /// `chain_order`'s order: resident ones locked first, then the missing
-    /// ones whose recomputation holds the most bytes beyond their own
-    /// (`EvictionPolicy::orders_inputs`; not in the paper; off by default
-    /// since the merge with the held-tensor move, see the module docs;
-    /// `--chain-ablation`).
-    pub order_inputs: bool,
-    /// A tensor on a dropped chain (`dropped_chain`: its recomputation
-    /// would run through tensors the program drops as it goes, a gradient
-    /// in the backward pass) is never evicted (not in the paper; on by
-    /// default in Coop, off in Coop-G and the paper's Coop;
-    /// `--chain-ablation`).
-    pub keep_dropped_chains: bool,
-    /// When a tensor still fits nowhere, every tensor the op and its
-    /// recomputation chain hold is moved and placed with it as one request
-    /// (`EvictionPolicy::moves_held_tensors`; not in the paper; see the
-    /// module docs).
-    pub move_held_tensors: bool,
-    /// An unevictable request that fits a free block goes to the shortest
-    /// run between pinned tensors that has one (`super::short_gap`; not in
-    /// the paper; see the module docs).
-    pub pinned_in_short_gaps: bool,
+    /// The rules added to the paper's policies that act outside the window
+    /// search, or beside it (`super::rules`: dropped inputs freed again,
+    /// locked inputs moved beside the output, held tensors moved together,
+    /// pinned requests in the shortest run, inputs brought back in order,
+    /// dropped chains kept; see the module docs). `AddedRules::COOP` in
+    /// Coop, none in Coop-G and the paper's Coop.
+    pub rules: AddedRules,
     /// With `rank_per_byte`: the free bytes inside a window count twice,
     /// as bytes freed and as a hole absorbed (`Ranking::PerByteAndHole`; not
     /// in the paper; off by default, see the module docs).
@@ -468,12 +443,7 @@ impl Default for Coop {
             price_recompute_memory: true,
             rank_per_byte: true,
             merge_leftover: true,
-            drop_dead_inputs: true,
-            relocate_inputs: true,
-            order_inputs: false,
-            keep_dropped_chains: true,
-            move_held_tensors: true,
-            pinned_in_short_gaps: true,
+            rules: AddedRules::COOP,
             credit_holes: false,
             last_steps: 0,
             last_items: 0,
@@ -491,12 +461,7 @@ impl Coop {
         Coop {
             pinned_at_ends: true,
             merge_leftover: false,
-            drop_dead_inputs: false,
-            relocate_inputs: false,
-            order_inputs: false,
-            keep_dropped_chains: false,
-            move_held_tensors: false,
-            pinned_in_short_gaps: false,
+            rules: AddedRules::NONE,
             ..Coop::default()
         }
     }
@@ -509,12 +474,7 @@ impl Coop {
             price_recompute_memory: false,
             rank_per_byte: false,
             merge_leftover: false,
-            drop_dead_inputs: false,
-            relocate_inputs: false,
-            order_inputs: false,
-            keep_dropped_chains: false,
-            move_held_tensors: false,
-            pinned_in_short_gaps: false,
+            rules: AddedRules::NONE,
             ..Coop::default()
         }
     }
@@ -677,7 +637,7 @@ impl Coop {
                 break;
             };
             let mut kept = false;
-            if self.keep_dropped_chains {
+            if self.rules.keep_dropped_chains {
                 for k in window.first..=window.last {
                     if let Some(t) = scan.tensors[k]
                         && on_dropped_chain(table, t)
@@ -783,7 +743,7 @@ impl EvictionPolicy for Coop {
             // costs nothing).
             return found;
         }
-        if request.pinned && self.pinned_in_short_gaps {
+        if request.pinned && self.rules.pinned_in_short_gaps {
             return super::short_gap::place_in_shortest_gap(ctx.pool, request.size);
         }
         if self.partition && request.cheap {
@@ -801,19 +761,7 @@ impl EvictionPolicy for Coop {
         true
     }
 
-    fn drops_dead_inputs(&self) -> bool {
-        self.drop_dead_inputs
-    }
-
-    fn relocates_inputs(&self) -> bool {
-        self.relocate_inputs
-    }
-
-    fn moves_held_tensors(&self) -> bool {
-        self.move_held_tensors
-    }
-
-    fn orders_inputs(&self) -> bool {
-        self.order_inputs
+    fn rules(&self) -> AddedRules {
+        self.rules
     }
 }

@@ -10,11 +10,13 @@
 pub mod coop;
 pub mod dte;
 pub mod dtr;
+pub mod rules;
 pub mod short_gap;
 
 pub use coop::Coop;
 pub use dte::Dte;
 pub use dtr::Dtr;
+pub use rules::AddedRules;
 
 use super::dropped_chain::on_dropped_chain;
 use super::pool::Pool;
@@ -77,37 +79,10 @@ pub trait EvictionPolicy {
         false
     }
 
-    /// Whether a tensor that the program had dropped, recomputed as an
-    /// input of a recomputation, is freed again as soon as the
-    /// recomputations that hold it are done (the program's drop applied
-    /// again), instead of staying resident until it is evicted.
-    fn drops_dead_inputs(&self) -> bool {
-        false
-    }
-
-    /// Whether, when an op's output fits nowhere, the executor tries once
-    /// more with the op's movable inputs (resident, unpinned, held by that
-    /// op alone) moved and placed with the output as one request
-    /// (`Executor::compute_beside_inputs`), instead of running out of memory.
-    fn relocates_inputs(&self) -> bool {
-        false
-    }
-
-    /// Whether, when a tensor still fits nowhere (after any moves of
-    /// [`EvictionPolicy::relocates_inputs`]), the executor tries once more
-    /// with every tensor that the op and its recomputation chain hold
-    /// (resident, unpinned, locked) moved and placed with it as one request
-    /// (`executor/held.rs`), instead of running out of memory.
-    fn moves_held_tensors(&self) -> bool {
-        false
-    }
-
-    /// Whether an op, or a recomputation, brings back its inputs in
-    /// `chain_order`'s order (resident ones locked first, then the missing
-    /// ones whose recomputation holds the most bytes beyond their own
-    /// first) instead of in the order recorded.
-    fn orders_inputs(&self) -> bool {
-        false
+    /// Which of the rules not in the published policies this policy follows
+    /// (`rules`); the executor reads the ones that act outside a search.
+    fn rules(&self) -> AddedRules {
+        AddedRules::NONE
     }
 
     /// Whether the executor should keep projected costs and recompute peaks

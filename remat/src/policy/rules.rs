@@ -1,0 +1,65 @@
+//! The rules this project adds to the published policies (none is in the
+//! Coop, DTR or DTE papers), in one place: Coop has them on by default (but
+//! `order_inputs`), Coop-G and the paper's Coop off, DTR and DTE off and on
+//! only for the ablations (`compare`), so that each rule's effect can be
+//! measured on every policy alike. Plain data, copied into each policy;
+//! the executor reads it through `EvictionPolicy::rules`.
+
+/// Which of the added rules a policy follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AddedRules {
+    /// A tensor the program had dropped, recomputed as an input of a
+    /// recomputation, is freed again as soon as the recomputations that
+    /// hold it are done (the program's drop applied again), instead of
+    /// staying resident until it is evicted.
+    pub drop_dead_inputs: bool,
+    /// When an op's output fits nowhere, the executor tries once more with
+    /// the op's movable inputs (resident, unpinned, held by that op alone)
+    /// moved and placed with the output as one request
+    /// (`Executor::compute_beside_inputs`), instead of running out of memory.
+    pub relocate_inputs: bool,
+    /// When a tensor still fits nowhere (after any moves of
+    /// `relocate_inputs`), the executor tries once more with every tensor
+    /// that the op and its recomputation chain hold (resident, unpinned,
+    /// locked), and if need be one pinned tensor that splits a run, moved
+    /// and placed with it as one request (`executor/held.rs`), instead of
+    /// running out of memory.
+    pub move_held_tensors: bool,
+    /// An unevictable request that fits a free block goes to the shortest
+    /// run between pinned tensors that has one (`super::short_gap`) instead
+    /// of first-fit or Coop's partitioning.
+    pub pinned_in_short_gaps: bool,
+    /// An op, or a recomputation, brings back its inputs in `chain_order`'s
+    /// order (resident ones locked first, then the missing ones whose
+    /// recomputation holds the most bytes beyond their own first) instead
+    /// of in the order recorded.
+    pub order_inputs: bool,
+    /// A tensor on a dropped chain (`dropped_chain`: its recomputation would
+    /// run through tensors the program drops as it goes, a gradient in the
+    /// backward pass) is never evicted.
+    pub keep_dropped_chains: bool,
+}
+
+impl AddedRules {
+    /// No added rule: the published policies.
+    pub const NONE: AddedRules = AddedRules {
+        drop_dead_inputs: false,
+        relocate_inputs: false,
+        move_held_tensors: false,
+        pinned_in_short_gaps: false,
+        order_inputs: false,
+        keep_dropped_chains: false,
+    };
+
+    /// Coop's defaults: every rule but `order_inputs`, which is off since
+    /// the merge with the held-tensor move (with both chain rules on,
+    /// Swin-T's minimum budget rose from 0.257 to 0.266; `--chain-ablation`).
+    pub const COOP: AddedRules = AddedRules {
+        drop_dead_inputs: true,
+        relocate_inputs: true,
+        move_held_tensors: true,
+        pinned_in_short_gaps: true,
+        order_inputs: false,
+        keep_dropped_chains: true,
+    };
+}
