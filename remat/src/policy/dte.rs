@@ -5,10 +5,7 @@
 //! swapping), with the compute-time coefficient 1, as in the paper's own DTE.
 //! Stateless; single-threaded.
 
-use super::{
-    AddedRules, Eviction, EvictionPolicy, Request, SearchContext, lowest_score_kept,
-    recompute_amplification,
-};
+use super::{AddedRules, Eviction, EvictionPolicy, Request, SearchContext, evict_lowest_heuristic};
 
 /// The DTE policy.
 #[derive(Debug, Default, Clone, Copy)]
@@ -27,20 +24,8 @@ impl EvictionPolicy for Dte {
     }
 
     fn next_eviction(&mut self, ctx: &SearchContext<'_>, _request: &Request) -> Option<Eviction> {
-        let victim = lowest_score_kept(ctx, self.rules.keep_dropped_chains, |t| {
-            let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1));
-            let span = (size + ctx.pool.adjacent_free(t)) as f64;
-            let h = ctx.tensors.projected_cost(t) / (span * ctx.tensors.staleness(t, ctx.now));
-            if self.price_recompute_memory {
-                h * recompute_amplification(ctx, t, size)
-            } else {
-                h
-            }
-        })?;
-        Some(Eviction {
-            victims: vec![victim],
-            window: None,
-            addr: None,
+        evict_lowest_heuristic(ctx, self.rules, self.price_recompute_memory, |t, size| {
+            size + ctx.pool.adjacent_free(t)
         })
     }
 

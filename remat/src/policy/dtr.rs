@@ -4,10 +4,7 @@
 //! size and s the staleness; repeat until the new tensor fits. New tensors go
 //! first-fit, as in a conventional allocator. Stateless; single-threaded.
 
-use super::{
-    AddedRules, Eviction, EvictionPolicy, Request, SearchContext, lowest_score_kept,
-    recompute_amplification,
-};
+use super::{AddedRules, Eviction, EvictionPolicy, Request, SearchContext, evict_lowest_heuristic};
 
 /// The DTR policy.
 #[derive(Debug, Default, Clone, Copy)]
@@ -31,21 +28,7 @@ impl EvictionPolicy for Dtr {
     }
 
     fn next_eviction(&mut self, ctx: &SearchContext<'_>, _request: &Request) -> Option<Eviction> {
-        let victim = lowest_score_kept(ctx, self.rules.keep_dropped_chains, |t| {
-            let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1));
-            let h =
-                ctx.tensors.projected_cost(t) / (size as f64 * ctx.tensors.staleness(t, ctx.now));
-            if self.price_recompute_memory {
-                h * recompute_amplification(ctx, t, size)
-            } else {
-                h
-            }
-        })?;
-        Some(Eviction {
-            victims: vec![victim],
-            window: None,
-            addr: None,
-        })
+        evict_lowest_heuristic(ctx, self.rules, self.price_recompute_memory, |_, size| size)
     }
 
     fn caches_prices(&self) -> bool {

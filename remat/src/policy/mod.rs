@@ -115,19 +115,40 @@ pub fn amplification(peak: u64, size: u64) -> f64 {
     peak.max(size) as f64 / size.max(1) as f64
 }
 
-/// The resident, evictable tensor with the lowest score, if any; with
+/// DTR's and DTE's eviction: the one resident, evictable tensor with the
+/// lowest h = c / (memory × s) (c the projected cost, s the staleness,
+/// memory what `memory` says of the tensor and its size: its size for DTR,
+/// with the free blocks beside it for DTE), times its recompute
+/// amplification with `price_recompute_memory`; with the rule
 /// `keep_dropped_chains`, none on a dropped chain (`dropped_chain`).
-pub(crate) fn lowest_score_kept(
+pub(crate) fn evict_lowest_heuristic(
     ctx: &SearchContext<'_>,
-    keep_dropped_chains: bool,
-    score: impl Fn(TensorId) -> f64,
-) -> Option<TensorId> {
-    ctx.pool
+    rules: AddedRules,
+    price_recompute_memory: bool,
+    memory: impl Fn(TensorId, u64) -> u64,
+) -> Option<Eviction> {
+    let victim = ctx
+        .pool
         .intervals()
         .filter_map(|i| i.tensor)
         .filter(|&t| ctx.tensors.is_evictable(t))
-        .filter(|&t| !(keep_dropped_chains && on_dropped_chain(ctx.tensors, t)))
-        .map(|t| (score(t), t))
+        .filter(|&t| !(rules.keep_dropped_chains && on_dropped_chain(ctx.tensors, t)))
+        .map(|t| {
+            let size = ctx.pool.interval_of(t).map_or(1, |i| i.size.max(1));
+            let h = ctx.tensors.projected_cost(t)
+                / (memory(t, size) as f64 * ctx.tensors.staleness(t, ctx.now));
+            let h = if price_recompute_memory {
+                h * recompute_amplification(ctx, t, size)
+            } else {
+                h
+            };
+            (h, t)
+        })
         .min_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, t)| t)
+        .map(|(_, t)| t)?;
+    Some(Eviction {
+        victims: vec![victim],
+        window: None,
+        addr: None,
+    })
 }
