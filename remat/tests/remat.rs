@@ -1152,9 +1152,6 @@ fn locked_inputs_move_beside_an_output_that_fits_nowhere() {
     let w = b.op(&[x, y], &[out(200)], 1.0).expect("valid")[0];
     b.keep(w);
     let trace = b.finish();
-    let options = ReplayOptions {
-        check_invariants: true,
-    };
     // Coop's later resort (held tensors moved) would rescue it too: off.
     let without_held = Coop {
         rules: AddedRules {
@@ -1185,21 +1182,7 @@ fn locked_inputs_move_beside_an_output_that_fits_nowhere() {
             Box::new(Dtr::default()),
         ),
     ];
-    for (mut on, mut off) in policies {
-        let moved = replay(&trace, 400, on.as_mut(), options);
-        let stuck = replay(&trace, 400, off.as_mut(), options);
-        assert!(moved.finished(), "{moved:?}");
-        assert_eq!(
-            (moved.relocations, moved.evictions, moved.recompute_cost),
-            (2, 0, 2.0),
-            "{moved:?}"
-        );
-        assert!(
-            matches!(stuck.error, Some(RematError::OutOfMemory { .. })),
-            "{stuck:?}"
-        );
-        assert_eq!(stuck.ops_done, 4, "{stuck:?}");
-    }
+    assert_rescued(&trace, 400, policies, (2, 0, 2.0), 4);
 }
 
 /// A tensor that an op holds but does not read (the second output of a
@@ -1224,9 +1207,6 @@ fn held_tensors_move_together_when_a_tensor_fits_nowhere() {
     b.keep(both[0]);
     b.keep(both[1]);
     let trace = b.finish();
-    let options = ReplayOptions {
-        check_invariants: true,
-    };
     let policies = with_and_without(
         Coop {
             rules: AddedRules {
@@ -1243,21 +1223,7 @@ fn held_tensors_move_together_when_a_tensor_fits_nowhere() {
             ..Dtr::default()
         },
     );
-    for (mut on, mut off) in policies {
-        let moved = replay(&trace, 300, on.as_mut(), options);
-        let stuck = replay(&trace, 300, off.as_mut(), options);
-        assert!(moved.finished(), "{moved:?}");
-        assert_eq!(
-            (moved.relocations, moved.evictions, moved.recompute_cost),
-            (1, 1, 1.0),
-            "{moved:?}"
-        );
-        assert!(
-            matches!(stuck.error, Some(RematError::OutOfMemory { .. })),
-            "{stuck:?}"
-        );
-        assert_eq!(stuck.ops_done, 1, "{stuck:?}");
-    }
+    assert_rescued(&trace, 300, policies, (1, 1, 1.0), 1);
 }
 
 /// A pinned tensor (as a gradient) splits the free space: 100 free bytes,
@@ -1284,9 +1250,6 @@ fn a_pinned_tensor_splitting_a_run_moves_out_of_it() {
         b.keep(t);
     }
     let trace = b.finish();
-    let options = ReplayOptions {
-        check_invariants: true,
-    };
     let first_fit = Coop {
         rules: AddedRules {
             pinned_in_short_gaps: false,
@@ -1315,21 +1278,7 @@ fn a_pinned_tensor_splitting_a_run_moves_out_of_it() {
         (Box::new(first_fit) as Box<dyn EvictionPolicy>, coop_off),
         dtr,
     ];
-    for (mut on, mut off) in policies {
-        let moved = replay(&trace, 450, on.as_mut(), options);
-        let stuck = replay(&trace, 450, off.as_mut(), options);
-        assert!(moved.finished(), "{moved:?}");
-        assert_eq!(
-            (moved.relocations, moved.evictions, moved.recompute_cost),
-            (1, 0, 1.0),
-            "{moved:?}"
-        );
-        assert!(
-            matches!(stuck.error, Some(RematError::OutOfMemory { .. })),
-            "{stuck:?}"
-        );
-        assert_eq!(stuck.ops_done, 5, "{stuck:?}");
-    }
+    assert_rescued(&trace, 450, policies, (1, 0, 1.0), 5);
 }
 
 /// A pinned request (as a gradient) in a pool whose free space is a
@@ -1392,6 +1341,37 @@ fn crediting_holes_prefers_the_window_that_absorbs_one() {
         ..Coop::default()
     };
     assert_eq!(coop.ranking(), Ranking::PerByteAndHole);
+}
+
+/// For each (on, off) pair, replayed over `trace` within `budget` bytes with
+/// the invariants checked: with the rule the replay finishes with
+/// `(relocations, evictions, recompute cost)` as given; without it, it runs
+/// out of memory after `ops_done` ops.
+fn assert_rescued(
+    trace: &Trace,
+    budget: u64,
+    policies: [(Box<dyn EvictionPolicy>, Box<dyn EvictionPolicy>); 2],
+    moved_counts: (usize, usize, f64),
+    ops_done: usize,
+) {
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    for (mut on, mut off) in policies {
+        let moved = replay(trace, budget, on.as_mut(), options);
+        let stuck = replay(trace, budget, off.as_mut(), options);
+        assert!(moved.finished(), "{moved:?}");
+        assert_eq!(
+            (moved.relocations, moved.evictions, moved.recompute_cost),
+            moved_counts,
+            "{moved:?}"
+        );
+        assert!(
+            matches!(stuck.error, Some(RematError::OutOfMemory { .. })),
+            "{stuck:?}"
+        );
+        assert_eq!(stuck.ops_done, ops_done, "{stuck:?}");
+    }
 }
 
 /// A rule on and off in each of Coop (on by default: `coop_off` turns it
