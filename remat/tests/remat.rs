@@ -13,7 +13,7 @@ use gpu_kernels::workload::SplitMix64;
 use remat::compare::{sweep, table};
 use remat::policy::coop::{
     Ranking, Side, WindowItem, absorbs_hole, cheapest_anchored_window, cheapest_window,
-    cheapest_window_with_hole,
+    cheapest_window_and_hole,
 };
 use remat::policy::{AddedRules, Coop, Dte, Dtr, EvictionPolicy, Request, SearchContext};
 use remat::pool::Pool;
@@ -1475,10 +1475,9 @@ fn absorbing_holes_takes_the_window_around_a_hole() {
         item(170, 50, Some(0.0)),
         item(220, 10, None),
     ];
-    let (pick, _) = cheapest_window(&items, 100, Ranking::PerByte);
-    let mut scratch = Vec::new();
-    let (hole, _) = cheapest_window_with_hole(&items, 100, Ranking::PerByte, &mut scratch);
+    let (pick, hole, _) = cheapest_window_and_hole(&items, 100, Ranking::PerByte);
     let (pick, hole) = (pick.expect("fits"), hole.expect("fits"));
+    assert_eq!(cheapest_window(&items, 100, Ranking::PerByte).0, Some(pick));
     assert_eq!((pick.first, pick.last, hole.first, hole.last), (0, 1, 3, 4));
     assert!(!absorbs_hole(&items, &hole, &pick));
 }

@@ -152,12 +152,13 @@
 //!
 //! Holes absorbed (`absorb_holes`, not in the paper, on by default in
 //! Coop, branch `remat-frag`): when some free block holds at least half
-//! the request, the cheapest window that holds one (a second sweep, run
-//! only then) challenges the per-byte pick and is taken when it evicts
-//! fewer bytes than the pick (free space after an evicting allocation is
-//! the free space before, plus the bytes evicted, less the request: fewer
-//! bytes evicted, less left free) and costs no more per byte with its
-//! free bytes counted twice (`absorbs_hole`). Half the request: the
+//! the request, the cheapest window that holds one (found in the same
+//! sweep as the pick, which tracks it only then) challenges the per-byte
+//! pick and is taken when it evicts fewer bytes than the pick (free space
+//! after an evicting allocation is the free space before, plus the bytes
+//! evicted, less the request: fewer bytes evicted, less left free) and
+//! costs no more per byte with its free bytes counted twice
+//! (`absorbs_hole`). Half the request: the
 //! window then evicts no more bytes than it takes back from the hole.
 //! Unlike `credit_holes`, no other window's rank changes. On GPT-2 at 0.9
 //! the 785 MiB logits went to an 816 MiB window elsewhere while a 436 MiB
@@ -271,20 +272,62 @@ pub enum Ranking {
     PerByteAndHole,
 }
 
+/// The best window offered so far under one ranking.
+struct Best {
+    window: Option<Window>,
+    /// The best window's ranked bytes as f64, for the per-byte comparison:
+    /// converted once when it becomes the best, not at every candidate.
+    bytes: f64,
+}
+
+impl Best {
+    const NONE: Best = Best {
+        window: None,
+        bytes: 0.0,
+    };
+
+    /// Keeps `window` if it ranks before the best so far (the same products
+    /// as `Window::better_than`).
+    #[inline(always)]
+    fn offer(&mut self, window: Window, ranking: Ranking) {
+        let better = match (&self.window, ranking) {
+            (None, _) => true,
+            (Some(b), Ranking::Sum) => window.before(b, window.score, b.score),
+            (Some(b), Ranking::PerByte) => window.before(
+                b,
+                window.score * self.bytes,
+                b.score * bytes_f64(window.bytes),
+            ),
+            (Some(b), Ranking::PerByteAndHole) => window.before(
+                b,
+                window.score * self.bytes,
+                b.score * bytes_f64(window.bytes + window.holes),
+            ),
+        };
+        if better {
+            self.window = Some(window);
+            self.bytes = match ranking {
+                Ranking::PerByteAndHole => bytes_f64(window.bytes + window.holes),
+                _ => bytes_f64(window.bytes),
+            };
+        }
+    }
+}
+
 /// The two-pointer sweep over items in the order `at(0), at(1), ...`: for
-/// each position `right` that `accept`s (given the window's first
-/// position and `right`), the shortest window ending there
+/// each position `right` that `accept`s, the shortest window ending there
 /// with at least `request` bytes and no blocked item (with scores not
 /// negative it is also the cheapest ending there); the cheapest of those
-/// under `ranking`, as sweep positions, and the number of pointer moves (at
-/// most 2N).
-fn sweep<'a>(
+/// under `ranking`, as sweep positions, with (when `HOLE`) the cheapest of
+/// those that hold an item of score 0 of at least half the request
+/// ([`big_hole`]), and the number of pointer moves (at most 2N).
+fn sweep<'a, const HOLE: bool>(
     count: usize,
     at: impl Fn(usize) -> &'a WindowItem,
     request: u64,
     ranking: Ranking,
-    accept: impl Fn(usize, usize) -> bool,
-) -> (Option<Window>, usize) {
+    accept: impl Fn(usize) -> bool,
+) -> (Option<Window>, Option<Window>, usize) {
     let (mut left, mut bytes, mut score, mut steps) = (0usize, 0u64, 0.0f64, 0usize);
     // Free bytes (items of score 0) in the current window, counted only for
     // the ranking that reads them (the branch goes the same way at every
@@ -298,10 +341,10 @@ fn sweep<'a>(
             0
         }
     };
-    let mut best: Option<Window> = None;
-    // The best window's bytes as f64, for the per-byte comparison: converted
-    // once when it becomes the best, not at every candidate.
-    let mut best_bytes = 0.0f64;
+    // With `HOLE`: the position of the last item of score 0 of at least
+    // half the request (a window holds one when it starts at or before it).
+    let mut last_big = usize::MAX;
+    let (mut best, mut best_hole) = (Best::NONE, Best::NONE);
     for right in 0..count {
         steps += 1;
         let item = at(right);
@@ -309,6 +352,9 @@ fn sweep<'a>(
             (left, bytes, score, holes) = (right + 1, 0, 0.0, 0);
             continue;
         };
+        if HOLE && s == 0.0 && big_hole(item.size, request) {
+            last_big = right;
+        }
         bytes += item.size;
         score += s;
         holes += hole(item);
@@ -319,7 +365,7 @@ fn sweep<'a>(
             left += 1;
             steps += 1;
         }
-        if bytes < request || !accept(left, right) {
+        if bytes < request || !accept(right) {
             continue;
         }
         let window = Window {
@@ -329,28 +375,12 @@ fn sweep<'a>(
             bytes,
             holes,
         };
-        let better = match (&best, ranking) {
-            (None, _) => true,
-            (Some(b), Ranking::Sum) => window.before(b, window.score, b.score),
-            // The same products as `Window::better_than`.
-            (Some(b), Ranking::PerByte) => {
-                window.before(b, window.score * best_bytes, b.score * bytes_f64(bytes))
-            }
-            (Some(b), Ranking::PerByteAndHole) => window.before(
-                b,
-                window.score * best_bytes,
-                b.score * bytes_f64(bytes + holes),
-            ),
-        };
-        if better {
-            best = Some(window);
-            best_bytes = match ranking {
-                Ranking::PerByteAndHole => bytes_f64(bytes + holes),
-                _ => bytes_f64(bytes),
-            };
+        best.offer(window, ranking);
+        if HOLE && last_big != usize::MAX && last_big >= left {
+            best_hole.offer(window, ranking);
         }
     }
-    (best, steps)
+    (best.window, best_hole.window, steps)
 }
 
 /// The cheapest run of consecutive items with at least `request` bytes and no
@@ -361,30 +391,19 @@ pub fn cheapest_window(
     request: u64,
     ranking: Ranking,
 ) -> (Option<Window>, usize) {
-    sweep(items.len(), |k| &items[k], request, ranking, |_, _| true)
+    let (best, _, steps) = sweep::<false>(items.len(), |k| &items[k], request, ranking, |_| true);
+    (best, steps)
 }
 
-/// The cheapest window (as [`cheapest_window`]) that holds an item of
-/// score 0 of at least half the request ([`big_hole`]), and the pointer
-/// moves (the sweep's and one pass that marks the holes); `last` is
-/// scratch: the index of the last such item at or before each position.
-pub fn cheapest_window_with_hole(
+/// The cheapest window (as [`cheapest_window`]), the cheapest that holds
+/// an item of score 0 of at least half the request ([`big_hole`]), and the
+/// pointer moves of the one sweep that finds both (at most 2N).
+pub fn cheapest_window_and_hole(
     items: &[WindowItem],
     request: u64,
     ranking: Ranking,
-    last: &mut Vec<usize>,
-) -> (Option<Window>, usize) {
-    last.clear();
-    let mut seen = usize::MAX;
-    for (k, item) in items.iter().enumerate() {
-        if item.score == Some(0.0) && big_hole(item.size, request) {
-            seen = k;
-        }
-        last.push(seen);
-    }
-    let holds_hole = |left: usize, right: usize| last[right] != usize::MAX && last[right] >= left;
-    let (found, steps) = sweep(items.len(), |k| &items[k], request, ranking, holds_hole);
-    (found, steps + items.len())
+) -> (Option<Window>, Option<Window>, usize) {
+    sweep::<true>(items.len(), |k| &items[k], request, ranking, |_| true)
 }
 
 /// Whether a free block of `size` bytes is a hole worth absorbing for a
@@ -393,14 +412,6 @@ pub fn cheapest_window_with_hole(
 #[inline]
 pub fn big_hole(size: u64, request: u64) -> bool {
     size.saturating_mul(2) >= request
-}
-
-/// Whether `window` holds an item of score 0 of at least half of
-/// `request` bytes.
-fn holds_big_hole(items: &[WindowItem], window: &Window, request: u64) -> bool {
-    items[window.first..=window.last]
-        .iter()
-        .any(|i| i.score == Some(0.0) && big_hole(i.size, request))
 }
 
 /// Bytes of the items of score 0 (free space) in `window`.
@@ -442,16 +453,16 @@ pub fn cheapest_anchored_window(
     ranking: Ranking,
 ) -> (Option<(Window, Side)>, usize) {
     let n = items.len();
-    let anchors = |_: usize, k: usize| k + 1 >= n || items[k + 1].pinned;
-    let (right, right_steps) = sweep(n, |k| &items[k], request, ranking, anchors);
+    let anchors = |k: usize| k + 1 >= n || items[k + 1].pinned;
+    let (right, _, right_steps) = sweep::<false>(n, |k| &items[k], request, ranking, anchors);
     // Backwards: position k is item n-1-k, and the item after position k in
     // the sweep is the one before it in the pool.
-    let (left, left_steps) = sweep(
+    let (left, _, left_steps) = sweep::<false>(
         n,
         |k| &items[n - 1 - k],
         request,
         ranking,
-        |_, k| k + 1 >= n || items[n - 2 - k].pinned,
+        |k| k + 1 >= n || items[n - 2 - k].pinned,
     );
     let left = left.map(|w| Window {
         first: n - 1 - w.last,
@@ -477,8 +488,6 @@ pub struct Scan {
     /// Bytes of the largest item of score 0 (free space, or a tensor that
     /// costs nothing to evict): whether a hole challenger is looked for.
     largest_zero: u64,
-    /// `cheapest_window_with_hole`'s scratch.
-    last_hole: Vec<usize>,
 }
 
 impl Scan {
@@ -836,24 +845,20 @@ impl Coop {
             }
             if candidate.is_none() {
                 let ranking = self.ranking();
-                let (mut window, window_steps) = cheapest_window(items, request.size, ranking);
+                // The hole challenger is found in the same sweep, when some
+                // item is large enough to be one.
+                let (mut window, hole, window_steps) =
+                    if self.absorb_holes && big_hole(scan.largest_zero, request.size) {
+                        cheapest_window_and_hole(items, request.size, ranking)
+                    } else {
+                        let (window, steps) = cheapest_window(items, request.size, ranking);
+                        (window, None, steps)
+                    };
                 steps += window_steps;
-                // When the pick holds such a hole, it is also the cheapest
-                // window that does (same ranking, same order): no second
-                // sweep.
-                if let Some(pick) = window
-                    && self.absorb_holes
-                    && big_hole(scan.largest_zero, request.size)
-                    && !holds_big_hole(items, &pick, request.size)
+                if let (Some(pick), Some(hole)) = (window, hole)
+                    && absorbs_hole(items, &hole, &pick)
                 {
-                    let (hole, hole_steps) = cheapest_window_with_hole(
-                        items,
-                        request.size,
-                        ranking,
-                        &mut scan.last_hole,
-                    );
-                    steps += hole_steps;
-                    window = hole.filter(|h| absorbs_hole(items, h, &pick)).or(window);
+                    window = Some(hole);
                 }
                 candidate = window.map(|w| (w, None));
             }
