@@ -38,6 +38,11 @@
 //!   --hole-ablation  Coop with the free bytes inside a window counted
 //!                  twice in its per-byte ranking, and without (minimum
 //!                  ratio, overhead at 0.9, 0.7, 0.5)
+//!   --frag-ablation  Coop with its two fragmentation rules (amplification
+//!                  over the run an eviction frees; holes of at least half
+//!                  the request absorbed) off, alone and together: minimum
+//!                  ratio, largest mean fragmentation, overhead at 0.9,
+//!                  0.7, 0.5
 //!   --chain-ablation  each policy with an op's and a recomputation's
 //!                  inputs brought back resident first, then deepest chain
 //!                  first, and tensors on a dropped chain (a backward
@@ -60,9 +65,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use remat::compare::{
-    chain_ablation, dead_ablation, gap_ablation, held_ablation, hole_ablation, latency_ablation,
-    memory_ablation, merge_ablation, metadata_ablation, min_ratios, ranking_ablation,
-    relocate_ablation, sweep, table,
+    chain_ablation, dead_ablation, frag_ablation, gap_ablation, held_ablation, hole_ablation,
+    latency_ablation, memory_ablation, merge_ablation, metadata_ablation, min_ratios,
+    ranking_ablation, relocate_ablation, sweep, table,
 };
 use remat::sweep::{Command, run_command};
 use remat::synth;
@@ -85,7 +90,7 @@ fn run() -> Result<(), String> {
     let (mut do_ablation, mut do_latency, mut do_ranking) = (false, false, false);
     let (mut do_merge, mut do_dead, mut do_metadata) = (false, false, false);
     let (mut do_relocate, mut do_held, mut do_gap) = (false, false, false);
-    let (mut do_hole, mut do_chain) = (false, false);
+    let (mut do_hole, mut do_chain, mut do_frag) = (false, false, false);
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -104,6 +109,7 @@ fn run() -> Result<(), String> {
             "--held-ablation" => do_held = true,
             "--gap-ablation" => do_gap = true,
             "--hole-ablation" => do_hole = true,
+            "--frag-ablation" => do_frag = true,
             "--chain-ablation" => do_chain = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
@@ -130,6 +136,7 @@ fn run() -> Result<(), String> {
         do_gap,
         do_hole,
         do_chain,
+        do_frag,
     ];
     if ablations.iter().any(|&on| on) {
         for path in &traces {
@@ -160,6 +167,9 @@ fn run() -> Result<(), String> {
             }
             if do_chain {
                 println!("{}\n{}", path.display(), chain_ablation(&recorded.trace));
+            }
+            if do_frag {
+                println!("{}\n{}", path.display(), frag_ablation(&recorded.trace));
             }
             if do_metadata {
                 println!("{}\n{}", path.display(), metadata_ablation(&recorded));

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use super::executor::{ReplayOptions, Report, budget_for, min_budget_ratio, replay};
 use super::policy::{AddedRules, Coop, Dte, Dtr, EvictionPolicy};
 use super::recorded::Recorded;
+use super::sweep::{TOP_RATIO, ratios_down_to};
 use super::trace::Trace;
 
 /// A named way to make a fresh policy.
@@ -223,6 +224,70 @@ pub fn hole_ablation(trace: &Trace) -> String {
         })
     })];
     switch_ablation(trace, "holes credited in the per-byte ranking", &makers)
+}
+
+/// Coop with each of its two fragmentation rules (`Coop::amplify_over_run`:
+/// a tensor's recompute amplification over the run its eviction frees;
+/// `Coop::absorb_holes`: a window holding a hole of at least half the
+/// request taken when it evicts fewer bytes and costs no more per byte with
+/// its free bytes counted twice) off and on, alone and together: per
+/// setting, the bisected minimum ratio, the largest mean fragmentation over
+/// the sweep's ratios (0.9 down to that minimum, step 0.05) with its ratio,
+/// the number of those ratios above 5%, and the overhead at a few ratios.
+/// Both on is Coop's default.
+pub fn frag_ablation(trace: &Trace) -> String {
+    type Setting = (&'static str, bool, bool);
+    const SETTINGS: [Setting; 4] = [
+        ("neither", false, false),
+        ("run pricing", true, false),
+        ("holes absorbed", false, true),
+        ("both (default)", true, true),
+    ];
+    let mut out = String::from(
+        "fragmentation rules: Coop with, min ratio, largest mean fragmentation (ratio), ratios above 5%, overhead at",
+    );
+    for r in ABLATION_RATIOS {
+        let _ = write!(out, " {r}");
+    }
+    out.push('\n');
+    for (name, over_run, absorb) in SETTINGS {
+        let make = move || -> Box<dyn EvictionPolicy> {
+            Box::new(Coop {
+                amplify_over_run: over_run,
+                absorb_holes: absorb,
+                ..Coop::default()
+            })
+        };
+        let min = min_budget_ratio(trace, &make, (0.05, 1.2), 0.005);
+        let run = |ratio: f64| {
+            replay(
+                trace,
+                budget_for(trace, ratio),
+                make().as_mut(),
+                ReplayOptions::default(),
+            )
+        };
+        let (mut worst, mut worst_at, mut above) = (0.0f64, 0.0f64, 0usize);
+        for ratio in ratios_down_to(min.unwrap_or(TOP_RATIO), 0.05) {
+            let r = run(ratio);
+            let frag = r.fragmentation_mean();
+            if r.finished() && frag > worst {
+                (worst, worst_at) = (frag, ratio);
+            }
+            above += usize::from(r.finished() && frag >= 0.05);
+        }
+        let min = min.map_or("-".to_string(), |m| format!("{m:.3}"));
+        let _ = write!(
+            out,
+            "  {name:>15} {min:>6} {:>5.1}% ({worst_at:.3}) {above:>2}",
+            worst * 100.0
+        );
+        for ratio in ABLATION_RATIOS {
+            let _ = write!(out, " {:>7}", overhead_cell(&run(ratio)));
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// Each policy with the two recomputation-chain rules of branch

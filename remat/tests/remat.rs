@@ -11,7 +11,10 @@
 
 use gpu_kernels::workload::SplitMix64;
 use remat::compare::{sweep, table};
-use remat::policy::coop::{Ranking, Side, WindowItem, cheapest_anchored_window, cheapest_window};
+use remat::policy::coop::{
+    Ranking, Side, WindowItem, absorbs_hole, cheapest_anchored_window, cheapest_window,
+    cheapest_window_and_hole,
+};
 use remat::policy::{AddedRules, Coop, Dte, Dtr, EvictionPolicy, Request, SearchContext};
 use remat::pool::Pool;
 use remat::tensor::{Residency, TensorTable};
@@ -1374,6 +1377,143 @@ fn assert_rescued(
     }
 }
 
+/// A pool of 300 bytes, for a 100-byte request: A (100 bytes, score 10) at
+/// 0..100, a pinned tensor at 100..110, a 60-byte hole at 110..170, B (60
+/// bytes, score 15) at 170..230, a pinned tensor at 230..300. Per byte A's
+/// window is the cheaper (0.100 against 15 / 120 = 0.125), and taking it
+/// leaves the hole free; the window of the hole and B evicts 60 bytes
+/// instead of 100, and with its free bytes counted twice costs 15 / 180 =
+/// 0.083 per byte, below A's.
+fn layout_with_a_hole_between_pinned_tensors() -> (Pool, TensorTable) {
+    let mut table = TensorTable::default();
+    let mut pool = Pool::new(300);
+    for (id, (addr, size, cost, pinned)) in [
+        (0u64, 100u64, 100.0, false),
+        (100, 10, 0.0, true),
+        (170, 60, 150.0, false),
+        (230, 70, 0.0, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        table.add(size, cost, vec![], pinned).expect("ordered");
+        if pinned {
+            pool.place_pinned(id, addr, size).expect("free");
+        } else {
+            pool.place(id, addr, size).expect("free");
+        }
+        table.set_resident(id, addr, 1).expect("known");
+    }
+    (pool, table)
+}
+
+/// `Coop::absorb_holes`: the window around the hole is taken instead of
+/// the per-byte pick, so that the hole does not stay free beside the
+/// allocation (20 bytes free after it instead of 60); without the rule,
+/// the plain search's pick.
+#[test]
+fn absorbing_holes_takes_the_window_around_a_hole() {
+    let (pool, table) = layout_with_a_hole_between_pinned_tensors();
+    let ctx = SearchContext {
+        pool: &pool,
+        tensors: &table,
+        now: 11,
+    };
+    let request = Request {
+        size: 100,
+        cheap: false,
+        pinned: false,
+    };
+    let plain = Coop {
+        absorb_holes: false,
+        ..Coop::default()
+    };
+    for (mut coop, victims, window) in [
+        (Coop::default(), vec![2], (110, 120)),
+        (plain, vec![0], (0, 100)),
+    ] {
+        let step = coop.next_eviction(&ctx, &request).expect("a window fits");
+        assert_eq!(step.victims, victims, "absorb {}", coop.absorb_holes);
+        assert_eq!(step.window, Some(window));
+    }
+    // No challenger wins that evicts more bytes than the pick, however
+    // cheap per byte with its hole counted twice: the pick is a 49-byte
+    // free block and X (51 bytes, score 1: 0.010 per byte), the window
+    // around the 50-byte hole is W (60 bytes, score 1.5: 0.0136 per byte,
+    // 1.5 x 100 <= 1 x (110 + 50) credited) and evicts 60 bytes.
+    let item = |addr, size, score: Option<f64>| WindowItem {
+        addr,
+        size,
+        score,
+        pinned: score.is_none(),
+    };
+    let items = [
+        item(0, 49, Some(0.0)),
+        item(49, 51, Some(1.0)),
+        item(100, 10, None),
+        item(110, 60, Some(1.5)),
+        item(170, 50, Some(0.0)),
+        item(220, 10, None),
+    ];
+    let (pick, hole, _) = cheapest_window_and_hole(&items, 100, Ranking::PerByte);
+    let (pick, hole) = (pick.expect("fits"), hole.expect("fits"));
+    assert_eq!(cheapest_window(&items, 100, Ranking::PerByte).0, Some(pick));
+    assert_eq!((pick.first, pick.last, hole.first, hole.last), (0, 1, 3, 4));
+    assert!(!absorbs_hole(&items, &hole, &pick));
+}
+
+/// `Coop::amplify_over_run`: a 10-byte tensor t between two free 60-byte
+/// blocks, whose recomputation needs its dropped 200-byte input back (peak
+/// 210 bytes). Over its own bytes its amplification is 21 and the window
+/// of t and the two blocks (130 bytes, score 0.2 x 21 = 4.2) loses to C
+/// (160 bytes, score 1.6); over the 130 bytes its eviction frees in one run
+/// it is 210 / 130 and the window, 0.32, wins, and the two holes join.
+#[test]
+fn amplification_over_the_run_lets_a_small_tensor_join_two_holes() {
+    let mut table = TensorTable::default();
+    let mut pool = Pool::new(300);
+    let d = table.add(200, 1.0, vec![], false).expect("ordered");
+    let t = table.add(10, 1.0, vec![d], false).expect("ordered");
+    let p = table.add(10, 0.0, vec![], true).expect("ordered");
+    let c = table.add(160, 16.0, vec![], false).expect("ordered");
+    table.set_resident(d, 0, 1).expect("known");
+    table.drop_value(d, Residency::Released).expect("known");
+    pool.place(t, 60, 10).expect("free");
+    pool.place_pinned(p, 130, 10).expect("free");
+    pool.place(c, 140, 160).expect("free");
+    for (x, addr) in [(t, 60), (p, 130), (c, 140)] {
+        table.set_resident(x, addr, 1).expect("known");
+    }
+    let ctx = SearchContext {
+        pool: &pool,
+        tensors: &table,
+        now: 11,
+    };
+    let request = Request {
+        size: 100,
+        cheap: false,
+        pinned: false,
+    };
+    let own_bytes = Coop {
+        amplify_over_run: false,
+        absorb_holes: false,
+        ..Coop::default()
+    };
+    let over_run = Coop {
+        absorb_holes: false,
+        ..Coop::default()
+    };
+    for (mut coop, victims, window) in [
+        (over_run, vec![t], (0, 130)),
+        (own_bytes, vec![c], (140, 160)),
+    ] {
+        let step = coop.next_eviction(&ctx, &request).expect("a window fits");
+        assert_eq!(step.victims, victims, "over run {}", coop.amplify_over_run);
+        assert_eq!(step.window, Some(window));
+        assert_eq!(coop.next_eviction_whole_pool(&ctx, &request), Some(step));
+    }
+}
+
 /// A rule on and off in each of Coop (on by default: `coop_off` turns it
 /// off) and DTR (off by default: `dtr_on` turns it on), as (on, off) pairs.
 fn with_and_without(
@@ -1451,8 +1591,11 @@ fn chain_rules_let_coop_finish_resnet50_at_dtrs_minimum() {
         coop.overhead(),
         dtr.overhead()
     );
-    // Without the dropped-chain rule Coop runs out there (inputs ordered or
-    // not: the ordering is off by default since it costs Swin-T its margin).
+    // Without the dropped-chain rule Coop as it was before the
+    // fragmentation rules (`amplify_over_run`, `absorb_holes`) runs out
+    // there (inputs ordered or not: the ordering is off by default since it
+    // costs Swin-T its margin); with them on and the inputs in recorded
+    // order, it finished here.
     for order_inputs in [false, true] {
         let report = replay(
             &trace,
@@ -1463,6 +1606,8 @@ fn chain_rules_let_coop_finish_resnet50_at_dtrs_minimum() {
                     keep_dropped_chains: false,
                     ..AddedRules::COOP
                 },
+                amplify_over_run: false,
+                absorb_holes: false,
                 ..Coop::default()
             },
             ReplayOptions::default(),

@@ -137,6 +137,38 @@
 //! 0.346 -> 0.338, but Swin-T's minimum 0.230 -> 0.252 and ResNet-50
 //! finishing at 0.35 with 9.9% fragmentation; no row set wins everywhere.
 //!
+//! Amplification over the run (`amplify_over_run`, not in the paper, on by
+//! default in Coop, branch `remat-frag`): the recompute amplification of
+//! an evictable tensor is its recompute peak over the bytes its eviction
+//! frees in one run, its own and those of the free blocks beside it, not
+//! over its own bytes alone. The pricing asks how much memory bringing a
+//! tensor back needs against how much its eviction gives; a small tensor
+//! between two holes gives both holes joined. On ResNet-50's backward
+//! pass, BatchNorm statistics of a few KiB between 98 MiB holes were
+//! priced 10^4-10^5 times their cost (their dropped 98 MiB input counted
+//! against their own bytes), so no window joined the holes. With nothing
+//! free beside a tensor the price is the cached one, unchanged; with free
+//! space beside it, its cached peak and projected cost, two more reads.
+//!
+//! Holes absorbed (`absorb_holes`, not in the paper, on by default in
+//! Coop, branch `remat-frag`): when some free block holds at least half
+//! the request, the cheapest window that holds one (found in the same
+//! sweep as the pick, which tracks it only then) challenges the per-byte
+//! pick and is taken when it evicts fewer bytes than the pick (free space
+//! after an evicting allocation is the free space before, plus the bytes
+//! evicted, less the request: fewer bytes evicted, less left free) and
+//! costs no more per byte with its free bytes counted twice
+//! (`absorbs_hole`). Half the request: the
+//! window then evicts no more bytes than it takes back from the hole.
+//! Unlike `credit_holes`, no other window's rank changes. On GPT-2 at 0.9
+//! the 785 MiB logits went to an 816 MiB window elsewhere while a 436 MiB
+//! hole beside the locked logits stayed free. Measured with both
+//! (`--frag-ablation`): GPT-2's largest mean fragmentation 6.0% -> 3.4%;
+//! minimum budgets BERT-Large 0.310 -> 0.302, ResNet-50 0.346 -> 0.293,
+//! Swin-T 0.257 -> 0.252; ResNet-50 at 0.35 and Swin-T at 0.7 and its
+//! minimum still above 5%. Alone, each broke another criterion (see
+//! `docs/PERF.md`, "Coop's fragmentation: holes absorbed per request").
+//!
 //! Inputs brought back in order, and dropped chains kept (`order_inputs`,
 //! `keep_dropped_chains`, not in the paper, branch `remat-resnet`;
 //! `chain_order`, `dropped_chain`, `--chain-ablation`; since the merge with
@@ -159,7 +191,7 @@
 use super::{AddedRules, Eviction, EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext};
 use crate::dropped_chain::on_dropped_chain;
 use crate::pool::Interval;
-use crate::tensor::{TensorId, TensorTable};
+use crate::tensor::{Prices, TensorId, TensorTable};
 
 /// One interval as the window search sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -240,19 +272,62 @@ pub enum Ranking {
     PerByteAndHole,
 }
 
+/// The best window offered so far under one ranking.
+struct Best {
+    window: Option<Window>,
+    /// The best window's ranked bytes as f64, for the per-byte comparison:
+    /// converted once when it becomes the best, not at every candidate.
+    bytes: f64,
+}
+
+impl Best {
+    const NONE: Best = Best {
+        window: None,
+        bytes: 0.0,
+    };
+
+    /// Keeps `window` if it ranks before the best so far (the same products
+    /// as `Window::better_than`).
+    #[inline(always)]
+    fn offer(&mut self, window: Window, ranking: Ranking) {
+        let better = match (&self.window, ranking) {
+            (None, _) => true,
+            (Some(b), Ranking::Sum) => window.before(b, window.score, b.score),
+            (Some(b), Ranking::PerByte) => window.before(
+                b,
+                window.score * self.bytes,
+                b.score * bytes_f64(window.bytes),
+            ),
+            (Some(b), Ranking::PerByteAndHole) => window.before(
+                b,
+                window.score * self.bytes,
+                b.score * bytes_f64(window.bytes + window.holes),
+            ),
+        };
+        if better {
+            self.window = Some(window);
+            self.bytes = match ranking {
+                Ranking::PerByteAndHole => bytes_f64(window.bytes + window.holes),
+                _ => bytes_f64(window.bytes),
+            };
+        }
+    }
+}
+
 /// The two-pointer sweep over items in the order `at(0), at(1), ...`: for
 /// each position `right` that `accept`s, the shortest window ending there
 /// with at least `request` bytes and no blocked item (with scores not
 /// negative it is also the cheapest ending there); the cheapest of those
-/// under `ranking`, as sweep positions, and the number of pointer moves (at
-/// most 2N).
-fn sweep<'a>(
+/// under `ranking`, as sweep positions, with (when `HOLE`) the cheapest of
+/// those that hold an item of score 0 of at least half the request
+/// ([`big_hole`]), and the number of pointer moves (at most 2N).
+fn sweep<'a, const HOLE: bool>(
     count: usize,
     at: impl Fn(usize) -> &'a WindowItem,
     request: u64,
     ranking: Ranking,
     accept: impl Fn(usize) -> bool,
-) -> (Option<Window>, usize) {
+) -> (Option<Window>, Option<Window>, usize) {
     let (mut left, mut bytes, mut score, mut steps) = (0usize, 0u64, 0.0f64, 0usize);
     // Free bytes (items of score 0) in the current window, counted only for
     // the ranking that reads them (the branch goes the same way at every
@@ -266,10 +341,10 @@ fn sweep<'a>(
             0
         }
     };
-    let mut best: Option<Window> = None;
-    // The best window's bytes as f64, for the per-byte comparison: converted
-    // once when it becomes the best, not at every candidate.
-    let mut best_bytes = 0.0f64;
+    // With `HOLE`: the position of the last item of score 0 of at least
+    // half the request (a window holds one when it starts at or before it).
+    let mut last_big = usize::MAX;
+    let (mut best, mut best_hole) = (Best::NONE, Best::NONE);
     for right in 0..count {
         steps += 1;
         let item = at(right);
@@ -277,6 +352,9 @@ fn sweep<'a>(
             (left, bytes, score, holes) = (right + 1, 0, 0.0, 0);
             continue;
         };
+        if HOLE && s == 0.0 && big_hole(item.size, request) {
+            last_big = right;
+        }
         bytes += item.size;
         score += s;
         holes += hole(item);
@@ -297,28 +375,12 @@ fn sweep<'a>(
             bytes,
             holes,
         };
-        let better = match (&best, ranking) {
-            (None, _) => true,
-            (Some(b), Ranking::Sum) => window.before(b, window.score, b.score),
-            // The same products as `Window::better_than`.
-            (Some(b), Ranking::PerByte) => {
-                window.before(b, window.score * best_bytes, b.score * bytes_f64(bytes))
-            }
-            (Some(b), Ranking::PerByteAndHole) => window.before(
-                b,
-                window.score * best_bytes,
-                b.score * bytes_f64(bytes + holes),
-            ),
-        };
-        if better {
-            best = Some(window);
-            best_bytes = match ranking {
-                Ranking::PerByteAndHole => bytes_f64(bytes + holes),
-                _ => bytes_f64(bytes),
-            };
+        best.offer(window, ranking);
+        if HOLE && last_big != usize::MAX && last_big >= left {
+            best_hole.offer(window, ranking);
         }
     }
-    (best, steps)
+    (best.window, best_hole.window, steps)
 }
 
 /// The cheapest run of consecutive items with at least `request` bytes and no
@@ -329,7 +391,48 @@ pub fn cheapest_window(
     request: u64,
     ranking: Ranking,
 ) -> (Option<Window>, usize) {
-    sweep(items.len(), |k| &items[k], request, ranking, |_| true)
+    let (best, _, steps) = sweep::<false>(items.len(), |k| &items[k], request, ranking, |_| true);
+    (best, steps)
+}
+
+/// The cheapest window (as [`cheapest_window`]), the cheapest that holds
+/// an item of score 0 of at least half the request ([`big_hole`]), and the
+/// pointer moves of the one sweep that finds both (at most 2N).
+pub fn cheapest_window_and_hole(
+    items: &[WindowItem],
+    request: u64,
+    ranking: Ranking,
+) -> (Option<Window>, Option<Window>, usize) {
+    sweep::<true>(items.len(), |k| &items[k], request, ranking, |_| true)
+}
+
+/// Whether a free block of `size` bytes is a hole worth absorbing for a
+/// request of `request` bytes: it holds at least half the request, so a
+/// window around it evicts no more bytes than it takes back from the hole.
+#[inline]
+pub fn big_hole(size: u64, request: u64) -> bool {
+    size.saturating_mul(2) >= request
+}
+
+/// Bytes of the items of score 0 (free space) in `window`.
+fn free_in(items: &[WindowItem], window: &Window) -> u64 {
+    items[window.first..=window.last]
+        .iter()
+        .filter(|i| i.score == Some(0.0))
+        .map(|i| i.size)
+        .sum()
+}
+
+/// Whether `hole`, the cheapest window that holds a hole of at least half
+/// the request, is taken instead of `pick`, the plain search's window: it
+/// evicts fewer bytes, so that less is left free after the allocation
+/// (free after = free before + bytes evicted - request), and its summed
+/// score per byte, with its free bytes counted once more (once as bytes
+/// freed, once as a hole absorbed), is no higher than the pick's.
+pub fn absorbs_hole(items: &[WindowItem], hole: &Window, pick: &Window) -> bool {
+    let (hole_free, pick_free) = (free_in(items, hole), free_in(items, pick));
+    hole.bytes - hole_free < pick.bytes - pick_free
+        && hole.score * bytes_f64(pick.bytes) <= pick.score * bytes_f64(hole.bytes + hole_free)
 }
 
 /// Which side of an anchored window touches its anchor.
@@ -351,10 +454,10 @@ pub fn cheapest_anchored_window(
 ) -> (Option<(Window, Side)>, usize) {
     let n = items.len();
     let anchors = |k: usize| k + 1 >= n || items[k + 1].pinned;
-    let (right, right_steps) = sweep(n, |k| &items[k], request, ranking, anchors);
+    let (right, _, right_steps) = sweep::<false>(n, |k| &items[k], request, ranking, anchors);
     // Backwards: position k is item n-1-k, and the item after position k in
     // the sweep is the one before it in the pool.
-    let (left, left_steps) = sweep(
+    let (left, _, left_steps) = sweep::<false>(
         n,
         |k| &items[n - 1 - k],
         request,
@@ -382,6 +485,9 @@ pub struct Scan {
     items: Vec<WindowItem>,
     tensors: Vec<Option<TensorId>>,
     gaps: Vec<(u64, u64)>,
+    /// Bytes of the largest item of score 0 (free space, or a tensor that
+    /// costs nothing to evict): whether a hole challenger is looked for.
+    largest_zero: u64,
 }
 
 impl Scan {
@@ -389,6 +495,7 @@ impl Scan {
         self.items.clear();
         self.tensors.clear();
         self.gaps.clear();
+        self.largest_zero = 0;
     }
 }
 
@@ -426,6 +533,18 @@ pub struct Coop {
     /// as bytes freed and as a hole absorbed (`Ranking::PerByteAndHole`; not
     /// in the paper; off by default, see the module docs).
     pub credit_holes: bool,
+    /// An evictable tensor's recompute amplification is taken over the
+    /// bytes its eviction frees in one run, its own and the free blocks
+    /// beside it, instead of its own bytes alone (with
+    /// `price_recompute_memory`; not in the paper; on by default in Coop,
+    /// see the module docs).
+    pub amplify_over_run: bool,
+    /// When some free block holds at least half the request, the cheapest
+    /// window that holds one challenges the plain search's pick and is
+    /// taken when it evicts fewer bytes and costs no more per byte with its
+    /// free bytes counted twice (`absorbs_hole`; not in the paper; on by
+    /// default in Coop, see the module docs).
+    pub absorb_holes: bool,
     /// Pointer moves of the last search.
     pub last_steps: usize,
     /// Intervals seen by the last search.
@@ -445,6 +564,8 @@ impl Default for Coop {
             merge_leftover: true,
             rules: AddedRules::COOP,
             credit_holes: false,
+            amplify_over_run: true,
+            absorb_holes: true,
             last_steps: 0,
             last_items: 0,
             scratch: Scan::default(),
@@ -462,6 +583,8 @@ impl Coop {
             pinned_at_ends: true,
             merge_leftover: false,
             rules: AddedRules::NONE,
+            amplify_over_run: false,
+            absorb_holes: false,
             ..Coop::default()
         }
     }
@@ -475,6 +598,8 @@ impl Coop {
             rank_per_byte: false,
             merge_leftover: false,
             rules: AddedRules::NONE,
+            amplify_over_run: false,
+            absorb_holes: false,
             ..Coop::default()
         }
     }
@@ -533,21 +658,30 @@ impl Coop {
         scan: &mut Scan,
     ) {
         let mut prices = ctx.tensors.prices();
+        let over_run = self.amplifies_over_run();
         for i in intervals {
+            // Free bytes just before this interval, for the run pricing.
+            let free_before = match (over_run, scan.items.last(), scan.tensors.last()) {
+                (true, Some(last), Some(None)) if last.score.is_some() => last.size,
+                _ => 0,
+            };
             // The tensor's state settles pinned, locked and staleness in
             // one read.
             let (score, pinned) = match i.tensor.map(|t| (t, ctx.tensors.state(t))) {
-                None => (Some(0.0), false),
+                None => {
+                    if over_run {
+                        self.rescore_before_free(ctx, &mut prices, scan, i.size);
+                    }
+                    scan.largest_zero = scan.largest_zero.max(i.size);
+                    (Some(0.0), false)
+                }
                 Some((_, Ok(tensor))) if tensor.pinned => (None, true),
                 Some((t, Ok(tensor))) if tensor.is_evictable() => {
                     let staleness = tensor.staleness(ctx.now);
-                    let score = if self.price_recompute_memory {
-                        let (projected, amplification) =
-                            prices.projected_and_amplification(t, RECOMPUTE_DEPTH);
-                        projected / staleness * amplification
-                    } else {
-                        prices.projected_cost(t) / staleness
-                    };
+                    let score = self.score(&mut prices, t, staleness, i.size, free_before);
+                    if score == 0.0 {
+                        scan.largest_zero = scan.largest_zero.max(i.size);
+                    }
                     (Some(score), false)
                 }
                 Some(_) => (None, false),
@@ -562,6 +696,72 @@ impl Coop {
         }
     }
 
+    /// A free interval of `free` bytes is about to follow the last item
+    /// of `scan`: if that item is an evictable tensor, its eviction frees
+    /// this block too, so its score is taken again over its run (the free
+    /// block before it, if any, itself, and this one). A tensor of score
+    /// 0 costs nothing either way and is left as it is.
+    #[cold]
+    fn rescore_before_free(
+        &self,
+        ctx: &SearchContext<'_>,
+        prices: &mut Prices<'_>,
+        scan: &mut Scan,
+        free: u64,
+    ) {
+        let Some(k) = scan.items.len().checked_sub(1) else {
+            return;
+        };
+        let (Some(t), Some(score)) = (scan.tensors[k], scan.items[k].score) else {
+            return;
+        };
+        if score == 0.0 {
+            return;
+        }
+        let Ok(state) = ctx.tensors.state(t) else {
+            return;
+        };
+        let before = match k.checked_sub(1).map(|j| &scan.items[j]) {
+            Some(item) if item.score == Some(0.0) && scan.tensors[k - 1].is_none() => item.size,
+            _ => 0,
+        };
+        let size = scan.items[k].size;
+        let staleness = state.staleness(ctx.now);
+        scan.items[k].score = Some(self.score(prices, t, staleness, size, before + free));
+    }
+
+    /// Whether an evictable tensor's amplification is taken over the run
+    /// its eviction frees (`amplify_over_run`; only with the pricing).
+    fn amplifies_over_run(&self) -> bool {
+        self.price_recompute_memory && self.amplify_over_run
+    }
+
+    /// The score of evictable tensor `t` of `size` bytes, last used
+    /// `staleness` ops ago, with `free_beside` free bytes next to it (0
+    /// when the run pricing is off): h = c / s, times (with the pricing)
+    /// the amplification of its recompute peak over the bytes its eviction
+    /// frees in one run. With nothing free beside it, the cached
+    /// amplification over its own size.
+    fn score(
+        &self,
+        prices: &mut Prices<'_>,
+        t: TensorId,
+        staleness: f64,
+        size: u64,
+        free_beside: u64,
+    ) -> f64 {
+        if !self.price_recompute_memory {
+            return prices.projected_cost(t) / staleness;
+        }
+        if free_beside == 0 {
+            let (projected, amplification) = prices.projected_and_amplification(t, RECOMPUTE_DEPTH);
+            return projected / staleness * amplification;
+        }
+        let projected = prices.projected_cost(t);
+        let peak = prices.recompute_peak(t, RECOMPUTE_DEPTH);
+        projected / staleness * super::amplification(peak, size + free_beside)
+    }
+
     /// The reference search that tests compare `next_eviction` with: every
     /// interval of the pool (no gaps), each score computed term by term as
     /// the module docs define it, h = c / s times the amplification of the
@@ -574,7 +774,14 @@ impl Coop {
     ) -> Option<Eviction> {
         let table = ctx.tensors;
         let mut scan = Scan::default();
-        for i in ctx.pool.intervals() {
+        let intervals: Vec<&Interval> = ctx.pool.intervals().collect();
+        // Free bytes beside interval k (its run), for the run pricing.
+        let free = |k: Option<usize>| {
+            k.and_then(|k| intervals.get(k))
+                .filter(|i| i.tensor.is_none())
+                .map_or(0, |i| i.size)
+        };
+        for (k, i) in intervals.iter().enumerate() {
             let (score, pinned) = match i.tensor {
                 None => (Some(0.0), false),
                 Some(t) if table.is_pinned(t) => (None, true),
@@ -582,7 +789,12 @@ impl Coop {
                     let h = table.projected_cost_uncached(t) / table.staleness(t, ctx.now);
                     let score = if self.price_recompute_memory {
                         let peak = table.recompute_peak_uncached(t, RECOMPUTE_DEPTH);
-                        h * super::amplification(peak, i.size)
+                        let beside = if self.amplify_over_run {
+                            free(k.checked_sub(1)) + free(Some(k + 1))
+                        } else {
+                            0
+                        };
+                        h * super::amplification(peak, i.size + beside)
                     } else {
                         h
                     };
@@ -590,6 +802,9 @@ impl Coop {
                 }
                 Some(_) => (None, false),
             };
+            if score == Some(0.0) {
+                scan.largest_zero = scan.largest_zero.max(i.size);
+            }
             scan.items.push(WindowItem {
                 addr: i.addr,
                 size: i.size,
@@ -629,9 +844,23 @@ impl Coop {
                 steps += anchored_steps;
             }
             if candidate.is_none() {
-                let (window, window_steps) = cheapest_window(items, request.size, self.ranking());
-                candidate = window.map(|w| (w, None));
+                let ranking = self.ranking();
+                // The hole challenger is found in the same sweep, when some
+                // item is large enough to be one.
+                let (mut window, hole, window_steps) =
+                    if self.absorb_holes && big_hole(scan.largest_zero, request.size) {
+                        cheapest_window_and_hole(items, request.size, ranking)
+                    } else {
+                        let (window, steps) = cheapest_window(items, request.size, ranking);
+                        (window, None, steps)
+                    };
                 steps += window_steps;
+                if let (Some(pick), Some(hole)) = (window, hole)
+                    && absorbs_hole(items, &hole, &pick)
+                {
+                    window = Some(hole);
+                }
+                candidate = window.map(|w| (w, None));
             }
             let Some((window, _)) = candidate else {
                 break;
