@@ -212,6 +212,19 @@ pub fn gap_ablation(trace: &Trace) -> String {
     )
 }
 
+/// Each policy with the side outputs of an op (its outputs other than the
+/// largest) placed best-fit (`AddedRules::side_outputs_best_fit`, off by
+/// default everywhere) and as before: minimum ratio and overhead at a few
+/// ratios, as [`memory_ablation`].
+pub fn side_ablation(trace: &Trace) -> String {
+    rule_ablation(
+        trace,
+        "side outputs best-fit",
+        |r, on| r.side_outputs_best_fit = on,
+        true,
+    )
+}
+
 /// Coop with the free bytes inside a window counted twice in its per-byte
 /// ranking (`Coop::credit_holes`, off by default) and without: minimum ratio
 /// and overhead at a few ratios, as [`memory_ablation`]. DTR and DTE have no

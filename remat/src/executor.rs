@@ -41,7 +41,7 @@ use super::error::{RematError, RematResult};
 use super::policy::{EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext};
 use super::pool::Pool;
 use super::tensor::{Residency, TensorId, TensorTable};
-use super::trace::Trace;
+use super::trace::{Op, Trace};
 
 /// What one replay measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,6 +168,9 @@ struct Executor<'p> {
     /// Tensors the program has dropped (a recomputed one is still dead).
     dead: Vec<bool>,
     cheap_below: f64,
+    /// Per tensor: an output of its op other than the op's largest (the
+    /// first largest is the main one); for `side_outputs_best_fit`.
+    side_output: Vec<bool>,
     now: u64,
     report: Report,
 }
@@ -181,8 +184,10 @@ impl<'p> Executor<'p> {
         let mut tensors = TensorTable::default();
         let mut first_output = Vec::with_capacity(trace.ops.len());
         let mut overwrites = Vec::with_capacity(trace.tensor_count());
+        let mut side_output = Vec::with_capacity(trace.tensor_count());
         for op in &trace.ops {
             first_output.push(tensors.len());
+            side_output.extend(side_outputs(op));
             for (k, out) in op.outputs.iter().enumerate() {
                 tensors.add(out.size, op.cost, op.inputs.clone(), out.pinned)?;
                 overwrites.push((op.in_place && k == 0).then(|| op.inputs[0]));
@@ -204,6 +209,7 @@ impl<'p> Executor<'p> {
             dead: vec![false; overwrites.len()],
             overwrites,
             cheap_below: cheap_threshold(trace),
+            side_output,
             now: 0,
             report,
         })
@@ -584,10 +590,24 @@ impl<'p> Executor<'p> {
     /// Finds space for `t`, evicting as the policy says.
     fn allocate(&mut self, t: TensorId) -> RematResult<u64> {
         let request = self.request_for(t)?;
+        if let Some(addr) = self.side_output_block(t, &request) {
+            self.place(t, addr, request.size)?;
+            return Ok(addr);
+        }
         let (addr, evicting) = self.find_room(&request)?;
         self.place(t, addr, request.size)?;
         self.record_evicting(evicting);
         Ok(addr)
+    }
+
+    /// With `side_outputs_best_fit`, where side output `t` goes without
+    /// evicting: the smallest free block that holds it.
+    fn side_output_block(&self, t: TensorId, request: &Request) -> Option<u64> {
+        let side = self.side_output.get(t).copied().unwrap_or(false);
+        if !side || request.pinned || !self.policy.rules().side_outputs_best_fit {
+            return None;
+        }
+        self.pool.best_fit(request.size)
     }
 
     /// After an allocation that evicted (`search_ns` is then its search
@@ -750,6 +770,18 @@ pub fn cheap_threshold(trace: &Trace) -> f64 {
         }
     }
     best.map_or(0.0, |(_, log)| log.exp())
+}
+
+/// For each output of `op`, whether it is a side output: not the op's
+/// first largest output.
+pub fn side_outputs(op: &Op) -> impl Iterator<Item = bool> + '_ {
+    let main = op
+        .outputs
+        .iter()
+        .enumerate()
+        .max_by(|(i, a), (j, b)| a.size.cmp(&b.size).then(j.cmp(i)))
+        .map(|(k, _)| k);
+    (0..op.outputs.len()).map(move |k| Some(k) != main)
 }
 
 /// Pool capacity for a budget ratio of the trace's peak live bytes.

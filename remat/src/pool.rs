@@ -121,6 +121,15 @@ impl Pool {
             .map(|i| i.addr)
     }
 
+    /// Start of the smallest free interval of at least `size` bytes (the
+    /// lowest-addressed of equal ones).
+    pub fn best_fit(&self, size: u64) -> Option<u64> {
+        self.intervals()
+            .filter(|i| i.tensor.is_none() && i.size >= size)
+            .min_by_key(|i| (i.size, i.addr))
+            .map(|i| i.addr)
+    }
+
     /// Address that puts `size` bytes at the right end of the highest-addressed
     /// free interval that can hold them.
     pub fn last_fit(&self, size: u64) -> Option<u64> {

@@ -1619,3 +1619,73 @@ fn chain_rules_let_coop_finish_resnet50_at_dtrs_minimum() {
         );
     }
 }
+
+/// `AddedRules::side_outputs_best_fit`: which outputs of an op are side
+/// outputs (all but the first largest), and where one goes. Pool of 200
+/// bytes, first-fit (DTR): pinned K1 at 0..10, H (100 bytes) at 10..110,
+/// pinned K2 at 110..120, G (10 bytes) at 120..130, pinned K3 at
+/// 130..140; H and G are dropped, leaving free 10..110, 120..130 and
+/// 140..200. Then an op makes M (100 bytes) and its side output S (10
+/// bytes, placed first; an op's first output is placed last). First-fit
+/// puts S at 10, and M then fits nowhere
+/// with nothing evictable: out of memory. Best-fit puts S in the 10-byte
+/// hole and M at 10.
+#[test]
+fn side_outputs_go_to_the_smallest_free_block() {
+    use remat::executor::side_outputs;
+    let sides = |sizes: &[u64]| {
+        let op = remat::Op {
+            inputs: vec![],
+            outputs: sizes
+                .iter()
+                .map(|&size| OutputSpec {
+                    size,
+                    pinned: false,
+                })
+                .collect(),
+            cost: 1.0,
+            in_place: false,
+            frees: vec![],
+        };
+        side_outputs(&op).collect::<Vec<_>>()
+    };
+    assert_eq!(sides(&[100, 10, 10]), [false, true, true]);
+    assert_eq!(sides(&[5, 20, 20]), [true, false, true]);
+    assert_eq!(sides(&[7]), [false]);
+
+    let out = |size, pinned| OutputSpec { size, pinned };
+    let mut b = TraceBuilder::new();
+    let mut kept = b.op(&[], &[out(10, true)], 1.0).expect("valid");
+    let h = b.op(&[], &[out(100, false)], 1.0).expect("valid")[0];
+    kept.extend(b.op(&[], &[out(10, true)], 1.0).expect("valid"));
+    let g = b.op(&[], &[out(10, false)], 1.0).expect("valid")[0];
+    kept.extend(b.op(&[], &[out(10, true)], 1.0).expect("valid"));
+    // Reads H and G, which the program then drops.
+    b.op(&[h, g], &[], 1.0).expect("valid");
+    kept.extend(
+        b.op(&[], &[out(100, false), out(10, false)], 1.0)
+            .expect("valid"),
+    );
+    for t in kept {
+        b.keep(t);
+    }
+    let trace = b.finish();
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    let mut off = Dtr::default();
+    let mut on = Dtr {
+        rules: AddedRules {
+            side_outputs_best_fit: true,
+            ..AddedRules::NONE
+        },
+        ..Dtr::default()
+    };
+    let stuck = replay(&trace, 200, &mut off, options);
+    let placed = replay(&trace, 200, &mut on, options);
+    assert!(
+        matches!(stuck.error, Some(RematError::OutOfMemory { .. })),
+        "{stuck:?}"
+    );
+    assert!(placed.finished() && placed.evictions == 0, "{placed:?}");
+}

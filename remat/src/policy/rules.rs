@@ -38,6 +38,17 @@ pub struct AddedRules {
     /// run through tensors the program drops as it goes, a gradient in the
     /// backward pass) is never evicted.
     pub keep_dropped_chains: bool,
+    /// An op's outputs other than its largest (its *side outputs*:
+    /// BatchNorm's and LayerNorm's saved statistics) go into the smallest
+    /// free block that holds them (`Pool::best_fit`) instead of where the
+    /// policy puts a new tensor, so that one does not sit at the start of
+    /// the block the op's main output takes and, outliving it, divide two
+    /// later holes; when no free block holds it, the policy's search as
+    /// before (`Executor::allocate`). Off in every policy: on, it lowers
+    /// ResNet-50's fragmentation but moves minimum budgets and Swin-T's
+    /// overhead the wrong way (`--side-ablation`, `docs/PERF.md` "Where the
+    /// vision models' free space lies").
+    pub side_outputs_best_fit: bool,
 }
 
 impl AddedRules {
@@ -49,9 +60,11 @@ impl AddedRules {
         pinned_in_short_gaps: false,
         order_inputs: false,
         keep_dropped_chains: false,
+        side_outputs_best_fit: false,
     };
 
-    /// Coop's defaults: every rule but `order_inputs`, which is off since
+    /// Coop's defaults: every rule but `order_inputs` and
+    /// `side_outputs_best_fit`; `order_inputs` is off since
     /// the merge with the held-tensor move (with both chain rules on,
     /// Swin-T's minimum budget rose from 0.257 to 0.266; `--chain-ablation`).
     pub const COOP: AddedRules = AddedRules {
@@ -61,5 +74,6 @@ impl AddedRules {
         pinned_in_short_gaps: true,
         order_inputs: false,
         keep_dropped_chains: true,
+        side_outputs_best_fit: false,
     };
 }
