@@ -97,6 +97,19 @@ const MAX_FORMAT_BATCH: u32 = 512;
 const WINDOW_OPEN: u64 = 1;
 const WINDOW_OPENED: u64 = 1 << 32;
 const WINDOWS_OPEN_MASK: u64 = WINDOW_OPENED - 1;
+/// Whether the cold paths reachable from `heap_alloc` are cut into
+/// smaller out-of-line functions that keep few values live across their
+/// calls (`GPUMALLOC_SPLIT_COLD=1`; 0, the default: the code shape before).
+/// ptxas allocates a kernel's registers over everything it can call, and a
+/// callee's registers avoid every register its callers hold across the
+/// call, so the deepest chain of cold calls (install, settled claim,
+/// claim, format) set `heap_alloc`'s 162 registers on sm_90 though its
+/// own code needs about 50 (`docs/PERF.md`, "heap_alloc's registers: where
+/// the 162 come from"). Behaviour is the same either way; only which code
+/// is out of line and what each call carries changes. A knob until a GPU
+/// run shows it is not slower.
+pub(crate) const SPLIT_COLD: bool =
+    crate::class::build_knob(option_env!("GPUMALLOC_SPLIT_COLD"), 0) != 0;
 /// Spreads salts for `VebTree::pick` over `u32` (2^32 / the golden ratio).
 const SPREAD_HASH: u32 = 0x9e37_79b9;
 
@@ -607,7 +620,11 @@ impl Heap {
                 continue;
             }
             if unlocked {
-                break self.format_segment(class, want);
+                break if SPLIT_COLD {
+                    self.format_segment_apart(class, want)
+                } else {
+                    self.format_segment(class, want)
+                };
             }
             // Test, then test-and-set: waiters read the word instead of
             // writing it while a format runs.
@@ -805,7 +822,7 @@ impl Heap {
                 let mine = if segment == own { taken } else { 0 };
                 self.bitmap(segment).format(blocks, mine);
                 if class.is_slice() {
-                    self.restart_counters(segment, blocks);
+                    self.restart_counters_where_cheap(segment, blocks);
                 }
                 rest &= rest - 1;
             }
@@ -979,6 +996,14 @@ impl Heap {
         Claim::formatted(segment, taken)
     }
 
+    /// [`Heap::format_segment`] out of line (`SPLIT_COLD`): the claim loop
+    /// then holds nothing but its demand across the call, where inlined
+    /// it held ~50 registers across `restart_counters`.
+    #[inline(never)]
+    fn format_segment_apart(&self, class: SizeClass, want: u32) -> Claim {
+        self.format_segment(class, want)
+    }
+
     /// Formats a segment this thread claimed for `class`, its first `taken`
     /// blocks taken; returns how many are left free.
     #[inline]
@@ -986,7 +1011,7 @@ impl Heap {
         let blocks = class.blocks_per_segment(self.segment_shift);
         self.bitmap(segment).format(blocks, taken);
         if class.is_slice() {
-            self.restart_counters(segment, blocks);
+            self.restart_counters_where_cheap(segment, blocks);
         }
         let free = blocks - taken;
         self.table().publish_active(segment, class, free);
@@ -1039,6 +1064,26 @@ impl Heap {
     /// cost the claim path registers.
     #[inline(never)]
     fn restart_counters(&self, segment: u32, blocks: u32) {
+        self.restart_counters_here(segment, blocks);
+    }
+
+    /// [`Heap::restart_counters`], inlined where `SPLIT_COLD` has put its
+    /// callers (the formats) out of line: a call there, in a loop over
+    /// segments, kept the loop's values in callee-saved registers, which
+    /// the calling convention places sparsely (sm_80: `format_batch` 117
+    /// registers with the call, the highest of any function `heap_alloc`
+    /// can reach).
+    #[inline(always)]
+    fn restart_counters_where_cheap(&self, segment: u32, blocks: u32) {
+        if SPLIT_COLD {
+            self.restart_counters_here(segment, blocks);
+        } else {
+            self.restart_counters(segment, blocks);
+        }
+    }
+
+    #[inline(always)]
+    fn restart_counters_here(&self, segment: u32, blocks: u32) {
         for b in 0..blocks {
             arch::store_relaxed(self.counter(self.global(BlockId { segment, block: b })), 0);
         }

@@ -193,9 +193,18 @@ impl Heap {
             let mut fresh = 0;
             if installer {
                 if lane == leader {
-                    fresh =
+                    let taken = first + size - cap;
+                    fresh = if crate::heap::SPLIT_COLD {
+                        // Through a pointer the optimiser cannot see: ptxas
+                        // then calls it by the ABI, and `install`'s chain
+                        // does not stack on this loop's live registers.
+                        let install: fn(&Heap, SizeClass, u32, u32, u8) -> u64 =
+                            core::hint::black_box(Heap::install);
+                        install(&self.by_value(), class, slot, taken, seen.generation())
+                    } else {
                         self.by_value()
-                            .install(class, slot, first + size - cap, seen.generation());
+                            .install(class, slot, taken, seen.generation())
+                    };
                 }
                 fresh = arch::shfl_u64(team, fresh, leader);
             }
