@@ -503,6 +503,41 @@ impl Heap {
     /// releases the lock. Only `malloc_block`'s team leader passes true.
     #[inline(never)]
     fn claim_blocks_for(&self, class: SizeClass, want: u32, team_format: bool) -> Claim {
+        if SPLIT_COLD {
+            // One copy per tier, each out of line: ptxas allocates each
+            // alone, so the larger of the two sets the count, not both
+            // inlined together.
+            return if class.is_slice() {
+                self.claim_slice_blocks(class, want)
+            } else {
+                self.claim_block_blocks(class, want, team_format)
+            };
+        }
+        self.claim_blocks_in(class, want, team_format, class.is_slice())
+    }
+
+    /// [`Heap::claim_blocks_for`] for a slice class (`SPLIT_COLD`).
+    #[inline(never)]
+    fn claim_slice_blocks(&self, class: SizeClass, want: u32) -> Claim {
+        self.claim_blocks_in(class, want, false, true)
+    }
+
+    /// [`Heap::claim_blocks_for`] for a block class (`SPLIT_COLD`).
+    #[inline(never)]
+    fn claim_block_blocks(&self, class: SizeClass, want: u32, team_format: bool) -> Claim {
+        self.claim_blocks_in(class, want, team_format, false)
+    }
+
+    /// The body of [`Heap::claim_blocks_for`]; `slice` is
+    /// `class.is_slice()`, a constant where a caller passes one.
+    #[inline(always)]
+    fn claim_blocks_in(
+        &self,
+        class: SizeClass,
+        want: u32,
+        team_format: bool,
+        slice: bool,
+    ) -> Claim {
         let tree = self.class_tree(class);
         let table = self.table();
         let lock = self.format_lock(class);
@@ -513,8 +548,7 @@ impl Heap {
         // slot in the class tree, which the next claims use. The lock would
         // instead serialise a format for every few claims (64 B at 2 MiB
         // segments: 8 blocks, claims of 4; 128 B at 8 MiB: 16 blocks).
-        let unlocked =
-            blocks <= want || (class.is_slice() && blocks <= want << self.unlocked_format_shift());
+        let unlocked = blocks <= want || (slice && blocks <= want << self.unlocked_format_shift());
         // Counted from entry, not from finding the tree empty: a format
         // runs only when the class tree is empty, and then every claimer in
         // flight needs blocks from it, including those that were about to
@@ -543,7 +577,7 @@ impl Heap {
         // Where the next search starts (the start of a tree word) and how
         // it picks in that word: 0 takes the lowest.
         let mut from = 0;
-        let mut salt = if !class.is_slice() && others >= blocks as u64 {
+        let mut salt = if !slice && others >= blocks as u64 {
             spread_salt(0)
         } else {
             0
@@ -555,7 +589,7 @@ impl Heap {
             // `from` stays 0 for them): a burst's claimers spread over a
             // batch of several tree words at once instead of draining its
             // lowest word first.
-            let found = if class.is_slice() {
+            let found = if slice {
                 tree.pick(from, salt)
                     .or_else(|| if from != 0 { tree.pick(0, salt) } else { None })
             } else {
@@ -572,7 +606,7 @@ impl Heap {
                 } else {
                     (segment | 63).wrapping_add(1)
                 };
-                if !class.is_slice() {
+                if !slice {
                     // Block classes: one subtract, however many claim here.
                     match table.reserve_blocks_add(segment, class, want, blocks, self.segment_shift)
                     {
@@ -645,7 +679,7 @@ impl Heap {
                         .div_ceil(blocks as u64)
                         .clamp(1, MAX_FORMAT_BATCH as u64)
                         as u32;
-                    if team_format && !class.is_slice() {
+                    if team_format && !slice {
                         // The lock stays held and this claimer's demand
                         // counted: `format_batch_team` releases both.
                         return Claim::team_format(segments);
