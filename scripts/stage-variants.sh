@@ -70,6 +70,13 @@
 #   claim-b2       + launch bounds: two 256-thread blocks of heap_alloc per SM
 #   claim-slots128 + 128 slots per class, slot blocks within 1/64 of the heap
 #   claim-s24      + 16 MiB segments (= s24)
+#   split          issue 15's registers (branch `regs`): cold paths cut so
+#                  that ptxas allocates each function of heap_alloc's graph
+#                  alone (GPUMALLOC_SPLIT_COLD=1): 98 registers on sm_90
+#                  (main 162), no spills, no stack on the fast path
+#   split-b3       split + launch bounds for three 256-thread blocks per SM
+#                  (80 registers; 20-24 B of spills at the kernel's entry
+#                  and exit)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
 # when a setting changes, and cargo tracks the `option_env!` reads.
@@ -101,6 +108,8 @@ settings() {
     claim-slots128)
       echo "GPUMALLOC_SLOTS=128 GPUMALLOC_SLOT_BUDGET_SHIFT=6 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=4" ;;
     claim-s24) echo "GPUMALLOC_SEGMENT_SHIFT=24" ;;
+    split) echo "GPUMALLOC_SPLIT_COLD=1" ;;
+    split-b3) echo "GPUMALLOC_SPLIT_COLD=1 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
     *) echo "unknown variant $1" >&2; exit 1 ;;
   esac
 }
