@@ -47,6 +47,9 @@
 //!                  largest placed in the smallest free block that holds
 //!                  them, and as before (minimum ratio, overhead at 0.9,
 //!                  0.7, 0.5)
+//!   --compact-ablation  each policy with the small tensors that divide a
+//!                  run of free blocks moved out of it before evicting, and
+//!                  without (minimum ratio, overhead at 0.9, 0.7, 0.5)
 //!   --chain-ablation  each policy with an op's and a recomputation's
 //!                  inputs brought back resident first, then deepest chain
 //!                  first, and tensors on a dropped chain (a backward
@@ -69,9 +72,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use remat::compare::{
-    chain_ablation, dead_ablation, frag_ablation, gap_ablation, held_ablation, hole_ablation,
-    latency_ablation, memory_ablation, merge_ablation, metadata_ablation, min_ratios,
-    ranking_ablation, relocate_ablation, side_ablation, sweep, table,
+    chain_ablation, compact_ablation, dead_ablation, frag_ablation, gap_ablation, held_ablation,
+    hole_ablation, latency_ablation, memory_ablation, merge_ablation, metadata_ablation,
+    min_ratios, ranking_ablation, relocate_ablation, side_ablation, sweep, table,
 };
 use remat::sweep::{Command, run_command};
 use remat::synth;
@@ -95,6 +98,7 @@ fn run() -> Result<(), String> {
     let (mut do_merge, mut do_dead, mut do_metadata) = (false, false, false);
     let (mut do_relocate, mut do_held, mut do_gap) = (false, false, false);
     let mut do_side = false;
+    let mut do_compact = false;
     let (mut do_hole, mut do_chain, mut do_frag) = (false, false, false);
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
@@ -116,6 +120,7 @@ fn run() -> Result<(), String> {
             "--hole-ablation" => do_hole = true,
             "--frag-ablation" => do_frag = true,
             "--side-ablation" => do_side = true,
+            "--compact-ablation" => do_compact = true,
             "--chain-ablation" => do_chain = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
@@ -144,6 +149,7 @@ fn run() -> Result<(), String> {
         do_chain,
         do_frag,
         do_side,
+        do_compact,
     ];
     if ablations.iter().any(|&on| on) {
         for path in &traces {
@@ -177,6 +183,9 @@ fn run() -> Result<(), String> {
             }
             if do_frag {
                 println!("{}\n{}", path.display(), frag_ablation(&recorded.trace));
+            }
+            if do_compact {
+                println!("{}\n{}", path.display(), compact_ablation(&recorded.trace));
             }
             if do_side {
                 println!("{}\n{}", path.display(), side_ablation(&recorded.trace));

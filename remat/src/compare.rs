@@ -225,6 +225,27 @@ pub fn side_ablation(trace: &Trace) -> String {
     )
 }
 
+/// Each policy with the tensors that divide a run of free blocks moved out
+/// of it before evicting (`AddedRules::compact_dividers`), then with small
+/// tensors scored as moved in Coop's windows
+/// (`AddedRules::move_small_in_windows`), each against without: minimum
+/// ratio and overhead at a few ratios, as [`memory_ablation`].
+pub fn compact_ablation(trace: &Trace) -> String {
+    let dividers = rule_ablation(
+        trace,
+        "dividers moved so holes join",
+        |r, on| r.compact_dividers = on,
+        true,
+    );
+    let windows = rule_ablation(
+        trace,
+        "small tensors moved out of windows",
+        |r, on| r.move_small_in_windows = on,
+        true,
+    );
+    format!("{dividers}\n{windows}")
+}
+
 /// Coop with the free bytes inside a window counted twice in its per-byte
 /// ranking (`Coop::credit_holes`, off by default) and without: minimum ratio
 /// and overhead at a few ratios, as [`memory_ablation`]. DTR and DTE have no

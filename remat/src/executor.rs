@@ -18,7 +18,10 @@
 //! tensor), and failing that for every tensor the op and its recomputation
 //! chain hold, and one pinned tensor splitting a run, to be moved
 //! (`AddedRules::move_held_tensors`, Coop's default, `executor/held.rs`);
-//! otherwise the replay runs out of memory there.
+//! otherwise the replay runs out of memory there. Two more moves, off in
+//! every policy, join holes divided by small tensors
+//! (`AddedRules::compact_dividers`, `AddedRules::move_small_in_windows`,
+//! `executor/compact.rs`).
 //!
 //! In-place ops: under DTR and DTE the output is a copy (copy-on-write, as
 //! DTR's prototype rewrites in-place ops) and the input dies after it; Coop
@@ -34,6 +37,7 @@
 
 use std::time::Instant;
 
+mod compact;
 mod held;
 
 use super::chain_order::ordered_inputs;
@@ -632,6 +636,11 @@ impl<'p> Executor<'p> {
         if let Some(addr) = self.policy.place(&ctx, &request) {
             return Ok((addr, None));
         }
+        if self.policy.rules().compact_dividers
+            && let Some(addr) = self.place_after_compaction(&request)?
+        {
+            return Ok((addr, None));
+        }
         let (mut search_ns, mut evicted) = (0u64, 0usize);
         loop {
             let ctx = SearchContext {
@@ -653,6 +662,9 @@ impl<'p> Executor<'p> {
                 self.evict(victim)?;
             }
             evicted += eviction.victims.len();
+            if let Some(span) = eviction.window {
+                evicted += self.move_out_of(&eviction.moved, span)?;
+            }
             let ctx = SearchContext {
                 pool: &self.pool,
                 tensors: &self.tensors,

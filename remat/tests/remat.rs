@@ -1689,3 +1689,45 @@ fn side_outputs_go_to_the_smallest_free_block() {
     );
     assert!(placed.finished() && placed.evictions == 0, "{placed:?}");
 }
+
+/// Two 100-byte holes divided by a 4-byte tensor `s`, and a 196-byte
+/// request: with `compact_dividers`, `s` moves to the 6 free bytes at the
+/// end (one relocation, charged its op's cost) and the request fits without
+/// an eviction; without it, the policy evicts. DTR, whose first-fit makes
+/// this layout (Coop's partitioning would put the tensors elsewhere).
+#[test]
+fn a_small_divider_moves_so_two_holes_join() {
+    let out = |size| OutputSpec {
+        size,
+        pinned: false,
+    };
+    let mut b = TraceBuilder::new();
+    let a = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    let s = b.op(&[], &[out(4)], 3.0).expect("valid")[0];
+    let c = b.op(&[], &[out(100)], 1.0).expect("valid")[0];
+    let d = b.op(&[], &[out(50)], 1.0).expect("valid")[0];
+    // Reads `a` and `c` last, so both are dropped after it: holes
+    // [0, 100) and [104, 204), and 6 bytes free at the end.
+    let u = b.op(&[a, c], &[out(40)], 1.0).expect("valid")[0];
+    let f = b.op(&[], &[out(196)], 1.0).expect("valid")[0];
+    for t in [s, d, u, f] {
+        b.keep(t);
+    }
+    let trace = b.finish();
+    let options = ReplayOptions {
+        check_invariants: true,
+    };
+    let dtr = |on| Dtr {
+        rules: AddedRules {
+            compact_dividers: on,
+            ..AddedRules::NONE
+        },
+        ..Dtr::default()
+    };
+    let moved = replay(&trace, 300, &mut dtr(true), options);
+    assert!(moved.finished(), "{moved:?}");
+    assert_eq!((moved.evictions, moved.relocations), (0, 1), "{moved:?}");
+    assert_eq!(moved.recompute_cost, 3.0, "{moved:?}");
+    let evicted = replay(&trace, 300, &mut dtr(false), options);
+    assert!(evicted.evictions > 0, "{evicted:?}");
+}

@@ -193,6 +193,12 @@ use crate::dropped_chain::on_dropped_chain;
 use crate::pool::Interval;
 use crate::tensor::{Prices, TensorId, TensorTable};
 
+/// A tensor may be scored as moved out of a window (its op's cost) rather
+/// than evicted when its bytes times this are under the request's
+/// (`AddedRules::move_small_in_windows`). 1 (every tensor smaller than the
+/// request), 64 and 4096 were measured; none keeps every minimum budget.
+const MOVE_FRACTION: u64 = 4096;
+
 /// One interval as the window search sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WindowItem {
@@ -488,10 +494,16 @@ pub struct Scan {
     /// Bytes of the largest item of score 0 (free space, or a tensor that
     /// costs nothing to evict): whether a hole challenger is looked for.
     largest_zero: u64,
+    /// Items (indices) of tensors on a dropped chain that are scored as
+    /// moved, not evicted (`AddedRules::move_small_in_windows`).
+    moving: Vec<usize>,
+    /// Bytes of the request being searched for.
+    request: u64,
 }
 
 impl Scan {
     fn clear(&mut self) {
+        self.moving.clear();
         self.items.clear();
         self.tensors.clear();
         self.gaps.clear();
@@ -634,6 +646,7 @@ impl Coop {
     /// read.
     fn gap_items(&self, ctx: &SearchContext<'_>, request: u64, scan: &mut Scan) {
         scan.clear();
+        scan.request = request;
         ctx.pool.gaps_of_at_least_into(request, &mut scan.gaps);
         for k in 0..scan.gaps.len() {
             let (start, end) = scan.gaps[k];
@@ -678,9 +691,17 @@ impl Coop {
                 Some((_, Ok(tensor))) if tensor.pinned => (None, true),
                 Some((t, Ok(tensor))) if tensor.is_evictable() => {
                     let staleness = tensor.staleness(ctx.now);
-                    let score = self.score(&mut prices, t, staleness, i.size, free_before);
+                    let mut score = self.score(&mut prices, t, staleness, i.size, free_before);
                     if score == 0.0 {
                         scan.largest_zero = scan.largest_zero.max(i.size);
+                    }
+                    if self.rules.move_small_in_windows
+                        && i.size.saturating_mul(MOVE_FRACTION) < scan.request
+                        && let Ok(moved) = ctx.tensors.get(t)
+                        && moved.cost < score
+                    {
+                        scan.moving.push(scan.items.len());
+                        score = moved.cost;
                     }
                     (Some(score), false)
                 }
@@ -715,7 +736,7 @@ impl Coop {
         let (Some(t), Some(score)) = (scan.tensors[k], scan.items[k].score) else {
             return;
         };
-        if score == 0.0 {
+        if score == 0.0 || scan.moving.last() == Some(&k) {
             return;
         }
         let Ok(state) = ctx.tensors.state(t) else {
@@ -868,10 +889,27 @@ impl Coop {
             let mut kept = false;
             if self.rules.keep_dropped_chains {
                 for k in window.first..=window.last {
+                    if scan.moving.contains(&k) {
+                        continue;
+                    }
                     if let Some(t) = scan.tensors[k]
                         && on_dropped_chain(table, t)
                     {
-                        scan.items[k].score = None;
+                        let size = scan.items[k].size;
+                        let beside_larger = |j: Option<usize>| {
+                            j.and_then(|j| scan.items.get(j))
+                                .is_some_and(|i| i.size > size)
+                        };
+                        scan.items[k].score = if self.rules.move_small_in_windows
+                            && size < request.size
+                            && beside_larger(k.checked_sub(1))
+                            && beside_larger(Some(k + 1))
+                        {
+                            scan.moving.push(k);
+                            table.get(t).ok().map(|t| t.cost)
+                        } else {
+                            None
+                        };
                         kept = true;
                     }
                 }
@@ -885,11 +923,21 @@ impl Coop {
         (self.last_steps, self.last_items) = (steps, items.len());
         let (window, side) = found?;
         let span = (items[window.first].addr, window.bytes);
-        let victims = tensors[window.first..=window.last]
+        let (mut victims, mut moved) = (Vec::new(), Vec::new());
+        for (k, tensor) in tensors
             .iter()
-            .flatten()
-            .copied()
-            .collect();
+            .enumerate()
+            .take(window.last + 1)
+            .skip(window.first)
+        {
+            if let &Some(t) = tensor {
+                if scan.moving.contains(&k) {
+                    moved.push(t);
+                } else {
+                    victims.push(t);
+                }
+            }
+        }
         // Free space: an interval with a score and no tensor (a stand-in
         // for skipped pinned tensors has no score).
         let free =
@@ -909,6 +957,7 @@ impl Coop {
             victims,
             window: Some(span),
             addr: Some(addr),
+            moved,
         })
     }
 

@@ -56,6 +56,9 @@ pub struct Eviction {
     pub window: Option<(u64, u64)>,
     /// For a window policy: where the request goes inside that span.
     pub addr: Option<u64>,
+    /// Tensors inside the window that are moved out of it rather than
+    /// evicted (`AddedRules::move_small_in_windows`); not among `victims`.
+    pub moved: Vec<TensorId>,
 }
 
 /// An eviction policy.
@@ -150,5 +153,6 @@ pub(crate) fn evict_lowest_heuristic(
         victims: vec![victim],
         window: None,
         addr: None,
+        moved: Vec::new(),
     })
 }

@@ -49,6 +49,26 @@ pub struct AddedRules {
     /// overhead the wrong way (`--side-ablation`, `docs/PERF.md` "Where the
     /// vision models' free space lies").
     pub side_outputs_best_fit: bool,
+    /// Before the policy evicts for a request that fits no free block, the
+    /// groups of tensors that alone divide a run of free blocks long enough
+    /// for it (resident, unpinned, unlocked, fewer bytes than the free block
+    /// on either side) are moved to the smallest free blocks outside the run,
+    /// each charged as a recomputation of it, and the request goes into the
+    /// joined block (`executor/compact.rs`). Off in every policy: it moves
+    /// Swin-T's minimum budget from 0.252 to 0.270 (`--compact-ablation`,
+    /// `docs/PERF.md` "Small tensors moved so holes join").
+    pub compact_dividers: bool,
+    /// In Coop's window search, a tensor whose bytes are under
+    /// 1/`MOVE_FRACTION` of the request's and whose op's cost is below its
+    /// eviction score is scored at that cost and, if its window is taken,
+    /// moved out of the window (to the smallest free block outside it that
+    /// holds it, charged as a recomputation of it; evicted when none does)
+    /// instead of evicted; with `keep_dropped_chains`, a tensor on a dropped
+    /// chain smaller than the request and than the items on either side is
+    /// scored so too instead of blocking the window (`Coop::search`,
+    /// `Executor::move_out_of`). Off in every policy: it moves ResNet-50's
+    /// minimum budget from 0.293 to 0.302 and Swin-T's to 0.270.
+    pub move_small_in_windows: bool,
 }
 
 impl AddedRules {
@@ -61,10 +81,13 @@ impl AddedRules {
         order_inputs: false,
         keep_dropped_chains: false,
         side_outputs_best_fit: false,
+        compact_dividers: false,
+        move_small_in_windows: false,
     };
 
-    /// Coop's defaults: every rule but `order_inputs` and
-    /// `side_outputs_best_fit`; `order_inputs` is off since
+    /// Coop's defaults: every rule but `order_inputs`,
+    /// `side_outputs_best_fit`, `compact_dividers` and
+    /// `move_small_in_windows`; `order_inputs` is off since
     /// the merge with the held-tensor move (with both chain rules on,
     /// Swin-T's minimum budget rose from 0.257 to 0.266; `--chain-ablation`).
     pub const COOP: AddedRules = AddedRules {
@@ -75,5 +98,7 @@ impl AddedRules {
         order_inputs: false,
         keep_dropped_chains: true,
         side_outputs_best_fit: false,
+        compact_dividers: false,
+        move_small_in_windows: false,
     };
 }
