@@ -503,11 +503,19 @@ impl<'p> Executor<'p> {
                 .ok_or(RematError::UnknownTensor(i))?
                 .addr;
             if addr != old {
-                self.tensors.set_resident(i, addr, self.now)?;
-                self.report.recompute_cost += self.tensors.get(i)?.cost;
-                self.report.relocations += 1;
+                self.charge_move(i, addr)?;
             }
         }
+        Ok(())
+    }
+
+    /// The table follows a tensor the pool now holds at `to`, and the move is
+    /// charged as a recomputation of it and counted as a relocation (every
+    /// move rule charges its moves here).
+    fn charge_move(&mut self, t: TensorId, to: u64) -> RematResult<()> {
+        self.tensors.set_resident(t, to, self.now)?;
+        self.report.recompute_cost += self.tensors.get(t)?.cost;
+        self.report.relocations += 1;
         Ok(())
     }
 

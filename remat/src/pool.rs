@@ -124,8 +124,20 @@ impl Pool {
     /// Start of the smallest free interval of at least `size` bytes (the
     /// lowest-addressed of equal ones).
     pub fn best_fit(&self, size: u64) -> Option<u64> {
+        self.best_fit_where(size, |_| true)
+    }
+
+    /// [`Pool::best_fit`] among the free intervals that lie wholly outside
+    /// `[start, end)` (where a tensor moved out of that span can go).
+    pub fn best_fit_outside(&self, size: u64, start: u64, end: u64) -> Option<u64> {
+        self.best_fit_where(size, |i| i.addr + i.size <= start || i.addr >= end)
+    }
+
+    /// The smallest free interval that holds `size` bytes and that `keep`
+    /// accepts (the lowest address on ties).
+    fn best_fit_where(&self, size: u64, keep: impl Fn(&Interval) -> bool) -> Option<u64> {
         self.intervals()
-            .filter(|i| i.tensor.is_none() && i.size >= size)
+            .filter(|i| i.tensor.is_none() && i.size >= size && keep(i))
             .min_by_key(|i| (i.size, i.addr))
             .map(|i| i.addr)
     }

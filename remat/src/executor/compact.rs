@@ -143,14 +143,7 @@ impl Executor<'_> {
         };
         let mut moved: Vec<(u64, TensorId, u64, u64)> = Vec::new();
         for &(from, t, size) in &run.dividers {
-            let to = self
-                .pool
-                .intervals()
-                .filter(|i| i.tensor.is_none() && i.size >= size)
-                .filter(|i| i.addr + i.size <= run.start || i.addr >= run.end)
-                .min_by_key(|i| (i.size, i.addr))
-                .map(|i| i.addr);
-            let Some(to) = to else {
+            let Some(to) = self.pool.best_fit_outside(size, run.start, run.end) else {
                 self.undo_compaction(&moved)?;
                 return Ok(None);
             };
@@ -168,9 +161,7 @@ impl Executor<'_> {
             return Ok(None);
         };
         for &(_, t, _, to) in &moved {
-            self.tensors.set_resident(t, to, self.now)?;
-            self.report.recompute_cost += self.tensors.get(t)?.cost;
-            self.report.relocations += 1;
+            self.charge_move(t, to)?;
         }
         Ok(Some(addr))
     }
@@ -187,22 +178,13 @@ impl Executor<'_> {
         let (start, end) = (span.0, span.0 + span.1);
         for &t in moved {
             let size = self.tensors.get(t)?.size;
-            let to = self
-                .pool
-                .intervals()
-                .filter(|i| i.tensor.is_none() && i.size >= size)
-                .filter(|i| i.addr + i.size <= start || i.addr >= end)
-                .min_by_key(|i| (i.size, i.addr))
-                .map(|i| i.addr);
-            let Some(to) = to else {
+            let Some(to) = self.pool.best_fit_outside(size, start, end) else {
                 self.evict(t)?;
                 continue;
             };
             self.pool.release(t)?;
             self.place(t, to, size)?;
-            self.tensors.set_resident(t, to, self.now)?;
-            self.report.recompute_cost += self.tensors.get(t)?.cost;
-            self.report.relocations += 1;
+            self.charge_move(t, to)?;
         }
         Ok(moved.len())
     }

@@ -100,14 +100,7 @@ impl Executor<'_> {
         }
         let (size, addr, p, start) = best?;
         let end = gaps.iter().find(|g| g.0 == addr + size).map(|g| g.1)?;
-        // Best fit among the free blocks outside the span.
-        let to = self
-            .pool
-            .intervals()
-            .filter(|i| i.tensor.is_none() && i.size >= size)
-            .filter(|i| i.addr + i.size <= start || i.addr >= end)
-            .min_by_key(|i| (i.size, i.addr))?
-            .addr;
+        let to = self.pool.best_fit_outside(size, start, end)?;
         Some((p, addr, size, to))
     }
 
@@ -116,10 +109,7 @@ impl Executor<'_> {
     fn move_pinned(&mut self, p: TensorId, to: u64, size: u64) -> RematResult<()> {
         self.pool.release(p)?;
         self.place(p, to, size)?;
-        self.tensors.set_resident(p, to, self.now)?;
-        self.report.recompute_cost += self.tensors.get(p)?.cost;
-        self.report.relocations += 1;
-        Ok(())
+        self.charge_move(p, to)
     }
 
     /// The resident, unpinned, locked tensors as `(address, tensor, size)`,
