@@ -77,6 +77,12 @@
 #   split-b3       split + launch bounds for three 256-thread blocks per SM
 #                  (80 registers; 20-24 B of spills at the kernel's entry
 #                  and exit)
+#   sadd           slice classes reserve blocks with one subtract, as block
+#                  classes do (GPUMALLOC_SLICE_CLAIM_ADD=1, the default
+#                  since 2026-11-23's sixth session: docs/PERF.md, "16 B's
+#                  fixed cost")
+#   scas           the slices' CAS reservation before that
+#                  (GPUMALLOC_SLICE_CLAIM_ADD=0)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
 # when a setting changes, and cargo tracks the `option_env!` reads.
@@ -110,6 +116,8 @@ settings() {
     claim-s24) echo "GPUMALLOC_SEGMENT_SHIFT=24" ;;
     split) echo "GPUMALLOC_SPLIT_COLD=1" ;;
     split-b3) echo "GPUMALLOC_SPLIT_COLD=1 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
+    sadd) echo "GPUMALLOC_SLICE_CLAIM_ADD=1" ;;
+    scas) echo "GPUMALLOC_SLICE_CLAIM_ADD=0" ;;
     *) echo "unknown variant $1" >&2; exit 1 ;;
   esac
 }

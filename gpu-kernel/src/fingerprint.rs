@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 13] = [
+pub const SETTINGS: [&str; 14] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -47,10 +47,11 @@ pub const SETTINGS: [&str; 13] = [
     "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT",
     "GPUMALLOC_SLOT_STRIDE",
     "GPUMALLOC_SPLIT_COLD",
+    "GPUMALLOC_SLICE_CLAIM_ADD",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 13] = [
+const SETTING_VALUES: [Option<&str>; 14] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -64,6 +65,7 @@ const SETTING_VALUES: [Option<&str>; 13] = [
     option_env!("GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT"),
     option_env!("GPUMALLOC_SLOT_STRIDE"),
     option_env!("GPUMALLOC_SPLIT_COLD"),
+    option_env!("GPUMALLOC_SLICE_CLAIM_ADD"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -13,9 +13,10 @@
 //!
 //! Claiming a block: take the lowest segment of the class tree (after a lost
 //! race, another of its tree word, picked per warp) and reserve one of its
-//! free blocks in the segment table (block classes: with one subtract, which
-//! may overdraw and give back, `SegmentTable::reserve_blocks_add`; slice
-//! classes: with a CAS), then take a bit of its bitmap; if the
+//! free blocks in the segment table (with one subtract, which may overdraw
+//! and give back, `SegmentTable::reserve_blocks_add`; slice classes with a
+//! CAS instead when built with `GPUMALLOC_SLICE_CLAIM_ADD=0`), then take a
+//! bit of its bitmap; if the
 //! class tree is empty, claim the lowest free segment and format it, or, under
 //! the class's format lock, as many of them as the claimers in flight want.
 //! Returning a block: set its bitmap bit, then count it in the segment table;
@@ -110,6 +111,18 @@ const WINDOWS_OPEN_MASK: u64 = WINDOW_OPENED - 1;
 /// run shows it is not slower.
 pub(crate) const SPLIT_COLD: bool =
     crate::class::build_knob(option_env!("GPUMALLOC_SPLIT_COLD"), 0) != 0;
+/// Slice classes reserve blocks with the block classes' one subtract
+/// ([`SegmentTable::reserve_blocks_add`], ticketed takes), as block
+/// classes do; `GPUMALLOC_SLICE_CLAIM_ADD=0` at build time brings back the
+/// CAS reservation (`reserve_blocks_once`) for comparison. Why: at 16–64 B
+/// a segment holds 32–128 blocks, more than a slot's claim of 4 shifted by
+/// the unlocked-format rule, so the first installs of a burst share one
+/// locked format and then raced CAS after CAS on its one table word; with
+/// one add each they take 16 B × 2^20 from 0.150 to 0.085 ms, 32 B −40%,
+/// 64 B −25%, 256 B −32%, the rest within ±3% (H100, kernel alone;
+/// `docs/PERF.md`, "16 B's fixed cost").
+pub(crate) const SLICE_CLAIM_ADD: bool =
+    crate::class::build_knob(option_env!("GPUMALLOC_SLICE_CLAIM_ADD"), 1) != 0;
 /// Spreads salts for `VebTree::pick` over `u32` (2^32 / the golden ratio).
 const SPREAD_HASH: u32 = 0x9e37_79b9;
 
@@ -606,8 +619,9 @@ impl Heap {
                 } else {
                     (segment | 63).wrapping_add(1)
                 };
-                if !slice {
-                    // Block classes: one subtract, however many claim here.
+                if !slice || SLICE_CLAIM_ADD {
+                    // Block classes (and slices with `SLICE_CLAIM_ADD`): one
+                    // subtract, however many claim here.
                     match table.reserve_blocks_add(segment, class, want, blocks, self.segment_shift)
                     {
                         Grab::Reserved {
@@ -631,6 +645,9 @@ impl Heap {
                             self.drop_from_class_tree(class, segment);
                             spread += 1;
                             salt = spread_salt(spread);
+                            if slice {
+                                from = elsewhere;
+                            }
                         }
                     }
                     continue;

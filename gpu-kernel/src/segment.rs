@@ -335,6 +335,7 @@ impl<'a> SegmentTable<'a> {
     /// [`SegmentTable::reserve_blocks`] with one CAS: `Contended` if another
     /// thread changed the word between the load and the CAS (the caller
     /// may try another segment rather than queue on this word again).
+    /// Slice claims use it only when built with `GPUMALLOC_SLICE_CLAIM_ADD=0`.
     #[inline]
     pub fn reserve_blocks_once(&self, segment: u32, class: SizeClass, want: u32) -> Reservation {
         let w = self.word(segment);
@@ -362,8 +363,9 @@ impl<'a> SegmentTable<'a> {
 
     /// Reserves up to `want` (at least one) free blocks of an active
     /// segment of `class` (`total` blocks per segment) with one subtract of
-    /// `want` from its `free` field, for block classes (heaps of
-    /// `segment_shift`).
+    /// `want` from its `free` field (heaps of `segment_shift`): every
+    /// class's claims, slices' too unless built with
+    /// `GPUMALLOC_SLICE_CLAIM_ADD=0`.
     ///
     /// Why not a CAS: a burst's claimers of one segment (up to 32 warps
     /// for a 16 KiB class) then queued one CAS round trip after another on

@@ -16,6 +16,8 @@
 #   docs/results/next-gpu/regs.sh compare-queued   # kernel alone (--queued)
 #   docs/results/next-gpu/regs.sh suite            # GPU suite on split
 #   docs/results/next-gpu/regs.sh memcheck         # memcheck on split
+#   BUILD=sadd VARIANTS="main sadd" ...            # another build (sadd:
+#                                                  # "16 B's fixed cost")
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 phase=${1:?phase: compare, compare-queued, suite or memcheck}
@@ -23,6 +25,9 @@ OUT=${OUT:-results/regs}
 mkdir -p "$OUT"
 work=$(mktemp -d /tmp/regs-$phase.XXXX)
 VARIANTS=${VARIANTS:-"main split split-b3"}
+# The build the suite and memcheck phases run (a folder of .gpu-var/
+# staged whole by scripts/stage-gpu.sh).
+BUILD=${BUILD:-split}
 if [ ! -x .gpu-var/main/gpumalloc ] && [ -x .gpu/gpumalloc ]; then
   mkdir -p .gpu-var/main && cp .gpu/gpumalloc .gpu-var/main/
 fi
@@ -41,11 +46,11 @@ case $phase in
   suite)
     # The allocator's GPU tests, examples and one quick `single` bench on
     # the split build; sanitizers in their own phase.
-    GPUMALLOC_BIN=.gpu-var/split OUT=$work/suite SKIP_SANITIZER=1 QUICK=1 BENCH=single \
+    GPUMALLOC_BIN=.gpu-var/$BUILD OUT=$work/suite SKIP_SANITIZER=1 QUICK=1 BENCH=single \
       STEP_TIMEOUT=240 timeout 560 scripts/gpu-suite.sh > "$work/log.txt" 2>&1 || rc=$?
     ;;
   memcheck)
-    bin=.gpu-var/split
+    bin=.gpu-var/$BUILD
     GPUMALLOC_TEST_THREADS=4096 timeout 270 compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$bin/test-gpu" --include-ignored --test-threads=1 selftest every_class mixed_sizes bad_frees a_launch_with \
       > "$work/memcheck-gpu.log" 2>&1 || rc=$?
