@@ -59,6 +59,11 @@
 //!                  the inputs of ops that read only their inputs' shape
 //!                  (new_empty, ones_like...) left out (minimum ratio,
 //!                  overhead at 0.9, 0.7, 0.5)
+//!   --copy-ablation  every policy at every ratio of the sweep with a move
+//!                  of a resident tensor charged as a device copy (the
+//!                  default) and as a recomputation of its op: the moves,
+//!                  their charge and the overhead each way where a tensor
+//!                  moved, and whether every decision was the same
 //!   --latency-ablation  search time of DTR, DTR with Coop's price cache
 //!                  and Coop at 0.9 to 0.5 (median of 5 replays each)
 //! ```
@@ -72,9 +77,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use remat::compare::{
-    chain_ablation, compact_ablation, dead_ablation, frag_ablation, gap_ablation, held_ablation,
-    hole_ablation, latency_ablation, memory_ablation, merge_ablation, metadata_ablation,
-    min_ratios, ranking_ablation, relocate_ablation, side_ablation, sweep, table,
+    chain_ablation, compact_ablation, copy_ablation, dead_ablation, frag_ablation, gap_ablation,
+    held_ablation, hole_ablation, latency_ablation, memory_ablation, merge_ablation,
+    metadata_ablation, min_ratios, ranking_ablation, relocate_ablation, side_ablation, sweep,
+    table,
 };
 use remat::sweep::{Command, run_command};
 use remat::synth;
@@ -98,7 +104,7 @@ fn run() -> Result<(), String> {
     let (mut do_merge, mut do_dead, mut do_metadata) = (false, false, false);
     let (mut do_relocate, mut do_held, mut do_gap) = (false, false, false);
     let mut do_side = false;
-    let mut do_compact = false;
+    let (mut do_compact, mut do_copy) = (false, false);
     let (mut do_hole, mut do_chain, mut do_frag) = (false, false, false);
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
@@ -122,6 +128,7 @@ fn run() -> Result<(), String> {
             "--side-ablation" => do_side = true,
             "--compact-ablation" => do_compact = true,
             "--chain-ablation" => do_chain = true,
+            "--copy-ablation" => do_copy = true,
             "--step" => step = number(value("a ratio step")?)?,
             "--out" => out = PathBuf::from(value("a folder")?),
             "-h" | "--help" => {
@@ -150,6 +157,7 @@ fn run() -> Result<(), String> {
         do_frag,
         do_side,
         do_compact,
+        do_copy,
     ];
     if ablations.iter().any(|&on| on) {
         for path in &traces {
@@ -189,6 +197,9 @@ fn run() -> Result<(), String> {
             }
             if do_side {
                 println!("{}\n{}", path.display(), side_ablation(&recorded.trace));
+            }
+            if do_copy {
+                println!("{}\n{}", path.display(), copy_ablation(&recorded.trace));
             }
             if do_metadata {
                 println!("{}\n{}", path.display(), metadata_ablation(&recorded));

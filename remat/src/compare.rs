@@ -565,3 +565,61 @@ pub fn latency_ablation(trace: &Trace, repeats: usize) -> String {
     }
     out
 }
+
+/// Every policy at every ratio of the sweep (0.9 down to the lowest minimum)
+/// with moves charged as device copies (`ReplayOptions::moves_as_copies`,
+/// the default) and as recomputations (before): for each replay that moved
+/// a tensor, the moves, what they were charged each way (in the trace's
+/// cost unit, ms for a recorded trace) and the overhead each way, and
+/// whether everything but the charge was the same (evictions,
+/// recomputations, fragmentation, ops run).
+pub fn copy_ablation(trace: &Trace) -> String {
+    let lowest = min_ratios(trace)
+        .iter()
+        .filter_map(|&(_, r)| r)
+        .fold(TOP_RATIO, f64::min);
+    let mut out = format!(
+        "moves as copies (trace: {}): ratio, policy, moves, charged as copies / as recomputations (ms), overhead as copies / as recomputations, same decisions\n",
+        match trace.copy {
+            Some(c) => format!(
+                "{:.0} bytes per ns, floor {:.1} µs",
+                c.bytes_per_cost,
+                c.launch / 1e3
+            ),
+            None => "no copy cost".to_string(),
+        }
+    );
+    let (mut replays, mut same) = (0usize, 0usize);
+    for ratio in ratios_down_to(lowest, 0.05) {
+        for (name, make) in all_policies() {
+            let run = |copies: bool| {
+                let options = ReplayOptions {
+                    moves_as_copies: copies,
+                    ..ReplayOptions::default()
+                };
+                replay(trace, budget_for(trace, ratio), make().as_mut(), options)
+            };
+            let (copies, recomputes) = (run(true), run(false));
+            let decided = |r: &Report| (r.ops_done, r.evictions, r.recomputations, r.relocations);
+            let alike = decided(&copies) == decided(&recomputes)
+                && copies.fragmentation == recomputes.fragmentation;
+            replays += 1;
+            same += usize::from(alike);
+            if copies.relocations == 0 && alike {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "  {ratio:>5.3} {name:>6} {:>4} {:>9.3} / {:>9.3} {:>7} / {:>7} {}",
+                copies.relocations,
+                copies.move_cost / 1e6,
+                recomputes.move_cost / 1e6,
+                overhead_cell(&copies),
+                overhead_cell(&recomputes),
+                if alike { "yes" } else { "NO" }
+            );
+        }
+    }
+    let _ = writeln!(out, "  same decisions in {same} of {replays} replays");
+    out
+}

@@ -14,8 +14,9 @@
 //! (`AddedRules::drop_dead_inputs`, Coop's default). When a tensor
 //! fits nowhere, a policy may ask for its inputs that only its op holds to
 //! be moved so that it fits beside them (`AddedRules::relocate_inputs`,
-//! Coop's default; each move charged as a recomputation of the moved
-//! tensor), and failing that for every tensor the op and its recomputation
+//! Coop's default; each move charged as a device copy of the moved tensor
+//! where the trace says what a copy costs and `ReplayOptions::moves_as_copies`
+//! is on, the default, else as a recomputation of it), and failing that for every tensor the op and its recomputation
 //! chain hold, and one pinned tensor splitting a run, to be moved
 //! (`AddedRules::move_held_tensors`, Coop's default, `executor/held.rs`);
 //! otherwise the replay runs out of memory there. Two more moves, off in
@@ -45,7 +46,7 @@ use super::error::{RematError, RematResult};
 use super::policy::{EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext};
 use super::pool::Pool;
 use super::tensor::{Residency, TensorId, TensorTable};
-use super::trace::{Op, Trace};
+use super::trace::{CopyCost, Op, Trace};
 
 /// What one replay measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,10 +67,12 @@ pub struct Report {
     pub recomputations: usize,
     /// Tensors evicted.
     pub evictions: usize,
-    /// Locked inputs moved beside their op's output
-    /// (`AddedRules::relocate_inputs`); each is charged its op's cost
-    /// in `recompute_cost`.
+    /// Tensors moved by a layout rule (`AddedRules::relocate_inputs` and
+    /// the others); each move is charged in `recompute_cost`.
     pub relocations: usize,
+    /// The part of `recompute_cost` charged for moves: copies
+    /// (`ReplayOptions::moves_as_copies`) or recomputations.
+    pub move_cost: f64,
     /// Free bytes / capacity, right after each allocation that had to evict.
     pub fragmentation: Vec<f64>,
     /// Wall time of the policy's search for each allocation that had to evict
@@ -114,10 +117,25 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// Replay options.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct ReplayOptions {
     /// Run `Pool::check` and the residency cross-check after every op (slow).
     pub check_invariants: bool,
+    /// Charge a move of a resident tensor as the device-to-device copy it is
+    /// (`Trace::copy`; on by default), not as a recomputation of its op (the
+    /// charge before, kept for the ablation `compare::copy_ablation`). A
+    /// trace that does not say what a copy costs (a built or synthetic one,
+    /// in modelled cost units) is charged recomputations either way.
+    pub moves_as_copies: bool,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> ReplayOptions {
+        ReplayOptions {
+            check_invariants: false,
+            moves_as_copies: true,
+        }
+    }
 }
 
 /// Runs `trace` in a pool of `budget` bytes with `policy`.
@@ -128,7 +146,7 @@ pub fn replay(
     options: ReplayOptions,
 ) -> Report {
     let name = policy.name();
-    let mut executor = match Executor::new(trace, budget, policy) {
+    let mut executor = match Executor::new(trace, budget, policy, options) {
         Ok(e) => e,
         Err(error) => {
             return Report {
@@ -155,6 +173,7 @@ impl Report {
             recomputations: 0,
             evictions: 0,
             relocations: 0,
+            move_cost: 0.0,
             fragmentation: Vec::new(),
             search_ns: Vec::new(),
         }
@@ -172,6 +191,8 @@ struct Executor<'p> {
     /// Tensors the program has dropped (a recomputed one is still dead).
     dead: Vec<bool>,
     cheap_below: f64,
+    /// What a move costs, when it is charged as a copy.
+    copy: Option<CopyCost>,
     /// Per tensor: an output of its op other than the op's largest (the
     /// first largest is the main one); for `side_outputs_best_fit`.
     side_output: Vec<bool>,
@@ -184,6 +205,7 @@ impl<'p> Executor<'p> {
         trace: &Trace,
         budget: u64,
         policy: &'p mut dyn EvictionPolicy,
+        options: ReplayOptions,
     ) -> RematResult<Executor<'p>> {
         let mut tensors = TensorTable::default();
         let mut first_output = Vec::with_capacity(trace.ops.len());
@@ -213,6 +235,7 @@ impl<'p> Executor<'p> {
             dead: vec![false; overwrites.len()],
             overwrites,
             cheap_below: cheap_threshold(trace),
+            copy: trace.copy.filter(|_| options.moves_as_copies),
             side_output,
             now: 0,
             report,
@@ -389,10 +412,8 @@ impl<'p> Executor<'p> {
     /// usual; failing that, slid to the right; failing that, they leave
     /// their places and the policy finds room for their bytes and the
     /// output's as one request, where they go side by side in address
-    /// order, the output after them. A move is charged as a recomputation
-    /// of the moved tensor (its op's cost; a device copy costs no more for
-    /// an element-wise op, less for a matmul) and counted in
-    /// `Report::relocations`. When nothing works the inputs go back where
+    /// order, the output after them. A move is charged
+    /// ([`Executor::charge_move`]) and counted in `Report::relocations`. When nothing works the inputs go back where
     /// they were (nothing was placed since) and `error` is returned.
     fn compute_beside_inputs(
         &mut self,
@@ -510,13 +531,26 @@ impl<'p> Executor<'p> {
     }
 
     /// The table follows a tensor the pool now holds at `to`, and the move is
-    /// charged as a recomputation of it and counted as a relocation (every
+    /// charged ([`Executor::move_cost`]) and counted as a relocation (every
     /// move rule charges its moves here).
     fn charge_move(&mut self, t: TensorId, to: u64) -> RematResult<()> {
         self.tensors.set_resident(t, to, self.now)?;
-        self.report.recompute_cost += self.tensors.get(t)?.cost;
+        let cost = self.move_cost(t)?;
+        self.report.recompute_cost += cost;
+        self.report.move_cost += cost;
         self.report.relocations += 1;
         Ok(())
+    }
+
+    /// What moving `t` costs: a device copy of its bytes when moves are
+    /// charged as copies (`ReplayOptions::moves_as_copies` and a trace that
+    /// says what a copy costs), else a recomputation of it (its op's cost).
+    fn move_cost(&self, t: TensorId) -> RematResult<f64> {
+        let tensor = self.tensors.get(t)?;
+        Ok(match self.copy {
+            Some(copy) => copy.of(tensor.size),
+            None => tensor.cost,
+        })
     }
 
     /// Whether an in-place op over `input` writes at its address: under

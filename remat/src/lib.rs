@@ -8,7 +8,8 @@
 //!   evicted equivalence classes; [`price`]: projected costs and recompute
 //!   peaks cached between searches.
 //! - [`trace`]: the in-memory op trace; [`synth`]: seeded synthetic traces;
-//!   [`recorded`]: traces recorded from PyTorch (`python/remat/record.py`).
+//!   [`recorded`]: traces recorded from PyTorch (`python/remat/record.py`);
+//!   [`copy_cost`]: what a device copy costs, measured from a recorded trace.
 //! - [`policy`]: the `EvictionPolicy` trait, DTR, DTE, Coop.
 //! - [`executor`]: replay, measurements, minimum-budget bisection.
 //! - [`compare`]: the policies (with Coop-G) over a trace, as a table; [`sweep`]: the
@@ -20,6 +21,7 @@
 
 pub mod chain_order;
 pub mod compare;
+pub mod copy_cost;
 pub mod dropped_chain;
 pub mod error;
 pub mod executor;
@@ -38,4 +40,4 @@ pub use error::{RematError, RematResult};
 pub use executor::{ReplayOptions, Report, budget_for, min_budget_ratio, replay};
 pub use policy::{Coop, Dte, Dtr, EvictionPolicy};
 pub use recorded::Recorded;
-pub use trace::{Op, OutputSpec, Trace, TraceBuilder};
+pub use trace::{CopyCost, Op, OutputSpec, Trace, TraceBuilder};

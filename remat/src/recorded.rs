@@ -25,6 +25,9 @@
 //!   op lists its first input there (that version is overwritten). Tensors
 //!   never freed live to the end of the step.
 //!
+//! The trace's [`CopyCost`](super::trace::CopyCost) is measured from its
+//! element-wise ops (`copy_cost`).
+//!
 //! Sizes are rounded up to [`ALIGN`] bytes, the block size of PyTorch's CUDA
 //! caching allocator, so that the pool sees what the device would.
 //! The reader checks that the trace is well formed (reads only made and not
@@ -34,6 +37,7 @@
 use std::io::Read as _;
 use std::path::Path;
 
+use super::copy_cost;
 use super::error::{RematError, RematResult};
 use super::trace::{Op, OutputSpec, Trace};
 
@@ -154,7 +158,9 @@ impl Recorded {
                 return Err(at(format!("unknown record {line:?}")));
             }
         }
-        Ok(reader.out)
+        let mut out = reader.out;
+        out.trace.copy = copy_cost::measured(&out.names, &out.trace);
+        Ok(out)
     }
 }
 

@@ -2,8 +2,10 @@
 //! input tensors, its outputs' sizes (and which are pinned), a compute cost,
 //! whether it writes its first output over its first input (in-place), and the
 //! tensors the program drops after it. Output tensors are numbered in order of
-//! creation. [`TraceBuilder`] makes traces and works out the drops from the
-//! last uses. Plain data, no shared state.
+//! creation. A trace may also say what a device-to-device copy costs in its
+//! cost unit ([`CopyCost`]; recorded traces do, built ones do not).
+//! [`TraceBuilder`] makes traces and works out the drops from the last uses.
+//! Plain data, no shared state.
 
 use super::error::{RematError, RematResult};
 use super::tensor::TensorId;
@@ -32,11 +34,34 @@ pub struct Op {
     pub frees: Vec<TensorId>,
 }
 
+/// What a device-to-device copy costs, in the trace's cost unit: the bytes
+/// it reads and writes (twice its size) over `bytes_per_cost`, and at least
+/// `launch`. A move of a resident tensor (Coop's layout rules) is such a
+/// copy (`ReplayOptions::moves_as_copies`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CopyCost {
+    /// Bytes read plus bytes written per unit of cost (per ns in a recorded
+    /// trace).
+    pub bytes_per_cost: f64,
+    /// The cost of the smallest copy (a kernel launch).
+    pub launch: f64,
+}
+
+impl CopyCost {
+    /// The cost of copying `size` bytes.
+    pub fn of(&self, size: u64) -> f64 {
+        (2.0 * size as f64 / self.bytes_per_cost).max(self.launch)
+    }
+}
+
 /// A program: ops in order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Trace {
     /// The ops.
     pub ops: Vec<Op>,
+    /// What a copy costs, when the trace knows (`None`: a move is charged as
+    /// a recomputation of the moved tensor).
+    pub copy: Option<CopyCost>,
 }
 
 impl Trace {
@@ -174,7 +199,10 @@ impl TraceBuilder {
                 self.ops[index].frees.push(tensor);
             }
         }
-        Trace { ops: self.ops }
+        Trace {
+            ops: self.ops,
+            copy: None,
+        }
     }
 }
 

@@ -19,7 +19,8 @@ use remat::policy::{AddedRules, Coop, Dte, Dtr, EvictionPolicy, Request, SearchC
 use remat::pool::Pool;
 use remat::tensor::{Residency, TensorTable};
 use remat::{
-    OutputSpec, Recorded, RematError, ReplayOptions, Trace, TraceBuilder, budget_for, replay, synth,
+    CopyCost, OutputSpec, Recorded, RematError, ReplayOptions, Trace, TraceBuilder, budget_for,
+    replay, synth,
 };
 
 fn all_policies() -> Vec<Box<dyn EvictionPolicy>> {
@@ -189,6 +190,7 @@ fn coop_recomputes_in_place_where_copy_on_write_runs_out() {
     let trace = b.finish();
     let options = ReplayOptions {
         check_invariants: true,
+        ..ReplayOptions::default()
     };
     let coop = replay(&trace, 100, &mut Coop::default(), options);
     assert!(coop.finished() && coop.evictions == 0, "{coop:?}");
@@ -219,6 +221,7 @@ fn coop_recomputes_an_in_place_op_over_its_recomputed_input() {
     let trace = b.finish();
     let options = ReplayOptions {
         check_invariants: true,
+        ..ReplayOptions::default()
     };
     // Recomputing `y` needs `x` (overwritten by the first run) and then `y`
     // itself: over `x`, 100 bytes beside the locked `k`; in a second buffer,
@@ -259,6 +262,7 @@ fn recomputed_dropped_inputs_are_freed_again() {
     let trace = b.finish();
     let options = ReplayOptions {
         check_invariants: true,
+        ..ReplayOptions::default()
     };
     let policies = with_and_without(
         Coop {
@@ -312,6 +316,7 @@ fn dropped_inputs_stay_until_their_chain_is_done() {
     let trace = b.finish();
     let options = ReplayOptions {
         check_invariants: true,
+        ..ReplayOptions::default()
     };
     for on in [true, false] {
         let mut coop = Coop {
@@ -376,6 +381,7 @@ fn random_trace(seed: u64, ops: usize) -> Trace {
 fn random_traces_keep_every_invariant_under_every_policy() {
     let options = ReplayOptions {
         check_invariants: true,
+        ..ReplayOptions::default()
     };
     let (mut finished, mut evictions) = (0, 0);
     for seed in 0..24u64 {
@@ -403,6 +409,7 @@ fn random_traces_keep_every_invariant_under_every_policy() {
 fn synthetic_traces_keep_every_invariant_under_every_policy() {
     let options = ReplayOptions {
         check_invariants: true,
+        ..ReplayOptions::default()
     };
     let traces = [
         synth::transformer(3, 4, 7).expect("valid"),
@@ -864,6 +871,7 @@ fn recorded_traces_hold_what_a_real_step_has() {
 fn recorded_traces_replay_under_every_policy_with_invariants_checked() {
     let options = ReplayOptions {
         check_invariants: true,
+        ..ReplayOptions::default()
     };
     for (name, r) in recorded_traces() {
         let trace = &r.trace;
@@ -1110,6 +1118,7 @@ fn gap_search_picks_the_windows_of_the_whole_pool_search() {
         // gaps and the price cache's check after every op.
         let options = ReplayOptions {
             check_invariants: name.ends_with("-tiny") || name.starts_with("synth"),
+            ..ReplayOptions::default()
         };
         for ratio in [0.9, 0.7, 0.5, 0.4] {
             let by_sum = Coop {
@@ -1359,6 +1368,7 @@ fn assert_rescued(
 ) {
     let options = ReplayOptions {
         check_invariants: true,
+        ..ReplayOptions::default()
     };
     for (mut on, mut off) in policies {
         let moved = replay(trace, budget, on.as_mut(), options);
@@ -1672,6 +1682,7 @@ fn side_outputs_go_to_the_smallest_free_block() {
     let trace = b.finish();
     let options = ReplayOptions {
         check_invariants: true,
+        ..ReplayOptions::default()
     };
     let mut off = Dtr::default();
     let mut on = Dtr {
@@ -1690,13 +1701,10 @@ fn side_outputs_go_to_the_smallest_free_block() {
     assert!(placed.finished() && placed.evictions == 0, "{placed:?}");
 }
 
-/// Two 100-byte holes divided by a 4-byte tensor `s`, and a 196-byte
-/// request: with `compact_dividers`, `s` moves to the 6 free bytes at the
-/// end (one relocation, charged its op's cost) and the request fits without
-/// an eviction; without it, the policy evicts. DTR, whose first-fit makes
-/// this layout (Coop's partitioning would put the tensors elsewhere).
-#[test]
-fn a_small_divider_moves_so_two_holes_join() {
+/// Two 100-byte holes divided by a 4-byte tensor `s` (its op costs 3), 6
+/// bytes free at the end of a 300-byte pool, and a 196-byte request that
+/// fits only when `s` moves.
+fn two_holes_divided_by_a_small_tensor() -> Trace {
     let out = |size| OutputSpec {
         size,
         pinned: false,
@@ -1713,21 +1721,88 @@ fn a_small_divider_moves_so_two_holes_join() {
     for t in [s, d, u, f] {
         b.keep(t);
     }
-    let trace = b.finish();
-    let options = ReplayOptions {
-        check_invariants: true,
-    };
-    let dtr = |on| Dtr {
+    b.finish()
+}
+
+/// DTR with `compact_dividers` on or off.
+fn dtr_compacting(on: bool) -> Dtr {
+    Dtr {
         rules: AddedRules {
             compact_dividers: on,
             ..AddedRules::NONE
         },
         ..Dtr::default()
+    }
+}
+
+/// [`two_holes_divided_by_a_small_tensor`]: with `compact_dividers`, `s`
+/// moves to the 6 free bytes at the end (one relocation, charged its op's
+/// cost: a built trace says nothing of copies) and the request fits without
+/// an eviction; without it, the policy evicts. DTR, whose first-fit makes
+/// this layout (Coop's partitioning would put the tensors elsewhere).
+#[test]
+fn a_small_divider_moves_so_two_holes_join() {
+    let trace = two_holes_divided_by_a_small_tensor();
+    let options = ReplayOptions {
+        check_invariants: true,
+        ..ReplayOptions::default()
     };
-    let moved = replay(&trace, 300, &mut dtr(true), options);
+    let moved = replay(&trace, 300, &mut dtr_compacting(true), options);
     assert!(moved.finished(), "{moved:?}");
     assert_eq!((moved.evictions, moved.relocations), (0, 1), "{moved:?}");
     assert_eq!(moved.recompute_cost, 3.0, "{moved:?}");
-    let evicted = replay(&trace, 300, &mut dtr(false), options);
+    let evicted = replay(&trace, 300, &mut dtr_compacting(false), options);
     assert!(evicted.evictions > 0, "{evicted:?}");
+}
+
+/// `ReplayOptions::moves_as_copies`: with a trace that says what a copy
+/// costs, the move of the 4-byte `s` is charged a copy of its bytes (8
+/// bytes read and written at 1 byte per unit: 8, not its op's 3), or the
+/// launch floor when that is more; with the option off, a recomputation of
+/// `s` (3), as before. Nothing else changes.
+#[test]
+fn a_move_is_charged_as_a_copy_not_a_recomputation() {
+    let mut trace = two_holes_divided_by_a_small_tensor();
+    let run = |trace: &Trace, copies| {
+        let options = ReplayOptions {
+            check_invariants: true,
+            moves_as_copies: copies,
+        };
+        let r = replay(trace, 300, &mut dtr_compacting(true), options);
+        assert!(r.finished() && r.relocations == 1, "{r:?}");
+        (r.recompute_cost, r.move_cost)
+    };
+    trace.copy = Some(CopyCost {
+        bytes_per_cost: 1.0,
+        launch: 0.5,
+    });
+    assert_eq!(run(&trace, true), (8.0, 8.0), "a copy of 4 bytes");
+    assert_eq!(run(&trace, false), (3.0, 3.0), "a recomputation of s");
+    trace.copy = Some(CopyCost {
+        bytes_per_cost: 100.0,
+        launch: 0.5,
+    });
+    assert_eq!(run(&trace, true), (0.5, 0.5), "the launch floor");
+    trace.copy = None;
+    assert_eq!(run(&trace, true), (3.0, 3.0), "no copy cost known");
+}
+
+/// The copy cost measured from each committed H100 trace
+/// (`remat::copy_cost`): its element-wise ops move 2,700–2,950 bytes per ns,
+/// read plus written, below the H100's HBM3 peak of 3,350; the floor is a
+/// launch.
+#[test]
+fn committed_traces_measure_an_h100_copy() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results/remat");
+    for name in ["gpt2", "bert", "resnet50", "swin_t"] {
+        let path = dir.join(format!("{name}.remat.gz"));
+        let recorded = Recorded::read(&path).expect("committed trace reads");
+        let copy = recorded.trace.copy.expect("element-wise ops to measure");
+        eprintln!("{name}: {:.1} bytes per ns", copy.bytes_per_cost);
+        assert!(
+            (2_700.0..2_950.0).contains(&copy.bytes_per_cost),
+            "{name}: {copy:?}"
+        );
+        assert_eq!(copy.launch, remat::copy_cost::LAUNCH_NS);
+    }
 }

@@ -66,7 +66,9 @@ impl Executor<'_> {
         match result {
             Err(error @ RematError::OutOfMemory { .. }) => {
                 self.move_pinned(p, from, size)?;
-                self.report.recompute_cost -= self.tensors.get(p)?.cost;
+                let cost = self.move_cost(p)?;
+                self.report.recompute_cost -= 2.0 * cost;
+                self.report.move_cost -= 2.0 * cost;
                 self.report.relocations -= 2;
                 Err(error)
             }
