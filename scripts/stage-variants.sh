@@ -83,6 +83,11 @@
 #                  fixed cost")
 #   scas           the slices' CAS reservation before that
 #                  (GPUMALLOC_SLICE_CLAIM_ADD=0)
+#   sp1, sp2       one or two spare blocks per slot instead of three
+#                  (GPUMALLOC_SPARES): span against speed (docs/PERF.md,
+#                  "Where slice allocation waits"; the `refill` variant
+#                  measured there was removed: its diff is in
+#                  docs/results/h100-s31/refill-spares/)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
 # when a setting changes, and cargo tracks the `option_env!` reads.
@@ -118,6 +123,8 @@ settings() {
     split-b3) echo "GPUMALLOC_SPLIT_COLD=1 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
     sadd) echo "GPUMALLOC_SLICE_CLAIM_ADD=1" ;;
     scas) echo "GPUMALLOC_SLICE_CLAIM_ADD=0" ;;
+    sp1) echo "GPUMALLOC_SPARES=1" ;;
+    sp2) echo "GPUMALLOC_SPARES=2" ;;
     *) echo "unknown variant $1" >&2; exit 1 ;;
   esac
 }

@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 14] = [
+pub const SETTINGS: [&str; 15] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -48,10 +48,11 @@ pub const SETTINGS: [&str; 14] = [
     "GPUMALLOC_SLOT_STRIDE",
     "GPUMALLOC_SPLIT_COLD",
     "GPUMALLOC_SLICE_CLAIM_ADD",
+    "GPUMALLOC_SPARES",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 14] = [
+const SETTING_VALUES: [Option<&str>; 15] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -66,6 +67,7 @@ const SETTING_VALUES: [Option<&str>; 14] = [
     option_env!("GPUMALLOC_SLOT_STRIDE"),
     option_env!("GPUMALLOC_SPLIT_COLD"),
     option_env!("GPUMALLOC_SLICE_CLAIM_ADD"),
+    option_env!("GPUMALLOC_SPARES"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -789,6 +789,7 @@ mod rules_tests {
             option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"),
             option_env!("GPUMALLOC_UNLOCKED_FORMAT_SHIFT"),
             option_env!("GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT"),
+            option_env!("GPUMALLOC_SPARES"),
         ]
         .iter()
         .all(Option::is_none)
