@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Issue 15, prepared in the fifth session of 2026-11-23 (no GPU was lent):
+# Issue 15, prepared in the fifth session of 2026-11-23 (no GPU was lent);
+# ran in the sixth (docs/results/h100-s31/fixed-cost/, docs/PERF.md "16 B's
+# fixed cost": the fixed part was the 16-64 B slot installs' CAS race on
+# one segment word, removed by GPUMALLOC_SLICE_CLAIM_ADD):
 # where 16 B's fixed ~0.07 ms goes. At 2^18 … 2^21 threads, 16 B allocation
 # took 0.090 / 0.108 / 0.156 / 0.243 ms against the bump bound's 0.011 /
 # 0.018 / 0.030 / 0.055 (docs/results/h100-s29/slot-stride/threads/), so
