@@ -16,9 +16,9 @@
 //! free blocks in the segment table (with one subtract, which may overdraw
 //! and give back, `SegmentTable::reserve_blocks_add`; slice classes with a
 //! CAS instead when built with `GPUMALLOC_SLICE_CLAIM_ADD=0`), then take a
-//! bit of its bitmap; if the
-//! class tree is empty, claim the lowest free segment and format it, or, under
-//! the class's format lock, as many of them as the claimers in flight want.
+//! bit of its bitmap; if the class tree is empty, claim the lowest free
+//! segment and format it, or, under the class's format lock, as many of
+//! them as the claimers in flight want.
 //! Returning a block: set its bitmap bit, then count it in the segment table;
 //! the segment joins its class tree when it gets its first free block and goes
 //! back to the segment tree when its last block comes back.
@@ -112,8 +112,8 @@ const WINDOWS_OPEN_MASK: u64 = WINDOW_OPENED - 1;
 pub(crate) const SPLIT_COLD: bool =
     crate::class::build_knob(option_env!("GPUMALLOC_SPLIT_COLD"), 0) != 0;
 /// Slice classes reserve blocks with the block classes' one subtract
-/// ([`SegmentTable::reserve_blocks_add`], ticketed takes), as block
-/// classes do; `GPUMALLOC_SLICE_CLAIM_ADD=0` at build time brings back the
+/// ([`SegmentTable::reserve_blocks_add`], ticketed takes);
+/// `GPUMALLOC_SLICE_CLAIM_ADD=0` at build time brings back the
 /// CAS reservation (`reserve_blocks_once`) for comparison. Why: at 16–64 B
 /// a segment holds 32–128 blocks, more than a slot's claim of 4 shifted by
 /// the unlocked-format rule, so the first installs of a burst share one
@@ -215,8 +215,10 @@ impl Claim {
         let block = if self.0 & Claim::FORMATTED != 0 {
             rank
         } else {
-            // Slices start the scan at word `rank`; block classes try the
-            // bit of their ticket first, then scan from its word.
+            // A ticketed claim (every add reservation: block classes, and
+            // slices unless `SLICE_CLAIM_ADD` is off) tries the bit of its
+            // ticket first, then scans from its word; a CAS reservation
+            // starts the scan at word `rank`.
             let (start, first) = if self.0 & Claim::TICKETED != 0 {
                 let at = (self.0 >> Claim::TICKET_SHIFT) as u32 + rank;
                 (at >> 6, 1u64 << (at & 63))
