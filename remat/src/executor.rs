@@ -15,10 +15,12 @@
 //! fits nowhere, a policy may ask for its inputs that only its op holds to
 //! be moved so that it fits beside them (`AddedRules::relocate_inputs`,
 //! Coop's default; each move charged as a device copy of the moved tensor
-//! where the trace says what a copy costs and `ReplayOptions::moves_as_copies`
-//! is on, the default, else as a recomputation of it), and failing that for every tensor the op and its recomputation
-//! chain hold, and one pinned tensor splitting a run, to be moved
-//! (`AddedRules::move_held_tensors`, Coop's default, `executor/held.rs`);
+//! where the trace says what a copy costs and
+//! `ReplayOptions::moves_as_copies` is on, the default, else as a
+//! recomputation of it), and failing that for every tensor the op and its
+//! recomputation chain hold, and one pinned tensor splitting a run, to be
+//! moved (`AddedRules::move_held_tensors`, Coop's default,
+//! `executor/held.rs`);
 //! otherwise the replay runs out of memory there. Two more moves, off in
 //! every policy, join holes divided by small tensors
 //! (`AddedRules::compact_dividers`, `AddedRules::move_small_in_windows`,
@@ -413,8 +415,9 @@ impl<'p> Executor<'p> {
     /// their places and the policy finds room for their bytes and the
     /// output's as one request, where they go side by side in address
     /// order, the output after them. A move is charged
-    /// ([`Executor::charge_move`]) and counted in `Report::relocations`. When nothing works the inputs go back where
-    /// they were (nothing was placed since) and `error` is returned.
+    /// ([`Executor::charge_move`]) and counted in `Report::relocations`.
+    /// When nothing works the inputs go back where they were (nothing was
+    /// placed since) and `error` is returned.
     fn compute_beside_inputs(
         &mut self,
         inputs: &[TensorId],
