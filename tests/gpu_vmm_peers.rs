@@ -3,10 +3,13 @@
 //! peer_access`), so kernels on GPU 1 read and write allocations made by
 //! kernels on GPU 0, through the same device addresses. It confirms there
 //! what `host/tests/vmm_heap_peers.rs` proves on the CPU model. Not yet run
-//! on a GPU. Without a GPU it prints `skipped: no GPU (…)`, with one GPU
-//! `skipped: 1 GPU …`, and where the driver says GPU 1 cannot access GPU
-//! 0's memory (`cuDeviceCanAccessPeer`) `skipped: …` with the heap's error;
-//! all of those pass. With two it prints `issue13 peers:` lines.
+//! on a GPU. Without a GPU it prints `skipped: no GPU (…)` as every GPU
+//! test does. With one GPU it fails, saying it needs two: a test that could
+//! not check anything must not count as passed (`scripts/gpu-suite.sh`
+//! runs it only where `nvidia-smi` lists two GPUs and logs `skipped: …`
+//! otherwise). Where the driver says GPU 1 cannot access GPU 0's memory
+//! (`cuDeviceCanAccessPeer`) it fails with the heap's error. With two it
+//! prints `issue13 peers:` lines.
 //!
 //! Workload: a 64 GiB heap (16 MiB segments) on GPU 0 with 1 GiB mapped,
 //! peer 1. For the first mapping, then after `grow` by 2 GiB (the new
@@ -96,14 +99,15 @@ fn check_across(gpu0: &Gpu, gpu1: &Gpu, what: &str, ptrs: &[u64]) {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
+#[ignore = "needs two NVIDIA GPUs with peer access: run with --include-ignored on such a machine (scripts/gpu-suite.sh)"]
 fn a_kernel_on_gpu_1_reads_and_writes_gpu_0s_heap() {
     let Some(gpu0) = gpu() else { return };
     let count = CudaContext::device_count().unwrap();
-    if count < 2 {
-        println!("skipped: {count} GPU, this test needs 2");
-        return;
-    }
+    assert!(
+        count >= 2,
+        "this machine has {count} GPU; the test needs two with peer access \
+         (scripts/gpu-suite.sh skips it on fewer)"
+    );
     let gpu1 = Gpu::open(1, gpumalloc::PTX).unwrap();
     println!(
         "issue13 peers: GPU 0 {}, GPU 1 {}",
@@ -113,14 +117,8 @@ fn a_kernel_on_gpu_1_reads_and_writes_gpu_0s_heap() {
     let vmm = CudaVmm::open(0, ChunkOptions::default()).unwrap();
     let mut config = VmmHeapConfig::new(64 * GIB, GIB);
     config.peer_access = vec![1];
-    let heap = match CudaVmmHeap::on_gpu(&gpu0, vmm, config) {
-        Ok(h) => h,
-        Err(e) if e.to_string().contains("cuDeviceCanAccessPeer says") => {
-            println!("skipped: {e}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let heap = CudaVmmHeap::on_gpu(&gpu0, vmm, config)
+        .unwrap_or_else(|e| panic!("a heap on GPU 0 with GPU 1 as peer: {e}"));
     let s = heap.stats().unwrap();
     assert_eq!((s.device, s.peer_access.clone()), (0, vec![1]), "{s:?}");
     assert_eq!(s.mapped_bytes, GIB);
