@@ -88,6 +88,11 @@
 #                  "Where slice allocation waits"; the `refill` variant
 #                  measured there was removed: its diff is in
 #                  docs/results/h100-s31/refill-spares/)
+#   sp5            five spare blocks per slot (GPUMALLOC_SPARES=5)
+#   slots64        64 slots per slice class where the budget allows
+#                  (GPUMALLOC_SLOTS=64; 32 is the default)
+#   bo2            waiters sleep at most 128 ns instead of 512
+#                  (GPUMALLOC_BACKOFF_MAX_DOUBLINGS=2)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
 # when a setting changes, and cargo tracks the `option_env!` reads.
@@ -125,6 +130,9 @@ settings() {
     scas) echo "GPUMALLOC_SLICE_CLAIM_ADD=0" ;;
     sp1) echo "GPUMALLOC_SPARES=1" ;;
     sp2) echo "GPUMALLOC_SPARES=2" ;;
+    sp5) echo "GPUMALLOC_SPARES=5" ;;
+    slots64) echo "GPUMALLOC_SLOTS=64" ;;
+    bo2) echo "GPUMALLOC_BACKOFF_MAX_DOUBLINGS=2" ;;
     *) echo "unknown variant $1" >&2; exit 1 ;;
   esac
 }

@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 15] = [
+pub const SETTINGS: [&str; 16] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -49,10 +49,11 @@ pub const SETTINGS: [&str; 15] = [
     "GPUMALLOC_SPLIT_COLD",
     "GPUMALLOC_SLICE_CLAIM_ADD",
     "GPUMALLOC_SPARES",
+    "GPUMALLOC_BACKOFF_MAX_DOUBLINGS",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 15] = [
+const SETTING_VALUES: [Option<&str>; 16] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -68,6 +69,7 @@ const SETTING_VALUES: [Option<&str>; 15] = [
     option_env!("GPUMALLOC_SPLIT_COLD"),
     option_env!("GPUMALLOC_SLICE_CLAIM_ADD"),
     option_env!("GPUMALLOC_SPARES"),
+    option_env!("GPUMALLOC_BACKOFF_MAX_DOUBLINGS"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -49,12 +49,12 @@ const _: () = assert!(SLOT_STRIDE_WORDS.is_power_of_two() && SLOT_STRIDE_WORDS <
 /// by the slot's installer (one at a time per slot) with a CAS from 0, and
 /// popped with a swap by installers and by flushes. A spare block is
 /// claimed (its bitmap bit clear) with a zero counter and no slice handed
-/// out. `GPUMALLOC_SPARES` (1 to 3) at build time sets another count, for
+/// out. `GPUMALLOC_SPARES` (1 to 7) at build time sets another count, for
 /// measuring what spares cost in span against what they save in time
 /// (`docs/PERF.md`, "Where slice allocation waits": fewer made 128 B …
 /// 16 KiB up to 40% slower).
 pub const SPARES_PER_SLOT: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SPARES"), 3);
-const _: () = assert!(SPARES_PER_SLOT >= 1 && SPARES_PER_SLOT <= 3);
+const _: () = assert!(SPARES_PER_SLOT >= 1 && SPARES_PER_SLOT <= 7);
 
 const RESERVED_MASK: u64 = 0xffff_ffff;
 const BLOCK_SHIFT: u32 = 32;

@@ -315,11 +315,18 @@ pub fn shfl_u64(mask: u32, value: u64, src: u32) -> u64 {
     (hi as u64) << 32 | lo as u64
 }
 
+/// Doublings of [`backoff`]'s 32 ns sleep: 4 (512 ns) unless
+/// `GPUMALLOC_BACKOFF_MAX_DOUBLINGS` (0 to 6) is set at build time, for
+/// measuring how long a waiter oversleeps an install (`docs/PERF.md`).
+const BACKOFF_MAX_DOUBLINGS: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_BACKOFF_MAX_DOUBLINGS"), 4);
+const _: () = assert!(BACKOFF_MAX_DOUBLINGS <= 6);
+
 /// Lets other warps run while this one waits on a word.
 #[inline(always)]
 pub fn backoff(round: u32) {
     // 32 ns doubling to 512 ns: long sleeps delay waking after an install.
-    let ns = 32u32 << round.min(4);
+    let ns = 32u32 << round.min(BACKOFF_MAX_DOUBLINGS);
     // SAFETY: nanosleep only delays this thread.
     unsafe { asm!("nanosleep.u32 {n};", n = in(reg32) ns, options(nostack)) }
 }
