@@ -93,6 +93,8 @@
 #                  (GPUMALLOC_SLOTS=64; 32 is the default)
 #   bo2            waiters sleep at most 128 ns instead of 512
 #                  (GPUMALLOC_BACKOFF_MAX_DOUBLINGS=2)
+#   iclock         counts installs and team waits in SM cycles
+#                  (GPUMALLOC_INSTALL_CLOCK=1; `bench frag` prints them)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
 # when a setting changes, and cargo tracks the `option_env!` reads.
@@ -133,6 +135,7 @@ settings() {
     sp5) echo "GPUMALLOC_SPARES=5" ;;
     slots64) echo "GPUMALLOC_SLOTS=64" ;;
     bo2) echo "GPUMALLOC_BACKOFF_MAX_DOUBLINGS=2" ;;
+    iclock) echo "GPUMALLOC_INSTALL_CLOCK=1" ;;
     *) echo "unknown variant $1" >&2; exit 1 ;;
   esac
 }

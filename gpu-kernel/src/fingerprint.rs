@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 16] = [
+pub const SETTINGS: [&str; 17] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -50,10 +50,11 @@ pub const SETTINGS: [&str; 16] = [
     "GPUMALLOC_SLICE_CLAIM_ADD",
     "GPUMALLOC_SPARES",
     "GPUMALLOC_BACKOFF_MAX_DOUBLINGS",
+    "GPUMALLOC_INSTALL_CLOCK",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 16] = [
+const SETTING_VALUES: [Option<&str>; 17] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -70,6 +71,7 @@ const SETTING_VALUES: [Option<&str>; 16] = [
     option_env!("GPUMALLOC_SLICE_CLAIM_ADD"),
     option_env!("GPUMALLOC_SPARES"),
     option_env!("GPUMALLOC_BACKOFF_MAX_DOUBLINGS"),
+    option_env!("GPUMALLOC_INSTALL_CLOCK"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -47,6 +47,15 @@ pub enum Stat {
     InvalidFrees = 1,
     /// `free` calls on memory already freed (where detected).
     DoubleFrees = 2,
+    /// Measuring builds only (`install_clock`): installs in the low 32
+    /// bits, installs that popped no spare in the high 32.
+    Installs = 3,
+    /// Measuring builds only: SM cycles of installs, summed.
+    InstallCycles = 4,
+    /// Measuring builds only: team waits for an install.
+    Waits = 5,
+    /// Measuring builds only: SM cycles of those waits, summed.
+    WaitCycles = 6,
 }
 
 /// Words reserved for statistics.

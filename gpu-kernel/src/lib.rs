@@ -40,6 +40,7 @@ pub mod c_layout;
 pub mod class;
 pub mod fingerprint;
 pub mod heap;
+pub mod install_clock;
 pub mod layout;
 pub mod request;
 pub mod run;

@@ -8,6 +8,7 @@
 
 use crate::block::dead_in_lifetime;
 use crate::class::{CLASSES, SLICE_CLASSES, SizeClass, bitmap_words_per_segment};
+use crate::install_clock::InstallClock;
 use crate::layout::{Heap, Stat};
 use crate::segment::SegmentState;
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
@@ -43,6 +44,8 @@ pub struct HeapStats {
     pub slot_unissued_bytes: u64,
     /// Bytes of spare blocks parked beside slots.
     pub spare_block_bytes: u64,
+    /// A measuring build's install and wait counts (zero in others).
+    pub install_clock: InstallClock,
 }
 
 impl HeapStats {
@@ -59,6 +62,7 @@ impl HeapStats {
             failed_mallocs: at(heap.stats_at + Stat::FailedMallocs as u64),
             invalid_frees: at(heap.stats_at + Stat::InvalidFrees as u64),
             double_frees: at(heap.stats_at + Stat::DoubleFrees as u64),
+            install_clock: InstallClock::from_words(|stat| at(heap.stats_at + stat as u64)),
             ..HeapStats::default()
         };
         let leaves = heap.tree.level_words[0] as u64;

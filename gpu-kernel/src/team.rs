@@ -228,7 +228,11 @@ impl Heap {
             // Past the end: our team's range lies wholly past the capacity
             // (else it would hold index `cap` and install), so wait until the
             // installer replaces the word.
+            let began = crate::install_clock::start();
             wait_for_install(word, seen, per_block, &mut round);
+            if lane == leader {
+                self.count_wait(began);
+            }
         }
     }
 
@@ -362,6 +366,7 @@ impl Heap {
     /// global id + 1, or 0.
     #[inline(never)]
     fn install(&self, class: SizeClass, slot: u32, taken: u32, generation: u8) -> u64 {
+        let began = crate::install_clock::start();
         let word = self.slot(class, slot);
         // Own spare, else a claim, else (the heap has no block left) another
         // slot's spare, else reclaim what every class holds idle and claim
@@ -392,6 +397,7 @@ impl Heap {
         // generation see `reserved <= capacity` and retry (see
         // `malloc_slice`). acq_rel: as every replacement of a slot word.
         let displaced = SlotWord(arch::swap_acq_rel(word, next.0));
+        self.count_install(began, !matches!(extra, Extra::Nothing) || fresh.is_none());
         self.retire(class, displaced);
         // The extra blocks of a claim become spares only now: the teams
         // waiting on this slot resume at the CAS above, not after parking.
