@@ -95,6 +95,9 @@
 #                  (GPUMALLOC_BACKOFF_MAX_DOUBLINGS=2)
 #   iclock         counts installs and team waits in SM cycles
 #                  (GPUMALLOC_INSTALL_CLOCK=1; `bench frag` prints them)
+#   named          installs swap the spare word their generation names
+#                  first (GPUMALLOC_NAMED_SPARES=1); named-iclock: with
+#                  the install clock
 #
 # One target directory serves every variant: build.rs reruns the PTX build
 # when a setting changes, and cargo tracks the `option_env!` reads.
@@ -136,6 +139,8 @@ settings() {
     slots64) echo "GPUMALLOC_SLOTS=64" ;;
     bo2) echo "GPUMALLOC_BACKOFF_MAX_DOUBLINGS=2" ;;
     iclock) echo "GPUMALLOC_INSTALL_CLOCK=1" ;;
+    named) echo "GPUMALLOC_NAMED_SPARES=1" ;;
+    named-iclock) echo "GPUMALLOC_NAMED_SPARES=1 GPUMALLOC_INSTALL_CLOCK=1" ;;
     *) echo "unknown variant $1" >&2; exit 1 ;;
   esac
 }
