@@ -94,7 +94,9 @@
 #   bo2            waiters sleep at most 128 ns instead of 512
 #                  (GPUMALLOC_BACKOFF_MAX_DOUBLINGS=2)
 #   iclock         counts installs and team waits in SM cycles
-#                  (GPUMALLOC_INSTALL_CLOCK=1; `bench frag` prints them)
+#                  (GPUMALLOC_INSTALL_CLOCK=1; `bench frag` prints them);
+#                  iclock2 times installs until the block is in hand,
+#                  iclock3 the leader's whole call (=2, =3)
 #   named          installs swap the spare word their generation names
 #                  first (GPUMALLOC_NAMED_SPARES=1); named-iclock: with
 #                  the install clock
@@ -139,6 +141,8 @@ settings() {
     slots64) echo "GPUMALLOC_SLOTS=64" ;;
     bo2) echo "GPUMALLOC_BACKOFF_MAX_DOUBLINGS=2" ;;
     iclock) echo "GPUMALLOC_INSTALL_CLOCK=1" ;;
+    iclock2) echo "GPUMALLOC_INSTALL_CLOCK=2" ;;
+    iclock3) echo "GPUMALLOC_INSTALL_CLOCK=3" ;;
     named) echo "GPUMALLOC_NAMED_SPARES=1" ;;
     named-iclock) echo "GPUMALLOC_NAMED_SPARES=1 GPUMALLOC_INSTALL_CLOCK=1" ;;
     *) echo "unknown variant $1" >&2; exit 1 ;;

@@ -1,12 +1,13 @@
 //! Install clock: a measuring build's breakdown of the slice path's waits
 //! (issue 15, `docs/PERF.md`, "What an install costs"). Off by default;
-//! `GPUMALLOC_INSTALL_CLOCK=1` at build time turns it on, and then
-//! [`Heap::install`](crate::Heap) counts each install and the SM cycles from
-//! its entry to the exchange that publishes the new block (what teams past
-//! the end wait for), and each team leader that waited in
-//! `wait_for_install` counts the cycles it waited. Off, every call below is
-//! a constant `false` branch and folds away: the default build's PTX does
-//! not change.
+//! `GPUMALLOC_INSTALL_CLOCK=n` at build time turns it on, and then each
+//! install is counted with the SM cycles of one [`Interval`] (`n`: 1 from
+//! `install`'s entry to the exchange that publishes the new block, what
+//! teams past the end wait for; 2 from the entry until the block is in
+//! hand; 3 the whole call as the installing leader sees it), and each team
+//! leader that waited in `wait_for_install` counts the cycles it waited.
+//! Off, every call below is a constant `false` branch and folds away: the
+//! default build's PTX does not change.
 //!
 //! The counters are statistics words 3 to 6 (see [`Stat`]), which the
 //! default build leaves zero. Each is a relaxed add: the words are only
@@ -16,9 +17,24 @@
 use crate::arch;
 use crate::layout::{Heap, Stat};
 
-/// Whether this build counts (`GPUMALLOC_INSTALL_CLOCK`, default 0).
-pub(crate) const INSTALL_CLOCK: bool =
-    crate::class::build_knob(option_env!("GPUMALLOC_INSTALL_CLOCK"), 0) != 0;
+/// Which interval this build counts (`GPUMALLOC_INSTALL_CLOCK`, 0 to 3;
+/// 0: none).
+const INSTALL_CLOCK_MODE: u32 = crate::class::build_knob(option_env!("GPUMALLOC_INSTALL_CLOCK"), 0);
+const _: () = assert!(INSTALL_CLOCK_MODE <= 3);
+
+/// Whether this build counts.
+pub(crate) const INSTALL_CLOCK: bool = INSTALL_CLOCK_MODE != 0;
+
+/// The part of an install a build times (its mode's number).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Interval {
+    /// `install`'s entry to the exchange.
+    Publish = 1,
+    /// `install`'s entry to the block in hand (spare popped or claimed).
+    Obtain = 2,
+    /// The leader's call of `install`, the handle's copy included.
+    Call = 3,
+}
 
 /// The cycle counter where this build counts, else 0 (no read).
 #[inline(always)]
@@ -27,11 +43,13 @@ pub(crate) fn start() -> u64 {
 }
 
 impl Heap {
-    /// One install: `began` from [`start`] at its entry, `claimed` when no
-    /// spare was popped (it claimed blocks or found none).
+    /// One install, where `interval` is the one this build times: `began`
+    /// from [`start`] at the interval's start, `claimed` when no spare was
+    /// popped (it claimed blocks or found none; not known for
+    /// [`Interval::Call`]).
     #[inline(always)]
-    pub(crate) fn count_install(&self, began: u64, claimed: bool) {
-        if INSTALL_CLOCK {
+    pub(crate) fn count_install(&self, interval: Interval, began: u64, claimed: bool) {
+        if INSTALL_CLOCK && interval as u32 == INSTALL_CLOCK_MODE {
             let cycles = arch::clock64().wrapping_sub(began);
             arch::fetch_add_relaxed(self.stat(Stat::Installs), 1 + ((claimed as u64) << 32));
             arch::fetch_add_relaxed(self.stat(Stat::InstallCycles), cycles);
@@ -84,8 +102,8 @@ impl core::fmt::Display for InstallClock {
         let mean = |sum: u64, n: u64| sum.checked_div(n).unwrap_or(0);
         write!(
             f,
-            "{} installs ({} without a spare), {} cycles each from entry to exchange; \
-             {} team waits, {} cycles each",
+            "{} installs ({} without a spare), {} cycles each (GPUMALLOC_INSTALL_CLOCK's \
+             interval); {} team waits, {} cycles each",
             self.installs,
             self.claimed,
             mean(self.install_cycles, self.installs),
@@ -118,7 +136,7 @@ mod tests {
         );
         let line = format!("{clock}");
         assert!(
-            line.contains("256 installs (66 without a spare), 4000 cycles"),
+            line.contains("256 installs (66 without a spare), 4000 cycles each"),
             "{line}"
         );
         assert!(line.contains("8000 team waits, 7000 cycles each"), "{line}");

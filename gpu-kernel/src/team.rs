@@ -18,6 +18,7 @@ use crate::arch::{self, Word};
 use crate::block;
 use crate::class::{SLICE_CLASSES, SizeClass};
 use crate::heap::{BlockId, Claim};
+use crate::install_clock::Interval;
 use crate::layout::{Heap, NO_SPARES, RECLAIMS_WORD};
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
 
@@ -201,6 +202,7 @@ impl Heap {
             if installer {
                 if lane == leader {
                     let taken = first + size - cap;
+                    let called = crate::install_clock::start();
                     fresh = if crate::heap::SPLIT_COLD {
                         // Through a pointer the optimiser cannot see: ptxas
                         // then calls it by the ABI, and `install`'s chain
@@ -212,6 +214,7 @@ impl Heap {
                         self.by_value()
                             .install(class, slot, taken, seen.generation())
                     };
+                    self.count_install(Interval::Call, called, false);
                 }
                 fresh = arch::shfl_u64(team, fresh, leader);
             }
@@ -389,6 +392,8 @@ impl Heap {
                 self.claim_for_slot_settled(class, &mut extra)
             })
             .map(|b| self.global(b));
+        let claimed = !matches!(extra, Extra::Nothing) || fresh.is_none();
+        self.count_install(Interval::Obtain, began, claimed);
         let reserved = if fresh.is_some() { taken } else { 0 };
         // A new generation relative to the version this team installs for
         // (`generation`), so that threads waiting on it see the change.
@@ -405,7 +410,7 @@ impl Heap {
         // generation see `reserved <= capacity` and retry (see
         // `malloc_slice`). acq_rel: as every replacement of a slot word.
         let displaced = SlotWord(arch::swap_acq_rel(word, next.0));
-        self.count_install(began, !matches!(extra, Extra::Nothing) || fresh.is_none());
+        self.count_install(Interval::Publish, began, claimed);
         self.retire(class, displaced);
         // The extra blocks of a claim become spares only now: the teams
         // waiting on this slot resume at the CAS above, not after parking.
