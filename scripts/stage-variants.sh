@@ -96,7 +96,8 @@
 #   iclock         counts installs and team waits in SM cycles
 #                  (GPUMALLOC_INSTALL_CLOCK=1; `bench frag` prints them);
 #                  iclock2 times installs until the block is in hand,
-#                  iclock3 the leader's whole call (=2, =3)
+#                  iclock3 the leader's whole call (=2, =3);
+#                  sp2-iclock2, sp5-iclock2: iclock2 with 2 or 5 spares
 #   named          installs swap the spare word their generation names
 #                  first (GPUMALLOC_NAMED_SPARES=1); named-iclock: with
 #                  the install clock
@@ -143,6 +144,8 @@ settings() {
     iclock) echo "GPUMALLOC_INSTALL_CLOCK=1" ;;
     iclock2) echo "GPUMALLOC_INSTALL_CLOCK=2" ;;
     iclock3) echo "GPUMALLOC_INSTALL_CLOCK=3" ;;
+    sp5-iclock2) echo "GPUMALLOC_SPARES=5 GPUMALLOC_INSTALL_CLOCK=2" ;;
+    sp2-iclock2) echo "GPUMALLOC_SPARES=2 GPUMALLOC_INSTALL_CLOCK=2" ;;
     named) echo "GPUMALLOC_NAMED_SPARES=1" ;;
     named-iclock) echo "GPUMALLOC_NAMED_SPARES=1 GPUMALLOC_INSTALL_CLOCK=1" ;;
     *) echo "unknown variant $1" >&2; exit 1 ;;
