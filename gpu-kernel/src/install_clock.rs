@@ -20,7 +20,7 @@ use crate::layout::{Heap, Stat};
 /// Which interval this build counts (`GPUMALLOC_INSTALL_CLOCK`, 0 to 3;
 /// 0: none).
 const INSTALL_CLOCK_MODE: u32 = crate::class::build_knob(option_env!("GPUMALLOC_INSTALL_CLOCK"), 0);
-const _: () = assert!(INSTALL_CLOCK_MODE <= 3);
+const _: () = assert!(matches!(INSTALL_CLOCK_MODE, 0..=3));
 
 /// Whether this build counts.
 pub(crate) const INSTALL_CLOCK: bool = INSTALL_CLOCK_MODE != 0;
