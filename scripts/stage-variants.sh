@@ -97,7 +97,8 @@
 #                  (GPUMALLOC_INSTALL_CLOCK=1; `bench frag` prints them);
 #                  iclock2 times installs until the block is in hand,
 #                  iclock3 the leader's whole call (=2, =3);
-#                  sp2-iclock2, sp5-iclock2: iclock2 with 2 or 5 spares
+#                  sp2-iclock2, sp5-iclock2: iclock2 with 2 or 5 spares;
+#                  m4096s3-iclock2: iclock2 on m4096s3's geometry
 #   named          installs swap the spare word their generation names
 #                  first (GPUMALLOC_NAMED_SPARES=1); named-iclock: with
 #                  the install clock
@@ -146,6 +147,7 @@ settings() {
     iclock3) echo "GPUMALLOC_INSTALL_CLOCK=3" ;;
     sp5-iclock2) echo "GPUMALLOC_SPARES=5 GPUMALLOC_INSTALL_CLOCK=2" ;;
     sp2-iclock2) echo "GPUMALLOC_SPARES=2 GPUMALLOC_INSTALL_CLOCK=2" ;;
+    m4096s3-iclock2) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=4096 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3 GPUMALLOC_INSTALL_CLOCK=2" ;;
     named) echo "GPUMALLOC_NAMED_SPARES=1" ;;
     named-iclock) echo "GPUMALLOC_NAMED_SPARES=1 GPUMALLOC_INSTALL_CLOCK=1" ;;
     *) echo "unknown variant $1" >&2; exit 1 ;;
