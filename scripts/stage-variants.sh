@@ -99,9 +99,6 @@
 #                  iclock3 the leader's whole call (=2, =3);
 #                  sp2-iclock2, sp5-iclock2: iclock2 with 2 or 5 spares;
 #                  m4096s3-iclock2: iclock2 on m4096s3's geometry
-#   named          installs swap the spare word their generation names
-#                  first (GPUMALLOC_NAMED_SPARES=1); named-iclock: with
-#                  the install clock
 #
 # One target directory serves every variant: build.rs reruns the PTX build
 # when a setting changes, and cargo tracks the `option_env!` reads.
@@ -148,8 +145,6 @@ settings() {
     sp5-iclock2) echo "GPUMALLOC_SPARES=5 GPUMALLOC_INSTALL_CLOCK=2" ;;
     sp2-iclock2) echo "GPUMALLOC_SPARES=2 GPUMALLOC_INSTALL_CLOCK=2" ;;
     m4096s3-iclock2) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=4096 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3 GPUMALLOC_INSTALL_CLOCK=2" ;;
-    named) echo "GPUMALLOC_NAMED_SPARES=1" ;;
-    named-iclock) echo "GPUMALLOC_NAMED_SPARES=1 GPUMALLOC_INSTALL_CLOCK=1" ;;
     *) echo "unknown variant $1" >&2; exit 1 ;;
   esac
 }

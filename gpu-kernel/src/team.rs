@@ -103,13 +103,6 @@ pub struct HeapRules {
 /// a valid slot word: its block field is all ones).
 const CLOSED: u64 = u64::MAX;
 
-/// Whether an install first swaps the one spare word its version's
-/// generation names (`Heap::pop_named_spare`) before loading all of them:
-/// one round trip instead of two for a popped install, one more for a
-/// claiming one (`docs/PERF.md`, "What an install costs").
-/// `GPUMALLOC_NAMED_SPARES` at build time (default 0), for measuring.
-const NAMED_SPARES: bool = crate::class::build_knob(option_env!("GPUMALLOC_NAMED_SPARES"), 0) != 0;
-
 /// Blocks an install claimed beyond the one it installs, parked as spares
 /// after the slot word is replaced.
 #[derive(Clone, Copy)]
@@ -383,8 +376,7 @@ impl Heap {
         // again: only then may this class's requests fail.
         let mut extra = Extra::Nothing;
         let fresh = self
-            .pop_named_spare(class, slot, generation)
-            .or_else(|| self.pop_spare(class, slot))
+            .pop_spare(class, slot)
             .or_else(|| self.claim_for_slot(class, &mut extra))
             .or_else(|| (0..SLOTS_PER_CLASS).find_map(|s| self.pop_spare(class, s)))
             .or_else(|| {
@@ -417,32 +409,13 @@ impl Heap {
         self.retire(class, displaced);
         // The extra blocks of a claim become spares only now: the teams
         // waiting on this slot resume at the CAS above, not after parking.
-        self.park_extra(class, slot, extra, generation);
+        self.park_extra(class, slot, extra);
         fresh.map_or(0, |g| g + 1)
     }
 
     #[inline(always)]
     fn spare(&self, class: SizeClass, slot: u32, i: u32) -> &Word {
         &self.region(self.spare_index(class.index(), slot, i), 1)[0]
-    }
-
-    /// With `NAMED_SPARES`: takes the spare in the word that the displaced
-    /// version's `generation` names, with one swap and no load first, where
-    /// [`Heap::park_extra`] put it for this install. Without, or when that
-    /// word is empty (a claim's last spare was taken, a flush or a stealer
-    /// took it, or the 8-bit generation wrapped), `None`, and the install
-    /// goes on to [`Heap::pop_spare`]. A swap of an empty word writes 0 over
-    /// 0: a park racing with it lands before (then this swap takes it) or
-    /// after (then the word keeps it), so no block is lost.
-    #[inline(always)]
-    fn pop_named_spare(&self, class: SizeClass, slot: u32, generation: u8) -> Option<BlockId> {
-        if !NAMED_SPARES {
-            return None;
-        }
-        let word = self.spare(class, slot, generation as u32 % SPARES_PER_SLOT);
-        // acq_rel, as in `pop_spare`: pairs with the parking CAS.
-        let g = arch::swap_acq_rel(word, 0);
-        (g != 0).then(|| self.block_id(g - 1))
     }
 
     /// Takes one of the slot's spare blocks, if it has one.
@@ -526,30 +499,19 @@ impl Heap {
 
     /// Parks the blocks a claim took beyond the first as the slot's spares.
     #[inline(never)]
-    /// With `NAMED_SPARES` the `k`-th spare (from 0) goes first to the word
-    /// the install after `k + 1` more versions names
-    /// ([`Heap::pop_named_spare`]: generation `generation + 1 + k`).
-    fn park_extra(&self, class: SizeClass, slot: u32, extra: Extra, generation: u8) {
-        let first_word = |k: u32| {
-            if NAMED_SPARES {
-                (generation.wrapping_add(1).wrapping_add(k as u8) as u32) % SPARES_PER_SLOT
-            } else {
-                k
-            }
-        };
+    fn park_extra(&self, class: SizeClass, slot: u32, extra: Extra) {
         match extra {
             Extra::Nothing => {}
             Extra::Blocks(claim) => {
                 for i in 1..claim.count() {
-                    let b = claim.take(self, class, i);
-                    self.park_spare(class, slot, first_word(i - 1), b);
+                    self.park_spare(class, slot, i - 1, claim.take(self, class, i));
                 }
             }
             Extra::Segments { first, mut rest } => {
                 let mut i = 0;
                 while rest != 0 {
                     let b = BlockId::whole_segment(first + rest.trailing_zeros());
-                    self.park_spare(class, slot, first_word(i), b);
+                    self.park_spare(class, slot, i, b);
                     rest &= rest - 1;
                     i += 1;
                 }
