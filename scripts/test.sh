@@ -2,7 +2,8 @@
 # The project's test command (README.md): installs what it needs on a fresh
 # machine, then runs formatting, lints, every CPU test, the loom model
 # checks, the PTX build, ptxas over the PTX for sm_80 and sm_90, and the
-# Python tests. GPU tests print "skipped: no GPU" on machines without one.
+# Python tests. The Rust GPU tests are #[ignore]d (cargo reports them as
+# ignored here); the Python ones report SKIPPED without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -3,8 +3,9 @@
 //! `host/tests/vmm_heap_large.rs`, for `alloc_large`) proves on the CPU model
 //! (first run on an H100: growth 30 ms/GiB under a running kernel, trim
 //! shown free by cuMemGetInfo at once; the drop check failed until the
-//! heap's drop waited for cudarc's stream-ordered free of the metadata). Without a GPU it prints `skipped: no GPU (…)`
-//! and passes; with one it prints `issue13:` lines with what it measured.
+//! heap's drop waited for cudarc's stream-ordered free of the metadata).
+//! Under `--include-ignored` without a GPU it fails, saying so; with one it
+//! prints `issue13:` lines with what it measured.
 //!
 //! Workload: a 1 TiB heap with 1 GiB mapped (cuMemGetInfo must show about
 //! 1 GiB plus the metadata taken, not 1 TiB); `heap_churn` (16 B–4 KiB,
@@ -73,7 +74,7 @@ fn fill_and_verify(gpu: &gpumalloc::gpu::Gpu, ptrs: &CudaSlice<u64>, n: u64) -> 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn a_terabyte_heap_grows_under_a_kernel_and_trims_back_to_the_driver() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let (free0, total) = gpu.memory().unwrap();
     let vmm = CudaVmm::open(0, ChunkOptions::default()).unwrap();
     let heap = CudaVmmHeap::on_gpu(&gpu, vmm, VmmHeapConfig::new(TIB, GIB)).unwrap();
@@ -220,7 +221,7 @@ fn a_terabyte_heap_grows_under_a_kernel_and_trims_back_to_the_driver() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn the_growth_service_feeds_kernels_eight_times_the_first_mapping() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut heap = served_heap(&gpu);
     const WAVE: u64 = 512;
     const WAVES: u64 = 16;
@@ -298,7 +299,7 @@ fn the_bench_grows_ours_vmm_until_a_round_is_served() {
     use gpumalloc::bench::allocator::{Allocator, OursVmm, Sizes};
     use gpumalloc::bench::grow::{Growth, Peak, low_free_segments, until_served};
     use gpumalloc::bench::measure::{Buffers, Keep, Round, Timing, round};
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut ours = OursVmm::new(&gpu, 0, 16 * GIB, GIB).unwrap();
     let n = 1 << 20;
     let mut buffers = Buffers::new(&gpu, n).unwrap();
@@ -399,7 +400,7 @@ fn the_bench_grows_ours_vmm_until_a_round_is_served() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn kernels_wait_for_the_growth_service_instead_of_failing() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut heap = served_heap(&gpu);
     const WAVE: u64 = 512;
     const WAVES: u64 = 16;
@@ -496,7 +497,7 @@ fn pieces(
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn half_the_heap_in_one_piece_is_stitched_from_every_other_segment() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let vmm = CudaVmm::open(0, ChunkOptions::default()).unwrap();
     let heap = CudaVmmHeap::on_gpu(&gpu, vmm, VmmHeapConfig::new(4 * GIB, GIB)).unwrap();
     let seg = heap.segment_bytes();
@@ -606,7 +607,7 @@ fn half_the_heap_in_one_piece_is_stitched_from_every_other_segment() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn device_requests_longer_than_any_free_run_are_stitched_by_the_service() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let vmm = CudaVmm::open(0, ChunkOptions::default()).unwrap();
     let mut config = VmmHeapConfig::new(4 * GIB, GIB);
     config.max_mapped_bytes = Some(GIB);

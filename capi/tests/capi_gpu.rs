@@ -2,8 +2,8 @@
 //! take its `gm_heap`, allocate from it in a kernel, read the statistics,
 //! free, destroy; a bad device and a heap larger than the GPU answer their
 //! statuses with messages naming the driver call. Ignored without a GPU
-//! (and prints `skipped: no GPU (…)` under `--include-ignored` on a
-//! machine without one).
+//! (and fails, saying so, under `--include-ignored` on a machine without
+//! one).
 //!
 //! The kernels are `gpu-kernels`'s `heap_alloc` / `heap_free` from the PTX
 //! at `$GPUMALLOC_PTX` (`scripts/build-cpp-example.sh` sets it to
@@ -50,13 +50,22 @@ fn stats(heap: *const GmDeviceHeap) -> GmHeapStats {
     s
 }
 
+/// Fails the test unless a GPU is present: the tests are `#[ignore]`d, so
+/// they run only when asked for, and then a missing GPU is a failure, not
+/// a pass.
+fn require_gpu() {
+    if let Err(e) = Gpu::available() {
+        panic!(
+            "no GPU ({e}): this test needs one; without a GPU, run the tests without \
+             --include-ignored (cargo then reports them as ignored)"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/build-cpp-example.sh)"]
 fn c_api_heap_serves_a_kernel_and_reports_it() {
-    if let Err(e) = Gpu::available() {
-        println!("skipped: no GPU ({e})");
-        return;
-    }
+    require_gpu();
     let (status, heap) = create(0, 256 * MIB, HEAP_CHECKED);
     assert_eq!(status, GmStatus::Ok, "{}", last_error());
     let mut image = MaybeUninit::<HeapImage>::uninit();
@@ -132,10 +141,7 @@ fn allocate_in_a_kernel(heap: *mut GmDeviceHeap, image: HeapImage, ptx: &str) {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/build-cpp-example.sh)"]
 fn failures_answer_their_status_and_name_the_call() {
-    if let Err(e) = Gpu::available() {
-        println!("skipped: no GPU ({e})");
-        return;
-    }
+    require_gpu();
     let (status, heap) = create(999, 256 * MIB, 0);
     let msg = last_error();
     assert_eq!(

@@ -1,8 +1,9 @@
 //! GPU tests of `lake` on a real device through `CudaVmm`: real chunks,
 //! data written through primitive ranges read back through a stitched
 //! range; chunks spilled to host memory (`LakeConfig::spill_to_host`), made
-//! by filling the device, that hold data and take no device memory. Without
-//! a GPU each test prints one `skipped: no GPU (<reason>)` line and returns.
+//! by filling the device, that hold data and take no device memory. The
+//! tests are `#[ignore]`d; run with `--include-ignored` on a machine
+//! without a GPU each fails, saying so, rather than passing unchecked.
 //! The tests take [`gpu_lock`] in turn: one fills the whole device.
 
 use std::sync::{Mutex, MutexGuard};
@@ -16,13 +17,21 @@ fn gpu_lock() -> MutexGuard<'static, ()> {
     GPU.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Opens device 0, or says why the test is skipped.
-fn open() -> Option<CudaVmm> {
+/// Fails the test unless a GPU is present: the tests are `#[ignore]`d, so
+/// they run only when asked for, and then a missing GPU is a failure, not
+/// a pass.
+fn require_gpu() {
     if let Err(e) = Gpu::available() {
-        println!("skipped: no GPU ({e})");
-        return None;
+        panic!(
+            "no GPU ({e}): this test needs one; without a GPU, run the tests without --include-ignored (cargo then reports them as ignored)"
+        );
     }
-    Some(CudaVmm::open(0, ChunkOptions::default()).expect("open device 0"))
+}
+
+/// Opens device 0.
+fn open() -> CudaVmm {
+    require_gpu();
+    CudaVmm::open(0, ChunkOptions::default()).expect("open device 0")
 }
 
 /// A byte pattern unique to (tag, position); never all zeros.
@@ -36,7 +45,7 @@ fn pattern(tag: u8, len: usize) -> Vec<u8> {
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn primitive_writes_read_back_through_a_stitched_range() {
     let _gpu = gpu_lock();
-    let Some(vmm) = open() else { return };
+    let vmm = open();
     let g = vmm.granularity();
     println!("granularity {g} bytes");
     let lake = Lake::new(vmm, LakeConfig::with_limit(64 * g));
@@ -83,10 +92,7 @@ fn primitive_writes_read_back_through_a_stitched_range() {
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn rdma_capable_chunks_map_and_hold_data() {
     let _gpu = gpu_lock();
-    if Gpu::available().is_err() {
-        println!("skipped: no GPU ({})", Gpu::available().unwrap_err());
-        return;
-    }
+    require_gpu();
     let options = ChunkOptions {
         rdma_capable: true,
         peers: vec![],
@@ -117,24 +123,18 @@ fn rdma_capable_chunks_map_and_hold_data() {
 /// about 1,300 chunks.
 const SPILL_CHUNK: u64 = 64 << 20;
 
-/// Opens device 0 with [`SPILL_CHUNK`] chunks, or says why the test is
-/// skipped.
-fn open_for_spill() -> Option<CudaVmm> {
-    if let Err(e) = Gpu::available() {
-        println!("skipped: no GPU ({e})");
-        return None;
-    }
-    Some(
-        CudaVmm::open_with_chunk(0, ChunkOptions::default(), Some(SPILL_CHUNK))
-            .expect("open device 0 with 64 MiB chunks"),
-    )
+/// Opens device 0 with [`SPILL_CHUNK`] chunks.
+fn open_for_spill() -> CudaVmm {
+    require_gpu();
+    CudaVmm::open_with_chunk(0, ChunkOptions::default(), Some(SPILL_CHUNK))
+        .expect("open device 0 with 64 MiB chunks")
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn host_chunks_hold_data_and_take_no_device_memory() {
     let _gpu = gpu_lock();
-    let Some(vmm) = open_for_spill() else { return };
+    let vmm = open_for_spill();
     let g = vmm.granularity();
     let n = 4u64;
     let base = vmm.reserve(2 * n * g).unwrap();
@@ -188,7 +188,7 @@ fn host_chunks_hold_data_and_take_no_device_memory() {
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn a_full_device_spills_to_host_and_the_bytes_round_trip() {
     let _gpu = gpu_lock();
-    let Some(vmm) = open_for_spill() else { return };
+    let vmm = open_for_spill();
     let g = vmm.granularity();
     let (free0, total) = vmm.mem_info().unwrap();
     let config = LakeConfig {
