@@ -2,12 +2,12 @@
 //! mapping also grants GPU 1 read-write access (`VmmHeapConfig::
 //! peer_access`), so kernels on GPU 1 read and write allocations made by
 //! kernels on GPU 0, through the same device addresses. It confirms there
-//! what `host/tests/vmm_heap_peers.rs` proves on the CPU model. Not yet run
-//! on a GPU. Without a GPU it fails, saying so, as every GPU test does
-//! under `--include-ignored`. With one GPU it fails, saying it needs two: a test that could
-//! not check anything must not count as passed (`scripts/gpu-suite.sh`
-//! runs it only where `nvidia-smi` lists two GPUs and logs `skipped: …`
-//! otherwise). Where the driver says GPU 1 cannot access GPU 0's memory
+//! what `host/tests/vmm_heap_peers.rs` proves on the CPU model; it passed
+//! on two H200s (`docs/results/h200x2-s25-peers/`). Without a GPU it
+//! fails, saying so, as every GPU test does under `--include-ignored`.
+//! With one GPU it fails, saying it needs two: a test that could not check
+//! anything must not count as passed (`scripts/gpu-suite.sh` runs it only
+//! where `nvidia-smi` lists two GPUs and logs `skipped: …` otherwise). Where the driver says GPU 1 cannot access GPU 0's memory
 //! (`cuDeviceCanAccessPeer`) it fails with the heap's error. With two it
 //! prints `issue13 peers:` lines.
 //!

@@ -74,7 +74,7 @@ pub struct InstallClock {
     pub installs: u64,
     /// Installs that popped no spare.
     pub claimed: u64,
-    /// SM cycles from installs' entries to their exchanges, summed.
+    /// SM cycles of the interval the build times ([`Interval`]), summed.
     pub install_cycles: u64,
     /// Team waits in `wait_for_install`.
     pub waits: u64,
@@ -83,7 +83,7 @@ pub struct InstallClock {
 }
 
 impl InstallClock {
-    /// Decodes the four statistics words (`at(i)`: word `i` of the stats).
+    /// Decodes the four statistics words (`at(stat)`: that word's value).
     pub fn from_words(at: impl Fn(Stat) -> u64) -> InstallClock {
         let installs = at(Stat::Installs);
         InstallClock {

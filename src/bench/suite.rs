@@ -554,7 +554,7 @@ impl Bench {
                             ratios.push((hi - lo) as f64 / requested as f64);
                             if let Some(snapshot) = &r.peak_stats {
                                 parts.add(snapshot, requested);
-                                // Builds with GPUMALLOC_INSTALL_CLOCK=1 only.
+                                // Builds with GPUMALLOC_INSTALL_CLOCK set only (zero otherwise).
                                 let clock = snapshot.stats.install_clock;
                                 if clock.installs > 0 {
                                     println!("install clock, frag {label} B: {clock}");
