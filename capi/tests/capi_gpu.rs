@@ -50,22 +50,10 @@ fn stats(heap: *const GmDeviceHeap) -> GmHeapStats {
     s
 }
 
-/// Fails the test unless a GPU is present: the tests are `#[ignore]`d, so
-/// they run only when asked for, and then a missing GPU is a failure, not
-/// a pass.
-fn require_gpu() {
-    if let Err(e) = Gpu::available() {
-        panic!(
-            "no GPU ({e}): this test needs one; without a GPU, run the tests without \
-             --include-ignored (cargo then reports them as ignored)"
-        );
-    }
-}
-
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/build-cpp-example.sh)"]
 fn c_api_heap_serves_a_kernel_and_reports_it() {
-    require_gpu();
+    Gpu::require_for_test();
     let (status, heap) = create(0, 256 * MIB, HEAP_CHECKED);
     assert_eq!(status, GmStatus::Ok, "{}", last_error());
     let mut image = MaybeUninit::<HeapImage>::uninit();
@@ -141,7 +129,7 @@ fn allocate_in_a_kernel(heap: *mut GmDeviceHeap, image: HeapImage, ptx: &str) {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/build-cpp-example.sh)"]
 fn failures_answer_their_status_and_name_the_call() {
-    require_gpu();
+    Gpu::require_for_test();
     let (status, heap) = create(999, 256 * MIB, 0);
     let msg = last_error();
     assert_eq!(

@@ -118,6 +118,19 @@ impl Gpu {
         }
     }
 
+    /// For `#[ignore]`d GPU tests, which run only when asked for
+    /// (`--include-ignored`): panics unless [`Gpu::available`], saying why
+    /// and how to run the tests without a GPU, so that a test asked to run
+    /// where it cannot fails rather than passes without checking anything.
+    pub fn require_for_test() {
+        if let Err(e) = Gpu::available() {
+            panic!(
+                "no GPU ({e}): this test needs one; without a GPU, run the tests without \
+                 --include-ignored (cargo then reports them as ignored)"
+            );
+        }
+    }
+
     /// Opens device `ordinal` and loads `ptx` into it.
     pub fn open(ordinal: usize, ptx: &str) -> Result<Gpu> {
         let mut gpu = Gpu::open_device(ordinal)?;

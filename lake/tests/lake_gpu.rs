@@ -17,20 +17,9 @@ fn gpu_lock() -> MutexGuard<'static, ()> {
     GPU.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Fails the test unless a GPU is present: the tests are `#[ignore]`d, so
-/// they run only when asked for, and then a missing GPU is a failure, not
-/// a pass.
-fn require_gpu() {
-    if let Err(e) = Gpu::available() {
-        panic!(
-            "no GPU ({e}): this test needs one; without a GPU, run the tests without --include-ignored (cargo then reports them as ignored)"
-        );
-    }
-}
-
 /// Opens device 0.
 fn open() -> CudaVmm {
-    require_gpu();
+    Gpu::require_for_test();
     CudaVmm::open(0, ChunkOptions::default()).expect("open device 0")
 }
 
@@ -92,7 +81,7 @@ fn primitive_writes_read_back_through_a_stitched_range() {
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine (scripts/gpu-suite.sh)"]
 fn rdma_capable_chunks_map_and_hold_data() {
     let _gpu = gpu_lock();
-    require_gpu();
+    Gpu::require_for_test();
     let options = ChunkOptions {
         rdma_capable: true,
         peers: vec![],
@@ -125,7 +114,7 @@ const SPILL_CHUNK: u64 = 64 << 20;
 
 /// Opens device 0 with [`SPILL_CHUNK`] chunks.
 fn open_for_spill() -> CudaVmm {
-    require_gpu();
+    Gpu::require_for_test();
     CudaVmm::open_with_chunk(0, ChunkOptions::default(), Some(SPILL_CHUNK))
         .expect("open device 0 with 64 MiB chunks")
 }

@@ -8,11 +8,7 @@ use gpumalloc::bench::measure::{Buffers, Keep, Timing, round};
 /// (`--include-ignored`); asked for on a machine without a GPU they fail,
 /// saying so, rather than pass without checking anything.
 pub fn gpu() -> Gpu {
-    if let Err(e) = Gpu::available() {
-        panic!(
-            "no GPU ({e}): this test needs one; without a GPU, run the tests without --include-ignored (cargo then reports them as ignored)"
-        );
-    }
+    Gpu::require_for_test();
     gpumalloc::open_gpu(0).expect("a GPU is present but could not be opened")
 }
 
