@@ -153,7 +153,8 @@ typedef enum gm_status {
     GM_ERROR_NO_DEVICE = 4,        /* the driver reports no GPU */
     GM_ERROR_OUT_OF_MEMORY = 5,    /* the device has not that much free memory */
     GM_ERROR_CUDA = 6,             /* another driver call failed; the message names it */
-    GM_ERROR_INTERNAL = 7          /* a bug in gpumalloc (a Rust panic, caught) */
+    GM_ERROR_INTERNAL = 7,         /* a bug in gpumalloc (a Rust panic, caught) */
+    GM_ERROR_LAYOUT = 8            /* the device code was built over another heap layout: rebuild it */
 } gm_status;
 
 /* Flags of gm_heap_create. 0: unchecked (bad frees counted, double frees of
@@ -207,8 +208,56 @@ void gm_heap_destroy(gm_device_heap *heap);
  * message's full length (0: no error since the last call). */
 size_t gm_heap_last_error(char *buf, size_t len);
 
+/* This library's heap-layout fingerprint: a hash of the heap's layout
+ * constants and GPUMALLOC_* build settings. Device code built from the
+ * same gpumalloc source with the same settings carries the same value as
+ * its global GPUMALLOC_LAYOUT_FINGERPRINT. */
+uint64_t gm_layout_fingerprint(void);
+
+/* GM_OK if `device_fingerprint` (read from the device code the program
+ * linked) is this library's; otherwise GM_ERROR_LAYOUT, and the last error
+ * says to rebuild: that device code would corrupt heaps this library lays
+ * out. CUDA C++ programs call gm_check_device_layout() below instead. */
+gm_status gm_layout_check(uint64_t device_fingerprint);
+
 #ifdef __cplusplus
 } /* extern "C" */
+#endif
+
+#if defined(__cplusplus) && defined(__CUDACC__)
+/* CUDA C++ (relocatable device code, linked with device_c_abi.ptx): reads
+ * the linked device code's fingerprint on the current device and checks it
+ * with gm_layout_check. Call it once before the first kernel that uses a
+ * heap; a stale device_c_abi.ptx is then refused instead of corrupting the
+ * heap. Answers GM_ERROR_CUDA if a CUDA runtime call fails
+ * (cudaGetLastError() then says which). Templates, so a program that
+ * includes this header but never calls them needs no device_c_abi.ptx. */
+extern __device__ uint64_t GPUMALLOC_LAYOUT_FINGERPRINT;
+
+template <int Unused = 0>
+__global__ void gm_read_layout_fingerprint(uint64_t *out) {
+    *out = GPUMALLOC_LAYOUT_FINGERPRINT;
+}
+
+template <int Unused = 0>
+inline gm_status gm_check_device_layout() {
+    uint64_t *on_device = nullptr;
+    uint64_t found = 0;
+    if (cudaMalloc(&on_device, sizeof(uint64_t)) != cudaSuccess) {
+        return GM_ERROR_CUDA;
+    }
+    gm_read_layout_fingerprint<Unused><<<1, 1>>>(on_device);
+    /* Peek, not get: a failed launch stays the runtime's last error. */
+    cudaError_t launched = cudaPeekAtLastError();
+    cudaError_t copied = launched == cudaSuccess
+        ? cudaMemcpy(&found, on_device, sizeof(uint64_t), cudaMemcpyDeviceToHost)
+        : launched;
+    cudaFree(on_device);
+    if (copied != cudaSuccess) {
+        return GM_ERROR_CUDA;
+    }
+    return gm_layout_check(found);
+}
 #endif
 
 #endif /* GPUMALLOC_H */

@@ -186,7 +186,8 @@ const _: () = assert!(
         && value_of("GM_ERROR_NO_DEVICE") == GmStatus::NoDevice as usize
         && value_of("GM_ERROR_OUT_OF_MEMORY") == GmStatus::OutOfMemory as usize
         && value_of("GM_ERROR_CUDA") == GmStatus::Cuda as usize
-        && value_of("GM_ERROR_INTERNAL") == GmStatus::Internal as usize,
+        && value_of("GM_ERROR_INTERNAL") == GmStatus::Internal as usize
+        && value_of("GM_ERROR_LAYOUT") == GmStatus::Layout as usize,
     "include/gpumalloc.h: a gm_status value differs from GmStatus"
 );
 const _: () = assert!(

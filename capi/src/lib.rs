@@ -50,6 +50,10 @@ pub enum GmStatus {
     Cuda = 6,
     /// A bug in gpumalloc: a panic caught at the boundary.
     Internal = 7,
+    /// The device code linked into the program was built over another heap
+    /// layout than this library's (`gm_layout_check`); the message says to
+    /// rebuild it.
+    Layout = 8,
 }
 
 /// `GM_HEAP_CHECKED`: one bit per slice, so double frees of slices are
@@ -338,6 +342,43 @@ pub unsafe extern "C" fn gm_heap_destroy(heap: *mut GmDeviceHeap) {
     })
 }
 
+/// This library's heap-layout fingerprint (`gpu_kernel::fingerprint`): the
+/// value the device code built with it carries as the global
+/// `GPUMALLOC_LAYOUT_FINGERPRINT`.
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_layout_fingerprint() -> u64 {
+    gpu_kernel::fingerprint::LAYOUT_FINGERPRINT
+}
+
+/// Compares the fingerprint read from the device code a program linked
+/// (`device_c_abi.ptx`; the header's `gm_check_device_layout` reads it)
+/// with this library's: `GM_ERROR_LAYOUT`, with a message that says to
+/// rebuild, where they differ, since that code would corrupt heaps this
+/// library lays out. No driver call.
+#[unsafe(no_mangle)]
+pub extern "C" fn gm_layout_check(device_fingerprint: u64) -> GmStatus {
+    let name = "gm_layout_check";
+    enter(GmStatus::Internal, None, || {
+        let ours = gm_layout_fingerprint();
+        if device_fingerprint == ours {
+            return GmStatus::Ok;
+        }
+        Failure(
+            GmStatus::Layout,
+            format!(
+                "{name}: the device code linked into this program (device_c_abi.ptx) was built \
+                 over another gpumalloc heap layout (its layout fingerprint \
+                 {device_fingerprint:#018x}, libgpumalloc_c's {ours:#018x}): its \
+                 gallatin_malloc / gallatin_free would corrupt heaps this library lays out. \
+                 Rebuild device_c_abi.ptx and libgpumalloc_c.so from the same gpumalloc source \
+                 with the same GPUMALLOC_* settings (scripts/stage-gpu.sh builds both) and \
+                 link again"
+            ),
+        )
+        .report()
+    })
+}
+
 /// Copies this thread's last error message into `buf` (`len` bytes, NUL
 /// terminated, cut to fit) and clears it; answers the message's full
 /// length (0: none).
@@ -496,6 +537,23 @@ mod tests {
             host::boundary::take_error(),
             (ErrorKind::OutOfMemory, "gm_heap_create: oom".to_string())
         );
+    }
+
+    #[test]
+    fn device_code_over_another_layout_is_refused_with_a_rebuild_message() {
+        let ours = gm_layout_fingerprint();
+        assert_eq!(ours, gpu_kernel::fingerprint::LAYOUT_FINGERPRINT);
+        assert_eq!(gm_layout_check(ours), GmStatus::Ok);
+        assert_eq!(last_error(), "", "a passing check leaves no error");
+        assert_eq!(gm_layout_check(ours ^ 1), GmStatus::Layout);
+        let message = last_error();
+        assert!(
+            message.starts_with("gm_layout_check: the device code linked"),
+            "{message}"
+        );
+        assert!(message.contains("Rebuild device_c_abi.ptx"), "{message}");
+        // The fingerprint a kernel reads from a missing or zeroed global.
+        assert_eq!(gm_layout_check(0), GmStatus::Layout);
     }
 
     #[test]

@@ -6,8 +6,9 @@
 // 16 B ... 2 KiB with gallatin_malloc and fills it with its own pattern; in
 // the second each thread checks its block (a block shared with another
 // thread would hold that thread's pattern) and frees it with gallatin_free.
-// The heap's statistics must show every allocation live between the two
-// kernels and none after. Prints one line ending in PASS or FAIL (exit 1).
+// Before anything, it checks that the linked device code was built over
+// the library's heap layout (gm_check_device_layout). The heap's statistics
+// must show every allocation live between the two kernels and none after. Prints one line ending in PASS or FAIL (exit 1).
 //
 // Build (scripts/build-cpp-example.sh runs this; device_c_abi.ptx and
 // libgpumalloc_c.so come from scripts/stage-gpu.sh into .gpu/):
@@ -93,6 +94,9 @@ int main(int argc, char **argv) {
     // The runtime first, so the heap shares its (primary) context.
     check_cuda(cudaSetDevice(0), "cudaSetDevice");
     check_cuda(cudaFree(0), "cudaFree(0)");
+    // The linked device_c_abi.ptx must be built over this library's heap
+    // layout: a stale one is refused here instead of corrupting the heap.
+    check_gm(gm_check_device_layout(), "gm_check_device_layout");
 
     gm_device_heap *dheap = NULL;
     check_gm(gm_heap_create(0, heap_bytes, GM_HEAP_CHECKED, &dheap), "gm_heap_create");
