@@ -650,7 +650,7 @@ impl Coop {
         ctx.pool.gaps_of_at_least_into(request, &mut scan.gaps);
         for k in 0..scan.gaps.len() {
             let (start, end) = scan.gaps[k];
-            self.push_intervals(ctx, ctx.pool.intervals_in(start, end), scan);
+            self.push_intervals(ctx, ctx.pool.intervals_in(start, end).iter(), scan);
             scan.items.push(WindowItem {
                 addr: end,
                 size: 0,
