@@ -24,6 +24,7 @@
 //! index agreement, gaps) and is run by the tests after every step.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
 
 use super::error::{RematError, RematResult};
 use super::tensor::TensorId;
@@ -198,7 +199,20 @@ impl Pool {
     /// Intervals whose start lies in `[start, end)`, in address order, as
     /// one slice of the pool's array.
     pub fn intervals_in(&self, start: u64, end: u64) -> &[Interval] {
-        &self.intervals[self.index_from(start)..self.index_from(end)]
+        &self.intervals[self.indices_in(start, end)]
+    }
+
+    /// The intervals in address order as one slice: a search that keeps
+    /// something per interval keeps it by index into this slice (the
+    /// indices hold until the pool changes).
+    pub fn interval_array(&self) -> &[Interval] {
+        &self.intervals
+    }
+
+    /// Indices in [`Pool::interval_array`] of the intervals whose start lies
+    /// in `[start, end)`.
+    pub fn indices_in(&self, start: u64, end: u64) -> Range<usize> {
+        self.index_from(start)..self.index_from(end)
     }
 
     fn add_gap(&mut self, start: u64, end: u64) {
