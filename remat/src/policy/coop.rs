@@ -894,7 +894,9 @@ impl Coop {
     /// when the run pricing is off): h = c / s, times (with the pricing)
     /// the amplification of its recompute peak over the bytes its eviction
     /// frees in one run. With nothing free beside it, the cached
-    /// amplification over its own size.
+    /// amplification over its own size. Inlined into the walk, which calls
+    /// it for every evictable interval.
+    #[inline(always)]
     fn score(
         &self,
         prices: &mut Prices<'_>,
