@@ -3,6 +3,13 @@
 //! evicted or released tensor held becomes free and merges with free
 //! neighbours, so no two free intervals are ever adjacent.
 //!
+//! The intervals are one dense array in address order (a sorted `Vec`),
+//! found by binary search and changed by shifting the array's tail: a pool
+//! holds a few hundred to a few thousand intervals, so a placement or release
+//! moves at most some tens of KiB, while a window search reads the intervals
+//! of a range as one slice, by index (`intervals_in`), instead of stepping a
+//! tree's iterator.
+//!
 //! The pool also keeps the *gaps* between the tensors placed as pinned
 //! (`place_pinned`): the maximal address ranges that hold no such tensor. A
 //! pinned tensor is never evicted, so no eviction window crosses one, and a
@@ -17,6 +24,7 @@
 //! index agreement, gaps) and is run by the tests after every step.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
 
 use super::error::{RematError, RematResult};
 use super::tensor::TensorId;
@@ -36,7 +44,8 @@ pub struct Interval {
 #[derive(Debug, Clone)]
 pub struct Pool {
     capacity: u64,
-    by_addr: BTreeMap<u64, Interval>,
+    /// The intervals in address order, tiling `[0, capacity)`.
+    intervals: Vec<Interval>,
     addr_of: HashMap<TensorId, u64>,
     free_bytes: u64,
     /// Start -> end of each tensor placed as pinned.
@@ -50,20 +59,17 @@ pub struct Pool {
 impl Pool {
     /// An empty pool: one free interval of `capacity` bytes.
     pub fn new(capacity: u64) -> Pool {
-        let mut by_addr = BTreeMap::new();
+        let mut intervals = Vec::new();
         if capacity > 0 {
-            by_addr.insert(
-                0,
-                Interval {
-                    addr: 0,
-                    size: capacity,
-                    tensor: None,
-                },
-            );
+            intervals.push(Interval {
+                addr: 0,
+                size: capacity,
+                tensor: None,
+            });
         }
         let mut pool = Pool {
             capacity,
-            by_addr,
+            intervals,
             addr_of: HashMap::new(),
             free_bytes: capacity,
             pinned: BTreeMap::new(),
@@ -86,26 +92,37 @@ impl Pool {
 
     /// Number of intervals (free and resident).
     pub fn interval_count(&self) -> usize {
-        self.by_addr.len()
+        self.intervals.len()
     }
 
     /// Intervals in address order.
     pub fn intervals(&self) -> impl Iterator<Item = &Interval> {
-        self.by_addr.values()
+        self.intervals.iter()
+    }
+
+    /// Index of the interval that starts at `addr`, if one does.
+    fn index_at(&self, addr: u64) -> Option<usize> {
+        self.intervals.binary_search_by_key(&addr, |i| i.addr).ok()
+    }
+
+    /// Index of the first interval that starts at or after `addr`.
+    fn index_from(&self, addr: u64) -> usize {
+        self.intervals.partition_point(|i| i.addr < addr)
     }
 
     /// The interval of a resident tensor.
     pub fn interval_of(&self, id: TensorId) -> Option<&Interval> {
-        self.addr_of.get(&id).and_then(|a| self.by_addr.get(a))
+        let k = self.index_at(*self.addr_of.get(&id)?)?;
+        Some(&self.intervals[k])
     }
 
     /// Free bytes directly left and right of a resident tensor (DTE's term).
     pub fn adjacent_free(&self, id: TensorId) -> u64 {
-        let Some(&addr) = self.addr_of.get(&id) else {
+        let Some(k) = self.addr_of.get(&id).and_then(|&a| self.index_at(a)) else {
             return 0;
         };
-        let left = self.by_addr.range(..addr).next_back().map(|(_, i)| i);
-        let right = self.by_addr.range(addr + 1..).next().map(|(_, i)| i);
+        let left = k.checked_sub(1).map(|j| &self.intervals[j]);
+        let right = self.intervals.get(k + 1);
         [left, right]
             .into_iter()
             .flatten()
@@ -145,8 +162,8 @@ impl Pool {
     /// Address that puts `size` bytes at the right end of the highest-addressed
     /// free interval that can hold them.
     pub fn last_fit(&self, size: u64) -> Option<u64> {
-        self.by_addr
-            .values()
+        self.intervals
+            .iter()
             .rev()
             .find(|i| i.tensor.is_none() && i.size >= size)
             .map(|i| i.addr + i.size - size)
@@ -154,8 +171,9 @@ impl Pool {
 
     /// The free interval that contains `addr`, if any.
     pub fn free_block_at(&self, addr: u64) -> Option<Interval> {
-        let (_, block) = self.by_addr.range(..=addr).next_back()?;
-        (block.tensor.is_none() && addr < block.addr + block.size).then_some(*block)
+        let k = self.intervals.partition_point(|i| i.addr <= addr);
+        let block = self.intervals[k.checked_sub(1)?];
+        (block.tensor.is_none() && addr < block.addr + block.size).then_some(block)
     }
 
     /// The gaps between pinned tensors (see the module docs) of at least
@@ -178,9 +196,23 @@ impl Pool {
         found.sort_unstable();
     }
 
-    /// Intervals whose start lies in `[start, end)`, in address order.
-    pub fn intervals_in(&self, start: u64, end: u64) -> impl Iterator<Item = &Interval> {
-        self.by_addr.range(start..end).map(|(_, i)| i)
+    /// Intervals whose start lies in `[start, end)`, in address order, as
+    /// one slice of the pool's array.
+    pub fn intervals_in(&self, start: u64, end: u64) -> &[Interval] {
+        &self.intervals[self.indices_in(start, end)]
+    }
+
+    /// The intervals in address order as one slice: a search that keeps
+    /// something per interval keeps it by index into this slice (the
+    /// indices hold until the pool changes).
+    pub fn interval_array(&self) -> &[Interval] {
+        &self.intervals
+    }
+
+    /// Indices in [`Pool::interval_array`] of the intervals whose start lies
+    /// in `[start, end)`.
+    pub fn indices_in(&self, start: u64, end: u64) -> Range<usize> {
+        self.index_from(start)..self.index_from(end)
     }
 
     fn add_gap(&mut self, start: u64, end: u64) {
@@ -236,33 +268,41 @@ impl Pool {
         if end > block.addr + block.size {
             return Err(overlap);
         }
-        self.by_addr.remove(&block.addr);
+        // The block becomes up to three intervals: free space before the
+        // tensor, the tensor, free space after it; one splice, one shift of
+        // the array's tail.
+        let mut pieces = [block; 3];
+        let mut count = 0;
         if addr > block.addr {
-            self.insert(Interval {
+            pieces[count] = Interval {
                 addr: block.addr,
                 size: addr - block.addr,
                 tensor: None,
-            });
+            };
+            count += 1;
         }
-        self.insert(Interval {
+        pieces[count] = Interval {
             addr,
             size,
             tensor: Some(id),
-        });
+        };
+        count += 1;
         if end < block.addr + block.size {
-            self.insert(Interval {
+            pieces[count] = Interval {
                 addr: end,
                 size: block.addr + block.size - end,
                 tensor: None,
-            });
+            };
+            count += 1;
         }
+        let k = self
+            .index_at(block.addr)
+            .expect("a free block starts an interval");
+        self.intervals
+            .splice(k..=k, pieces[..count].iter().copied());
         self.addr_of.insert(id, addr);
         self.free_bytes -= size;
         Ok(())
-    }
-
-    fn insert(&mut self, interval: Interval) {
-        self.by_addr.insert(interval.addr, interval);
     }
 
     /// Frees the space of tensor `id`, merging it with free neighbours.
@@ -271,12 +311,9 @@ impl Pool {
             .addr_of
             .remove(&id)
             .ok_or(RematError::UnknownTensor(id))?;
-        let mut freed = self
-            .by_addr
-            .remove(&addr)
-            .ok_or(RematError::UnknownTensor(id))?;
-        self.free_bytes += freed.size;
-        freed.tensor = None;
+        let k = self.index_at(addr).ok_or(RematError::UnknownTensor(id))?;
+        let size = self.intervals[k].size;
+        self.free_bytes += size;
         if let Some(end) = self.pinned.remove(&addr) {
             // The gaps on either side (if any) and the tensor become one.
             let mut start = addr;
@@ -289,24 +326,19 @@ impl Pool {
             let end = self.remove_gap(end).unwrap_or(end);
             self.add_gap(start, end);
         }
-        if let Some((&left_addr, left)) = self.by_addr.range(..addr).next_back()
-            && left.tensor.is_none()
-        {
-            freed = Interval {
-                addr: left_addr,
-                size: left.size + freed.size,
-                tensor: None,
-            };
-            self.by_addr.remove(&left_addr);
-        }
-        let right_addr = freed.addr + freed.size;
-        if let Some(right) = self.by_addr.get(&right_addr).copied()
-            && right.tensor.is_none()
-        {
-            freed.size += right.size;
-            self.by_addr.remove(&right_addr);
-        }
-        self.insert(freed);
+        // Intervals `first..=last` (the tensor's, and a free neighbour on
+        // either side) become one free interval; one shift of the tail.
+        let free = |j: usize| self.intervals.get(j).is_some_and(|i| i.tensor.is_none());
+        let first = if k > 0 && free(k - 1) { k - 1 } else { k };
+        let last = if free(k + 1) { k + 1 } else { k };
+        let end = self.intervals[last].addr + self.intervals[last].size;
+        let start = self.intervals[first].addr;
+        self.intervals[first] = Interval {
+            addr: start,
+            size: end - start,
+            tensor: None,
+        };
+        self.intervals.drain(first + 1..=last);
         Ok(())
     }
 
@@ -316,8 +348,8 @@ impl Pool {
     pub fn check(&self) -> RematResult<()> {
         let broken = |why: String| Err(RematError::Invariant(why));
         let (mut next, mut free, mut last_free, mut tensors) = (0u64, 0u64, false, 0usize);
-        for (&key, i) in &self.by_addr {
-            if key != i.addr || i.addr != next || i.size == 0 {
+        for i in &self.intervals {
+            if i.addr != next || i.size == 0 {
                 return broken(format!(
                     "interval at {:#x} ({} bytes) does not follow {next:#x}",
                     i.addr, i.size
@@ -345,8 +377,8 @@ impl Pool {
         let (mut gaps, mut from) = (BTreeMap::new(), 0u64);
         for (&start, &end) in &self.pinned {
             if self
-                .by_addr
-                .get(&start)
+                .index_at(start)
+                .map(|k| &self.intervals[k])
                 .is_none_or(|i| i.tensor.is_none() || start + i.size != end)
             {
                 return broken(format!(

@@ -1043,7 +1043,7 @@ fn pool_keeps_the_gaps_between_pinned_tensors() {
     assert_eq!(pool.gaps_of_at_least(0), vec![(0, 30), (40, 70), (75, 100)]);
     assert_eq!(pool.gaps_of_at_least(26), vec![(0, 30), (40, 70)]);
     assert_eq!(pool.gaps_of_at_least(31), vec![]);
-    let inside: Vec<_> = pool.intervals_in(40, 70).map(|i| i.addr).collect();
+    let inside: Vec<_> = pool.intervals_in(40, 70).iter().map(|i| i.addr).collect();
     assert_eq!(inside, vec![40, 50, 60]);
     // Releasing a pinned tensor joins the gaps on both sides.
     pool.release(0).expect("placed");

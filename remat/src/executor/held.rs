@@ -88,7 +88,7 @@ impl Executor<'_> {
             if end - start < need {
                 continue;
             }
-            let Some(splitter) = self.pool.intervals_in(left_end, right_start).next() else {
+            let Some(splitter) = self.pool.intervals_in(left_end, right_start).first() else {
                 continue;
             };
             let Some(p) = splitter.tensor else { continue };

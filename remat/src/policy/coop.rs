@@ -14,6 +14,10 @@
 //! and skips the pinned intervals and the smaller gaps unread. It picks the
 //! same window as a sweep over the whole pool
 //! (`Coop::next_eviction_whole_pool`, which the tests compare it with).
+//! A gap is a run of indices into the pool's dense array of intervals
+//! (`Pool::interval_array`): the search reads each interval there, in
+//! place, and writes only its score (`Scan`), and the sweep runs over each
+//! run in turn, carrying the best window from one to the next (`Sweeper`).
 //!
 //! The scan is most of a search, and it is kept lean without changing a
 //! score's bits: the projected cost and the recompute amplification come
@@ -188,6 +192,8 @@
 //! Owned by one executor; single-threaded. Keeps the step count of its last
 //! search so that tests can check that the search is linear.
 
+use std::ops::Range;
+
 use super::{AddedRules, Eviction, EvictionPolicy, RECOMPUTE_DEPTH, Request, SearchContext};
 use crate::dropped_chain::on_dropped_chain;
 use crate::pool::Interval;
@@ -320,73 +326,125 @@ impl Best {
     }
 }
 
-/// The two-pointer sweep over items in the order `at(0), at(1), ...`: for
-/// each position `right` that `accept`s, the shortest window ending there
-/// with at least `request` bytes and no blocked item (with scores not
-/// negative it is also the cheapest ending there); the cheapest of those
-/// under `ranking`, as sweep positions, with (when `HOLE`) the cheapest of
-/// those that hold an item of score 0 of at least half the request
-/// ([`big_hole`]), and the number of pointer moves (at most 2N).
-fn sweep<'a, const HOLE: bool>(
-    count: usize,
-    at: impl Fn(usize) -> &'a WindowItem,
+/// The two-pointer sweep's running state over *runs*: ranges of positions
+/// that no window crosses (the sweep starts afresh at each, as at a blocked
+/// item), the best windows carried from one run to the next, so that a
+/// search over several gaps offers the same windows in the same order as a
+/// sweep over the gaps' items laid end to end with a blocked item between.
+struct Sweeper {
     request: u64,
     ranking: Ranking,
-    accept: impl Fn(usize) -> bool,
-) -> (Option<Window>, Option<Window>, usize) {
-    let (mut left, mut bytes, mut score, mut steps) = (0usize, 0u64, 0.0f64, 0usize);
-    // Free bytes (items of score 0) in the current window, counted only for
-    // the ranking that reads them (the branch goes the same way at every
-    // item).
-    let mut holes = 0u64;
-    let credit = ranking == Ranking::PerByteAndHole;
-    let hole = |item: &WindowItem| {
-        if credit && item.score == Some(0.0) {
-            item.size
-        } else {
-            0
-        }
-    };
-    // With `HOLE`: the position of the last item of score 0 of at least
-    // half the request (a window holds one when it starts at or before it).
-    let mut last_big = usize::MAX;
-    let (mut best, mut best_hole) = (Best::NONE, Best::NONE);
-    for right in 0..count {
-        steps += 1;
-        let item = at(right);
-        let Some(s) = item.score else {
-            (left, bytes, score, holes) = (right + 1, 0, 0.0, 0);
-            continue;
-        };
-        if HOLE && s == 0.0 && big_hole(item.size, request) {
-            last_big = right;
-        }
-        bytes += item.size;
-        score += s;
-        holes += hole(item);
-        while left < right && bytes - at(left).size >= request {
-            bytes -= at(left).size;
-            score -= at(left).score.unwrap_or(0.0);
-            holes -= hole(at(left));
-            left += 1;
-            steps += 1;
-        }
-        if bytes < request || !accept(right) {
-            continue;
-        }
-        let window = Window {
-            first: left,
-            last: right,
-            score: score.max(0.0),
-            bytes,
-            holes,
-        };
-        best.offer(window, ranking);
-        if HOLE && last_big != usize::MAX && last_big >= left {
-            best_hole.offer(window, ranking);
+    best: Best,
+    /// With `HOLE`: the best window that holds a big hole ([`big_hole`]).
+    best_hole: Best,
+    /// Pointer moves (at most 2N over N positions).
+    steps: usize,
+}
+
+impl Sweeper {
+    fn new(request: u64, ranking: Ranking) -> Sweeper {
+        Sweeper {
+            request,
+            ranking,
+            best: Best::NONE,
+            best_hole: Best::NONE,
+            steps: 0,
         }
     }
-    (best.window, best_hole.window, steps)
+
+    /// Sweeps the positions of `run`, position `k` having `size(k)` bytes
+    /// and score `score_of(k)` (`None`: blocked): for each position `right`
+    /// that `accept`s, the shortest window ending there with at least
+    /// `request` bytes and no blocked position (with scores not negative it
+    /// is also the cheapest ending there) is offered to the best so far
+    /// under the ranking, and (when `HOLE`) to the best of those that hold
+    /// a position of score 0 of at least half the request ([`big_hole`]).
+    #[inline(always)]
+    fn run<const HOLE: bool>(
+        &mut self,
+        run: Range<usize>,
+        size: impl Fn(usize) -> u64,
+        score_of: impl Fn(usize) -> Option<f64>,
+        accept: impl Fn(usize) -> bool,
+    ) {
+        let (request, ranking) = (self.request, self.ranking);
+        // The carried state in locals for the loop (kept in registers, not
+        // stored back through `self` at every position).
+        let (mut best, mut best_hole, mut steps) = (
+            std::mem::replace(&mut self.best, Best::NONE),
+            std::mem::replace(&mut self.best_hole, Best::NONE),
+            self.steps,
+        );
+        let (mut left, mut bytes, mut score) = (run.start, 0u64, 0.0f64);
+        // Free bytes (positions of score 0) in the current window, counted
+        // only for the ranking that reads them (the branch goes the same way
+        // at every position).
+        let mut holes = 0u64;
+        let credit = ranking == Ranking::PerByteAndHole;
+        let hole = |k: usize| {
+            if credit && score_of(k) == Some(0.0) {
+                size(k)
+            } else {
+                0
+            }
+        };
+        // With `HOLE`: the last position of score 0 of at least half the
+        // request (a window holds one when it starts at or before it).
+        let mut last_big = usize::MAX;
+        for right in run {
+            steps += 1;
+            let Some(s) = score_of(right) else {
+                (left, bytes, score, holes) = (right + 1, 0, 0.0, 0);
+                continue;
+            };
+            let right_size = size(right);
+            if HOLE && s == 0.0 && big_hole(right_size, request) {
+                last_big = right;
+            }
+            bytes += right_size;
+            score += s;
+            holes += hole(right);
+            while left < right && bytes - size(left) >= request {
+                bytes -= size(left);
+                score -= score_of(left).unwrap_or(0.0);
+                holes -= hole(left);
+                left += 1;
+                steps += 1;
+            }
+            if bytes < request || !accept(right) {
+                continue;
+            }
+            let window = Window {
+                first: left,
+                last: right,
+                score: score.max(0.0),
+                bytes,
+                holes,
+            };
+            best.offer(window, ranking);
+            if HOLE && last_big != usize::MAX && last_big >= left {
+                best_hole.offer(window, ranking);
+            }
+        }
+        (self.best, self.best_hole, self.steps) = (best, best_hole, steps);
+    }
+}
+
+/// The cheapest window over `runs` of positions (`size` and `score_of` as
+/// in [`Sweeper::run`]), with `HOLE` the cheapest that holds a big hole,
+/// and the pointer moves.
+fn cheapest_over<const HOLE: bool>(
+    runs: &[Range<usize>],
+    size: impl Fn(usize) -> u64,
+    score_of: impl Fn(usize) -> Option<f64>,
+    request: u64,
+    ranking: Ranking,
+) -> (Option<Window>, Option<Window>, usize) {
+    let mut sweeper = Sweeper::new(request, ranking);
+    for run in runs {
+        sweeper.run::<HOLE>(run.clone(), &size, &score_of, |_| true);
+    }
+    (sweeper.best.window, sweeper.best_hole.window, sweeper.steps)
 }
 
 /// The cheapest run of consecutive items with at least `request` bytes and no
@@ -397,7 +455,13 @@ pub fn cheapest_window(
     request: u64,
     ranking: Ranking,
 ) -> (Option<Window>, usize) {
-    let (best, _, steps) = sweep::<false>(items.len(), |k| &items[k], request, ranking, |_| true);
+    let (best, _, steps) = cheapest_over::<false>(
+        std::slice::from_ref(&(0..items.len())),
+        |k| items[k].size,
+        |k| items[k].score,
+        request,
+        ranking,
+    );
     (best, steps)
 }
 
@@ -409,7 +473,13 @@ pub fn cheapest_window_and_hole(
     request: u64,
     ranking: Ranking,
 ) -> (Option<Window>, Option<Window>, usize) {
-    sweep::<true>(items.len(), |k| &items[k], request, ranking, |_| true)
+    cheapest_over::<true>(
+        std::slice::from_ref(&(0..items.len())),
+        |k| items[k].size,
+        |k| items[k].score,
+        request,
+        ranking,
+    )
 }
 
 /// Whether a free block of `size` bytes is a hole worth absorbing for a
@@ -420,12 +490,15 @@ pub fn big_hole(size: u64, request: u64) -> bool {
     size.saturating_mul(2) >= request
 }
 
-/// Bytes of the items of score 0 (free space) in `window`.
-fn free_in(items: &[WindowItem], window: &Window) -> u64 {
-    items[window.first..=window.last]
-        .iter()
-        .filter(|i| i.score == Some(0.0))
-        .map(|i| i.size)
+/// Bytes of the positions of score 0 (free space) in `window`.
+fn free_in(
+    window: &Window,
+    size: impl Fn(usize) -> u64,
+    score_of: impl Fn(usize) -> Option<f64>,
+) -> u64 {
+    (window.first..=window.last)
+        .filter(|&k| score_of(k) == Some(0.0))
+        .map(size)
         .sum()
 }
 
@@ -436,7 +509,13 @@ fn free_in(items: &[WindowItem], window: &Window) -> u64 {
 /// score per byte, with its free bytes counted once more (once as bytes
 /// freed, once as a hole absorbed), is no higher than the pick's.
 pub fn absorbs_hole(items: &[WindowItem], hole: &Window, pick: &Window) -> bool {
-    let (hole_free, pick_free) = (free_in(items, hole), free_in(items, pick));
+    let free = |w: &Window| free_in(w, |k| items[k].size, |k| items[k].score);
+    absorbs_hole_with(hole, pick, free)
+}
+
+/// [`absorbs_hole`], with `free` the free bytes of a window.
+fn absorbs_hole_with(hole: &Window, pick: &Window, free: impl Fn(&Window) -> u64) -> bool {
+    let (hole_free, pick_free) = (free(hole), free(pick));
     hole.bytes - hole_free < pick.bytes - pick_free
         && hole.score * bytes_f64(pick.bytes) <= pick.score * bytes_f64(hole.bytes + hole_free)
 }
@@ -459,18 +538,57 @@ pub fn cheapest_anchored_window(
     ranking: Ranking,
 ) -> (Option<(Window, Side)>, usize) {
     let n = items.len();
-    let anchors = |k: usize| k + 1 >= n || items[k + 1].pinned;
-    let (right, _, right_steps) = sweep::<false>(n, |k| &items[k], request, ranking, anchors);
-    // Backwards: position k is item n-1-k, and the item after position k in
-    // the sweep is the one before it in the pool.
-    let (left, _, left_steps) = sweep::<false>(
-        n,
-        |k| &items[n - 1 - k],
-        request,
-        ranking,
-        |k| k + 1 >= n || items[n - 2 - k].pinned,
-    );
-    let left = left.map(|w| Window {
+    let position = Position {
+        size: |k: usize| items[k].size,
+        score_of: |k: usize| items[k].score,
+        pinned: |k: usize| items[k].pinned,
+    };
+    anchored_over(std::slice::from_ref(&(0..n)), n, position, request, ranking)
+}
+
+/// What the anchored sweep reads of a position: its bytes, its score
+/// (`None`: blocked), whether it is pinned.
+struct Position<S, C, P> {
+    size: S,
+    score_of: C,
+    pinned: P,
+}
+
+/// [`cheapest_anchored_window`] over `runs` of positions below `n`: a run's
+/// ends anchor as a pinned neighbour does (outside a run lies a pinned
+/// tensor or an end of the pool).
+fn anchored_over(
+    runs: &[Range<usize>],
+    n: usize,
+    at: Position<impl Fn(usize) -> u64, impl Fn(usize) -> Option<f64>, impl Fn(usize) -> bool>,
+    request: u64,
+    ranking: Ranking,
+) -> (Option<(Window, Side)>, usize) {
+    let Position {
+        size,
+        score_of,
+        pinned,
+    } = at;
+    let mut forwards = Sweeper::new(request, ranking);
+    for run in runs {
+        let end = run.end;
+        let anchors = |k: usize| k + 1 >= end || pinned(k + 1);
+        forwards.run::<false>(run.clone(), &size, &score_of, anchors);
+    }
+    // Backwards: position p is index n-1-p, the runs in reverse order, and
+    // the index after position p in the sweep is the one before it.
+    let mut backwards = Sweeper::new(request, ranking);
+    for run in runs.iter().rev() {
+        let start = run.start;
+        backwards.run::<false>(
+            n - run.end..n - run.start,
+            |p| size(n - 1 - p),
+            |p| score_of(n - 1 - p),
+            |p| n - 1 - p == start || pinned(n - 2 - p),
+        );
+    }
+    let right = forwards.best.window;
+    let left = backwards.best.window.map(|w| Window {
         first: n - 1 - w.last,
         last: n - 1 - w.first,
         ..w
@@ -480,34 +598,56 @@ pub fn cheapest_anchored_window(
         (Some(r), _) => Some((r, Side::Right)),
         (None, l) => l.map(|l| (l, Side::Left)),
     };
-    (best, right_steps + left_steps)
+    (best, forwards.steps + backwards.steps)
 }
 
-/// Window items and the tensor of each (`None`: free space or a stand-in),
-/// with the gaps they came from: a search's buffers, kept by the policy so
-/// that a search allocates nothing but its victim list.
+/// A search's view of the pool: which runs of the pool's intervals it
+/// reads, and the score of each interval in them, by the interval's index
+/// in the pool's array (`Pool::interval_array`); the bytes, address and
+/// tensor of an interval are read from the pool itself, not copied. A
+/// search's buffers, kept by the policy so that a search allocates nothing
+/// but its victim list.
 #[derive(Debug, Clone, Default)]
 pub struct Scan {
-    items: Vec<WindowItem>,
-    tensors: Vec<Option<TensorId>>,
+    /// Index ranges of the pool's intervals that the sweep reads, each a
+    /// gap between pinned tensors (or the whole pool): no window crosses
+    /// an end of one, since beyond it lies a pinned tensor or an end of the
+    /// pool.
+    runs: Vec<Range<usize>>,
+    /// The score of each interval of the runs, by pool index (`None`: it
+    /// may not be evicted); entries outside the runs mean nothing.
+    scores: Vec<Option<f64>>,
     gaps: Vec<(u64, u64)>,
-    /// Bytes of the largest item of score 0 (free space, or a tensor that
-    /// costs nothing to evict): whether a hole challenger is looked for.
+    /// Bytes of the largest interval of score 0 (free space, or a tensor
+    /// that costs nothing to evict): whether a hole challenger is looked
+    /// for.
     largest_zero: u64,
-    /// Items (indices) of tensors on a dropped chain that are scored as
-    /// moved, not evicted (`AddedRules::move_small_in_windows`).
+    /// Intervals (pool indices) of tensors on a dropped chain that are
+    /// scored as moved, not evicted (`AddedRules::move_small_in_windows`).
     moving: Vec<usize>,
     /// Bytes of the request being searched for.
     request: u64,
 }
 
 impl Scan {
-    fn clear(&mut self) {
+    /// Empties the scan for a pool of `intervals` intervals.
+    fn clear(&mut self, intervals: usize) {
         self.moving.clear();
-        self.items.clear();
-        self.tensors.clear();
+        self.runs.clear();
         self.gaps.clear();
         self.largest_zero = 0;
+        if self.scores.len() < intervals {
+            self.scores.resize(intervals, None);
+        }
+    }
+
+    /// The run that holds pool index `k` (empty when none does).
+    fn run_of(&self, k: usize) -> Range<usize> {
+        self.runs
+            .iter()
+            .find(|run| run.contains(&k))
+            .cloned()
+            .unwrap_or_default()
     }
 }
 
@@ -627,68 +767,59 @@ impl Coop {
         }
     }
 
-    /// The whole pool as window items.
-    pub fn items(&self, ctx: &SearchContext<'_>) -> Vec<WindowItem> {
-        let mut scan = Scan::default();
-        self.push_intervals(ctx, ctx.pool.intervals(), &mut scan);
-        scan.items
-    }
-
-    /// Window items for a search for `request` bytes: the pool's gaps
-    /// between pinned tensors of at least `request` bytes
-    /// (`Pool::gaps_of_at_least`), in address order, each followed by a
-    /// pinned item of no bytes that stands for the pinned tensors and
-    /// smaller gaps left out. Every window of the whole pool's items lies in
-    /// one such gap (a pinned item blocks), and the sweep resets at the
-    /// first item of each gap either way, so it finds the same windows in
-    /// the same order with the same sums, and anchoring sees a pinned
-    /// neighbour where the pool has one. Only the skipped intervals are not
-    /// read.
-    fn gap_items(&self, ctx: &SearchContext<'_>, request: u64, scan: &mut Scan) {
-        scan.clear();
+    /// The scan for a search for `request` bytes: the pool's gaps between
+    /// pinned tensors of at least `request` bytes
+    /// (`Pool::gaps_of_at_least`), in address order, as runs of the pool's
+    /// intervals, each scored. Every window of the whole pool lies in one
+    /// such gap (a pinned tensor blocks), and the sweep starts afresh at
+    /// each run as it does after a blocked item, so it finds the same
+    /// windows in the same order with the same sums as over the whole
+    /// pool, and anchoring sees a pinned neighbour at a run's ends, where
+    /// the pool has one. Only the skipped intervals are not read.
+    fn gap_runs(&self, ctx: &SearchContext<'_>, request: u64, scan: &mut Scan) {
+        let intervals = ctx.pool.interval_array();
+        scan.clear(intervals.len());
         scan.request = request;
         ctx.pool.gaps_of_at_least_into(request, &mut scan.gaps);
         for k in 0..scan.gaps.len() {
             let (start, end) = scan.gaps[k];
-            self.push_intervals(ctx, ctx.pool.intervals_in(start, end), scan);
-            scan.items.push(WindowItem {
-                addr: end,
-                size: 0,
-                score: None,
-                pinned: true,
-            });
-            scan.tensors.push(None);
+            let run = ctx.pool.indices_in(start, end);
+            scan.runs.push(run.clone());
+            self.score_run(ctx, intervals, run, scan);
         }
     }
 
-    /// Appends intervals as window items, with the tensor of each (`None`:
-    /// free). Scores come from the table's price cache when it has one,
-    /// borrowed once for the pass.
-    fn push_intervals<'p>(
+    /// Scores the intervals of `run` (indices into `intervals`, the pool's
+    /// array) into `scan.scores`, reading each in place. Scores come from
+    /// the table's price cache when it has one, borrowed once for the pass.
+    fn score_run(
         &self,
         ctx: &SearchContext<'_>,
-        intervals: impl Iterator<Item = &'p Interval>,
+        intervals: &[Interval],
+        run: Range<usize>,
         scan: &mut Scan,
     ) {
         let mut prices = ctx.tensors.prices();
         let over_run = self.amplifies_over_run();
-        for i in intervals {
-            // Free bytes just before this interval, for the run pricing.
-            let free_before = match (over_run, scan.items.last(), scan.tensors.last()) {
-                (true, Some(last), Some(None)) if last.score.is_some() => last.size,
+        for k in run.clone() {
+            let i = &intervals[k];
+            // Free bytes just before this interval in the run, for the run
+            // pricing.
+            let free_before = match k.checked_sub(1).map(|j| &intervals[j]) {
+                Some(before) if over_run && k > run.start && before.tensor.is_none() => before.size,
                 _ => 0,
             };
             // The tensor's state settles pinned, locked and staleness in
             // one read.
-            let (score, pinned) = match i.tensor.map(|t| (t, ctx.tensors.state(t))) {
+            let score = match i.tensor.map(|t| (t, ctx.tensors.state(t))) {
                 None => {
                     if over_run {
-                        self.rescore_before_free(ctx, &mut prices, scan, i.size);
+                        self.rescore_before_free(ctx, &mut prices, intervals, &run, k, scan);
                     }
                     scan.largest_zero = scan.largest_zero.max(i.size);
-                    (Some(0.0), false)
+                    Some(0.0)
                 }
-                Some((_, Ok(tensor))) if tensor.pinned => (None, true),
+                Some((_, Ok(tensor))) if tensor.pinned => None,
                 Some((t, Ok(tensor))) if tensor.is_evictable() => {
                     let staleness = tensor.staleness(ctx.now);
                     let mut score = self.score(&mut prices, t, staleness, i.size, free_before);
@@ -700,55 +831,56 @@ impl Coop {
                         && let Ok(moved) = ctx.tensors.get(t)
                         && moved.cost < score
                     {
-                        scan.moving.push(scan.items.len());
+                        scan.moving.push(k);
                         score = moved.cost;
                     }
-                    (Some(score), false)
+                    Some(score)
                 }
-                Some(_) => (None, false),
+                Some(_) => None,
             };
-            scan.items.push(WindowItem {
-                addr: i.addr,
-                size: i.size,
-                score,
-                pinned,
-            });
-            scan.tensors.push(i.tensor);
+            scan.scores[k] = score;
         }
     }
 
-    /// A free interval of `free` bytes is about to follow the last item
-    /// of `scan`: if that item is an evictable tensor, its eviction frees
-    /// this block too, so its score is taken again over its run (the free
-    /// block before it, if any, itself, and this one). A tensor of score
-    /// 0 costs nothing either way and is left as it is.
+    /// Free interval `k` of `run` is about to be scored: if the interval
+    /// before it in the run is an evictable tensor, its eviction frees this
+    /// block too, so its score is taken again over its run of free space
+    /// (the free block before it, if any, itself, and this one). A tensor
+    /// of score 0 costs nothing either way and is left as it is.
     #[cold]
     fn rescore_before_free(
         &self,
         ctx: &SearchContext<'_>,
         prices: &mut Prices<'_>,
+        intervals: &[Interval],
+        run: &Range<usize>,
+        k: usize,
         scan: &mut Scan,
-        free: u64,
     ) {
-        let Some(k) = scan.items.len().checked_sub(1) else {
+        if k <= run.start {
+            return;
+        }
+        let j = k - 1;
+        let (Some(t), Some(score)) = (intervals[j].tensor, scan.scores[j]) else {
             return;
         };
-        let (Some(t), Some(score)) = (scan.tensors[k], scan.items[k].score) else {
-            return;
-        };
-        if score == 0.0 || scan.moving.last() == Some(&k) {
+        if score == 0.0 || scan.moving.last() == Some(&j) {
             return;
         }
         let Ok(state) = ctx.tensors.state(t) else {
             return;
         };
-        let before = match k.checked_sub(1).map(|j| &scan.items[j]) {
-            Some(item) if item.score == Some(0.0) && scan.tensors[k - 1].is_none() => item.size,
-            _ => 0,
+        let before = if j > run.start
+            && scan.scores[j - 1] == Some(0.0)
+            && intervals[j - 1].tensor.is_none()
+        {
+            intervals[j - 1].size
+        } else {
+            0
         };
-        let size = scan.items[k].size;
+        let free = intervals[k].size;
         let staleness = state.staleness(ctx.now);
-        scan.items[k].score = Some(self.score(prices, t, staleness, size, before + free));
+        scan.scores[j] = Some(self.score(prices, t, staleness, intervals[j].size, before + free));
     }
 
     /// Whether an evictable tensor's amplification is taken over the run
@@ -762,7 +894,9 @@ impl Coop {
     /// when the run pricing is off): h = c / s, times (with the pricing)
     /// the amplification of its recompute peak over the bytes its eviction
     /// frees in one run. With nothing free beside it, the cached
-    /// amplification over its own size.
+    /// amplification over its own size. Inlined into the walk, which calls
+    /// it for every evictable interval.
+    #[inline(always)]
     fn score(
         &self,
         prices: &mut Prices<'_>,
@@ -794,8 +928,10 @@ impl Coop {
         request: &Request,
     ) -> Option<Eviction> {
         let table = ctx.tensors;
+        let intervals = ctx.pool.interval_array();
         let mut scan = Scan::default();
-        let intervals: Vec<&Interval> = ctx.pool.intervals().collect();
+        scan.clear(intervals.len());
+        scan.runs.push(0..intervals.len());
         // Free bytes beside interval k (its run), for the run pricing.
         let free = |k: Option<usize>| {
             k.and_then(|k| intervals.get(k))
@@ -803,9 +939,9 @@ impl Coop {
                 .map_or(0, |i| i.size)
         };
         for (k, i) in intervals.iter().enumerate() {
-            let (score, pinned) = match i.tensor {
-                None => (Some(0.0), false),
-                Some(t) if table.is_pinned(t) => (None, true),
+            let score = match i.tensor {
+                None => Some(0.0),
+                Some(t) if table.is_pinned(t) => None,
                 Some(t) if table.is_evictable(t) => {
                     let h = table.projected_cost_uncached(t) / table.staleness(t, ctx.now);
                     let score = if self.price_recompute_memory {
@@ -819,30 +955,25 @@ impl Coop {
                     } else {
                         h
                     };
-                    (Some(score), false)
+                    Some(score)
                 }
-                Some(_) => (None, false),
+                Some(_) => None,
             };
             if score == Some(0.0) {
                 scan.largest_zero = scan.largest_zero.max(i.size);
             }
-            scan.items.push(WindowItem {
-                addr: i.addr,
-                size: i.size,
-                score,
-                pinned,
-            });
-            scan.tensors.push(i.tensor);
+            scan.scores[k] = score;
         }
-        self.search(&mut scan, request, table)
+        self.search(&mut scan, intervals, request, table)
     }
 
-    /// The cheapest window over `scan` (anchored first for a pinned request
-    /// of Coop-G) and its eviction.
+    /// The cheapest window over the runs of `scan`, whose indices are into
+    /// `intervals`, the pool's array (anchored first for a pinned request
+    /// of Coop-G), and its eviction.
     ///
     /// With `keep_dropped_chains`, a window that holds a tensor on a
     /// dropped chain (`dropped_chain`) is not taken: those tensors are
-    /// marked blocked and the sweep runs again over the same items, until
+    /// marked blocked and the sweep runs again over the same runs, until
     /// the cheapest window holds none. The result is the search with them
     /// blocked from the start, but only the tensors of candidate windows
     /// are walked, not every evictable one (the walk reads up to
@@ -851,33 +982,50 @@ impl Coop {
     fn search(
         &mut self,
         scan: &mut Scan,
+        intervals: &[Interval],
         request: &Request,
         table: &TensorTable,
     ) -> Option<Eviction> {
         let (mut found, mut steps) = (None, 0);
+        let size = |k: usize| intervals[k].size;
+        let pinned = |k: usize| {
+            intervals[k]
+                .tensor
+                .is_some_and(|t| table.state(t).is_ok_and(|s| s.pinned))
+        };
         loop {
-            let items = &scan.items;
+            let scores = &scan.scores;
+            let score_of = |k: usize| scores[k];
             let mut candidate = None;
             if request.pinned && self.pinned_at_ends {
-                let (anchored, anchored_steps) =
-                    cheapest_anchored_window(items, request.size, self.ranking());
+                let at = Position {
+                    size,
+                    score_of,
+                    pinned,
+                };
+                let (anchored, anchored_steps) = anchored_over(
+                    &scan.runs,
+                    intervals.len(),
+                    at,
+                    request.size,
+                    self.ranking(),
+                );
                 candidate = anchored.map(|(w, side)| (w, Some(side)));
                 steps += anchored_steps;
             }
             if candidate.is_none() {
                 let ranking = self.ranking();
                 // The hole challenger is found in the same sweep, when some
-                // item is large enough to be one.
+                // interval is large enough to be one.
                 let (mut window, hole, window_steps) =
                     if self.absorb_holes && big_hole(scan.largest_zero, request.size) {
-                        cheapest_window_and_hole(items, request.size, ranking)
+                        cheapest_over::<true>(&scan.runs, size, score_of, request.size, ranking)
                     } else {
-                        let (window, steps) = cheapest_window(items, request.size, ranking);
-                        (window, None, steps)
+                        cheapest_over::<false>(&scan.runs, size, score_of, request.size, ranking)
                     };
                 steps += window_steps;
                 if let (Some(pick), Some(hole)) = (window, hole)
-                    && absorbs_hole(items, &hole, &pick)
+                    && absorbs_hole_with(&hole, &pick, |w| free_in(w, size, score_of))
                 {
                     window = Some(hole);
                 }
@@ -888,19 +1036,19 @@ impl Coop {
             };
             let mut kept = false;
             if self.rules.keep_dropped_chains {
+                let run = scan.run_of(window.first);
                 for k in window.first..=window.last {
                     if scan.moving.contains(&k) {
                         continue;
                     }
-                    if let Some(t) = scan.tensors[k]
+                    if let Some(t) = intervals[k].tensor
                         && on_dropped_chain(table, t)
                     {
-                        let size = scan.items[k].size;
+                        let size = intervals[k].size;
                         let beside_larger = |j: Option<usize>| {
-                            j.and_then(|j| scan.items.get(j))
-                                .is_some_and(|i| i.size > size)
+                            j.is_some_and(|j| run.contains(&j) && intervals[j].size > size)
                         };
-                        scan.items[k].score = if self.rules.move_small_in_windows
+                        scan.scores[k] = if self.rules.move_small_in_windows
                             && size < request.size
                             && beside_larger(k.checked_sub(1))
                             && beside_larger(Some(k + 1))
@@ -919,18 +1067,13 @@ impl Coop {
                 break;
             }
         }
-        let Scan { items, tensors, .. } = &*scan;
-        (self.last_steps, self.last_items) = (steps, items.len());
+        (self.last_steps, self.last_items) = (steps, scan.runs.iter().map(|r| r.len()).sum());
         let (window, side) = found?;
-        let span = (items[window.first].addr, window.bytes);
+        let span = (intervals[window.first].addr, window.bytes);
         let (mut victims, mut moved) = (Vec::new(), Vec::new());
-        for (k, tensor) in tensors
-            .iter()
-            .enumerate()
-            .take(window.last + 1)
-            .skip(window.first)
-        {
-            if let &Some(t) = tensor {
+        let inside = intervals[window.first..=window.last].iter();
+        for (k, interval) in (window.first..).zip(inside) {
+            if let Some(t) = interval.tensor {
                 if scan.moving.contains(&k) {
                     moved.push(t);
                 } else {
@@ -938,10 +1081,13 @@ impl Coop {
                 }
             }
         }
-        // Free space: an interval with a score and no tensor (a stand-in
-        // for skipped pinned tensors has no score).
-        let free =
-            |k: usize| items.get(k).is_some_and(|i| i.score.is_some()) && tensors[k].is_none();
+        // Free space beside the window: a scored interval of its run with
+        // no tensor (outside the run lies a pinned tensor or an end of the
+        // pool).
+        let run = scan.run_of(window.first);
+        let free = |k: usize| {
+            run.contains(&k) && scan.scores[k].is_some() && intervals[k].tensor.is_none()
+        };
         let mut addr = self.addr_in(span, request, side);
         let expensive = !(self.partition && request.cheap);
         if self.merge_leftover
@@ -987,8 +1133,8 @@ impl EvictionPolicy for Coop {
 
     fn next_eviction(&mut self, ctx: &SearchContext<'_>, request: &Request) -> Option<Eviction> {
         let mut scan = std::mem::take(&mut self.scratch);
-        self.gap_items(ctx, request.size, &mut scan);
-        let found = self.search(&mut scan, request, ctx.tensors);
+        self.gap_runs(ctx, request.size, &mut scan);
+        let found = self.search(&mut scan, ctx.pool.interval_array(), request, ctx.tensors);
         self.scratch = scan;
         found
     }

@@ -27,6 +27,7 @@ pub fn place_in_shortest_gap(pool: &Pool, size: u64) -> Option<u64> {
         }
         let fits = pool
             .intervals_in(start, end)
+            .iter()
             .filter(|i| i.tensor.is_none() && i.size >= size)
             .map(|i| {
                 // The block's side nearer to an end of the gap.
