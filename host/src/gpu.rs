@@ -55,13 +55,46 @@ struct HeapKernels {
     functions: HashMap<String, CudaFunction>,
 }
 
-/// One-dimensional blocks of [`BLOCK_THREADS`] covering `threads` (at least
-/// one block; kernels skip the threads past their count).
+/// The environment variable that sets another block size for every
+/// [`Gpu::launch`], for measuring how a kernel's occupancy moves its time
+/// (a whole number of warps, 32 to 1024; unset: [`BLOCK_THREADS`]).
+pub const BLOCK_THREADS_ENV: &str = "GPUMALLOC_BLOCK_THREADS";
+
+/// Threads per block of [`Gpu::launch`]: [`BLOCK_THREADS`], or
+/// `GPUMALLOC_BLOCK_THREADS` where it is set to a whole number of warps
+/// from 32 to 1024 (said once on stderr; another value is ignored, with one
+/// line on stderr that says why). Read once per process.
+pub fn block_threads() -> u32 {
+    static CHOSEN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        let Ok(text) = std::env::var(BLOCK_THREADS_ENV) else {
+            return BLOCK_THREADS;
+        };
+        match text.trim().parse::<u32>() {
+            Ok(n) if (32..=1024).contains(&n) && n.is_multiple_of(32) => {
+                // Said once, so every log of a run made this way shows it.
+                eprintln!("gpumalloc: launching {n}-thread blocks ({BLOCK_THREADS_ENV})");
+                n
+            }
+            _ => {
+                eprintln!(
+                    "gpumalloc: {BLOCK_THREADS_ENV}={text:?} ignored (it must be a multiple \
+                     of 32 from 32 to 1024); launching {BLOCK_THREADS}-thread blocks"
+                );
+                BLOCK_THREADS
+            }
+        }
+    })
+}
+
+/// One-dimensional blocks of [`block_threads`] covering `threads` (at
+/// least one block; kernels skip the threads past their count).
 fn grid_for(threads: u64) -> LaunchConfig {
-    let blocks = threads.div_ceil(BLOCK_THREADS as u64).max(1);
+    let per_block = block_threads();
+    let blocks = threads.div_ceil(per_block as u64).max(1);
     LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
-        block_dim: (BLOCK_THREADS, 1, 1),
+        block_dim: (per_block, 1, 1),
         shared_mem_bytes: 0,
     }
 }
