@@ -86,6 +86,9 @@
 #                  SM (GPUMALLOC_ALLOC_BLOCKS_PER_SM=4): 64 registers on
 #                  sm_80 and sm_90; spills only inside the cold callees
 #                  (formats, claims), none in heap_alloc's own code
+#   split80        split-tail + launch bounds for three blocks per SM
+#                  (80 registers; 4 spill and 4 refill instructions in each
+#                  claim, a few in the formats, none in heap_alloc's code)
 #   sadd           slice classes reserve blocks with one subtract, as block
 #                  classes do (GPUMALLOC_SLICE_CLAIM_ADD=1, the default
 #                  since 2026-11-23's sixth session: docs/PERF.md, "16 B's
@@ -143,6 +146,7 @@ settings() {
     split-b3) echo "GPUMALLOC_SPLIT_COLD=1 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
     split-tail) echo "GPUMALLOC_SPLIT_COLD=2" ;;
     split64) echo "GPUMALLOC_SPLIT_COLD=2 GPUMALLOC_ALLOC_BLOCKS_PER_SM=4" ;;
+    split80) echo "GPUMALLOC_SPLIT_COLD=2 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
     sadd) echo "GPUMALLOC_SLICE_CLAIM_ADD=1" ;;
     scas) echo "GPUMALLOC_SLICE_CLAIM_ADD=0" ;;
     sp1) echo "GPUMALLOC_SPARES=1" ;;
