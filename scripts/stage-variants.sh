@@ -77,6 +77,18 @@
 #   split-b3       split + launch bounds for three 256-thread blocks per SM
 #                  (80 registers; 20-24 B of spills at the kernel's entry
 #                  and exit)
+#   split-tail     split, and heap_alloc's own code cut to a slice
+#                  allocation's first step (the add and the hand-out), all
+#                  else in one out-of-line call in tail position
+#                  (GPUMALLOC_SPLIT_COLD=2; branch `regs64`): sm_90 86
+#                  registers, sm_80 121, no spills
+#   split64        split-tail + launch bounds for four 256-thread blocks per
+#                  SM (GPUMALLOC_ALLOC_BLOCKS_PER_SM=4): 64 registers on
+#                  sm_80 and sm_90; spills only inside the cold callees
+#                  (formats, claims), none in heap_alloc's own code
+#   split80        split-tail + launch bounds for three blocks per SM
+#                  (80 registers; 4 spill and 4 refill instructions in each
+#                  claim, a few in the formats, none in heap_alloc's code)
 #   sadd           slice classes reserve blocks with one subtract, as block
 #                  classes do (GPUMALLOC_SLICE_CLAIM_ADD=1, the default
 #                  since 2026-11-23's sixth session: docs/PERF.md, "16 B's
@@ -132,6 +144,9 @@ settings() {
     claim-s24) echo "GPUMALLOC_SEGMENT_SHIFT=24" ;;
     split) echo "GPUMALLOC_SPLIT_COLD=1" ;;
     split-b3) echo "GPUMALLOC_SPLIT_COLD=1 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
+    split-tail) echo "GPUMALLOC_SPLIT_COLD=2" ;;
+    split64) echo "GPUMALLOC_SPLIT_COLD=2 GPUMALLOC_ALLOC_BLOCKS_PER_SM=4" ;;
+    split80) echo "GPUMALLOC_SPLIT_COLD=2 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
     sadd) echo "GPUMALLOC_SLICE_CLAIM_ADD=1" ;;
     scas) echo "GPUMALLOC_SLICE_CLAIM_ADD=0" ;;
     sp1) echo "GPUMALLOC_SPARES=1" ;;

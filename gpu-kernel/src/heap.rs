@@ -109,8 +109,18 @@ const WINDOWS_OPEN_MASK: u64 = WINDOW_OPENED - 1;
 /// the 162 come from"). Behaviour is the same either way; only which code
 /// is out of line and what each call carries changes. A knob until a GPU
 /// run shows it is not slower.
-pub(crate) const SPLIT_COLD: bool =
-    crate::class::build_knob(option_env!("GPUMALLOC_SPLIT_COLD"), 0) != 0;
+pub(crate) const SPLIT_COLD: bool = SPLIT_COLD_LEVEL != 0;
+/// `GPUMALLOC_SPLIT_COLD=2`: `SPLIT_COLD`, and [`Heap::malloc`] takes only
+/// a slice allocation's first step inline (the team's add and the hand-out
+/// of an index within the block); everything past it (installs, waits,
+/// stealing, the block classes, runs, the failure count) is one
+/// out-of-line call, [`Heap::malloc_cold`], in tail position, so the
+/// caller holds nothing but its own state across it. Under launch bounds
+/// of 64 registers (`GPUMALLOC_ALLOC_BLOCKS_PER_SM=4`) ptxas then spills
+/// only inside the cold functions (`docs/PERF.md`, "heap_alloc in 64
+/// registers").
+pub(crate) const SPLIT_TAIL: bool = SPLIT_COLD_LEVEL == 2;
+const SPLIT_COLD_LEVEL: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SPLIT_COLD"), 0);
 /// Slice classes reserve blocks with the block classes' one subtract
 /// ([`SegmentTable::reserve_blocks_add`], ticketed takes);
 /// `GPUMALLOC_SLICE_CLAIM_ADD=0` at build time brings back the
@@ -367,6 +377,9 @@ impl Heap {
     /// runs to a segment.
     #[inline]
     pub fn malloc(&self, size: u64) -> *mut u8 {
+        if SPLIT_TAIL {
+            return self.malloc_split(size);
+        }
         let address = match Request::for_size(size, self.segment_shift) {
             Request::Empty => return ptr::null_mut(),
             Request::Class(class) if class.is_slice() => self.malloc_slice(class),
@@ -380,6 +393,60 @@ impl Heap {
                 ptr::null_mut()
             }
         }
+    }
+
+    /// [`Heap::malloc`] with `SPLIT_TAIL`: a slice request's first step
+    /// inline, and whatever it leaves (or any other request) in one call
+    /// to [`Heap::malloc_cold`] through a pointer the optimiser cannot see,
+    /// so that ptxas calls it by the ABI and allocates it apart.
+    #[inline(always)]
+    fn malloc_split(&self, size: u64) -> *mut u8 {
+        let (seen, team) = match Request::for_size(size, self.segment_shift) {
+            Request::Empty => return ptr::null_mut(),
+            Request::Class(class) if class.is_slice() => match self.slice_first_step(class) {
+                Ok(address) => return address as *mut u8,
+                Err(step) => (step.seen, step.team),
+            },
+            _ => (0, 0),
+        };
+        let cold: fn(&Heap, u64, u64, u32) -> u64 = core::hint::black_box(Heap::malloc_cold);
+        cold(&self.by_value(), size, seen, team) as *mut u8
+    }
+
+    /// The handle an out-of-line call on the allocation paths gets: a copy
+    /// ([`Heap::by_value`]) where these paths are inlined into a kernel,
+    /// whose `self` is its parameter; with `SPLIT_TAIL`, where they run
+    /// inside [`Heap::malloc_cold`] (whose `self` is already a copy in local
+    /// memory), `self` itself: a copy from there is a byte loop, 160 loads
+    /// and stores.
+    #[inline(always)]
+    pub(crate) fn with_handle<R>(&self, call: impl FnOnce(&Heap) -> R) -> R {
+        if SPLIT_TAIL {
+            call(self)
+        } else {
+            call(&self.by_value())
+        }
+    }
+
+    /// Everything of [`Heap::malloc`] past `malloc_split`'s inline step:
+    /// for a slice class the slot loop from the team `team` (not 0) and the
+    /// slot word `seen` its add returned at its home slot, for any other
+    /// request (`team` 0) the whole path. Returns the address or 0.
+    #[inline(never)]
+    #[cold]
+    fn malloc_cold(&self, size: u64, seen: u64, team: u32) -> u64 {
+        let address = match Request::for_size(size, self.segment_shift) {
+            Request::Empty => return 0,
+            Request::Class(class) if class.is_slice() => {
+                self.malloc_slice_after(class, crate::team::FirstStep { team, seen })
+            }
+            Request::Class(class) => self.malloc_block(class),
+            Request::Segments(count) => self.malloc_run(count),
+        };
+        address.unwrap_or_else(|| {
+            arch::fetch_add_relaxed(self.stat(Stat::FailedMallocs), 1);
+            0
+        })
     }
 
     /// [`Heap::malloc`] for a heap that the host grows while kernels run (a
@@ -447,15 +514,12 @@ impl Heap {
             let mut claim = 0;
             if lane == leader {
                 claim = self
-                    .by_value()
-                    .claim_blocks_for(class, team.count_ones(), true)
+                    .with_handle(|h| h.claim_blocks_for(class, team.count_ones(), true))
                     .0;
             }
             let mut claim = Claim(arch::shfl_u64(team, claim, leader));
             if claim.is_team_format() {
-                claim = self
-                    .by_value()
-                    .format_batch_team(class, team, claim.segment());
+                claim = self.with_handle(|h| h.format_batch_team(class, team, claim.segment()));
             }
             if claim.count() == 0 {
                 // Before failing, give back what slice classes hold idle and
@@ -463,8 +527,7 @@ impl Heap {
                 let mut again = 0;
                 if lane == leader {
                     again = self
-                        .by_value()
-                        .reclaim_and_claim(class, team.count_ones())
+                        .with_handle(|h| h.reclaim_and_claim(class, team.count_ones()))
                         .0;
                 }
                 claim = Claim(arch::shfl_u64(team, again, leader));
