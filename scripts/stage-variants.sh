@@ -73,7 +73,10 @@
 #   split          issue 15's registers (branch `regs`): cold paths cut so
 #                  that ptxas allocates each function of heap_alloc's graph
 #                  alone (GPUMALLOC_SPLIT_COLD=1): 98 registers on sm_90
-#                  (main 162), no spills, no stack on the fast path
+#                  (162 before), no spills, no stack on the fast path;
+#                  the default since 2026-11-23's eighth session
+#   unsplit        the code shape before that (GPUMALLOC_SPLIT_COLD=0): 162
+#                  registers on sm_90, one 256-thread block per SM
 #   split-b3       split + launch bounds for three 256-thread blocks per SM
 #                  (80 registers; 20-24 B of spills at the kernel's entry
 #                  and exit)
@@ -143,6 +146,7 @@ settings() {
       echo "GPUMALLOC_SLOTS=128 GPUMALLOC_SLOT_BUDGET_SHIFT=6 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=4" ;;
     claim-s24) echo "GPUMALLOC_SEGMENT_SHIFT=24" ;;
     split) echo "GPUMALLOC_SPLIT_COLD=1" ;;
+    unsplit) echo "GPUMALLOC_SPLIT_COLD=0" ;;
     split-b3) echo "GPUMALLOC_SPLIT_COLD=1 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
     split-tail) echo "GPUMALLOC_SPLIT_COLD=2" ;;
     split64) echo "GPUMALLOC_SPLIT_COLD=2 GPUMALLOC_ALLOC_BLOCKS_PER_SM=4" ;;

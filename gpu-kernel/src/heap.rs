@@ -100,15 +100,20 @@ const WINDOW_OPENED: u64 = 1 << 32;
 const WINDOWS_OPEN_MASK: u64 = WINDOW_OPENED - 1;
 /// Whether the cold paths reachable from `heap_alloc` are cut into
 /// smaller out-of-line functions that keep few values live across their
-/// calls (`GPUMALLOC_SPLIT_COLD=1`; 0, the default: the code shape before).
-/// ptxas allocates a kernel's registers over everything it can call, and a
+/// calls (`GPUMALLOC_SPLIT_COLD=1`, the default since 2026-11-23's eighth
+/// session; 0: the code shape before, kept for comparison). ptxas
+/// allocates a kernel's registers over everything it can call, and a
 /// callee's registers avoid every register its callers hold across the
 /// call, so the deepest chain of cold calls (install, settled claim,
 /// claim, format) set `heap_alloc`'s 162 registers on sm_90 though its
 /// own code needs about 50 (`docs/PERF.md`, "heap_alloc's registers: where
-/// the 162 come from"). Behaviour is the same either way; only which code
-/// is out of line and what each call carries changes. A knob until a GPU
-/// run shows it is not slower.
+/// the 162 come from"). Split, the install is called through a pointer,
+/// so ptxas compiles the call graph by the ABI: 98 registers, two
+/// 256-thread blocks per SM instead of one. Behaviour is the same either
+/// way; only which code is out of line and what each call carries changes.
+/// On the H100 it made 16 B – 2 KiB allocations 9–17% faster and mixed 3%,
+/// block classes 2–9% slower (`docs/PERF.md`, "The split shape becomes
+/// the default").
 pub(crate) const SPLIT_COLD: bool = SPLIT_COLD_LEVEL != 0;
 /// `GPUMALLOC_SPLIT_COLD=2`: `SPLIT_COLD`, and [`Heap::malloc`] takes only
 /// a slice allocation's first step inline (the team's add and the hand-out
@@ -120,7 +125,7 @@ pub(crate) const SPLIT_COLD: bool = SPLIT_COLD_LEVEL != 0;
 /// only inside the cold functions (`docs/PERF.md`, "heap_alloc in 64
 /// registers").
 pub(crate) const SPLIT_TAIL: bool = SPLIT_COLD_LEVEL == 2;
-const SPLIT_COLD_LEVEL: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SPLIT_COLD"), 0);
+const SPLIT_COLD_LEVEL: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SPLIT_COLD"), 1);
 /// Slice classes reserve blocks with the block classes' one subtract
 /// ([`SegmentTable::reserve_blocks_add`], ticketed takes);
 /// `GPUMALLOC_SLICE_CLAIM_ADD=0` at build time brings back the
