@@ -92,6 +92,17 @@
 #   split80        split-tail + launch bounds for three blocks per SM
 #                  (80 registers; 4 spill and 4 refill instructions in each
 #                  claim, a few in the formats, none in heap_alloc's code)
+#   split3         split, and heap_alloc's own code cut to a slice
+#                  allocation's loop at its home slot with the wait past a
+#                  block's end inline; only the installing leader's install
+#                  is called by the ABI, the stealing pass, block classes
+#                  and runs in one out-of-line call in tail position
+#                  (GPUMALLOC_SPLIT_COLD=3; branch `regs3`): sm_90 86
+#                  registers, sm_80 121, no spills
+#   split3-64      split3 + launch bounds for four 256-thread blocks per
+#                  SM (GPUMALLOC_ALLOC_BLOCKS_PER_SM=4): 64 registers on
+#                  sm_80 and sm_90, spills only inside the cold callees;
+#                  waiting teams make no call and touch no local memory
 #   sadd           slice classes reserve blocks with one subtract, as block
 #                  classes do (GPUMALLOC_SLICE_CLAIM_ADD=1, the default
 #                  since 2026-11-23's sixth session: docs/PERF.md, "16 B's
@@ -151,6 +162,8 @@ settings() {
     split-tail) echo "GPUMALLOC_SPLIT_COLD=2" ;;
     split64) echo "GPUMALLOC_SPLIT_COLD=2 GPUMALLOC_ALLOC_BLOCKS_PER_SM=4" ;;
     split80) echo "GPUMALLOC_SPLIT_COLD=2 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
+    split3) echo "GPUMALLOC_SPLIT_COLD=3" ;;
+    split3-64) echo "GPUMALLOC_SPLIT_COLD=3 GPUMALLOC_ALLOC_BLOCKS_PER_SM=4" ;;
     sadd) echo "GPUMALLOC_SLICE_CLAIM_ADD=1" ;;
     scas) echo "GPUMALLOC_SLICE_CLAIM_ADD=0" ;;
     sp1) echo "GPUMALLOC_SPARES=1" ;;

@@ -125,6 +125,18 @@ pub(crate) const SPLIT_COLD: bool = SPLIT_COLD_LEVEL != 0;
 /// only inside the cold functions (`docs/PERF.md`, "heap_alloc in 64
 /// registers").
 pub(crate) const SPLIT_TAIL: bool = SPLIT_COLD_LEVEL == 2;
+/// `GPUMALLOC_SPLIT_COLD=3`: `SPLIT_COLD`, and [`Heap::malloc`] keeps a
+/// slice allocation's loop at its home slot inline, the wait past a
+/// block's end included (`Heap::slice_at_home`), with only the installing
+/// leader's [`Heap::install`] called by the ABI; the stealing pass after
+/// a failed install, the block classes, runs and the failure count go to
+/// [`Heap::malloc_cold`] in tail position, as with `SPLIT_TAIL`. Waiting
+/// teams then make no call and touch no local memory (`docs/PERF.md`,
+/// "heap_alloc in 64 registers with the wait inline").
+pub(crate) const SPLIT_HOME: bool = SPLIT_COLD_LEVEL == 3;
+/// Whether the cold paths run inside [`Heap::malloc_cold`] (`SPLIT_TAIL`
+/// or `SPLIT_HOME`), whose `self` is already a copy of the handle.
+const COLD_CALL: bool = SPLIT_TAIL || SPLIT_HOME;
 const SPLIT_COLD_LEVEL: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SPLIT_COLD"), 1);
 /// Slice classes reserve blocks with the block classes' one subtract
 /// ([`SegmentTable::reserve_blocks_add`], ticketed takes);
@@ -385,6 +397,9 @@ impl Heap {
         if SPLIT_TAIL {
             return self.malloc_split(size);
         }
+        if SPLIT_HOME {
+            return self.malloc_home(size);
+        }
         let address = match Request::for_size(size, self.segment_shift) {
             Request::Empty => return ptr::null_mut(),
             Request::Class(class) if class.is_slice() => self.malloc_slice(class),
@@ -418,15 +433,33 @@ impl Heap {
         cold(&self.by_value(), size, seen, team) as *mut u8
     }
 
+    /// [`Heap::malloc`] with `SPLIT_HOME`: a slice request's loop at its
+    /// home slot inline ([`Heap::slice_at_home`]), and what it leaves (the
+    /// stealing pass after an install found no block) or any other request
+    /// in one call to [`Heap::malloc_cold`], as in `malloc_split`.
+    #[inline(always)]
+    fn malloc_home(&self, size: u64) -> *mut u8 {
+        let step = match Request::for_size(size, self.segment_shift) {
+            Request::Empty => return ptr::null_mut(),
+            Request::Class(class) if class.is_slice() => match self.slice_at_home(class) {
+                Some(address) => return address as *mut u8,
+                None => crate::team::EXHAUSTED,
+            },
+            _ => crate::team::EXHAUSTED,
+        };
+        let cold: fn(&Heap, u64, u64, u32) -> u64 = core::hint::black_box(Heap::malloc_cold);
+        cold(&self.by_value(), size, step.seen, step.team) as *mut u8
+    }
+
     /// The handle an out-of-line call on the allocation paths gets: a copy
     /// ([`Heap::by_value`]) where these paths are inlined into a kernel,
-    /// whose `self` is its parameter; with `SPLIT_TAIL`, where they run
-    /// inside [`Heap::malloc_cold`] (whose `self` is already a copy in local
-    /// memory), `self` itself: a copy from there is a byte loop, 160 loads
-    /// and stores.
+    /// whose `self` is its parameter; with `SPLIT_TAIL` or `SPLIT_HOME`,
+    /// where they run inside [`Heap::malloc_cold`] (whose `self` is already
+    /// a copy in local memory), `self` itself: a copy from there is a byte
+    /// loop, 160 loads and stores.
     #[inline(always)]
     pub(crate) fn with_handle<R>(&self, call: impl FnOnce(&Heap) -> R) -> R {
-        if SPLIT_TAIL {
+        if COLD_CALL {
             call(self)
         } else {
             call(&self.by_value())
@@ -436,7 +469,9 @@ impl Heap {
     /// Everything of [`Heap::malloc`] past `malloc_split`'s inline step:
     /// for a slice class the slot loop from the team `team` (not 0) and the
     /// slot word `seen` its add returned at its home slot, for any other
-    /// request (`team` 0) the whole path. Returns the address or 0.
+    /// request (`team` 0) the whole path. With `SPLIT_HOME` (`malloc_home`)
+    /// a slice class comes here only for the stealing pass (`seen` is
+    /// `team::EXHAUSTED`'s). Returns the address or 0.
     #[inline(never)]
     #[cold]
     fn malloc_cold(&self, size: u64, seen: u64, team: u32) -> u64 {

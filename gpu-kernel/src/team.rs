@@ -145,6 +145,16 @@ pub(crate) struct FirstStep {
     pub(crate) seen: u64,
 }
 
+/// The step `Heap::malloc` passes with `heap::SPLIT_HOME` when the home
+/// slot's install found no block (and, unused, for requests of other
+/// kinds): [`Heap::malloc_slice_after`] then starts the stealing pass at
+/// the slot after home. A constant, not a method: an `impl` block here
+/// would renumber this file's `impl Heap` in the symbol names.
+pub(crate) const EXHAUSTED: FirstStep = FirstStep {
+    team: 0,
+    seen: CLOSED,
+};
+
 impl Heap {
     /// The slice path: warp teams reserve slices from their slot's block.
     #[inline]
@@ -338,7 +348,8 @@ impl Heap {
         let seen = SlotWord(step.seen);
         let next = (home + 1) & (SLOTS_PER_CLASS - 1);
         if seen.0 == CLOSED {
-            // Not a word an add returns; the loop's answer, for the record.
+            // Not a word an add returns: `heap::SPLIT_HOME`'s install at
+            // home found no block, so look in the other slots.
             return if next == home {
                 None
             } else {
@@ -377,6 +388,67 @@ impl Heap {
             self.count_wait(began);
         }
         self.slice_loop(class, per_block, home, home, false, round)
+    }
+
+    /// [`Heap::malloc_slice`]'s loop at the home slot alone
+    /// (`heap::SPLIT_HOME`), inline in the kernel: the team's add, the
+    /// hand-out, the wait past the end and the install, whose leader alone
+    /// calls [`Heap::install`] by the ABI. The installing branch ends the
+    /// loop whatever the install returns (a hand-out, or `None` when it
+    /// found no block: the caller then runs the stealing pass out of
+    /// line), so the call holds only what that branch needs after it.
+    #[inline(always)]
+    pub(crate) fn slice_at_home(&self, class: SizeClass) -> Option<u64> {
+        let per_block = class.slices_per_block(self.segment_shift);
+        let home = arch::sm_id() & (self.slots_for(class) - 1);
+        let word = self.slot(class, home);
+        let mut round = 0;
+        loop {
+            let mask = arch::active_mask();
+            let team = arch::match_any(mask, class.index() * SLOTS_PER_CLASS + home);
+            let lane = arch::lane_id();
+            let leader = arch::lowest_lane(team);
+            let rank = arch::rank_in(team, lane);
+            let size = team.count_ones();
+            let mut seen = 0u64;
+            if lane == leader {
+                // Relaxed and dependency-ordered, as in `slice_loop`.
+                seen = arch::fetch_add_dependent(word, size as u64);
+            }
+            let seen = SlotWord(arch::shfl_u64(team, seen, leader));
+            let (first, cap) = (seen.reserved(), seen.capacity(per_block));
+            let index = first + rank;
+            if first <= cap && cap < first + size {
+                let mut fresh = 0;
+                if lane == leader {
+                    let taken = first + size - cap;
+                    let called = crate::install_clock::start();
+                    // Through a pointer the optimiser cannot see, as in
+                    // `slice_loop`.
+                    let install: fn(&Heap, SizeClass, u32, u32, u8) -> u64 =
+                        core::hint::black_box(Heap::install);
+                    fresh = install(&self.by_value(), class, home, taken, seen.generation());
+                    self.count_install(Interval::Call, called, false);
+                }
+                let fresh = arch::shfl_u64(team, fresh, leader);
+                if index < cap {
+                    return Some(self.hand_out(class, seen.block().unwrap_or(0), index));
+                }
+                if fresh != 0 {
+                    return Some(self.hand_out(class, fresh - 1, index - cap));
+                }
+                return None;
+            }
+            if index < cap {
+                return Some(self.hand_out(class, seen.block().unwrap_or(0), index));
+            }
+            // Past the end: wait until the installer replaces the word.
+            let began = crate::install_clock::start();
+            wait_for_install(word, seen, per_block, &mut round);
+            if lane == leader {
+                self.count_wait(began);
+            }
+        }
     }
 
     /// Slots in use for `class` (a power of two, 1 ..= `SLOTS_PER_CLASS`):
