@@ -3,7 +3,9 @@
 # registers; docs/PERF.md, "heap_alloc's registers: where the 162 come
 # from"), and since the sixth session of 2026-11-23 for any build
 # variant against main (VARIANTS, BUILD below; results of that session in
-# docs/results/h100-s31/). Run from the repository root on the GPU machine, with carried:
+# docs/results/h100-s31/, of the eighth in docs/results/h100-s33/, where
+# `split` became the default and `unsplit` names the shape before).
+# Run from the repository root on the GPU machine, with carried:
 #   .gpu-var/main/      gpumalloc of main's code shape (the default build)
 #   .gpu-var/split/     GPUMALLOC_SPLIT_COLD=1: gpumalloc and everything
 #                       scripts/gpu-suite.sh runs (scripts/stage-gpu.sh's set)
