@@ -545,6 +545,13 @@ impl Heap {
     /// team at once; each member then takes its own.
     #[inline]
     fn malloc_block(&self, class: SizeClass) -> Option<u64> {
+        if class.blocks_per_segment(self.segment_shift) == 1 {
+            if let Some(address) = self.with_handle(|h| h.malloc_whole_segment_block(class)) {
+                return Some(address);
+            }
+            // The segment tree had none: the path below reclaims what
+            // slice classes hold idle and tries again before a null.
+        }
         loop {
             let mask = arch::active_mask();
             let team = arch::match_any(mask, class.index());
@@ -577,6 +584,51 @@ impl Heap {
             }
             if rank < claim.count() {
                 let block = claim.take(self, class, rank);
+                if self.checked() {
+                    mark_handed_out(self.block_bits(block.segment), block.block);
+                }
+                return Some(self.block_address(class, block));
+            }
+        }
+    }
+
+    /// A block class whose block fills a segment: the team's leader takes
+    /// whole segments for the team with one RMW on the segment tree
+    /// ([`Heap::claim_whole_segments`], up to one tree word's 64), where
+    /// the general path's claim serves one member per round (a segment
+    /// holds one block), so a warp asking for 32 made 32 claims and format
+    /// rounds one after another. Such a class never keeps a segment in its
+    /// class tree (a segment in use has no free block), as for the slice
+    /// classes whose block fills a segment, so nothing of the class tree or
+    /// its format lock is skipped that could hold a block. `None` when the
+    /// segment tree has none left for this thread (the caller's general
+    /// path then reclaims and tries again).
+    #[inline(never)]
+    fn malloc_whole_segment_block(&self, class: SizeClass) -> Option<u64> {
+        loop {
+            let mask = arch::active_mask();
+            let team = arch::match_any(mask, class.index());
+            let lane = arch::lane_id();
+            let leader = arch::lowest_lane(team);
+            let rank = arch::rank_in(team, lane);
+            let (mut first, mut taken) = (0u32, 0u64);
+            if lane == leader {
+                // `self` is already the caller's copy of the handle.
+                if let Some(claimed) = self.claim_whole_segments(class, team.count_ones()) {
+                    (first, taken) = claimed;
+                }
+            }
+            let first = arch::shfl_u32(team, first, leader);
+            let mut taken = arch::shfl_u64(team, taken, leader);
+            if taken == 0 {
+                return None;
+            }
+            if rank < taken.count_ones() {
+                // The segment of the `rank`-th set bit.
+                for _ in 0..rank {
+                    taken &= taken - 1;
+                }
+                let block = BlockId::whole_segment(first + taken.trailing_zeros());
                 if self.checked() {
                     mark_handed_out(self.block_bits(block.segment), block.block);
                 }
@@ -1174,11 +1226,10 @@ impl Heap {
         free
     }
 
-    /// Claims up to `want` (1..=64) free segments for a slice class whose
-    /// block fills a segment (512 B … 4 KiB slices at 2 MiB segments, only
-    /// 4 KiB at 16 MiB), with one RMW on the segment tree, and formats each
-    /// with its
-    /// block taken. Returns the first id of the tree word they came from and
+    /// Claims up to `want` (1..=64) free segments for a class whose block
+    /// fills a segment (slices of 512 B … 4 KiB at 2 MiB segments, only
+    /// 4 KiB at 16 MiB; the block class of one segment), with one RMW on
+    /// the segment tree, and formats each with its block taken. Returns the first id of the tree word they came from and
     /// the mask of the segments claimed (bit `k`: segment `first + k`).
     ///
     /// Such a class never has a segment in its class tree (its segments have
@@ -1189,7 +1240,7 @@ impl Heap {
     /// several segments, which the caller keeps as its slot's spares.
     #[inline(never)]
     pub(crate) fn claim_whole_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u64)> {
-        debug_assert!(class.is_slice() && class.blocks_per_segment(self.segment_shift) == 1);
+        debug_assert!(class.blocks_per_segment(self.segment_shift) == 1);
         let (first, taken) = self.segment_tree().claim_lowest_many(want)?;
         let mut rest = taken;
         while rest != 0 {
