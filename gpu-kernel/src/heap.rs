@@ -593,8 +593,9 @@ impl Heap {
     }
 
     /// A block class whose block fills a segment: the team's leader takes
-    /// whole segments for the team with one RMW on the segment tree
-    /// ([`Heap::claim_whole_segments`], up to one tree word's 64), where
+    /// whole segments for the team with one RMW on the segment tree (up to
+    /// one tree word's 64, as [`Heap::claim_whole_segments`] does for slice
+    /// classes) and each member formats the one it takes, where
     /// the general path's claim serves one member per round (a segment
     /// holds one block), so a warp asking for 32 made 32 claims and format
     /// rounds one after another. Such a class never keeps a segment in its
@@ -613,8 +614,10 @@ impl Heap {
             let rank = arch::rank_in(team, lane);
             let (mut first, mut taken) = (0u32, 0u64);
             if lane == leader {
-                // `self` is already the caller's copy of the handle.
-                if let Some(claimed) = self.claim_whole_segments(class, team.count_ones()) {
+                // Only the tree RMW here: each member formats its own
+                // segment below, where the leader formatting a team's 32
+                // one after another took most of the time.
+                if let Some(claimed) = self.segment_tree().claim_lowest_many(team.count_ones()) {
                     (first, taken) = claimed;
                 }
             }
@@ -623,12 +626,16 @@ impl Heap {
             if taken == 0 {
                 return None;
             }
+            // At most `team.count_ones()` segments were claimed, so each has
+            // a member of rank below the count to format and take it.
             if rank < taken.count_ones() {
                 // The segment of the `rank`-th set bit.
                 for _ in 0..rank {
                     taken &= taken - 1;
                 }
-                let block = BlockId::whole_segment(first + taken.trailing_zeros());
+                let segment = first + taken.trailing_zeros();
+                self.format_claimed(segment, class, 1);
+                let block = BlockId::whole_segment(segment);
                 if self.checked() {
                     mark_handed_out(self.block_bits(block.segment), block.block);
                 }
@@ -1226,10 +1233,10 @@ impl Heap {
         free
     }
 
-    /// Claims up to `want` (1..=64) free segments for a class whose block
-    /// fills a segment (slices of 512 B … 4 KiB at 2 MiB segments, only
-    /// 4 KiB at 16 MiB; the block class of one segment), with one RMW on
-    /// the segment tree, and formats each with its block taken. Returns the first id of the tree word they came from and
+    /// Claims up to `want` (1..=64) free segments for a slice class whose
+    /// block fills a segment (512 B … 4 KiB slices at 2 MiB segments, only
+    /// 4 KiB at 16 MiB), with one RMW on the segment tree, and formats each
+    /// with its block taken. Returns the first id of the tree word they came from and
     /// the mask of the segments claimed (bit `k`: segment `first + k`).
     ///
     /// Such a class never has a segment in its class tree (its segments have
@@ -1240,7 +1247,7 @@ impl Heap {
     /// several segments, which the caller keeps as its slot's spares.
     #[inline(never)]
     pub(crate) fn claim_whole_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u64)> {
-        debug_assert!(class.blocks_per_segment(self.segment_shift) == 1);
+        debug_assert!(class.is_slice() && class.blocks_per_segment(self.segment_shift) == 1);
         let (first, taken) = self.segment_tree().claim_lowest_many(want)?;
         let mut rest = taken;
         while rest != 0 {
