@@ -545,19 +545,16 @@ impl Heap {
     /// team at once; each member then takes its own.
     #[inline]
     fn malloc_block(&self, class: SizeClass) -> Option<u64> {
-        if class.blocks_per_segment(self.segment_shift) == 1 {
-            if let Some(address) = self.with_handle(|h| h.malloc_whole_segment_block(class)) {
-                return Some(address);
-            }
-            // The segment tree had none: the path below reclaims what
-            // slice classes hold idle and tries again before a null.
+        // A whole-segment class whose segment tree had none left falls
+        // through: the path below reclaims what slice classes hold idle and
+        // tries again before a null.
+        if class.blocks_per_segment(self.segment_shift) == 1
+            && let Some(address) = self.with_handle(|h| h.malloc_whole_segment_block(class))
+        {
+            return Some(address);
         }
         loop {
-            let mask = arch::active_mask();
-            let team = arch::match_any(mask, class.index());
-            let lane = arch::lane_id();
-            let leader = arch::lowest_lane(team);
-            let rank = arch::rank_in(team, lane);
+            let (team, lane, leader, rank) = arch::warp_team(class.index());
             let mut claim = 0;
             if lane == leader {
                 claim = self
@@ -607,11 +604,7 @@ impl Heap {
     #[inline(never)]
     fn malloc_whole_segment_block(&self, class: SizeClass) -> Option<u64> {
         loop {
-            let mask = arch::active_mask();
-            let team = arch::match_any(mask, class.index());
-            let lane = arch::lane_id();
-            let leader = arch::lowest_lane(team);
-            let rank = arch::rank_in(team, lane);
+            let (team, lane, leader, rank) = arch::warp_team(class.index());
             let (mut first, mut taken) = (0u32, 0u64);
             if lane == leader {
                 // Only the tree RMW here: each member formats its own

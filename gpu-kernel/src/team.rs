@@ -188,11 +188,8 @@ impl Heap {
         // blocks, and would otherwise answer null beside their slices.
         let all = SLOTS_PER_CLASS - 1;
         loop {
-            let mask = arch::active_mask();
-            let team = arch::match_any(mask, class.index() * SLOTS_PER_CLASS + slot);
-            let lane = arch::lane_id();
-            let leader = arch::lowest_lane(team);
-            let rank = arch::rank_in(team, lane);
+            let (team, lane, leader, rank) =
+                arch::warp_team(class.index() * SLOTS_PER_CLASS + slot);
             let size = team.count_ones();
             let word = self.slot(class, slot);
 
@@ -317,11 +314,7 @@ impl Heap {
     pub(crate) fn slice_first_step(&self, class: SizeClass) -> Result<u64, FirstStep> {
         let per_block = class.slices_per_block(self.segment_shift);
         let home = arch::sm_id() & (self.slots_for(class) - 1);
-        let mask = arch::active_mask();
-        let team = arch::match_any(mask, class.index() * SLOTS_PER_CLASS + home);
-        let lane = arch::lane_id();
-        let leader = arch::lowest_lane(team);
-        let rank = arch::rank_in(team, lane);
+        let (team, lane, leader, rank) = arch::warp_team(class.index() * SLOTS_PER_CLASS + home);
         let size = team.count_ones();
         let mut seen = 0u64;
         if lane == leader {
@@ -404,11 +397,8 @@ impl Heap {
         let word = self.slot(class, home);
         let mut round = 0;
         loop {
-            let mask = arch::active_mask();
-            let team = arch::match_any(mask, class.index() * SLOTS_PER_CLASS + home);
-            let lane = arch::lane_id();
-            let leader = arch::lowest_lane(team);
-            let rank = arch::rank_in(team, lane);
+            let (team, lane, leader, rank) =
+                arch::warp_team(class.index() * SLOTS_PER_CLASS + home);
             let size = team.count_ones();
             let mut seen = 0u64;
             if lane == leader {

@@ -43,3 +43,14 @@ pub fn lowest_lane(mask: u32) -> u32 {
 pub fn rank_in(mask: u32, lane: u32) -> u32 {
     (mask & ((1u32 << lane) - 1)).count_ones()
 }
+
+/// This thread's warp team for `key` among the active lanes: `(members,
+/// lane, leader, rank)`, the mask of the lanes whose key equals this
+/// lane's (`match.any`), this thread's lane, the lowest member's lane and
+/// the number of members below this lane.
+#[inline(always)]
+pub fn warp_team(key: u32) -> (u32, u32, u32, u32) {
+    let members = match_any(active_mask(), key);
+    let lane = lane_id();
+    (members, lane, lowest_lane(members), rank_in(members, lane))
+}
