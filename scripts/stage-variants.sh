@@ -80,18 +80,10 @@
 #   split-b3       split + launch bounds for three 256-thread blocks per SM
 #                  (80 registers; 20-24 B of spills at the kernel's entry
 #                  and exit)
-#   split-tail     split, and heap_alloc's own code cut to a slice
-#                  allocation's first step (the add and the hand-out), all
-#                  else in one out-of-line call in tail position
-#                  (GPUMALLOC_SPLIT_COLD=2; branch `regs64`): sm_90 86
-#                  registers, sm_80 121, no spills
-#   split64        split-tail + launch bounds for four 256-thread blocks per
-#                  SM (GPUMALLOC_ALLOC_BLOCKS_PER_SM=4): 64 registers on
-#                  sm_80 and sm_90; spills only inside the cold callees
-#                  (formats, claims), none in heap_alloc's own code
-#   split80        split-tail + launch bounds for three blocks per SM
-#                  (80 registers; 4 spill and 4 refill instructions in each
-#                  claim, a few in the formats, none in heap_alloc's code)
+#   (split-tail, split64, split80: GPUMALLOC_SPLIT_COLD=2, only a slice's
+#                  first step inline; measured 25-72% slower at slice sizes
+#                  on 2026-11-23 and removed; docs/PERF.md, "heap_alloc in
+#                  64 registers")
 #   split3         split, and heap_alloc's own code cut to a slice
 #                  allocation's loop at its home slot with the wait past a
 #                  block's end inline; only the installing leader's install
@@ -159,9 +151,6 @@ settings() {
     split) echo "GPUMALLOC_SPLIT_COLD=1" ;;
     unsplit) echo "GPUMALLOC_SPLIT_COLD=0" ;;
     split-b3) echo "GPUMALLOC_SPLIT_COLD=1 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
-    split-tail) echo "GPUMALLOC_SPLIT_COLD=2" ;;
-    split64) echo "GPUMALLOC_SPLIT_COLD=2 GPUMALLOC_ALLOC_BLOCKS_PER_SM=4" ;;
-    split80) echo "GPUMALLOC_SPLIT_COLD=2 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
     split3) echo "GPUMALLOC_SPLIT_COLD=3" ;;
     split3-64) echo "GPUMALLOC_SPLIT_COLD=3 GPUMALLOC_ALLOC_BLOCKS_PER_SM=4" ;;
     sadd) echo "GPUMALLOC_SLICE_CLAIM_ADD=1" ;;

@@ -115,29 +115,26 @@ const WINDOWS_OPEN_MASK: u64 = WINDOW_OPENED - 1;
 /// block classes 2–9% slower (`docs/PERF.md`, "The split shape becomes
 /// the default").
 pub(crate) const SPLIT_COLD: bool = SPLIT_COLD_LEVEL != 0;
-/// `GPUMALLOC_SPLIT_COLD=2`: `SPLIT_COLD`, and [`Heap::malloc`] takes only
-/// a slice allocation's first step inline (the team's add and the hand-out
-/// of an index within the block); everything past it (installs, waits,
-/// stealing, the block classes, runs, the failure count) is one
-/// out-of-line call, [`Heap::malloc_cold`], in tail position, so the
-/// caller holds nothing but its own state across it. Under launch bounds
-/// of 64 registers (`GPUMALLOC_ALLOC_BLOCKS_PER_SM=4`) ptxas then spills
-/// only inside the cold functions (`docs/PERF.md`, "heap_alloc in 64
-/// registers").
-pub(crate) const SPLIT_TAIL: bool = SPLIT_COLD_LEVEL == 2;
 /// `GPUMALLOC_SPLIT_COLD=3`: `SPLIT_COLD`, and [`Heap::malloc`] keeps a
 /// slice allocation's loop at its home slot inline, the wait past a
 /// block's end included (`Heap::slice_at_home`), with only the installing
 /// leader's [`Heap::install`] called by the ABI; the stealing pass after
 /// a failed install, the block classes, runs and the failure count go to
-/// [`Heap::malloc_cold`] in tail position, as with `SPLIT_TAIL`. Waiting
-/// teams then make no call and touch no local memory (`docs/PERF.md`,
-/// "heap_alloc in 64 registers with the wait inline").
+/// one out-of-line call, [`Heap::malloc_cold`], in tail position, so the
+/// kernel holds nothing but its own state across it. Waiting teams make
+/// no call and touch no local memory; with launch bounds of 64 registers
+/// (`GPUMALLOC_ALLOC_BLOCKS_PER_SM=4`) ptxas spills only inside the cold
+/// functions (`docs/PERF.md`, "heap_alloc in 64 registers with the wait
+/// inline").
 pub(crate) const SPLIT_HOME: bool = SPLIT_COLD_LEVEL == 3;
-/// Whether the cold paths run inside [`Heap::malloc_cold`] (`SPLIT_TAIL`
-/// or `SPLIT_HOME`), whose `self` is already a copy of the handle.
-const COLD_CALL: bool = SPLIT_TAIL || SPLIT_HOME;
 const SPLIT_COLD_LEVEL: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SPLIT_COLD"), 1);
+// 2 was `split-tail` (only a slice's first step inline, waiting teams sent
+// through the cold call): measured 25-45% slower than 1 at slice sizes and
+// superseded by 3, so its code was removed (`docs/PERF.md`).
+const _: () = assert!(
+    SPLIT_COLD_LEVEL <= 3 && SPLIT_COLD_LEVEL != 2,
+    "GPUMALLOC_SPLIT_COLD must be 0, 1 or 3 (2, split-tail, was removed)"
+);
 /// Slice classes reserve blocks with the block classes' one subtract
 /// ([`SegmentTable::reserve_blocks_add`], ticketed takes);
 /// `GPUMALLOC_SLICE_CLAIM_ADD=0` at build time brings back the
@@ -394,9 +391,6 @@ impl Heap {
     /// runs to a segment.
     #[inline]
     pub fn malloc(&self, size: u64) -> *mut u8 {
-        if SPLIT_TAIL {
-            return self.malloc_split(size);
-        }
         if SPLIT_HOME {
             return self.malloc_home(size);
         }
@@ -415,71 +409,51 @@ impl Heap {
         }
     }
 
-    /// [`Heap::malloc`] with `SPLIT_TAIL`: a slice request's first step
-    /// inline, and whatever it leaves (or any other request) in one call
-    /// to [`Heap::malloc_cold`] through a pointer the optimiser cannot see,
-    /// so that ptxas calls it by the ABI and allocates it apart.
-    #[inline(always)]
-    fn malloc_split(&self, size: u64) -> *mut u8 {
-        let (seen, team) = match Request::for_size(size, self.segment_shift) {
-            Request::Empty => return ptr::null_mut(),
-            Request::Class(class) if class.is_slice() => match self.slice_first_step(class) {
-                Ok(address) => return address as *mut u8,
-                Err(step) => (step.seen, step.team),
-            },
-            _ => (0, 0),
-        };
-        let cold: fn(&Heap, u64, u64, u32) -> u64 = core::hint::black_box(Heap::malloc_cold);
-        cold(&self.by_value(), size, seen, team) as *mut u8
-    }
-
     /// [`Heap::malloc`] with `SPLIT_HOME`: a slice request's loop at its
     /// home slot inline ([`Heap::slice_at_home`]), and what it leaves (the
     /// stealing pass after an install found no block) or any other request
-    /// in one call to [`Heap::malloc_cold`], as in `malloc_split`.
+    /// in one call to [`Heap::malloc_cold`] through a pointer the optimiser
+    /// cannot see, so that ptxas calls it by the ABI and allocates it apart.
     #[inline(always)]
     fn malloc_home(&self, size: u64) -> *mut u8 {
-        let step = match Request::for_size(size, self.segment_shift) {
+        match Request::for_size(size, self.segment_shift) {
             Request::Empty => return ptr::null_mut(),
-            Request::Class(class) if class.is_slice() => match self.slice_at_home(class) {
-                Some(address) => return address as *mut u8,
-                None => crate::team::EXHAUSTED,
-            },
-            _ => crate::team::EXHAUSTED,
-        };
-        let cold: fn(&Heap, u64, u64, u32) -> u64 = core::hint::black_box(Heap::malloc_cold);
-        cold(&self.by_value(), size, step.seen, step.team) as *mut u8
+            Request::Class(class) if class.is_slice() => {
+                if let Some(address) = self.slice_at_home(class) {
+                    return address as *mut u8;
+                }
+            }
+            _ => {}
+        }
+        let cold: fn(&Heap, u64) -> u64 = core::hint::black_box(Heap::malloc_cold);
+        cold(&self.by_value(), size) as *mut u8
     }
 
     /// The handle an out-of-line call on the allocation paths gets: a copy
     /// ([`Heap::by_value`]) where these paths are inlined into a kernel,
-    /// whose `self` is its parameter; with `SPLIT_TAIL` or `SPLIT_HOME`,
-    /// where they run inside [`Heap::malloc_cold`] (whose `self` is already
+    /// whose `self` is its parameter; with `SPLIT_HOME`, where they run
+    /// inside [`Heap::malloc_cold`] (whose `self` is already
     /// a copy in local memory), `self` itself: a copy from there is a byte
     /// loop, 160 loads and stores.
     #[inline(always)]
     pub(crate) fn with_handle<R>(&self, call: impl FnOnce(&Heap) -> R) -> R {
-        if COLD_CALL {
+        if SPLIT_HOME {
             call(self)
         } else {
             call(&self.by_value())
         }
     }
 
-    /// Everything of [`Heap::malloc`] past `malloc_split`'s inline step:
-    /// for a slice class the slot loop from the team `team` (not 0) and the
-    /// slot word `seen` its add returned at its home slot, for any other
-    /// request (`team` 0) the whole path. With `SPLIT_HOME` (`malloc_home`)
-    /// a slice class comes here only for the stealing pass (`seen` is
-    /// `team::EXHAUSTED`'s). Returns the address or 0.
+    /// Everything of [`Heap::malloc`] past `malloc_home`'s inline loop: for
+    /// a slice class the stealing pass after the install at home found no
+    /// block, for any other request the whole path. Returns the address or
+    /// 0.
     #[inline(never)]
     #[cold]
-    fn malloc_cold(&self, size: u64, seen: u64, team: u32) -> u64 {
+    fn malloc_cold(&self, size: u64) -> u64 {
         let address = match Request::for_size(size, self.segment_shift) {
             Request::Empty => return 0,
-            Request::Class(class) if class.is_slice() => {
-                self.malloc_slice_after(class, crate::team::FirstStep { team, seen })
-            }
+            Request::Class(class) if class.is_slice() => self.malloc_slice_stealing(class),
             Request::Class(class) => self.malloc_block(class),
             Request::Segments(count) => self.malloc_run(count),
         };

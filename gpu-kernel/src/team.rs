@@ -136,25 +136,6 @@ fn wait_for_install(word: &Word, seen: SlotWord, per_block: u32, round: &mut u32
     }
 }
 
-/// A slice allocation's first step at its home slot, taken inline by
-/// `Heap::malloc` with `heap::SPLIT_TAIL` when it did not end in a hand-out:
-/// the team (its lanes' mask) and the slot word its leader's add returned.
-#[derive(Clone, Copy)]
-pub(crate) struct FirstStep {
-    pub(crate) team: u32,
-    pub(crate) seen: u64,
-}
-
-/// The step `Heap::malloc` passes with `heap::SPLIT_HOME` when the home
-/// slot's install found no block (and, unused, for requests of other
-/// kinds): [`Heap::malloc_slice_after`] then starts the stealing pass at
-/// the slot after home. A constant, not a method: an `impl` block here
-/// would renumber this file's `impl Heap` in the symbol names.
-pub(crate) const EXHAUSTED: FirstStep = FirstStep {
-    team: 0,
-    seen: CLOSED,
-};
-
 impl Heap {
     /// The slice path: warp teams reserve slices from their slot's block.
     #[inline]
@@ -162,14 +143,13 @@ impl Heap {
         let slots = self.slots_for(class);
         let per_block = class.slices_per_block(self.segment_shift);
         let home = arch::sm_id() & (slots - 1);
-        self.slice_loop(class, per_block, home, home, false, 0)
+        self.slice_loop(class, per_block, home, home, false)
     }
 
     /// The loop of [`Heap::malloc_slice`] from `slot`: adding (or, when
     /// `stealing`, reserving from open words only) until a hand-out, or
-    /// until every slot after `home` was visited in stealing mode. `round`
-    /// is the backoff of waits so far; `per_block` the class's slices per
-    /// block.
+    /// until every slot after `home` was visited in stealing mode.
+    /// `per_block` is the class's slices per block.
     #[inline(always)]
     fn slice_loop(
         &self,
@@ -178,7 +158,6 @@ impl Heap {
         home: u32,
         mut slot: u32,
         mut stealing: bool,
-        mut round: u32,
     ) -> Option<u64> {
         // After the home slot found the heap exhausted, visit every other
         // slot once for slices left in its block before giving up: all
@@ -187,6 +166,7 @@ impl Heap {
         // after it trimmed) has fewer slots than others that installed
         // blocks, and would otherwise answer null beside their slices.
         let all = SLOTS_PER_CLASS - 1;
+        let mut round = 0;
         loop {
             let (team, lane, leader, rank) =
                 arch::warp_team(class.index() * SLOTS_PER_CLASS + slot);
@@ -224,8 +204,6 @@ impl Heap {
             let installer = first <= cap && cap < first + size;
             let mut fresh = 0;
             if installer {
-                // `install_for_team`'s body, written out: called here, the
-                // default build's loop compiles to other branches.
                 if lane == leader {
                     let taken = first + size - cap;
                     let called = crate::install_clock::start();
@@ -271,116 +249,19 @@ impl Heap {
         }
     }
 
-    /// The team `team` (`leader` its leader, `lane` this thread's),
-    /// whose add on `slot`'s word returned `seen`, holding index `cap` of
-    /// its range `first .. first + size`, installs a fresh block: its
-    /// leader calls [`Heap::install`] and every member gets the answer
-    /// (the fresh block's global id + 1, or 0).
-    /// (`SPLIT_TAIL` only, inside `Heap::malloc_cold`, whose `self` is
-    /// already a copy of the handle; `slice_loop` writes the same out.)
+    /// [`Heap::malloc_slice`]'s stealing pass alone (`heap::SPLIT_HOME`,
+    /// inside `Heap::malloc_cold`): after [`Heap::slice_at_home`]'s install
+    /// found no block, every slot after home once for slices left in its
+    /// block.
     #[inline(always)]
-    fn install_for_team(
-        &self,
-        class: SizeClass,
-        slot: u32,
-        (team, lane, leader): (u32, u32, u32),
-        seen: SlotWord,
-        (first, size, cap): (u32, u32, u32),
-    ) -> u64 {
-        let mut fresh = 0;
-        if lane == leader {
-            let taken = first + size - cap;
-            let called = crate::install_clock::start();
-            fresh = if crate::heap::SPLIT_COLD {
-                // Through a pointer the optimiser cannot see: ptxas
-                // then calls it by the ABI, and `install`'s chain
-                // does not stack on this loop's live registers.
-                let install: fn(&Heap, SizeClass, u32, u32, u8) -> u64 =
-                    core::hint::black_box(Heap::install);
-                install(self, class, slot, taken, seen.generation())
-            } else {
-                self.install(class, slot, taken, seen.generation())
-            };
-            self.count_install(Interval::Call, called, false);
-        }
-        arch::shfl_u64(team, fresh, leader)
-    }
-
-    /// The first step of [`Heap::malloc_slice`] alone (`heap::SPLIT_TAIL`):
-    /// the team's add at its home slot, and the hand-out when the index
-    /// lies within the block and the team does not install. Anything else
-    /// is left to [`Heap::malloc_slice_after`] with the step taken.
-    #[inline(always)]
-    pub(crate) fn slice_first_step(&self, class: SizeClass) -> Result<u64, FirstStep> {
+    pub(crate) fn malloc_slice_stealing(&self, class: SizeClass) -> Option<u64> {
         let per_block = class.slices_per_block(self.segment_shift);
         let home = arch::sm_id() & (self.slots_for(class) - 1);
-        let (team, lane, leader, rank) = arch::warp_team(class.index() * SLOTS_PER_CLASS + home);
-        let size = team.count_ones();
-        let mut seen = 0u64;
-        if lane == leader {
-            // Relaxed and dependency-ordered, as in `slice_loop`.
-            seen = arch::fetch_add_dependent(self.slot(class, home), size as u64);
-        }
-        let seen = SlotWord(arch::shfl_u64(team, seen, leader));
-        let (first, cap) = (seen.reserved(), seen.capacity(per_block));
-        let index = first + rank;
-        let installer = first <= cap && cap < first + size;
-        if !installer && index < cap {
-            return Ok(self.hand_out(class, seen.block().unwrap_or(0), index));
-        }
-        Err(FirstStep { team, seen: seen.0 })
-    }
-
-    /// [`Heap::malloc_slice`] after [`Heap::slice_first_step`] left `step`:
-    /// the rest of that first pass of the loop (the install, or the wait
-    /// past the end), then the loop itself.
-    #[inline(always)]
-    pub(crate) fn malloc_slice_after(&self, class: SizeClass, step: FirstStep) -> Option<u64> {
-        let per_block = class.slices_per_block(self.segment_shift);
-        let home = arch::sm_id() & (self.slots_for(class) - 1);
-        let seen = SlotWord(step.seen);
         let next = (home + 1) & (SLOTS_PER_CLASS - 1);
-        if seen.0 == CLOSED {
-            // Not a word an add returns: `heap::SPLIT_HOME`'s install at
-            // home found no block, so look in the other slots.
-            return if next == home {
-                None
-            } else {
-                self.slice_loop(class, per_block, home, next, true, 0)
-            };
+        if next == home {
+            return None;
         }
-        let (first, cap) = (seen.reserved(), seen.capacity(per_block));
-        let team = step.team;
-        let lane = arch::lane_id();
-        let leader = arch::lowest_lane(team);
-        let index = first + arch::rank_in(team, lane);
-        let size = team.count_ones();
-        if first <= cap && cap < first + size {
-            let fresh =
-                self.install_for_team(class, home, (team, lane, leader), seen, (first, size, cap));
-            if index < cap {
-                return Some(self.hand_out(class, seen.block().unwrap_or(0), index));
-            }
-            if fresh != 0 {
-                return Some(self.hand_out(class, fresh - 1, index - cap));
-            }
-            // Out of blocks: look for slices left in the other slots.
-            return if next == home {
-                None
-            } else {
-                self.slice_loop(class, per_block, home, next, true, 0)
-            };
-        }
-        // Past the end (`slice_first_step` handed out every index below
-        // the capacity of a team that does not install): wait until the
-        // installer replaces the word, then add again.
-        let began = crate::install_clock::start();
-        let mut round = 0;
-        wait_for_install(self.slot(class, home), seen, per_block, &mut round);
-        if lane == leader {
-            self.count_wait(began);
-        }
-        self.slice_loop(class, per_block, home, home, false, round)
+        self.slice_loop(class, per_block, home, next, true)
     }
 
     /// [`Heap::malloc_slice`]'s loop at the home slot alone
