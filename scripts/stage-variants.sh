@@ -70,6 +70,20 @@
 #   claim-b2       + launch bounds: two 256-thread blocks of heap_alloc per SM
 #   claim-slots128 + 128 slots per class, slot blocks within 1/64 of the heap
 #   claim-s24      + 16 MiB segments (= s24)
+#   spb13-sp1-w4   8192 slices a block (GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13),
+#                  one spare a slot, the whole-segment slot share doubled
+#                  (1 KiB joins those classes): issue 15, "Larger slice
+#                  blocks" in docs/PERF.md
+#   spb13-w4       the same with three spares
+#   spb14-sp1-w4   16384 slices a block, one spare, share doubled
+#   narrow         the geometry before 2026-11-24: 4096 slices a block and
+#                  three spares for every class (the default since then is
+#                  wide7's)
+#   wide6          8192 slices a block and one spare a slot for the 16, 32
+#                  and 64 B classes only (GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6,
+#                  GPUMALLOC_WIDE_SPARES=1); every other class as the default
+#   wide7          the same up to 128 B (the default since 2026-11-24)
+#   wide6s3        wide6 with three spares
 #   split          issue 15's registers (branch `regs`): cold paths cut so
 #                  that ptxas allocates each function of heap_alloc's graph
 #                  alone (GPUMALLOC_SPLIT_COLD=1): 98 registers on sm_90
@@ -166,6 +180,13 @@ settings() {
     sp5-iclock2) echo "GPUMALLOC_SPARES=5 GPUMALLOC_INSTALL_CLOCK=2" ;;
     sp2-iclock2) echo "GPUMALLOC_SPARES=2 GPUMALLOC_INSTALL_CLOCK=2" ;;
     m4096s3-iclock2) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=4096 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3 GPUMALLOC_INSTALL_CLOCK=2" ;;
+    spb13-sp1-w4) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_SPARES=1 GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
+    spb13-w4) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
+    spb14-sp1-w4) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=14 GPUMALLOC_SPARES=1 GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
+    narrow) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=12 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=14 GPUMALLOC_WIDE_SPARES=3" ;;
+    wide6) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6 GPUMALLOC_WIDE_SPARES=1" ;;
+    wide7) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=7 GPUMALLOC_WIDE_SPARES=1" ;;
+    wide6s3) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6" ;;
     *) echo "unknown variant $1" >&2; exit 1 ;;
   esac
 }

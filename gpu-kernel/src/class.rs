@@ -68,8 +68,34 @@ pub const fn segment_shift_for(bytes: u64) -> u32 {
     shift
 }
 
-/// log2 of the most slices in a block.
-pub const SLICES_PER_BLOCK_SHIFT: u32 = 12;
+/// log2 of the most slices in a block: what the metadata is laid out for
+/// (global block ids, check words). 13 (8,192 slices) unless
+/// `GPUMALLOC_SLICES_PER_BLOCK_SHIFT` (12 to 15) is set at build time.
+/// Only the *wide* classes ([`WIDE_BLOCK_MAX_UNIT_SHIFT`]) use all of it;
+/// the others keep [`STANDARD_SLICES_SHIFT`] (`docs/PERF.md`, "Larger
+/// slice blocks"; 12 with every class wide and three spares each is the
+/// geometry before 2026-11-24, `scripts/stage-variants.sh narrow`).
+pub const SLICES_PER_BLOCK_SHIFT: u32 =
+    build_knob(option_env!("GPUMALLOC_SLICES_PER_BLOCK_SHIFT"), 13);
+const _: () = assert!(
+    SLICES_PER_BLOCK_SHIFT >= 12 && SLICES_PER_BLOCK_SHIFT <= 15,
+    "GPUMALLOC_SLICES_PER_BLOCK_SHIFT must be 12..=15"
+);
+/// log2 of the slices in a block of a class that is not wide: 4096.
+pub const STANDARD_SLICES_SHIFT: u32 = 12;
+/// Slice classes of at most 2^this bytes (16 B … 128 B) are *wide*: their
+/// blocks hold [`SLICES_PER_BLOCK`] slices (or a segment's worth), and
+/// their slots keep `slot::WIDE_SPARES_PER_SLOT` spares (one). A slot's
+/// installs run one after another, so a class's time grows with the
+/// installs per slot; a wider block makes half as many. On the H100 this
+/// made 2^20 allocations of 16 B 24% faster, 32 B 8%, 64 B 14%, 128 B 16%,
+/// with the spans `bench frag` measures unchanged; wider blocks for larger
+/// classes were faster too but widened their spans, and with three spares
+/// the 16 B span grew to 1.6 (`docs/PERF.md`, "Wide blocks for the
+/// smallest classes only"). `GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT` sets it
+/// at build time; [`MAX_SLICE_SHIFT`] makes every class wide.
+pub const WIDE_BLOCK_MAX_UNIT_SHIFT: u32 =
+    build_knob(option_env!("GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT"), 7);
 /// The most slices in a block (classes whose 4096 slices would not fit in a
 /// segment have fewer: [`SizeClass::slices_per_block`]).
 pub const SLICES_PER_BLOCK: u64 = 1 << SLICES_PER_BLOCK_SHIFT;
@@ -84,6 +110,7 @@ pub const MIN_SLICE_SHIFT: u32 = 4;
 /// this can be: the smallest block class must leave a 2 MiB segment 64
 /// blocks (one bitmap word).
 pub const MAX_SLICE_SHIFT: u32 = 14;
+const _: () = assert!(STANDARD_SLICES_SHIFT <= SLICES_PER_BLOCK_SHIFT);
 /// Number of slice classes (16 B … 16 KiB).
 pub const SLICE_CLASSES: u32 = MAX_SLICE_SHIFT - MIN_SLICE_SHIFT + 1;
 /// log2 of the smallest block class (32 KiB).
@@ -225,16 +252,25 @@ impl SizeClass {
         self.0 + MIN_SLICE_SHIFT
     }
 
-    /// log2 of the slices in a block of this slice class: 4096, or as many
-    /// as fill one segment of `1 << segment_shift` bytes.
+    /// Whether this slice class has wide blocks ([`WIDE_BLOCK_MAX_UNIT_SHIFT`]).
+    #[inline(always)]
+    pub fn is_wide(self) -> bool {
+        self.unit_shift() <= WIDE_BLOCK_MAX_UNIT_SHIFT
+    }
+
+    /// log2 of the slices in a block of this slice class:
+    /// [`SLICES_PER_BLOCK_SHIFT`] for a wide class, else
+    /// [`STANDARD_SLICES_SHIFT`], or as many as fill one segment of
+    /// `1 << segment_shift` bytes if fewer.
     #[inline(always)]
     pub fn slices_shift(self, segment_shift: u32) -> u32 {
         let fit = segment_shift - self.unit_shift();
-        if fit < SLICES_PER_BLOCK_SHIFT {
-            fit
-        } else {
+        let most = if self.is_wide() {
             SLICES_PER_BLOCK_SHIFT
-        }
+        } else {
+            STANDARD_SLICES_SHIFT
+        };
+        if fit < most { fit } else { most }
     }
 
     /// Slices in a block of this slice class (segments of

@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 17] = [
+pub const SETTINGS: [&str; 20] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -51,10 +51,13 @@ pub const SETTINGS: [&str; 17] = [
     "GPUMALLOC_SPARES",
     "GPUMALLOC_BACKOFF_MAX_DOUBLINGS",
     "GPUMALLOC_INSTALL_CLOCK",
+    "GPUMALLOC_SLICES_PER_BLOCK_SHIFT",
+    "GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT",
+    "GPUMALLOC_WIDE_SPARES",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 17] = [
+const SETTING_VALUES: [Option<&str>; 20] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -72,6 +75,9 @@ const SETTING_VALUES: [Option<&str>; 17] = [
     option_env!("GPUMALLOC_SPARES"),
     option_env!("GPUMALLOC_BACKOFF_MAX_DOUBLINGS"),
     option_env!("GPUMALLOC_INSTALL_CLOCK"),
+    option_env!("GPUMALLOC_SLICES_PER_BLOCK_SHIFT"),
+    option_env!("GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT"),
+    option_env!("GPUMALLOC_WIDE_SPARES"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -55,6 +55,15 @@ const _: () = assert!(SLOT_STRIDE_WORDS.is_power_of_two() && SLOT_STRIDE_WORDS <
 /// 16 KiB up to 40% slower).
 pub const SPARES_PER_SLOT: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SPARES"), 3);
 const _: () = assert!(SPARES_PER_SLOT >= 1 && SPARES_PER_SLOT <= 7);
+/// Spares of a slot of a wide class (`class::WIDE_BLOCK_MAX_UNIT_SHIFT`)
+/// whose block does not fill a segment: 1 unless `GPUMALLOC_WIDE_SPARES`
+/// (1 to `SPARES_PER_SLOT`) is set at build time. A wide block holds twice
+/// the slices, so each spare holds twice the idle bytes; with one, those
+/// classes were as fast as with three and their spans stayed as before
+/// (`docs/PERF.md`, "Wide blocks for the smallest classes only").
+pub const WIDE_SPARES_PER_SLOT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_WIDE_SPARES"), 1);
+const _: () = assert!(WIDE_SPARES_PER_SLOT >= 1 && WIDE_SPARES_PER_SLOT <= SPARES_PER_SLOT);
 
 const RESERVED_MASK: u64 = 0xffff_ffff;
 const BLOCK_SHIFT: u32 = 32;

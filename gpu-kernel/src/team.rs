@@ -20,7 +20,7 @@ use crate::class::{SLICE_CLASSES, SizeClass};
 use crate::heap::{BlockId, Claim};
 use crate::install_clock::Interval;
 use crate::layout::{Heap, NO_SPARES, RECLAIMS_WORD};
-use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
+use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord, WIDE_SPARES_PER_SLOT};
 
 /// Slot blocks of one class stay within heap / 2^this (8 unless
 /// `GPUMALLOC_SLOT_BUDGET_SHIFT` is set at build time). "Heap" in this
@@ -134,6 +134,33 @@ fn wait_for_install(word: &Word, seen: SlotWord, per_block: u32, round: &mut u32
         arch::backoff(*round);
         *round += 1;
     }
+}
+
+/// How many slice classes have a block that fills a segment of
+/// `1 << segment_shift` bytes: the units `u` with
+/// `u + slices_shift(u) >= segment_shift`, where a wide class's slices
+/// shift is `SLICES_PER_BLOCK_SHIFT` and any other's `STANDARD_SLICES_SHIFT`
+/// (`class::SizeClass::slices_shift`), counted in closed form (the slot
+/// count is on the fast path).
+#[inline(always)]
+fn whole_segment_classes(segment_shift: u32) -> u32 {
+    use crate::class::{
+        MAX_SLICE_SHIFT, SLICES_PER_BLOCK_SHIFT, STANDARD_SLICES_SHIFT, WIDE_BLOCK_MAX_UNIT_SHIFT,
+    };
+    // Wide units in [segment_shift - SLICES_PER_BLOCK_SHIFT, cut], the
+    // others in [segment_shift - STANDARD_SLICES_SHIFT, MAX_SLICE_SHIFT]
+    // above the cut; both bounds are above MIN_SLICE_SHIFT for every
+    // segment size.
+    let wide_from = segment_shift - SLICES_PER_BLOCK_SHIFT;
+    if WIDE_BLOCK_MAX_UNIT_SHIFT >= MAX_SLICE_SHIFT {
+        // Every class wide (the default): one range, the PTX of before.
+        return MAX_SLICE_SHIFT + 1 - wide_from;
+    }
+    let cut = WIDE_BLOCK_MAX_UNIT_SHIFT;
+    let wide = (cut + 1).saturating_sub(wide_from);
+    let standard_from = (segment_shift - STANDARD_SLICES_SHIFT).max(cut + 1);
+    let standard = (MAX_SLICE_SHIFT + 1).saturating_sub(standard_from);
+    wide + standard
 }
 
 impl Heap {
@@ -347,13 +374,12 @@ impl Heap {
             LARGE_HEAP_SLOT_BUDGET_SHIFT
         } else if block_shift == self.segment_shift {
             if WHOLE_SLOT_SHARE_SHIFT != 0 {
-                // The classes whose block fills a segment: slices of
-                // 2^(segment_shift - SLICES_PER_BLOCK_SHIFT) ..= 2^MAX_SLICE_SHIFT
-                // bytes; the share is split among them, rounded up to a
-                // power of two (4 classes at 2 MiB segments, 3 at 4 MiB, 2
-                // at 8 MiB, 1 at 16 MiB: `ceil(log2(n))` = bits of n - 1).
-                let others = crate::class::MAX_SLICE_SHIFT + crate::class::SLICES_PER_BLOCK_SHIFT
-                    - self.segment_shift;
+                // The classes whose block fills a segment
+                // ([`whole_segment_classes`]); the share is split among
+                // them, rounded up to a power of two (default geometry:
+                // 6 classes at 2 MiB segments, 5 at 4 MiB, 4 at 8 MiB, 3
+                // at 16 MiB: `ceil(log2(n))` = bits of n - 1).
+                let others = whole_segment_classes(self.segment_shift) - 1;
                 WHOLE_SLOT_SHARE_SHIFT + (32 - others.leading_zeros())
             } else {
                 WHOLE_SLOT_BUDGET_SHIFT
@@ -373,17 +399,23 @@ impl Heap {
     #[inline(always)]
     fn spares_for(&self, class: SizeClass) -> u32 {
         let whole_segments = class.blocks_per_segment(self.segment_shift) == 1;
-        let (budget, slots) = if whole_segments {
-            (SEGMENT_SPARE_BUDGET_SHIFT, SLOTS_PER_CLASS)
+        let (budget, slots, spares) = if whole_segments {
+            (SEGMENT_SPARE_BUDGET_SHIFT, SLOTS_PER_CLASS, SPARES_PER_SLOT)
+        } else if class.is_wide() {
+            (
+                SPARE_BUDGET_SHIFT,
+                self.slots_for(class),
+                WIDE_SPARES_PER_SLOT,
+            )
         } else {
-            (SPARE_BUDGET_SHIFT, self.slots_for(class))
+            (SPARE_BUDGET_SHIFT, self.slots_for(class), SPARES_PER_SLOT)
         };
-        let cached = (slots * (1 + SPARES_PER_SLOT)) as u64;
+        let cached = (slots * (1 + spares)) as u64;
         let room = self.budget_bytes() >> (budget + class.block_shift(self.segment_shift));
         if self.flags & NO_SPARES != 0 || room < cached {
             0
         } else {
-            SPARES_PER_SLOT
+            spares
         }
     }
 
@@ -771,7 +803,10 @@ mod tests {
                 WHOLE_SLOT_SHARE_SHIFT,
                 LARGE_HEAP_SHIFT,
             ) == (8, 5, 34)
-            && LARGE_HEAP_SLOT_BUDGET_SHIFT == 0;
+            && LARGE_HEAP_SLOT_BUDGET_SHIFT == 0
+            && option_env!("GPUMALLOC_SLICES_PER_BLOCK_SHIFT").is_none()
+            && option_env!("GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT").is_none()
+            && option_env!("GPUMALLOC_WIDE_SPARES").is_none();
         if default {
             assert_eq!(seen, ([16, 16, 16], [8, 8, 8], [1, 1, 1]));
         }
@@ -798,8 +833,14 @@ mod stealing_tests {
             panic!("16 B is a slice class");
         };
         let large = heap.with_budget(64);
-        let installers = 8;
-        assert!(large.slots_for(class) >= installers, "room for 8 homes");
+        // 8 homes with the default geometry (fewer with larger slice
+        // blocks, `GPUMALLOC_SLICES_PER_BLOCK_SHIFT`).
+        let installers = large.slots_for(class).min(8);
+        if installers < 2 {
+            // Only with 16 B blocks of 512 KiB (a measuring build): this
+            // 128 MiB heap gives one slot, nothing to steal from.
+            return;
+        }
         let kept: Vec<u64> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..installers)
                 .map(|_| s.spawn(|| large.malloc(16) as u64))
@@ -874,6 +915,18 @@ mod rules_tests {
         unsafe { layout.bind(0, 0) }.rules()
     }
 
+    /// The closed form of `whole_segment_classes` counts what the classes'
+    /// geometry says, for every segment size this build allows.
+    #[test]
+    fn whole_segment_classes_match_the_geometry() {
+        for shift in crate::class::MIN_SEGMENT_SHIFT..=crate::class::MAX_SEGMENT_SHIFT {
+            let counted = (0..SLICE_CLASSES)
+                .filter(|&i| SizeClass::new(i).unwrap().blocks_per_segment(shift) == 1)
+                .count() as u32;
+            assert_eq!(super::whole_segment_classes(shift), counted, "2^{shift}");
+        }
+    }
+
     /// Whether this build sets none of the knobs the rules depend on.
     fn default_build() -> bool {
         [
@@ -887,6 +940,9 @@ mod rules_tests {
             option_env!("GPUMALLOC_UNLOCKED_FORMAT_SHIFT"),
             option_env!("GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT"),
             option_env!("GPUMALLOC_SPARES"),
+            option_env!("GPUMALLOC_SLICES_PER_BLOCK_SHIFT"),
+            option_env!("GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT"),
+            option_env!("GPUMALLOC_WIDE_SPARES"),
         ]
         .iter()
         .all(Option::is_none)
@@ -902,7 +958,10 @@ mod rules_tests {
     /// 4 MiB) and the largest heap of 16 MiB segments. Slots and spares
     /// list the slice classes, 16 B … 16 KiB (16 KiB since the third
     /// session of 2026-11-23: 1 … 16 KiB on the demand + 3% heap have 8
-    /// slots, not 16).
+    /// slots, not 16). Since 2026-11-24 the classes of 16 B … 128 B have
+    /// blocks of 8,192 slices and one spare (`class::WIDE_BLOCK_MAX_UNIT_SHIFT`):
+    /// where a budget sets their slot count (heaps of 2 MiB segments) it
+    /// halved with the doubled block; the bench heap keeps 32.
     #[test]
     fn fixed_heaps_keep_their_rules() {
         if !default_build() {
@@ -913,19 +972,20 @@ mod rules_tests {
             spares,
             unlocked_format_shift,
         };
-        let all = [3; 11];
-        let five = [3, 3, 3, 3, 3, 0, 0, 0, 0, 0, 0];
-        let seven = [3, 3, 3, 3, 3, 3, 3, 0, 0, 0, 0];
+        // Wide classes (16 B … 128 B) keep one spare, the others three.
+        let all = [1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3];
+        let five = [1, 1, 1, 1, 3, 0, 0, 0, 0, 0, 0];
+        let seven = [1, 1, 1, 1, 3, 3, 3, 0, 0, 0, 0];
         let expected = [
-            ((128, 21), r([16, 8, 4, 2, 1, 1, 1, 1, 1, 1, 1], five, 1)),
-            ((512, 21), r([32, 32, 16, 8, 4, 2, 2, 2, 2, 2, 2], five, 1)),
+            ((128, 21), r([8, 4, 2, 1, 1, 1, 1, 1, 1, 1, 1], five, 1)),
+            ((512, 21), r([32, 16, 8, 4, 4, 2, 2, 2, 2, 2, 2], five, 1)),
             (
                 (2048, 21),
-                r([32, 32, 32, 32, 16, 8, 8, 8, 8, 8, 8], all, 1),
+                r([32, 32, 32, 16, 16, 8, 8, 8, 8, 8, 8], all, 1),
             ),
             (
                 (512, 23),
-                r([32, 32, 32, 32, 16, 8, 4, 4, 4, 4, 4], seven, 1),
+                r([32, 32, 32, 16, 16, 8, 4, 4, 4, 4, 4], seven, 1),
             ),
             (
                 (1024, 23),

@@ -20,11 +20,12 @@
 #   docs/results/next-gpu/regs.sh compare-queued   # kernel alone (--queued)
 #   docs/results/next-gpu/regs.sh suite            # GPU suite on split
 #   docs/results/next-gpu/regs.sh memcheck         # memcheck on split
+#   docs/results/next-gpu/regs.sh frag             # bench frag, 2 per variant
 #   BUILD=sadd VARIANTS="main sadd" ...            # another build (sadd:
 #                                                  # "16 B's fixed cost")
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-phase=${1:?phase: compare, compare-queued, suite or memcheck}
+phase=${1:?phase: compare, compare-queued, frag, suite or memcheck}
 OUT=${OUT:-results/regs}
 mkdir -p "$OUT"
 work=$(mktemp -d /tmp/regs-$phase.XXXX)
@@ -46,6 +47,22 @@ case $phase in
     OUT=$work/cmp ROUNDS=${ROUNDS:-4} ITERS=${ITERS:-5} VARIANTS="$VARIANTS" EXTRA="$extra" \
       timeout 540 scripts/bench-compare.sh > "$work/log.txt" 2>&1 || rc=$?
     cp "$work/cmp/table.txt" "$OUT/$phase-table.txt" 2>/dev/null
+    ;;
+  frag)
+    # `bench frag` (spans and where they go) twice per variant, in turn.
+    for r in 1 2; do
+      for v in $VARIANTS; do
+        bin=.gpu-var/$v/gpumalloc; [ -x "$bin" ] || continue
+        timeout 120 "$bin" bench frag --iters 3 --allocators ours > "$work/frag-$v-$r.log" 2>&1 || rc=$?
+      done
+    done
+    for v in $VARIANTS; do
+      for r in 1 2; do
+        f=$work/frag-$v-$r.log; [ -f "$f" ] || continue
+        echo "== $v round $r"
+        awk '/frag — (span|spares|slot_unissued|idle_blocks)_over_requested/{p=1} p&&NF==0{p=0} p' "$f"
+      done
+    done > "$OUT/$phase-table.txt"
     ;;
   suite)
     # The allocator's GPU tests, examples and one quick `single` bench on
