@@ -76,6 +76,20 @@
 #                  blocks" in docs/PERF.md
 #   spb13-w4       the same with three spares
 #   spb14-sp1-w4   16384 slices a block, one spare, share doubled
+#   f3, f5         on heaps of 16 GiB and more, slot installers format a
+#                  segment without the class's lock when they take 1/8
+#                  (f3) or 1/32 (f5) of its blocks (the default is 1/4):
+#                  the wide 64 B (f3) and 16-64 B (f5) classes' claims of two
+#                  blocks then format unlocked
+#   ws4            the whole-segment classes' slot share doubled
+#                  (GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4): 32 slots for 2 KiB
+#                  and up on the bench heap, on every heap size
+#   wsalt          claims of whole segments spread a lost race's retry over
+#                  the tree word (GPUMALLOC_WHOLE_CLAIM_SALT=1; measured with
+#                  the block class of one segment spread too, 17% slower
+#                  there; the default since 2026-11-24 without it)
+#   wlow           whole-segment claims aim at the lowest ids on every try
+#                  (GPUMALLOC_WHOLE_CLAIM_SALT=0: the default before)
 #   narrow         the geometry before 2026-11-24: 4096 slices a block and
 #                  three spares for every class (the default since then is
 #                  wide7's)
@@ -183,6 +197,11 @@ settings() {
     spb13-sp1-w4) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_SPARES=1 GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
     spb13-w4) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
     spb14-sp1-w4) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=14 GPUMALLOC_SPARES=1 GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
+    f3) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=3" ;;
+    f5) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=5" ;;
+    ws4) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
+    wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;
+    wlow) echo "GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;
     narrow) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=12 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=14 GPUMALLOC_WIDE_SPARES=3" ;;
     wide6) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6 GPUMALLOC_WIDE_SPARES=1" ;;
     wide7) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=7 GPUMALLOC_WIDE_SPARES=1" ;;

@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 20] = [
+pub const SETTINGS: [&str; 21] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -54,10 +54,11 @@ pub const SETTINGS: [&str; 20] = [
     "GPUMALLOC_SLICES_PER_BLOCK_SHIFT",
     "GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT",
     "GPUMALLOC_WIDE_SPARES",
+    "GPUMALLOC_WHOLE_CLAIM_SALT",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 20] = [
+const SETTING_VALUES: [Option<&str>; 21] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -78,6 +79,7 @@ const SETTING_VALUES: [Option<&str>; 20] = [
     option_env!("GPUMALLOC_SLICES_PER_BLOCK_SHIFT"),
     option_env!("GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT"),
     option_env!("GPUMALLOC_WIDE_SPARES"),
+    option_env!("GPUMALLOC_WHOLE_CLAIM_SALT"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -147,6 +147,28 @@ const _: () = assert!(
 /// `docs/PERF.md`, "16 B's fixed cost").
 pub(crate) const SLICE_CLAIM_ADD: bool =
     crate::class::build_knob(option_env!("GPUMALLOC_SLICE_CLAIM_ADD"), 1) != 0;
+/// Whether the slice classes whose block fills a segment spread a lost
+/// race's retry over the segment tree's word by [`spread_salt`] instead of
+/// aiming at its lowest ids again (`GPUMALLOC_WHOLE_CLAIM_SALT`, 1 by
+/// default; 0 gives lowest ids on every try). Their installs claim whole
+/// segments from the tree's lowest word, and with every loser aiming at
+/// the same lowest ids a burst of claimers took one round trip per winner.
+/// Spread, on the H100 (2026-11-24): mixed 16–4096 B −20%, 4 KiB −8%,
+/// 8 / 16 KiB −13 / −15%; spans of 4 KiB and mixed about +0.04 (the
+/// spread leaves holes that later claims fill, not all by the burst's
+/// end); the block class of one segment is not spread (it was 17% slower
+/// so: its leaders claim up to 32 ids at once) (`docs/PERF.md`,
+/// "Whole-segment claims spread").
+pub(crate) const WHOLE_CLAIM_SALT: bool =
+    crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_CLAIM_SALT"), 1) != 0;
+
+/// The salt of a whole-segment slice claim: [`spread_salt`] with
+/// [`WHOLE_CLAIM_SALT`], else 0 (lowest ids on every try).
+#[inline(always)]
+fn whole_claim_salt() -> u32 {
+    if WHOLE_CLAIM_SALT { spread_salt(0) } else { 0 }
+}
+
 /// Spreads salts for `VebTree::pick` over `u32` (2^32 / the golden ratio).
 const SPREAD_HASH: u32 = 0x9e37_79b9;
 
@@ -1215,7 +1237,9 @@ impl Heap {
     #[inline(never)]
     pub(crate) fn claim_whole_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u64)> {
         debug_assert!(class.is_slice() && class.blocks_per_segment(self.segment_shift) == 1);
-        let (first, taken) = self.segment_tree().claim_lowest_many(want)?;
+        let (first, taken) = self
+            .segment_tree()
+            .claim_low_many(want, whole_claim_salt())?;
         let mut rest = taken;
         while rest != 0 {
             self.format_claimed(first + rest.trailing_zeros(), class, 1);
