@@ -87,9 +87,12 @@
 #   wsalt          claims of whole segments spread a lost race's retry over
 #                  the tree word (GPUMALLOC_WHOLE_CLAIM_SALT=1; measured with
 #                  the block class of one segment spread too, 17% slower
-#                  there; the default since 2026-11-24 without it)
+#                  there; since then slice classes only; not the default:
+#                  mixed -20% but its span wider)
 #   wlow           whole-segment claims aim at the lowest ids on every try
-#                  (GPUMALLOC_WHOLE_CLAIM_SALT=0: the default before)
+#                  (GPUMALLOC_WHOLE_CLAIM_SALT=0: the default)
+#   s33            the allocator of 2026-11-23's eighth session (narrow and
+#                  wlow together: its PTX but for the layout fingerprint)
 #   narrow         the geometry before 2026-11-24: 4096 slices a block and
 #                  three spares for every class (the default since then is
 #                  wide7's)
@@ -202,6 +205,7 @@ settings() {
     ws4) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;
     wlow) echo "GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;
+    s33) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=12 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=14 GPUMALLOC_WIDE_SPARES=3 GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;
     narrow) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=12 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=14 GPUMALLOC_WIDE_SPARES=3" ;;
     wide6) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6 GPUMALLOC_WIDE_SPARES=1" ;;
     wide7) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=7 GPUMALLOC_WIDE_SPARES=1" ;;

@@ -149,18 +149,19 @@ pub(crate) const SLICE_CLAIM_ADD: bool =
     crate::class::build_knob(option_env!("GPUMALLOC_SLICE_CLAIM_ADD"), 1) != 0;
 /// Whether the slice classes whose block fills a segment spread a lost
 /// race's retry over the segment tree's word by [`spread_salt`] instead of
-/// aiming at its lowest ids again (`GPUMALLOC_WHOLE_CLAIM_SALT`, 1 by
-/// default; 0 gives lowest ids on every try). Their installs claim whole
+/// aiming at its lowest ids again (`GPUMALLOC_WHOLE_CLAIM_SALT`, 0 or 1; 0
+/// by default: lowest ids on every try). Their installs claim whole
 /// segments from the tree's lowest word, and with every loser aiming at
-/// the same lowest ids a burst of claimers took one round trip per winner.
-/// Spread, on the H100 (2026-11-24): mixed 16–4096 B −20%, 4 KiB −8%,
-/// 8 / 16 KiB −13 / −15%; spans of 4 KiB and mixed about +0.04 (the
-/// spread leaves holes that later claims fill, not all by the burst's
-/// end); the block class of one segment is not spread (it was 17% slower
-/// so: its leaders claim up to 32 ids at once) (`docs/PERF.md`,
-/// "Whole-segment claims spread").
+/// the same lowest ids a burst of claimers takes one round trip per winner.
+/// Spread, on the H100 (2026-11-24): mixed 16–4096 B −20%, 4 KiB −7 … −8%,
+/// 8 / 16 KiB −13 … −15%, but the spans of 4 KiB and mixed wider (mixed
+/// 2.06, 2.12 and 2.18 in three runs against 2.01–2.08 lowest-first: the
+/// spread leaves holes low in the word that the burst's later claims do
+/// not all fill). Not the default: the span under mixed sizes is the
+/// figure this project has to bring down (`docs/PERF.md`, "Whole-segment
+/// claims spread").
 pub(crate) const WHOLE_CLAIM_SALT: bool =
-    crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_CLAIM_SALT"), 1) != 0;
+    crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_CLAIM_SALT"), 0) != 0;
 
 /// The salt of a whole-segment slice claim: [`spread_salt`] with
 /// [`WHOLE_CLAIM_SALT`], else 0 (lowest ids on every try).
