@@ -89,8 +89,12 @@
 #                  the block class of one segment spread too, 17% slower
 #                  there; since then slice classes only; not the default:
 #                  mixed -20% but its span wider)
+#   wnear          a lost race's retry aims 0-3 claims' width above the
+#                  lowest ids (GPUMALLOC_WHOLE_CLAIM_SALT=2: the default
+#                  since 2026-11-24)
 #   wlow           whole-segment claims aim at the lowest ids on every try
-#                  (GPUMALLOC_WHOLE_CLAIM_SALT=0: the default)
+#                  (GPUMALLOC_WHOLE_CLAIM_SALT=0: the default before; with
+#                  the wide blocks, the allocator of commit 28e09c7)
 #   s33            the allocator of 2026-11-23's eighth session (narrow and
 #                  wlow together: its PTX but for the layout fingerprint)
 #   narrow         the geometry before 2026-11-24: 4096 slices a block and
@@ -205,6 +209,7 @@ settings() {
     ws4) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;
     wlow) echo "GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;
+    wnear) echo "GPUMALLOC_WHOLE_CLAIM_SALT=2" ;;
     s33) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=12 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=14 GPUMALLOC_WIDE_SPARES=3 GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;
     narrow) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=12 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=14 GPUMALLOC_WIDE_SPARES=3" ;;
     wide6) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6 GPUMALLOC_WIDE_SPARES=1" ;;

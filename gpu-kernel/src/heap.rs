@@ -147,28 +147,26 @@ const _: () = assert!(
 /// `docs/PERF.md`, "16 B's fixed cost").
 pub(crate) const SLICE_CLAIM_ADD: bool =
     crate::class::build_knob(option_env!("GPUMALLOC_SLICE_CLAIM_ADD"), 1) != 0;
-/// Whether the slice classes whose block fills a segment spread a lost
-/// race's retry over the segment tree's word by [`spread_salt`] instead of
-/// aiming at its lowest ids again (`GPUMALLOC_WHOLE_CLAIM_SALT`, 0 or 1; 0
-/// by default: lowest ids on every try). Their installs claim whole
-/// segments from the tree's lowest word, and with every loser aiming at
-/// the same lowest ids a burst of claimers takes one round trip per winner.
-/// Spread, on the H100 (2026-11-24): mixed 16–4096 B −20%, 4 KiB −7 … −8%,
-/// 8 / 16 KiB −13 … −15%, but the spans of 4 KiB and mixed wider (mixed
-/// 2.06, 2.12 and 2.18 in three runs against 2.01–2.08 lowest-first: the
-/// spread leaves holes low in the word that the burst's later claims do
-/// not all fill). Not the default: the span under mixed sizes is the
-/// figure this project has to bring down (`docs/PERF.md`, "Whole-segment
-/// claims spread").
-pub(crate) const WHOLE_CLAIM_SALT: bool =
-    crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_CLAIM_SALT"), 0) != 0;
-
-/// The salt of a whole-segment slice claim: [`spread_salt`] with
-/// [`WHOLE_CLAIM_SALT`], else 0 (lowest ids on every try).
-#[inline(always)]
-fn whole_claim_salt() -> u32 {
-    if WHOLE_CLAIM_SALT { spread_salt(0) } else { 0 }
-}
+/// How the slice classes whose block fills a segment retry a lost race
+/// for the segment tree's word (`GPUMALLOC_WHOLE_CLAIM_SALT`): 2, the
+/// default, aims zero to three claims' width above the word's lowest ids
+/// by [`spread_salt`] (`VebTree::claim_low_many_near`); 1 anywhere in the
+/// word (`VebTree::claim_low_many`); 0 at the lowest ids again, as before
+/// 2026-11-24. Their installs claim whole segments from the tree's lowest
+/// word, and with every loser aiming at the same lowest ids a burst of
+/// claimers took one round trip per winner. On the H100 (four processes
+/// per build, interleaved): near, mixed 16–4096 B −19%, 2 / 4 / 8 / 16 KiB
+/// −9 / −13 / −12 / −15%, spans as lowest-first within the runs' spread
+/// (mixed 2.01–2.09 against 1.98–2.08, four runs each); anywhere, as fast
+/// but the mixed span 2.01–2.22. The block class of one segment keeps the
+/// lowest ids (spread anywhere it was 17% slower: its leaders claim up to
+/// 32 ids at once) (`docs/PERF.md`, "Whole-segment claims spread").
+pub(crate) const WHOLE_CLAIM_SALT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_CLAIM_SALT"), 2);
+const _: () = assert!(
+    WHOLE_CLAIM_SALT <= 2,
+    "GPUMALLOC_WHOLE_CLAIM_SALT is 0, 1 or 2"
+);
 
 /// Spreads salts for `VebTree::pick` over `u32` (2^32 / the golden ratio).
 const SPREAD_HASH: u32 = 0x9e37_79b9;
@@ -1238,9 +1236,12 @@ impl Heap {
     #[inline(never)]
     pub(crate) fn claim_whole_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u64)> {
         debug_assert!(class.is_slice() && class.blocks_per_segment(self.segment_shift) == 1);
-        let (first, taken) = self
-            .segment_tree()
-            .claim_low_many(want, whole_claim_salt())?;
+        let tree = self.segment_tree();
+        let (first, taken) = match WHOLE_CLAIM_SALT {
+            0 => tree.claim_lowest_many(want),
+            1 => tree.claim_low_many(want, spread_salt(0)),
+            _ => tree.claim_low_many_near(want, spread_salt(0)),
+        }?;
         let mut rest = taken;
         while rest != 0 {
             self.format_claimed(first + rest.trailing_zeros(), class, 1);

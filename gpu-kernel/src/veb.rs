@@ -146,6 +146,24 @@ fn skip_by_salt(mut x: u64, salt: u32) -> u64 {
     x
 }
 
+/// `x` (not 0) without its lowest `(salt >> 30) * count` set bits: a
+/// retry aimed zero to three claims' width above the lowest ids, or at the
+/// lowest if that would leave none.
+#[inline(always)]
+fn skip_claims(x: u64, count: u32, salt: u32) -> u64 {
+    let rest = skip_lowest(x, (salt >> 30) * count);
+    if rest == 0 { x } else { rest }
+}
+
+/// `x` without its lowest `n` set bits.
+#[inline(always)]
+fn skip_lowest(mut x: u64, n: u32) -> u64 {
+    for _ in 0..n {
+        x &= x.wrapping_sub(1);
+    }
+    x
+}
+
 impl<'a> VebTree<'a> {
     /// A view of `words` (at least `shape.words` long) as a tree.
     #[inline(always)]
@@ -362,13 +380,35 @@ impl<'a> VebTree<'a> {
     /// Salt 0 is `claim_lowest_many`.
     #[inline]
     pub fn claim_low_many(&self, count: u32, salt: u32) -> Option<(u32, u64)> {
+        self.claim_low_many_aiming(count, salt, false)
+    }
+
+    /// [`VebTree::claim_low_many`] whose lost race aims zero to three
+    /// claims' width (`count` ids each, by the salt's top two bits) above
+    /// the word's lowest ids, not anywhere in the word: a burst's claimers
+    /// still spread, and the holes they leave lie where the next first
+    /// tries (lowest ids) fill them.
+    #[inline]
+    pub fn claim_low_many_near(&self, count: u32, salt: u32) -> Option<(u32, u64)> {
+        self.claim_low_many_aiming(count, salt, true)
+    }
+
+    #[inline(always)]
+    fn claim_low_many_aiming(&self, count: u32, salt: u32, near: bool) -> Option<(u32, u64)> {
         loop {
             let (id, mut seen) = self.successor_with_leaf(0)?;
             let index = id >> 6;
             let word = self.word(0, index);
             let mut lost = false;
             loop {
-                let aim = lowest_bits(if lost { skip_by_salt(seen, salt) } else { seen }, count);
+                let spread = if !lost {
+                    seen
+                } else if near {
+                    skip_claims(seen, count, salt)
+                } else {
+                    skip_by_salt(seen, salt)
+                };
+                let aim = lowest_bits(spread, count);
                 if aim == 0 {
                     // The word ran empty: search the tree again.
                     break;
@@ -600,6 +640,18 @@ mod tests {
         // The emptied words' hints were cleared: an insert is found again.
         t.insert(100);
         assert_eq!(t.claim_lowest(), Some(100));
+    }
+
+    /// A near retry skips 0 to 3 claims' width of the lowest ids by the
+    /// salt's top bits, and falls back to the lowest when that leaves none.
+    #[test]
+    fn skip_claims_stays_near_the_lowest_ids() {
+        let all = u64::MAX;
+        assert_eq!(skip_claims(all, 4, 0), all);
+        assert_eq!(skip_claims(all, 4, 1 << 30), all << 4);
+        assert_eq!(skip_claims(all, 4, 3 << 30), all << 12);
+        assert_eq!(skip_claims(0b1011, 2, 3 << 30), 0b1011, "none left");
+        assert_eq!(skip_claims(0b1011_0000, 1, 2 << 30), 0b1000_0000);
     }
 
     /// `pick_wide` chooses the leaf word by its salt among the non-empty
