@@ -744,13 +744,26 @@ mod tests {
 
     #[test]
     fn salted_claims_take_each_id_once() {
+        salted_threads_take_each_id_once(|t, count, salt| t.claim_low_many(count, salt));
+    }
+
+    /// The same for retries aimed near the lowest ids: four threads whose
+    /// salts' top bits differ (skips of 0 to 3 claims' width).
+    #[test]
+    fn near_claims_take_each_id_once() {
+        salted_threads_take_each_id_once(|t, count, salt| t.claim_low_many_near(count, salt));
+    }
+
+    /// Four threads claim 1 or 2 ids at a time with their own salts until
+    /// the tree is empty: every id is taken exactly once.
+    fn salted_threads_take_each_id_once(claim: fn(&VebTree<'_>, u32, u32) -> Option<(u32, u64)>) {
         let shape = TreeShape::new(1000);
         let mut image = std::vec![0u64; shape.words as usize];
         shape.full_image(&mut image);
         let w: Vec<Word> = image.iter().map(|&v| Word::new(v)).collect();
         let t = VebTree::new(&w, &shape);
         // Without a race the salt changes nothing: the lowest ids first.
-        assert_eq!(t.claim_low_many(3, 0x8000_0000), Some((0, 0b111)));
+        assert_eq!(claim(&t, 3, 0x8000_0000), Some((0, 0b111)));
         let taken: Vec<Vec<u32>> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..4u32)
                 .map(|k| {
@@ -759,7 +772,7 @@ mod tests {
                         crate::arch::preempt_every(2);
                         let salt = k.wrapping_mul(0x9e37_79b9);
                         let mut mine = Vec::new();
-                        while let Some((first, mut ids)) = t.claim_low_many(1 + k % 2, salt) {
+                        while let Some((first, mut ids)) = claim(t, 1 + k % 2, salt) {
                             while ids != 0 {
                                 mine.push(first + ids.trailing_zeros());
                                 ids &= ids - 1;
