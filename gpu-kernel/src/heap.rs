@@ -610,7 +610,7 @@ impl Heap {
                 }
             }
             let first = arch::shfl_u32(team, first, leader);
-            let mut taken = arch::shfl_u64(team, taken, leader);
+            let taken = arch::shfl_u64(team, taken, leader);
             if taken == 0 {
                 return None;
             }
@@ -618,10 +618,7 @@ impl Heap {
             // a member of rank below the count to format and take it.
             if rank < taken.count_ones() {
                 // The segment of the `rank`-th set bit.
-                for _ in 0..rank {
-                    taken &= taken - 1;
-                }
-                let segment = first + taken.trailing_zeros();
+                let segment = first + crate::veb::skip_lowest(taken, rank).trailing_zeros();
                 self.format_claimed(segment, class, 1);
                 let block = BlockId::whole_segment(segment);
                 if self.checked() {

@@ -155,9 +155,9 @@ fn skip_claims(x: u64, count: u32, salt: u32) -> u64 {
     if rest == 0 { x } else { rest }
 }
 
-/// `x` without its lowest `n` set bits.
+/// `x` without its lowest `n` set bits (0 if it has no more than `n`).
 #[inline(always)]
-fn skip_lowest(mut x: u64, n: u32) -> u64 {
+pub(crate) fn skip_lowest(mut x: u64, n: u32) -> u64 {
     for _ in 0..n {
         x &= x.wrapping_sub(1);
     }
