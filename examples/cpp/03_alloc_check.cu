@@ -8,7 +8,8 @@
 // thread would hold that thread's pattern) and frees it with gallatin_free.
 // Before anything, it checks that the linked device code was built over
 // the library's heap layout (gm_check_device_layout). The heap's statistics
-// must show every allocation live between the two kernels and none after. Prints one line ending in PASS or FAIL (exit 1).
+// must show every allocation live between the two kernels and none after.
+// Prints one line ending in PASS or FAIL (exit 1).
 //
 // Build (scripts/build-cpp-example.sh runs this; device_c_abi.ptx and
 // libgpumalloc_c.so come from scripts/stage-gpu.sh into .gpu/):
