@@ -1,9 +1,10 @@
 //! Size classes: which class serves a request, and the geometry of each.
 //!
 //! - Classes `0..SLICE_CLASSES` are *slice classes*: slices of 16 B … 16 KiB;
-//!   a block holds [`SLICES_PER_BLOCK`] slices, or as many as fit in one
-//!   segment if fewer (16 KiB slices: 128 per 2 MiB segment, 1024 per
-//!   16 MiB), so a block is 64 KiB … one segment.
+//!   a block holds [`SLICES_PER_BLOCK`] slices in the wide classes
+//!   (16 B … 128 B, [`WIDE_BLOCK_MAX_UNIT_SHIFT`]) and 4096 in the others,
+//!   or as many as fit in one segment if fewer (16 KiB slices: 128 per
+//!   2 MiB segment, 1024 per 16 MiB), so a block is 128 KiB … one segment.
 //! - The following classes are *block classes*: one allocation is one whole
 //!   block of 32 KiB … one segment, for requests above 16 KiB.
 //! - Requests above a segment take several contiguous segments.
@@ -96,8 +97,9 @@ pub const STANDARD_SLICES_SHIFT: u32 = 12;
 /// at build time; [`MAX_SLICE_SHIFT`] makes every class wide.
 pub const WIDE_BLOCK_MAX_UNIT_SHIFT: u32 =
     build_knob(option_env!("GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT"), 7);
-/// The most slices in a block (classes whose 4096 slices would not fit in a
-/// segment have fewer: [`SizeClass::slices_per_block`]).
+/// The most slices in a block (the wide classes'; the others have 4096,
+/// and classes whose blocks would not fit in a segment fewer:
+/// [`SizeClass::slices_per_block`]).
 pub const SLICES_PER_BLOCK: u64 = 1 << SLICES_PER_BLOCK_SHIFT;
 /// log2 of the smallest slice (16 B).
 pub const MIN_SLICE_SHIFT: u32 = 4;
