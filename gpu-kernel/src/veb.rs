@@ -139,11 +139,8 @@ const WITHIN_WORD_HASH: u32 = 0x85eb_ca6b;
 /// fraction `salt / 2^32` of them, scaled by the salt's high bits (no
 /// division); none for salt 0, never all.
 #[inline(always)]
-fn skip_by_salt(mut x: u64, salt: u32) -> u64 {
-    for _ in 0..(salt as u64 * x.count_ones() as u64) >> 32 {
-        x &= x - 1;
-    }
-    x
+fn skip_by_salt(x: u64, salt: u32) -> u64 {
+    skip_lowest(x, ((salt as u64 * x.count_ones() as u64) >> 32) as u32)
 }
 
 /// `x` (not 0) without its lowest `(salt >> 30) * count` set bits: a
