@@ -16,6 +16,10 @@ echo "== clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== tests (CPU; GPU tests skip without a GPU)"
 cargo test --workspace --release
+echo "== device-side allocator's unit tests with overflow checks (debug)"
+# The release run above wraps integer overflow silently; the allocator's
+# index and shift arithmetic is checked here too.
+cargo test -p gpu-kernel --lib
 echo "== Python tests (those needing torch or a GPU say why they skip)"
 python3 -m pytest -q -rs python/tests
 echo "== loom model checks"

@@ -39,6 +39,7 @@ use crate::arch::{self, Word};
 use crate::block::{self, BlockBitmap, CHECK_WORDS_PER_BLOCK, CheckedFree};
 use crate::class::{
     CLASSES, MIN_SLICE_SHIFT, Request, SLICES_PER_BLOCK_SHIFT, SizeClass, bitmap_words_per_segment,
+    classes,
 };
 use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
 use crate::segment::{Grab, Previous, Reservation, Return, SegmentState, SegmentTable};
@@ -1156,7 +1157,9 @@ impl Heap {
     #[inline(never)]
     pub fn retire_idle_segments(&self) {
         let table = self.table();
-        for class in (0..CLASSES).filter_map(SizeClass::new) {
+        // Only the classes this heap's segments hold: a block class larger
+        // than a segment has no blocks per segment to count.
+        for class in (0..classes(self.segment_shift)).filter_map(SizeClass::new) {
             let tree = self.class_tree(class);
             let total = class.blocks_per_segment(self.segment_shift);
             let mut from = 0;
