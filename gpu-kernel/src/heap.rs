@@ -1183,12 +1183,28 @@ impl Heap {
         // Salted: a burst of whole-segment claims (512 KiB … 8 MiB blocks
         // at 16 MiB segments, one segment per warp) spreads its retries
         // over the lowest tree word instead of taking one id per round trip.
-        // Not for slice classes: their segments stay the lowest free ones,
-        // which keeps the span of small allocations tight (H100, `bench
-        // frag`: 1 KiB slices spanned 1.42–1.49× what was asked with the
-        // salt, 1.09 without).
-        let salt = if class.is_slice() { 0 } else { spread_salt(0) };
-        let Some((first, taken)) = self.segment_tree().claim_low_many(1, salt) else {
+        // Slice classes keep their segments low, which keeps the span of
+        // small allocations tight (H100, `bench frag`: 1 KiB slices spanned
+        // 1.42–1.49× what was asked with the salt, 1.09 without):
+        // - a slice class whose claim takes the whole segment (512 B and
+        //   1 KiB at 8 MiB segments) retries a lost race near the lowest
+        //   ids (`claim_low_many_near`): no free block of the segment is
+        //   left behind, and the holes a retry leaves are a few segments
+        //   wide, where the next first tries land. H100, against the
+        //   lowest ids: 512 B −13%, 1 KiB −12%, mixed −5%, spans unchanged
+        //   (`docs/PERF.md`, "Near retries for whole-claim slice formats");
+        // - the others aim at the lowest ids again: their segments keep
+        //   free blocks in the class tree, and near retries there widened
+        //   the 256 B span to 1.53–1.63 (the same section's `snear`).
+        let tree = self.segment_tree();
+        let claimed = if !class.is_slice() {
+            tree.claim_low_many(1, spread_salt(0))
+        } else if class.blocks_per_segment(self.segment_shift) <= want {
+            tree.claim_low_many_near(1, spread_salt(0))
+        } else {
+            tree.claim_low_many(1, 0)
+        };
+        let Some((first, taken)) = claimed else {
             return Claim(0);
         };
         let segment = first + taken.trailing_zeros();
@@ -1242,11 +1258,20 @@ impl Heap {
             1 => tree.claim_low_many(want, spread_salt(0)),
             _ => tree.claim_low_many_near(want, spread_salt(0)),
         }?;
+        // Each segment's bitmap and counter first, then one fence for all
+        // of them (`publish_active_many`): the installer's team waits for
+        // this claim, and a fence per segment cost a round trip each. H100,
+        // kernel alone: 2 / 4 / 8 / 16 KiB −9 / −11 / −9 / −10%, mixed
+        // −4% (`docs/PERF.md`, "One fence per whole-segment claim").
         let mut rest = taken;
         while rest != 0 {
-            self.format_claimed(first + rest.trailing_zeros(), class, 1);
+            let segment = first + rest.trailing_zeros();
+            self.bitmap(segment).format(1, 1);
+            self.restart_counters_where_cheap(segment, 1);
             rest &= rest - 1;
         }
+        self.table()
+            .publish_active_many(first, taken, class, 0, u32::MAX, 0);
         Some((first, taken))
     }
 
