@@ -842,8 +842,22 @@ impl Heap {
                         arch::fetch_add_acq_rel(lock, FORMAT_HELD.wrapping_neg());
                         continue;
                     }
+                    // A slice class's batch covers at least one claim
+                    // of every slot: a burst's claimers arrive over a few
+                    // microseconds, and the first holders, reading the
+                    // demand of a few, formatted one segment each time
+                    // while the rest queued on the lock again. H100,
+                    // kernel alone: 64 B −11%, 32 B −6%, spans within
+                    // 0.05 (`docs/PERF.md`, "A floor under the locked
+                    // format's batch").
+                    let floor = if slice {
+                        (self.slots_for(class) * want).div_ceil(blocks) as u64
+                    } else {
+                        1
+                    };
                     let segments = (held >> DEMAND_SHIFT)
                         .div_ceil(blocks as u64)
+                        .max(floor)
                         .clamp(1, MAX_FORMAT_BATCH as u64)
                         as u32;
                     if team_format && !slice {
