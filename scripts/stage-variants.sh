@@ -80,7 +80,8 @@
 #                  segment without the class's lock when they take 1/8
 #                  (f3) or 1/32 (f5) of its blocks (the default is 1/4):
 #                  the wide 64 B (f3) and 16-64 B (f5) classes' claims of two
-#                  blocks then format unlocked
+#                  blocks then format unlocked (f3 on the H100, 2026-11-24:
+#                  64 B -24%, but its span 3.9 and mixed +14%; not kept)
 #   ws4            the whole-segment classes' slot share doubled
 #                  (GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4): 32 slots for 2 KiB
 #                  and up on the bench heap, on every heap size
