@@ -85,9 +85,14 @@ const DEMAND_SHIFT: u32 = 1;
 /// word (64), every one of these classes took 16 holds of the lock in a
 /// row, each a lock hand-off, a format and a drain of the batch by its
 /// claimers (`docs/PERF.md`, "Block-class batches beyond one tree word").
-/// The batch is still sized by the demand in flight, so under light load
-/// it is one segment. Slice classes (which also restart a counter per
-/// block) want one segment at a time.
+/// The batch is sized by the demand in flight, so under light load a block
+/// class formats one segment. A slice class formats at least one claim for
+/// every slot of it (on the bench heap 64 B: four segments, 32 B: two,
+/// 16 B: one), since a burst's first claimers arrive over a few
+/// microseconds and batches sized by the first few left the rest queued on
+/// the lock (`docs/PERF.md`, "A floor under the locked format's batch");
+/// what a burst does not use stays formatted for the class until
+/// `Heap::retire_idle_segments` gives it back.
 const MAX_FORMAT_BATCH: u32 = 512;
 /// A class's out-of-tree word (`Heap::out_of_tree`): its low 32 bits count
 /// the windows open now (drops between their remove and their re-insert
