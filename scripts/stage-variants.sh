@@ -82,6 +82,11 @@
 #                  the wide 64 B (f3) and 16-64 B (f5) classes' claims of two
 #                  blocks then format unlocked (f3 on the H100, 2026-11-24:
 #                  64 B -24%, but its span 3.9 and mixed +14%; not kept)
+#   f0, f1         the other way: on heaps of 16 GiB and more, only claims
+#                  that take a whole segment (f0) or half of one (f1)
+#                  format without the lock, so 128 B (f1) and 128-256 B
+#                  (f0) format locked batches, which cover a claim of
+#                  every slot since the tenth session
 #   ws4            the whole-segment classes' slot share doubled
 #                  (GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4): 32 slots for 2 KiB
 #                  and up on the bench heap, on every heap size
@@ -205,6 +210,8 @@ settings() {
     spb13-sp1-w4) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_SPARES=1 GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
     spb13-w4) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
     spb14-sp1-w4) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=14 GPUMALLOC_SPARES=1 GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
+    f0) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=0" ;;
+    f1) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=1" ;;
     f3) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=3" ;;
     f5) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=5" ;;
     ws4) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
