@@ -1040,10 +1040,7 @@ impl Heap {
             while rest != 0 {
                 let segment = first + rest.trailing_zeros();
                 let mine = if segment == own { taken } else { 0 };
-                self.bitmap(segment).format(blocks, mine);
-                if class.is_slice() {
-                    self.restart_counters_where_cheap(segment, blocks);
-                }
+                self.write_format(segment, class, blocks, mine);
                 rest &= rest - 1;
             }
             self.table()
@@ -1247,13 +1244,22 @@ impl Heap {
     #[inline]
     fn format_claimed(&self, segment: u32, class: SizeClass, taken: u32) -> u32 {
         let blocks = class.blocks_per_segment(self.segment_shift);
+        self.write_format(segment, class, blocks, taken);
+        let free = blocks - taken;
+        self.table().publish_active(segment, class, free);
+        free
+    }
+
+    /// Writes a claimed segment's format for `class` (`blocks` per segment,
+    /// the first `taken` taken): its bitmap and, for a slice class, its
+    /// counters. Not yet published: the caller's fence and state store
+    /// (`publish_active` or `publish_active_many`) release it.
+    #[inline(always)]
+    fn write_format(&self, segment: u32, class: SizeClass, blocks: u32, taken: u32) {
         self.bitmap(segment).format(blocks, taken);
         if class.is_slice() {
             self.restart_counters_where_cheap(segment, blocks);
         }
-        let free = blocks - taken;
-        self.table().publish_active(segment, class, free);
-        free
     }
 
     /// Claims up to `want` (1..=64) free segments for a slice class whose
@@ -1285,8 +1291,7 @@ impl Heap {
         let mut rest = taken;
         while rest != 0 {
             let segment = first + rest.trailing_zeros();
-            self.bitmap(segment).format(1, 1);
-            self.restart_counters_where_cheap(segment, 1);
+            self.write_format(segment, class, 1, 1);
             rest &= rest - 1;
         }
         self.table()

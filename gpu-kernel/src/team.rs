@@ -153,7 +153,7 @@ fn whole_segment_classes(segment_shift: u32) -> u32 {
     // segment size.
     let wide_from = segment_shift - SLICES_PER_BLOCK_SHIFT;
     if WIDE_BLOCK_MAX_UNIT_SHIFT >= MAX_SLICE_SHIFT {
-        // Every class wide (the default): one range, the PTX of before.
+        // Every class wide (`MAX_SLICE_SHIFT` as the cut): one range.
         return MAX_SLICE_SHIFT + 1 - wide_from;
     }
     let cut = WIDE_BLOCK_MAX_UNIT_SHIFT;
