@@ -150,6 +150,11 @@
 #   sp5            five spare blocks per slot (GPUMALLOC_SPARES=5)
 #   slots64        64 slots per slice class where the budget allows
 #                  (GPUMALLOC_SLOTS=64; 32 is the default)
+#   cf0, cf1, cf2  counted formats (GPUMALLOC_COUNTED_FORMAT): none, the
+#                  rules before 2026-11-24's eleventh session (=0); the
+#                  slice classes that formatted unlocked (=1); every slice
+#                  class whose claim takes less than a segment (=2, the
+#                  default)
 #   bo2            waiters sleep at most 128 ns instead of 512
 #                  (GPUMALLOC_BACKOFF_MAX_DOUBLINGS=2)
 #   iclock         counts installs and team waits in SM cycles
@@ -215,6 +220,9 @@ settings() {
     f3) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=3" ;;
     f5) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=5" ;;
     ws4) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
+    cf0) echo "GPUMALLOC_COUNTED_FORMAT=0" ;;
+    cf1) echo "GPUMALLOC_COUNTED_FORMAT=1" ;;
+    cf2) echo "GPUMALLOC_COUNTED_FORMAT=2" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;
     wlow) echo "GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;
     wnear) echo "GPUMALLOC_WHOLE_CLAIM_SALT=2" ;;

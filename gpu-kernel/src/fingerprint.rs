@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 21] = [
+pub const SETTINGS: [&str; 22] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -55,10 +55,11 @@ pub const SETTINGS: [&str; 21] = [
     "GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT",
     "GPUMALLOC_WIDE_SPARES",
     "GPUMALLOC_WHOLE_CLAIM_SALT",
+    "GPUMALLOC_COUNTED_FORMAT",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 21] = [
+const SETTING_VALUES: [Option<&str>; 22] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -80,6 +81,7 @@ const SETTING_VALUES: [Option<&str>; 21] = [
     option_env!("GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT"),
     option_env!("GPUMALLOC_WIDE_SPARES"),
     option_env!("GPUMALLOC_WHOLE_CLAIM_SALT"),
+    option_env!("GPUMALLOC_COUNTED_FORMAT"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -45,8 +45,11 @@ use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
 use crate::segment::{Grab, Previous, Reservation, Return, SegmentState, SegmentTable};
 use crate::veb::VebTree;
 
-/// A slot installer that takes at least 1 / 2^this of a new segment's blocks
-/// formats it without the class's format lock (1 unless
+/// With `COUNTED_FORMAT=0` (since the eleventh session of 2026-11-24 the
+/// default formats every such slice class counted, and this and
+/// `LARGE_HEAP_UNLOCKED_FORMAT_SHIFT` only choose what `COUNTED_FORMAT=1`
+/// counts): a slot installer that takes at least 1 / 2^this of a new
+/// segment's blocks formats it without the class's format lock (1 unless
 /// `GPUMALLOC_UNLOCKED_FORMAT_SHIFT` is set at build time). Installers of a
 /// class are at most one per slot, so a herd leaves at most a segment per
 /// slot in the class tree, and the next claims of the class use it before
@@ -77,6 +80,13 @@ const LARGE_HEAP_UNLOCKED_FORMAT_SHIFT: u32 =
 /// should fill.
 const FORMAT_HELD: u64 = 1;
 const DEMAND_SHIFT: u32 = 1;
+/// The formats in flight of a class that formats counted
+/// ([`COUNTED_FORMAT`]): the lock word's bits from here up. The demand
+/// below them stays far under 2^47 blocks (claimers in flight × at most
+/// 64 blocks each).
+const FORMATS_SHIFT: u32 = 48;
+const FORMAT_ONE: u64 = 1 << FORMATS_SHIFT;
+const DEMAND_MASK: u64 = FORMAT_ONE - 1;
 /// Most segments one hold of a format lock formats: eight segment-tree
 /// words (`VebTree::claim_low_many`, one word per RMW). The bench's block
 /// classes at 8 MiB segments want 1,024 segments for half the 16 GiB heap,
@@ -86,7 +96,8 @@ const DEMAND_SHIFT: u32 = 1;
 /// row, each a lock hand-off, a format and a drain of the batch by its
 /// claimers (`docs/PERF.md`, "Block-class batches beyond one tree word").
 /// The batch is sized by the demand in flight, so under light load a block
-/// class formats one segment. A slice class formats at least one claim for
+/// class formats one segment. A slice class that formats locked
+/// (`COUNTED_FORMAT=0` or `1`) formats at least one claim for
 /// every slot of it (on the bench heap 64 B: four segments, 32 B: two,
 /// 16 B: one), since a burst's first claimers arrive over a few
 /// microseconds and batches sized by the first few left the rest queued on
@@ -173,6 +184,28 @@ const _: () = assert!(
     WHOLE_CLAIM_SALT <= 2,
     "GPUMALLOC_WHOLE_CLAIM_SALT is 0, 1 or 2"
 );
+
+/// Which slice classes format *counted* (`GPUMALLOC_COUNTED_FORMAT`): a
+/// claimer that finds the class tree empty formats a segment without the
+/// lock only while the formats in flight cannot fill the demand in flight
+/// (both counted in the format lock's word), and otherwise waits for
+/// their blocks ([`Heap::counted_format_due`]). 2 (the default): every slice
+/// class whose claim takes less than its segment; 1: only those that
+/// formatted unlocked before (a slot's claim takes 1 /
+/// 2^`unlocked_format_shift` of a segment or more); 0: none, the rules
+/// before 2026-11-24's eleventh session (the others format locked
+/// batches). Why: unlocked, each of a burst's first installers formatted
+/// a segment of its own (32 per class on the bench heap) for a demand of
+/// a few blocks, which mixed sizes left idle; locked, one thread formatted
+/// the burst's batch while every slot's first claim waited. H100, kernel
+/// alone, against 0: mixed 16–4096 B −10 … −13% with its idle blocks
+/// 0.156 → 0.02 of what was asked, 16 / 32 / 64 B −5 … −10%, but 128 B
+/// +20% and 256 B +8 … +11% alone (their bursts now format in waves
+/// sized by the demand in flight instead of 32 segments at once); the
+/// 128 B span 2.2–2.4 → 1.42 (`docs/PERF.md`, "Counted formats").
+pub(crate) const COUNTED_FORMAT: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_COUNTED_FORMAT"), 2);
+const _: () = assert!(COUNTED_FORMAT < 3, "GPUMALLOC_COUNTED_FORMAT is 0, 1 or 2");
 
 /// Spreads salts for `VebTree::pick` over `u32` (2^32 / the golden ratio).
 const SPREAD_HASH: u32 = 0x9e37_79b9;
@@ -651,14 +684,17 @@ impl Heap {
     /// way: a burst's claimers spread over the segments of a batch instead
     /// of queueing on one state word.
     ///
-    /// Formatting is serialised per class (unless the caller takes the whole
-    /// segment, or a slot installer half of it): when the class tree runs
-    /// empty, every waiting thread would otherwise format a segment of its
-    /// own and scatter the class over many barely used segments. Instead
-    /// each claimer counts its `want` in the format lock's word while it is
-    /// here, and the lock's holder, finding the class tree empty, formats
-    /// as many segments as that demand fills ([`Heap::format_batch`]): one
-    /// under light load, up to eight tree words' worth (512) in a burst.
+    /// Formatting is bounded by the demand in flight (unless the caller
+    /// takes the whole segment): when the class tree runs empty, every
+    /// waiting thread would otherwise format a segment of its own and
+    /// scatter the class over many barely used segments. Instead each
+    /// claimer counts its `want` in the format lock's word while it is
+    /// here. For a block class (and a slice class with `COUNTED_FORMAT=0`)
+    /// the lock's holder, finding the class tree empty, formats as many
+    /// segments as that demand fills ([`Heap::format_batch`]): one under
+    /// light load, up to eight tree words' worth (512) in a burst. A slice
+    /// class's claimers format one segment each, in parallel, while the
+    /// formats in flight fall short of the demand ([`Heap::counted_format_due`]).
     #[inline(always)]
     pub(crate) fn claim_blocks(&self, class: SizeClass, want: u32) -> Claim {
         self.claim_blocks_for(class, want, false)
@@ -710,13 +746,23 @@ impl Heap {
         let table = self.table();
         let lock = self.format_lock(class);
         let blocks = class.blocks_per_segment(self.segment_shift);
-        // The caller takes the whole segment: nothing to scatter. Or a slot
-        // installer takes a quarter of it or more (see
-        // `UNLOCKED_FORMAT_SHIFT`): a herd leaves at most one segment per
-        // slot in the class tree, which the next claims use. The lock would
-        // instead serialise a format for every few claims (64 B at 2 MiB
-        // segments: 8 blocks, claims of 4; 128 B at 8 MiB: 16 blocks).
-        let unlocked = blocks <= want || (slice && blocks <= want << self.unlocked_format_shift());
+        // The caller takes the whole segment: nothing to scatter. Or, with
+        // `COUNTED_FORMAT=0`, a slot installer takes a quarter of it or
+        // more (see `UNLOCKED_FORMAT_SHIFT`): a herd leaves at most one
+        // segment per slot in the class tree, which the next claims use.
+        let whole = blocks <= want;
+        let unlocked = whole || (slice && blocks <= want << self.unlocked_format_shift());
+        // Counted formats (`COUNTED_FORMAT`): the claimer's demand is
+        // counted as under the lock, but formats run in parallel, as many
+        // as the demand in flight fills.
+        let counted = slice
+            && !whole
+            && match COUNTED_FORMAT {
+                0 => false,
+                1 => unlocked,
+                _ => true,
+            };
+        let unlocked = unlocked && !counted;
         // Counted from entry, not from finding the tree empty: a format
         // runs only when the class tree is empty, and then every claimer in
         // flight needs blocks from it, including those that were about to
@@ -832,6 +878,25 @@ impl Heap {
                     self.format_segment(class, want)
                 };
             }
+            if counted {
+                if self.counted_format_due(class, blocks) {
+                    let claim = if SPLIT_COLD {
+                        self.format_segment_apart(class, want)
+                    } else {
+                        self.format_segment(class, want)
+                    };
+                    // Release: the format's tree insert happens before the
+                    // decrement, so a waiter that reads it (acquire, in
+                    // `counted_format_due`) and picks again sees the
+                    // segment rather than formatting another. This
+                    // claimer's demand goes in the same RMW.
+                    arch::fetch_add_release(lock, (FORMAT_ONE + demand).wrapping_neg());
+                    return claim;
+                }
+                arch::backoff(round);
+                round += 1;
+                continue;
+            }
             // Test, then test-and-set: waiters read the word instead of
             // writing it while a format runs.
             if arch::load_relaxed(lock) & FORMAT_HELD == 0 {
@@ -885,6 +950,64 @@ impl Heap {
             arch::fetch_add_relaxed(lock, demand.wrapping_neg());
         }
         claim
+    }
+
+    /// A counted format's decision ([`COUNTED_FORMAT`]), for a claimer of
+    /// `class` (`blocks` per segment) that found the class tree empty with
+    /// its blocks counted in the lock word's demand: true if the formats in
+    /// flight, `blocks` each, fall short of the demand in flight, and then
+    /// one more is counted in flight for the caller, which formats a
+    /// segment and takes the count back with its demand; else false, and
+    /// the caller waits and picks again.
+    ///
+    /// The count only sizes how many formats run at once: any segment in
+    /// the class tree serves any claimer, so a stale count costs at most a
+    /// segment formatted beyond the demand (which `retire_idle_segments`
+    /// gives back if no claim used it) or a wait of one round. The wait
+    /// ends: formats never wait, and each ends by taking its count back.
+    ///
+    /// Inline, with the format called only once it is decided: a call the
+    /// claim loop goes on from holds the loop's state across it, which
+    /// took `heap_alloc` from 96 to 112 registers on sm_90 (ptxas
+    /// allocates the kernel over its callees).
+    #[inline(always)]
+    fn counted_format_due(&self, class: SizeClass, blocks: u32) -> bool {
+        let lock = self.format_lock(class);
+        let short = |word: u64| {
+            let covered = (word >> FORMATS_SHIFT) * u64::from(blocks);
+            covered < (word & DEMAND_MASK) >> DEMAND_SHIFT
+        };
+        // Test, then add: waiters read the word while formats cover them.
+        // Acquire: pairs with a finished format's release decrement, so
+        // the caller's next pick sees that format's segment.
+        if !short(arch::load_acquire(lock)) {
+            return false;
+        }
+        // Relaxed: the add only counts (nothing is published through it);
+        // its old value decides, so two claimers cannot both take the last
+        // format the demand needs.
+        if !short(arch::fetch_add_relaxed(lock, FORMAT_ONE)) {
+            arch::fetch_add_relaxed(lock, FORMAT_ONE.wrapping_neg());
+            return false;
+        }
+        true
+    }
+
+    /// For the loom models (`tests/loom.rs`), which reach the allocator
+    /// only through the public handle: a slot installer's claim of one
+    /// block of the slice class of `size` bytes, as (segment, block), or
+    /// `None` if the heap had none. The block stays taken.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn loom_claim_one_slice_block(&self, size: u64) -> Option<(u32, u32)> {
+        let Request::Class(class) = Request::for_size(size, self.segment_shift) else {
+            return None;
+        };
+        let claim = self.claim_blocks(class, 1);
+        (claim.count() != 0).then(|| {
+            let b = claim.take(self, class, 0);
+            (b.segment, b.block)
+        })
     }
 
     /// `UNLOCKED_FORMAT_SHIFT`, or `LARGE_HEAP_UNLOCKED_FORMAT_SHIFT` on a
@@ -1890,6 +2013,86 @@ mod tests {
     #[test]
     fn racing_claims_over_batches_of_several_words() {
         race_claims_until_empty(300, 200 * 64);
+    }
+
+    /// The smallest slice class: 16 blocks of 128 KiB (8,192 slices of
+    /// 16 B) per 2 MiB segment.
+    fn class_16() -> SizeClass {
+        match Request::for_size(16, MIN_SEGMENT_SHIFT) {
+            Request::Class(c) if c.is_slice() => c,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    /// A counted format runs only while the formats in flight fall short
+    /// of the demand in flight: one format in flight (16 blocks) covers a
+    /// demand of 16 and the claimer waits, leaving the word as it was; it
+    /// does not cover 40, and the claimer counts a format of its own in
+    /// flight. A claim with nothing in flight formats one segment, keeps
+    /// its blocks, leaves the rest in the class tree and takes its counts
+    /// back.
+    #[test]
+    fn a_counted_format_runs_only_while_the_demand_is_short() {
+        let (h, _words) = crate::layout::test_support::test_heap(4, 4);
+        let class = class_16();
+        let blocks = class.blocks_per_segment(MIN_SEGMENT_SHIFT);
+        assert_eq!(blocks, 16);
+        let lock = h.format_lock(class);
+        arch::fetch_add_relaxed(lock, FORMAT_ONE + (16 << DEMAND_SHIFT));
+        assert!(!h.counted_format_due(class, blocks));
+        assert_eq!(arch::load_relaxed(lock), FORMAT_ONE + (16 << DEMAND_SHIFT));
+
+        arch::fetch_add_relaxed(lock, 24 << DEMAND_SHIFT);
+        assert!(h.counted_format_due(class, blocks));
+        assert_eq!(
+            arch::load_relaxed(lock),
+            2 * FORMAT_ONE + (40 << DEMAND_SHIFT)
+        );
+        // Through a claim: the one format in flight above covers a claim
+        // of 2 alone, so with it taken back the claimer formats segment 0.
+        arch::fetch_add_relaxed(lock, (2 * FORMAT_ONE + (40 << DEMAND_SHIFT)).wrapping_neg());
+        if COUNTED_FORMAT == 2 {
+            let claim = h.claim_blocks(class, 2);
+            assert_eq!((claim.segment(), claim.count()), (0, 2));
+            assert_eq!(arch::load_relaxed(lock), 0);
+            assert_eq!(h.table().load(0), SegmentState::Active { class, free: 14 });
+            assert_eq!(h.class_tree(class).successor(0), Some(0));
+            assert_eq!(h.free_segments(), 3);
+        }
+    }
+
+    /// Eight threads claim 1–32 blocks of the smallest slice class (16
+    /// per segment, so every claim of 16 or more takes a segment whole and
+    /// the others format counted) on 16 segments until their first empty
+    /// claim: every block is handed out once, and the lock word ends with
+    /// no demand and no format counted.
+    #[test]
+    fn racing_slice_claims_hand_out_every_block_once() {
+        let segments = 16;
+        let (h, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
+        let class = class_16();
+        let h = &h;
+        let mut all: Vec<(u32, u32)> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..8u32)
+                .map(|t| {
+                    s.spawn(move || {
+                        arch::preempt_every(3);
+                        claim_until_empty(h, class, t)
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect()
+        });
+        all.sort_unstable();
+        let total = all.len();
+        all.dedup();
+        assert_eq!(all.len(), total, "a block handed out twice");
+        assert_eq!(total as u64, segments * 16);
+        assert_eq!(arch::load_relaxed(h.format_lock(class)), 0);
+        assert_eq!(h.free_segments(), 0);
     }
 
     /// Thread `t`'s claims of 1–32 blocks of `class` (a size that varies

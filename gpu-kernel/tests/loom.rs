@@ -722,6 +722,37 @@ fn a_batch_format_serves_the_waiting_claimers() {
     });
 }
 
+#[test]
+fn two_counted_formats_serve_two_claimers() {
+    model_long(|| {
+        // Two slot installers of the smallest slice class (16 blocks per
+        // segment) on two segments, each claiming one block with its
+        // demand counted: one formats a segment while the other, seeing
+        // that format in flight cover both demands, waits and picks from
+        // the class tree; or both format, if one read the word before the
+        // other's format was counted or after it was taken back. Either
+        // way each gets its own block, nobody waits forever, and the lock
+        // word ends with no demand and no format counted.
+        let tiny = Tiny::with_segments(2);
+        let class = match Request::for_size(16, SHIFT) {
+            Request::Class(c) if c.is_slice() => c,
+            r => panic!("{r:?}"),
+        };
+        let other = tiny.clone();
+        let t = thread::spawn(move || other.heap.loom_claim_one_slice_block(16));
+        let mine = tiny.heap.loom_claim_one_slice_block(16);
+        let theirs = t.join().unwrap();
+        assert!(
+            mine.is_some() && theirs.is_some() && mine != theirs,
+            "{mine:?} {theirs:?}"
+        );
+        assert_eq!(
+            gpu_kernel::arch::load_relaxed(format_lock_word(&tiny, class)),
+            0
+        );
+    });
+}
+
 /// The block class with two blocks per 2 MiB segment (1 MiB blocks).
 fn two_block_block_class() -> SizeClass {
     match Request::for_size(TWO_PER_SEGMENT, SHIFT) {
