@@ -87,6 +87,9 @@
 #                  format without the lock, so 128 B (f1) and 128-256 B
 #                  (f0) format locked batches, which cover a claim of
 #                  every slot since the tenth session
+#   b7             every slice class's slot budget doubled
+#                  (GPUMALLOC_SLOT_BUDGET_SHIFT=7; on the bench heap only
+#                  1 KiB moves, 16 -> 32 slots)
 #   ws4            the whole-segment classes' slot share doubled
 #                  (GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4): 32 slots for 2 KiB
 #                  and up on the bench heap, on every heap size
@@ -220,6 +223,7 @@ settings() {
     f3) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=3" ;;
     f5) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=5" ;;
     ws4) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
+    b7) echo "GPUMALLOC_SLOT_BUDGET_SHIFT=7" ;;
     cf0) echo "GPUMALLOC_COUNTED_FORMAT=0" ;;
     cf1) echo "GPUMALLOC_COUNTED_FORMAT=1" ;;
     cf2) echo "GPUMALLOC_COUNTED_FORMAT=2" ;;
