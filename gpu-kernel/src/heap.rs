@@ -2003,7 +2003,7 @@ mod tests {
     /// block, and the format lock ends free with no demand counted.
     #[test]
     fn racing_claims_hand_out_every_block_once() {
-        race_claims_until_empty(16, 0);
+        race_claims_until_empty(class_32k(), 16, 0);
     }
 
     /// As above, with a standing demand of 200 segments counted in the
@@ -2012,7 +2012,7 @@ mod tests {
     /// and still every block is handed out once.
     #[test]
     fn racing_claims_over_batches_of_several_words() {
-        race_claims_until_empty(300, 200 * 64);
+        race_claims_until_empty(class_32k(), 300, 200 * 64);
     }
 
     /// The smallest slice class: 16 blocks of 128 KiB (8,192 slices of
@@ -2068,31 +2068,7 @@ mod tests {
     /// no demand and no format counted.
     #[test]
     fn racing_slice_claims_hand_out_every_block_once() {
-        let segments = 16;
-        let (h, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
-        let class = class_16();
-        let h = &h;
-        let mut all: Vec<(u32, u32)> = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..8u32)
-                .map(|t| {
-                    s.spawn(move || {
-                        arch::preempt_every(3);
-                        claim_until_empty(h, class, t)
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .flat_map(|w| w.join().unwrap())
-                .collect()
-        });
-        all.sort_unstable();
-        let total = all.len();
-        all.dedup();
-        assert_eq!(all.len(), total, "a block handed out twice");
-        assert_eq!(total as u64, segments * 16);
-        assert_eq!(arch::load_relaxed(h.format_lock(class)), 0);
-        assert_eq!(h.free_segments(), 0);
+        race_claims_until_empty(class_16(), 16, 0);
     }
 
     /// Thread `t`'s claims of 1–32 blocks of `class` (a size that varies
@@ -2113,12 +2089,12 @@ mod tests {
         mine
     }
 
-    /// Eight threads claim blocks of the smallest block class on a heap
-    /// of `segments` 2 MiB segments until their first empty claim, with
-    /// `standing` blocks of demand counted in the format lock throughout.
-    fn race_claims_until_empty(segments: u64, standing: u64) {
+    /// Eight threads claim blocks of `class` on a heap of `segments`
+    /// 2 MiB segments until their first empty claim, with `standing`
+    /// blocks of demand counted in the format lock throughout.
+    fn race_claims_until_empty(class: SizeClass, segments: u64, standing: u64) {
         let (h, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
-        let class = class_32k();
+        let blocks = class.blocks_per_segment(MIN_SEGMENT_SHIFT) as u64;
         let h = &h;
         arch::fetch_add_relaxed(h.format_lock(class), standing << DEMAND_SHIFT);
         let mut all: Vec<(u32, u32)> = std::thread::scope(|s| {
@@ -2139,7 +2115,7 @@ mod tests {
         let total = all.len();
         all.dedup();
         assert_eq!(all.len(), total, "a block handed out twice");
-        assert_eq!(total as u64, segments * 64);
+        assert_eq!(total as u64, segments * blocks);
         assert_eq!(
             arch::load_relaxed(h.format_lock(class)),
             standing << DEMAND_SHIFT
