@@ -717,23 +717,26 @@ impl Heap {
                 self.claim_block_blocks(class, want, team_format)
             };
         }
-        self.claim_blocks_in(class, want, team_format, class.is_slice())
+        self.claim_blocks_in(class, want, team_format, class.is_slice(), true)
     }
 
     /// [`Heap::claim_blocks_for`] for a slice class (`SPLIT_COLD`).
     #[inline(never)]
     fn claim_slice_blocks(&self, class: SizeClass, want: u32) -> Claim {
-        self.claim_blocks_in(class, want, false, true)
+        self.claim_blocks_in(class, want, false, true, true)
     }
 
     /// [`Heap::claim_blocks_for`] for a block class (`SPLIT_COLD`).
     #[inline(never)]
     fn claim_block_blocks(&self, class: SizeClass, want: u32, team_format: bool) -> Claim {
-        self.claim_blocks_in(class, want, team_format, false)
+        self.claim_blocks_in(class, want, team_format, false, true)
     }
 
     /// The body of [`Heap::claim_blocks_for`]; `slice` is
-    /// `class.is_slice()`, a constant where a caller passes one.
+    /// `class.is_slice()`, a constant where a caller passes one. Without
+    /// `may_format` (a constant too) a claim that finds the class tree
+    /// empty answers nothing instead of formatting
+    /// ([`Heap::claim_after_formats`]).
     #[inline(always)]
     fn claim_blocks_in(
         &self,
@@ -741,6 +744,7 @@ impl Heap {
         want: u32,
         team_format: bool,
         slice: bool,
+        may_format: bool,
     ) -> Claim {
         let tree = self.class_tree(class);
         let table = self.table();
@@ -871,6 +875,9 @@ impl Heap {
                 }
                 continue;
             }
+            if !may_format {
+                break Claim(0);
+            }
             if unlocked {
                 break if SPLIT_COLD {
                     self.format_segment_apart(class, want)
@@ -891,6 +898,11 @@ impl Heap {
                     // segment rather than formatting another. This
                     // claimer's demand goes in the same RMW.
                     arch::fetch_add_release(lock, (FORMAT_ONE + demand).wrapping_neg());
+                    if claim.count() == 0 {
+                        // The segment tree is empty. A tail call: the loop
+                        // holds nothing across the format.
+                        return self.claim_after_formats(class, want);
+                    }
                     return claim;
                 }
                 arch::backoff(round);
@@ -950,6 +962,28 @@ impl Heap {
             arch::fetch_add_relaxed(lock, demand.wrapping_neg());
         }
         claim
+    }
+
+    /// A counted claim whose format found the segment tree empty: waits
+    /// until no format of `class` is in flight, then claims from the class
+    /// tree once more without formatting. So a claim answers null only if
+    /// the class tree was empty after every format in flight when its own
+    /// failed had inserted its segment (the locked path re-checks the tree
+    /// under the lock for the same reason). Bounded: formats never wait,
+    /// and one that finds the segment tree empty ends at once. Cold: only
+    /// an exhausted heap gets here.
+    #[inline(never)]
+    #[cold]
+    fn claim_after_formats(&self, class: SizeClass, want: u32) -> Claim {
+        let lock = self.format_lock(class);
+        let mut round = 0;
+        // Acquire: pairs with each format's release decrement, so the
+        // claim below sees the segments of every format counted before.
+        while arch::load_acquire(lock) >> FORMATS_SHIFT != 0 {
+            arch::backoff(round);
+            round = round.saturating_add(1);
+        }
+        self.claim_blocks_in(class, want, false, true, false)
     }
 
     /// A counted format's decision ([`COUNTED_FORMAT`]), for a claimer of
@@ -2059,6 +2093,42 @@ mod tests {
             assert_eq!(h.class_tree(class).successor(0), Some(0));
             assert_eq!(h.free_segments(), 3);
         }
+    }
+
+    /// A counted claimer whose own format finds the segment tree empty
+    /// answers null only once no format is in flight: here another
+    /// claimer's format (counted by hand, with its demand) is in flight
+    /// when the segment tree runs out, and its segment, published while
+    /// the first claimer waits, serves it.
+    #[test]
+    fn a_counted_claim_waits_for_the_formats_in_flight_before_a_null() {
+        if COUNTED_FORMAT != 2 {
+            return;
+        }
+        let (h, _words) = crate::layout::test_support::test_heap(2, 2);
+        let class = class_16();
+        let lock = h.format_lock(class);
+        // The other claimer: segment 0 claimed for its format, 100 blocks
+        // of demand (so this claimer's format is due too), one format in
+        // flight.
+        let (first, ids) = h.segment_tree().claim_low_many(1, 0).unwrap();
+        let segment = first + ids.trailing_zeros();
+        arch::fetch_add_relaxed(lock, FORMAT_ONE + (100 << DEMAND_SHIFT));
+        // Segment 1 taken by someone else: the tree is empty.
+        assert!(h.segment_tree().claim_low_many(1, 0).is_some());
+        let h = &h;
+        let claim = std::thread::scope(|s| {
+            let claimer = s.spawn(move || h.claim_blocks(class, 2));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            // The other format completes: published, in the class tree,
+            // its counts taken back.
+            h.format_claimed(segment, class, 0);
+            h.class_tree(class).insert(segment);
+            arch::fetch_add_release(lock, (FORMAT_ONE + (100 << DEMAND_SHIFT)).wrapping_neg());
+            claimer.join().unwrap()
+        });
+        assert_eq!((claim.segment(), claim.count()), (segment, 2));
+        assert_eq!(arch::load_relaxed(lock), 0);
     }
 
     /// Eight threads claim 1–32 blocks of the smallest slice class (16
