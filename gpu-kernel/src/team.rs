@@ -94,8 +94,10 @@ pub struct HeapRules {
     /// Spare blocks an install claims per slice class (0 or
     /// `SPARES_PER_SLOT`).
     pub spares: [u32; SLICE_CLASSES as usize],
-    /// A slot installer that takes 1 / 2^this of a new segment's blocks
-    /// formats it without the class's format lock (`heap.rs`).
+    /// With `GPUMALLOC_COUNTED_FORMAT=0`: a slot installer that takes
+    /// 1 / 2^this of a new segment's blocks formats it without the class's
+    /// format lock (`heap.rs`; with `=1` such installers format counted).
+    /// The default formats every slice class counted and ignores it.
     pub unlocked_format_shift: u32,
 }
 
