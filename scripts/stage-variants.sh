@@ -227,6 +227,8 @@ settings() {
     cf0) echo "GPUMALLOC_COUNTED_FORMAT=0" ;;
     cf1) echo "GPUMALLOC_COUNTED_FORMAT=1" ;;
     cf2) echo "GPUMALLOC_COUNTED_FORMAT=2" ;;
+    fis0) echo "GPUMALLOC_FIRST_INSTALL_SPARES=0" ;;
+    fis2) echo "GPUMALLOC_FIRST_INSTALL_SPARES=2" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;
     wlow) echo "GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;
     wnear) echo "GPUMALLOC_WHOLE_CLAIM_SALT=2" ;;

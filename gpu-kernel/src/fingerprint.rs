@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 22] = [
+pub const SETTINGS: [&str; 23] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -56,10 +56,11 @@ pub const SETTINGS: [&str; 22] = [
     "GPUMALLOC_WIDE_SPARES",
     "GPUMALLOC_WHOLE_CLAIM_SALT",
     "GPUMALLOC_COUNTED_FORMAT",
+    "GPUMALLOC_FIRST_INSTALL_SPARES",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 22] = [
+const SETTING_VALUES: [Option<&str>; 23] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -82,6 +83,7 @@ const SETTING_VALUES: [Option<&str>; 22] = [
     option_env!("GPUMALLOC_WIDE_SPARES"),
     option_env!("GPUMALLOC_WHOLE_CLAIM_SALT"),
     option_env!("GPUMALLOC_COUNTED_FORMAT"),
+    option_env!("GPUMALLOC_FIRST_INSTALL_SPARES"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

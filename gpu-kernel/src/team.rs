@@ -85,6 +85,22 @@ const SPARE_BUDGET_SHIFT: u32 = 3;
 const SEGMENT_SPARE_BUDGET_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT"), 3);
 
+/// Whether a slot's first install claims spares too
+/// (`GPUMALLOC_FIRST_INSTALL_SPARES`): 2, the default, not where its claim
+/// with them would take less than a segment (16–256 B on the bench heap);
+/// 1: always, the rule before 2026-11-24's eleventh session; 0: never.
+/// Why: at a mixed burst's peak, spares were 0.37 of what was asked, since
+/// every slot of a class whose demand is a few slices claims its spares
+/// with its first block and never pops them. H100, kernel alone, against
+/// 1: mixed −6% with its spares 0.37 → 0.27 and its span 1.94 → 1.85;
+/// 256 B +7% alone (a burst's first wave claims one block per slot, so
+/// its second comes sooner), other sizes ±4%. With 0, the mixed span fell
+/// to 1.74–1.79 but 512 B and 1 KiB alone were 13–16% slower: their first
+/// claims no longer took a whole segment (`docs/PERF.md`, "A slot's first
+/// block without spares").
+const FIRST_INSTALL_SPARES: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_FIRST_INSTALL_SPARES"), 2);
+
 /// The size-dependent rules of a heap ([`Heap::rules`]): what its size
 /// selects, for tests that compare heaps and for reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,11 +256,11 @@ impl Heap {
                         // Through a pointer the optimiser cannot see: ptxas
                         // then calls it by the ABI, and `install`'s chain
                         // does not stack on this loop's live registers.
-                        let install: fn(&Heap, SizeClass, u32, u32, u8) -> u64 =
+                        let install: fn(&Heap, SizeClass, u32, u32, u64) -> u64 =
                             core::hint::black_box(Heap::install);
-                        self.with_handle(|h| install(h, class, slot, taken, seen.generation()))
+                        self.with_handle(|h| install(h, class, slot, taken, seen.0))
                     } else {
-                        self.with_handle(|h| h.install(class, slot, taken, seen.generation()))
+                        self.with_handle(|h| h.install(class, slot, taken, seen.0))
                     };
                     self.count_install(Interval::Call, called, false);
                 }
@@ -325,9 +341,9 @@ impl Heap {
                     let called = crate::install_clock::start();
                     // Through a pointer the optimiser cannot see, as in
                     // `slice_loop`.
-                    let install: fn(&Heap, SizeClass, u32, u32, u8) -> u64 =
+                    let install: fn(&Heap, SizeClass, u32, u32, u64) -> u64 =
                         core::hint::black_box(Heap::install);
-                    fresh = install(&self.by_value(), class, home, taken, seen.generation());
+                    fresh = install(&self.by_value(), class, home, taken, seen.0);
                     self.count_install(Interval::Call, called, false);
                 }
                 let fresh = arch::shfl_u64(team, fresh, leader);
@@ -485,8 +501,25 @@ impl Heap {
     /// installing team. Retires the displaced word. Returns the fresh block's
     /// global id + 1, or 0.
     #[inline(never)]
-    fn install(&self, class: SizeClass, slot: u32, taken: u32, generation: u8) -> u64 {
+    fn install(&self, class: SizeClass, slot: u32, taken: u32, seen: u64) -> u64 {
         let began = crate::install_clock::start();
+        let seen = SlotWord(seen);
+        let generation = seen.generation();
+        // A slot's first block (none before it, since the heap was made or
+        // the slot flushed) comes without spares where
+        // `FIRST_INSTALL_SPARES` is off: a class whose demand is a few
+        // slices never pops them.
+        let spares = self.spares_for(class);
+        let spares = if seen.block().is_none()
+            && match FIRST_INSTALL_SPARES {
+                0 => true,
+                1 => false,
+                _ => class.blocks_per_segment(self.segment_shift) > 1 + spares,
+            } {
+            0
+        } else {
+            spares
+        };
         let word = self.slot(class, slot);
         // Own spare, else a claim, else (the heap has no block left) another
         // slot's spare, else reclaim what every class holds idle and claim
@@ -494,11 +527,11 @@ impl Heap {
         let mut extra = Extra::Nothing;
         let fresh = self
             .pop_spare(class, slot)
-            .or_else(|| self.claim_for_slot(class, &mut extra))
+            .or_else(|| self.claim_for_slot(class, spares, &mut extra))
             .or_else(|| (0..SLOTS_PER_CLASS).find_map(|s| self.pop_spare(class, s)))
             .or_else(|| {
                 self.reclaim();
-                self.claim_for_slot_settled(class, &mut extra)
+                self.claim_for_slot_settled(class, spares, &mut extra)
             })
             .map(|b| self.global(b));
         // Only for the clock: with it off this is a constant `false`, and
@@ -564,8 +597,8 @@ impl Heap {
     /// one segment-tree word gives), returns the first and leaves the others
     /// in `extra` for [`Heap::park_extra`].
     #[inline]
-    fn claim_for_slot(&self, class: SizeClass, extra: &mut Extra) -> Option<BlockId> {
-        self.claim_for_slot_as(class, extra, false)
+    fn claim_for_slot(&self, class: SizeClass, spares: u32, extra: &mut Extra) -> Option<BlockId> {
+        self.claim_for_slot_as(class, spares, extra, false)
     }
 
     /// [`Heap::claim_for_slot`] as the last try of an install: a class
@@ -574,14 +607,20 @@ impl Heap {
     /// the class tree for a moment). Out of line and cold.
     #[inline(never)]
     #[cold]
-    fn claim_for_slot_settled(&self, class: SizeClass, extra: &mut Extra) -> Option<BlockId> {
-        self.claim_for_slot_as(class, extra, true)
+    fn claim_for_slot_settled(
+        &self,
+        class: SizeClass,
+        spares: u32,
+        extra: &mut Extra,
+    ) -> Option<BlockId> {
+        self.claim_for_slot_as(class, spares, extra, true)
     }
 
     #[inline(always)]
     fn claim_for_slot_as(
         &self,
         class: SizeClass,
+        spares: u32,
         extra: &mut Extra,
         settled: bool,
     ) -> Option<BlockId> {
@@ -592,8 +631,8 @@ impl Heap {
         // its budget is tighter, and counts every slot the class could have
         // (the slot count grows with the heap, which would keep the share
         // the same on every heap): heaps of 1024 segments and more keep
-        // these spares (see `SEGMENT_SPARE_BUDGET_SHIFT`).
-        let spares = self.spares_for(class);
+        // these spares (see `SEGMENT_SPARE_BUDGET_SHIFT`). `spares` is
+        // `spares_for` or, for a slot's first block, possibly 0.
         if class.blocks_per_segment(self.segment_shift) == 1 {
             let (first, taken) = self.claim_whole_segments(class, 1 + spares)?;
             *extra = Extra::Segments {
@@ -870,6 +909,49 @@ mod stealing_tests {
 /// taken past the capacity, so an installer owns it); this thread's own
 /// slot (0) is empty and the segment tree too. The malloc must wait for
 /// the install and take a slice of that block, not answer null.
+/// `FIRST_INSTALL_SPARES=2` (the default): a slot's first block of 16 B
+/// (16 blocks per 2 MiB segment, claims of 1 + 1) comes without a spare;
+/// the slot's next install, once the block's 8,192 slices are handed out,
+/// claims with its spare. Other builds check nothing.
+#[cfg(all(test, not(loom)))]
+#[test]
+fn a_slots_first_install_claims_no_spare() {
+    extern crate std;
+    use crate::class::{MIN_SEGMENT_SHIFT, Request};
+    if FIRST_INSTALL_SPARES != 2 {
+        return;
+    }
+    let (heap, _words) = crate::layout::test_support::test_heap(64, 64);
+    let Request::Class(class) = Request::for_size(16, MIN_SEGMENT_SHIFT) else {
+        panic!("16 B is a slice class");
+    };
+    let spares = heap.spares_for(class);
+    let per_block = class.slices_per_block(MIN_SEGMENT_SHIFT);
+    if spares == 0 || class.blocks_per_segment(MIN_SEGMENT_SHIFT) <= 1 + spares {
+        return;
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let slot = arch::sm_id() & (heap.slots_for(class) - 1);
+            let held = |heap: &Heap| {
+                (0..SPARES_PER_SLOT)
+                    .filter(|&i| arch::load_relaxed(heap.spare(class, slot, i)) != 0)
+                    .count()
+            };
+            assert!(!heap.malloc(16).is_null());
+            assert_eq!(held(&heap), 0, "the first install parked a spare");
+            for _ in 1..=per_block {
+                assert!(!heap.malloc(16).is_null());
+            }
+            assert_eq!(
+                held(&heap),
+                spares as usize,
+                "the second install parked none"
+            );
+        });
+    });
+}
+
 #[cfg(all(test, not(loom)))]
 #[test]
 fn a_stealer_waits_for_an_install_in_flight() {
