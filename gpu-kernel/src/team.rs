@@ -498,17 +498,18 @@ impl Heap {
 
     /// Replaces the slot word with a fresh block (or with an empty word if
     /// none can be had), keeping `taken` slices of the fresh block for the
-    /// installing team. Retires the displaced word. Returns the fresh block's
+    /// installing team. `seen` is the word the team saw (the version it
+    /// installs for). Retires the displaced word. Returns the fresh block's
     /// global id + 1, or 0.
     #[inline(never)]
     fn install(&self, class: SizeClass, slot: u32, taken: u32, seen: u64) -> u64 {
         let began = crate::install_clock::start();
         let seen = SlotWord(seen);
         let generation = seen.generation();
-        // A slot's first block (none before it, since the heap was made or
-        // the slot flushed) comes without spares where
-        // `FIRST_INSTALL_SPARES` is off: a class whose demand is a few
-        // slices never pops them.
+        // A slot's first block (its word had none: the heap was just made,
+        // the slot was flushed or reclaimed, or its last install found no
+        // block) comes without spares where `FIRST_INSTALL_SPARES` says so:
+        // a class whose demand is a few slices never pops them.
         let spares = self.spares_for(class);
         let spares = if seen.block().is_none()
             && match FIRST_INSTALL_SPARES {
