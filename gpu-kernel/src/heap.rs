@@ -879,19 +879,11 @@ impl Heap {
                 break Claim(0);
             }
             if unlocked {
-                break if SPLIT_COLD {
-                    self.format_segment_apart(class, want)
-                } else {
-                    self.format_segment(class, want)
-                };
+                break self.format_segment_where_cheap(class, want);
             }
             if counted {
                 if self.counted_format_due(class, blocks) {
-                    let claim = if SPLIT_COLD {
-                        self.format_segment_apart(class, want)
-                    } else {
-                        self.format_segment(class, want)
-                    };
+                    let claim = self.format_segment_where_cheap(class, want);
                     // Release: the format's tree insert happens before the
                     // decrement, so a waiter that reads it (acquire, in
                     // `counted_format_due`) and picks again sees the
@@ -1386,6 +1378,17 @@ impl Heap {
             self.class_tree(class).insert(segment);
         }
         Claim::formatted(segment, taken)
+    }
+
+    /// [`Heap::format_segment`], out of line where `SPLIT_COLD` cuts the
+    /// cold paths ([`Heap::format_segment_apart`]), inline otherwise.
+    #[inline(always)]
+    fn format_segment_where_cheap(&self, class: SizeClass, want: u32) -> Claim {
+        if SPLIT_COLD {
+            self.format_segment_apart(class, want)
+        } else {
+            self.format_segment(class, want)
+        }
     }
 
     /// [`Heap::format_segment`] out of line (`SPLIT_COLD`): the claim loop

@@ -506,21 +506,10 @@ impl Heap {
         let began = crate::install_clock::start();
         let seen = SlotWord(seen);
         let generation = seen.generation();
-        // A slot's first block (its word had none: the heap was just made,
-        // the slot was flushed or reclaimed, or its last install found no
-        // block) comes without spares where `FIRST_INSTALL_SPARES` says so:
-        // a class whose demand is a few slices never pops them.
-        let spares = self.spares_for(class);
-        let spares = if seen.block().is_none()
-            && match FIRST_INSTALL_SPARES {
-                0 => true,
-                1 => false,
-                _ => class.blocks_per_segment(self.segment_shift) > 1 + spares,
-            } {
-            0
-        } else {
-            spares
-        };
+        // The slot's first block: its word had none (the heap was just
+        // made, the slot was flushed or reclaimed, or its last install
+        // found no block). See `FIRST_INSTALL_SPARES`.
+        let first_block = seen.block().is_none();
         let word = self.slot(class, slot);
         // Own spare, else a claim, else (the heap has no block left) another
         // slot's spare, else reclaim what every class holds idle and claim
@@ -528,11 +517,11 @@ impl Heap {
         let mut extra = Extra::Nothing;
         let fresh = self
             .pop_spare(class, slot)
-            .or_else(|| self.claim_for_slot(class, spares, &mut extra))
+            .or_else(|| self.claim_for_slot(class, first_block, &mut extra))
             .or_else(|| (0..SLOTS_PER_CLASS).find_map(|s| self.pop_spare(class, s)))
             .or_else(|| {
                 self.reclaim();
-                self.claim_for_slot_settled(class, spares, &mut extra)
+                self.claim_for_slot_settled(class, first_block, &mut extra)
             })
             .map(|b| self.global(b));
         // Only for the clock: with it off this is a constant `false`, and
@@ -598,8 +587,13 @@ impl Heap {
     /// one segment-tree word gives), returns the first and leaves the others
     /// in `extra` for [`Heap::park_extra`].
     #[inline]
-    fn claim_for_slot(&self, class: SizeClass, spares: u32, extra: &mut Extra) -> Option<BlockId> {
-        self.claim_for_slot_as(class, spares, extra, false)
+    fn claim_for_slot(
+        &self,
+        class: SizeClass,
+        first_block: bool,
+        extra: &mut Extra,
+    ) -> Option<BlockId> {
+        self.claim_for_slot_as(class, first_block, extra, false)
     }
 
     /// [`Heap::claim_for_slot`] as the last try of an install: a class
@@ -611,17 +605,17 @@ impl Heap {
     fn claim_for_slot_settled(
         &self,
         class: SizeClass,
-        spares: u32,
+        first_block: bool,
         extra: &mut Extra,
     ) -> Option<BlockId> {
-        self.claim_for_slot_as(class, spares, extra, true)
+        self.claim_for_slot_as(class, first_block, extra, true)
     }
 
     #[inline(always)]
     fn claim_for_slot_as(
         &self,
         class: SizeClass,
-        spares: u32,
+        first_block: bool,
         extra: &mut Extra,
         settled: bool,
     ) -> Option<BlockId> {
@@ -632,8 +626,21 @@ impl Heap {
         // its budget is tighter, and counts every slot the class could have
         // (the slot count grows with the heap, which would keep the share
         // the same on every heap): heaps of 1024 segments and more keep
-        // these spares (see `SEGMENT_SPARE_BUDGET_SHIFT`). `spares` is
-        // `spares_for` or, for a slot's first block, possibly 0.
+        // these spares (see `SEGMENT_SPARE_BUDGET_SHIFT`).
+        let spares = self.spares_for(class);
+        // A slot's first block comes without them where
+        // `FIRST_INSTALL_SPARES` says so: a class whose demand is a few
+        // slices never pops them.
+        let spares = if first_block
+            && match FIRST_INSTALL_SPARES {
+                0 => true,
+                1 => false,
+                _ => class.blocks_per_segment(self.segment_shift) > 1 + spares,
+            } {
+            0
+        } else {
+            spares
+        };
         if class.blocks_per_segment(self.segment_shift) == 1 {
             let (first, taken) = self.claim_whole_segments(class, 1 + spares)?;
             *extra = Extra::Segments {
