@@ -164,6 +164,8 @@
 #                  (GPUMALLOC_INSTALL_CLOCK=1; `bench frag` prints them);
 #                  iclock2 times installs until the block is in hand,
 #                  iclock3 the leader's whole call (=2, =3);
+#                  iclockN-cK: iclockN counting only slice class K
+#                  (GPUMALLOC_INSTALL_CLOCK_CLASS; 0 = 16 B … 8 = 4 KiB);
 #                  sp2-iclock2, sp5-iclock2: iclock2 with 2 or 5 spares;
 #                  m4096s3-iclock2: iclock2 on m4096s3's geometry
 #
@@ -212,6 +214,7 @@ settings() {
     iclock) echo "GPUMALLOC_INSTALL_CLOCK=1" ;;
     iclock2) echo "GPUMALLOC_INSTALL_CLOCK=2" ;;
     iclock3) echo "GPUMALLOC_INSTALL_CLOCK=3" ;;
+    iclock[123]-c[0-9]) echo "GPUMALLOC_INSTALL_CLOCK=${1:6:1} GPUMALLOC_INSTALL_CLOCK_CLASS=${1:9}" ;;
     sp5-iclock2) echo "GPUMALLOC_SPARES=5 GPUMALLOC_INSTALL_CLOCK=2" ;;
     sp2-iclock2) echo "GPUMALLOC_SPARES=2 GPUMALLOC_INSTALL_CLOCK=2" ;;
     m4096s3-iclock2) echo "GPUMALLOC_AUTO_MIN_SEGMENTS=4096 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=3 GPUMALLOC_INSTALL_CLOCK=2" ;;

@@ -15,6 +15,7 @@
 //! matters, and the kernel boundary publishes them.
 
 use crate::arch;
+use crate::class::SizeClass;
 use crate::layout::{Heap, Stat};
 
 /// Which interval this build counts (`GPUMALLOC_INSTALL_CLOCK`, 0 to 3;
@@ -24,6 +25,19 @@ const _: () = assert!(matches!(INSTALL_CLOCK_MODE, 0..=3));
 
 /// Whether this build counts.
 pub(crate) const INSTALL_CLOCK: bool = INSTALL_CLOCK_MODE != 0;
+
+/// The one slice class whose installs and waits a counting build counts
+/// (`GPUMALLOC_INSTALL_CLOCK_CLASS`, a class index: 0 is 16 B, 8 is
+/// 4 KiB), or every class (the default, 255). Under mixed sizes it tells
+/// which class's install chain the kernel waits on.
+const INSTALL_CLOCK_CLASS: u32 =
+    crate::class::build_knob(option_env!("GPUMALLOC_INSTALL_CLOCK_CLASS"), 255);
+
+/// Whether a counting build counts `class`.
+#[inline(always)]
+fn counts(class: SizeClass) -> bool {
+    INSTALL_CLOCK_CLASS == 255 || class.index() == INSTALL_CLOCK_CLASS
+}
 
 /// The part of an install a build times (its mode's number).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -48,8 +62,14 @@ impl Heap {
     /// popped (it claimed blocks or found none; not known for
     /// [`Interval::Call`]).
     #[inline(always)]
-    pub(crate) fn count_install(&self, interval: Interval, began: u64, claimed: bool) {
-        if INSTALL_CLOCK && interval as u32 == INSTALL_CLOCK_MODE {
+    pub(crate) fn count_install(
+        &self,
+        class: SizeClass,
+        interval: Interval,
+        began: u64,
+        claimed: bool,
+    ) {
+        if INSTALL_CLOCK && interval as u32 == INSTALL_CLOCK_MODE && counts(class) {
             let cycles = arch::clock64().wrapping_sub(began);
             arch::fetch_add_relaxed(self.stat(Stat::Installs), 1 + ((claimed as u64) << 32));
             arch::fetch_add_relaxed(self.stat(Stat::InstallCycles), cycles);
@@ -58,8 +78,8 @@ impl Heap {
 
     /// One team's wait for an install, `began` from [`start`] before it.
     #[inline(always)]
-    pub(crate) fn count_wait(&self, began: u64) {
-        if INSTALL_CLOCK {
+    pub(crate) fn count_wait(&self, class: SizeClass, began: u64) {
+        if INSTALL_CLOCK && counts(class) {
             let cycles = arch::clock64().wrapping_sub(began);
             arch::fetch_add_relaxed(self.stat(Stat::Waits), 1);
             arch::fetch_add_relaxed(self.stat(Stat::WaitCycles), cycles);

@@ -262,7 +262,7 @@ impl Heap {
                     } else {
                         self.with_handle(|h| h.install(class, slot, taken, seen.0))
                     };
-                    self.count_install(Interval::Call, called, false);
+                    self.count_install(class, Interval::Call, called, false);
                 }
                 fresh = arch::shfl_u64(team, fresh, leader);
             }
@@ -289,7 +289,7 @@ impl Heap {
             let began = crate::install_clock::start();
             wait_for_install(word, seen, per_block, &mut round);
             if lane == leader {
-                self.count_wait(began);
+                self.count_wait(class, began);
             }
         }
     }
@@ -344,7 +344,7 @@ impl Heap {
                     let install: fn(&Heap, SizeClass, u32, u32, u64) -> u64 =
                         core::hint::black_box(Heap::install);
                     fresh = install(&self.by_value(), class, home, taken, seen.0);
-                    self.count_install(Interval::Call, called, false);
+                    self.count_install(class, Interval::Call, called, false);
                 }
                 let fresh = arch::shfl_u64(team, fresh, leader);
                 if index < cap {
@@ -362,7 +362,7 @@ impl Heap {
             let began = crate::install_clock::start();
             wait_for_install(word, seen, per_block, &mut round);
             if lane == leader {
-                self.count_wait(began);
+                self.count_wait(class, began);
             }
         }
     }
@@ -528,7 +528,7 @@ impl Heap {
         // the default build's `install` keeps its shape.
         let claimed = crate::install_clock::INSTALL_CLOCK
             && (!matches!(extra, Extra::Nothing) || fresh.is_none());
-        self.count_install(Interval::Obtain, began, claimed);
+        self.count_install(class, Interval::Obtain, began, claimed);
         let reserved = if fresh.is_some() { taken } else { 0 };
         // A new generation relative to the version this team installs for
         // (`generation`), so that threads waiting on it see the change.
@@ -545,7 +545,7 @@ impl Heap {
         // generation see `reserved <= capacity` and retry (see
         // `malloc_slice`). acq_rel: as every replacement of a slot word.
         let displaced = SlotWord(arch::swap_acq_rel(word, next.0));
-        self.count_install(Interval::Publish, began, claimed);
+        self.count_install(class, Interval::Publish, began, claimed);
         self.retire(class, displaced);
         // The extra blocks of a claim become spares only now: the teams
         // waiting on this slot resume at the CAS above, not after parking.
