@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 24] = [
+pub const SETTINGS: [&str; 25] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -58,10 +58,11 @@ pub const SETTINGS: [&str; 24] = [
     "GPUMALLOC_COUNTED_FORMAT",
     "GPUMALLOC_FIRST_INSTALL_SPARES",
     "GPUMALLOC_INSTALL_CLOCK_CLASS",
+    "GPUMALLOC_SLOT_RUN",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 24] = [
+const SETTING_VALUES: [Option<&str>; 25] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -86,6 +87,7 @@ const SETTING_VALUES: [Option<&str>; 24] = [
     option_env!("GPUMALLOC_COUNTED_FORMAT"),
     option_env!("GPUMALLOC_FIRST_INSTALL_SPARES"),
     option_env!("GPUMALLOC_INSTALL_CLOCK_CLASS"),
+    option_env!("GPUMALLOC_SLOT_RUN"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -234,6 +234,23 @@ impl BlockId {
     pub(crate) fn whole_segment(segment: u32) -> BlockId {
         BlockId { segment, block: 0 }
     }
+
+    /// Its segment.
+    #[inline(always)]
+    pub(crate) fn segment(self) -> u32 {
+        self.segment
+    }
+
+    /// The block `j` blocks further on in address order, for segments of
+    /// 2^`per_segment_shift` blocks (a slot run's blocks, `slot`).
+    #[inline(always)]
+    pub(crate) fn advanced(self, j: u32, per_segment_shift: u32) -> BlockId {
+        let at = self.block + j;
+        BlockId {
+            segment: self.segment + (at >> per_segment_shift),
+            block: at & ((1 << per_segment_shift) - 1),
+        }
+    }
 }
 
 /// Blocks a team leader claimed for its team, packed in one word so it can

@@ -7,6 +7,12 @@
 //! counting past the block's end; `block` (bits 32..56): global block id + 1,
 //! 0 for none; `generation` (bits 56..64): changes on every replacement, so a
 //! waiting thread sees that the word was replaced even by an identical one.
+//! With runs ([`SLOT_RUN_MAX`] above 1) the generation has bits 56..62 and
+//! bits 62..64 hold log2 of the version's *run*: the version holds that
+//! many blocks of adjacent addresses (1, 2 or 4; `block` names the first),
+//! and its indices run through them in order, so its capacity is the
+//! class's slices per block shifted by those bits (two instructions on the
+//! allocation path, after the add that returns the word).
 //!
 //! # Protocol
 //! A team adds its size `n` to `reserved` (one relaxed add, see `team`) and
@@ -73,6 +79,22 @@ const GENERATION_SHIFT: u32 = 56;
 /// Largest global block id a slot can hold.
 pub const MAX_SLOT_BLOCK: u64 = BLOCK_MASK - 1;
 
+/// The most blocks one slot version holds (`GPUMALLOC_SLOT_RUN`, 1, 2 or
+/// 4; 1, no runs, unless set at build time). A claim whose extra blocks
+/// lie right after the one it installs (whole segments of adjacent ids, on
+/// a heap that is not fragmented) installs them with it as one run instead
+/// of parking them as spares: the same blocks are held, but the slot's
+/// teams carve through all of them before the next install, so a burst
+/// waits for a quarter of the installs. A run's blocks are separate blocks
+/// to everything else (counters, frees, retire); only the slot sees them
+/// as one range of indices.
+pub const SLOT_RUN_MAX: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SLOT_RUN"), 1);
+const _: () = assert!(matches!(SLOT_RUN_MAX, 1 | 2 | 4));
+/// Whether this build installs runs.
+pub const RUNS: bool = SLOT_RUN_MAX > 1;
+const RUN_SHIFT: u32 = 62;
+const GENERATION_MASK: u64 = if RUNS { 0x3f } else { 0xff };
+
 /// A decoded slot word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotWord(pub u64);
@@ -82,7 +104,42 @@ impl SlotWord {
     #[inline(always)]
     pub fn new(block: Option<u64>, reserved: u32, generation: u8) -> SlotWord {
         let b = block.map_or(0, |b| b + 1) & BLOCK_MASK;
-        SlotWord((generation as u64) << GENERATION_SHIFT | b << BLOCK_SHIFT | reserved as u64)
+        let generation = if RUNS {
+            generation as u64 & GENERATION_MASK
+        } else {
+            generation as u64
+        };
+        SlotWord(generation << GENERATION_SHIFT | b << BLOCK_SHIFT | reserved as u64)
+    }
+
+    /// A word holding a run of `run` blocks (1 ..= [`SLOT_RUN_MAX`]) from
+    /// global block `block`, of adjacent addresses.
+    #[inline(always)]
+    pub fn new_run(block: u64, run: u32, reserved: u32, generation: u8) -> SlotWord {
+        debug_assert!(run.is_power_of_two() && run <= SLOT_RUN_MAX);
+        let word = SlotWord::new(Some(block), reserved, generation);
+        if RUNS {
+            SlotWord(word.0 | (run.trailing_zeros() as u64) << RUN_SHIFT)
+        } else {
+            word
+        }
+    }
+
+    /// log2 of the blocks this version holds (0 without runs).
+    #[inline(always)]
+    fn run_shift(self) -> u32 {
+        if RUNS {
+            (self.0 >> RUN_SHIFT) as u32
+        } else {
+            0
+        }
+    }
+
+    /// Blocks this version holds (1 without runs, and for a word without a
+    /// block).
+    #[inline(always)]
+    pub fn run(self) -> u32 {
+        1 << self.run_shift()
     }
 
     /// The global block id, if a block is installed.
@@ -101,14 +158,18 @@ impl SlotWord {
     /// Replacement counter.
     #[inline(always)]
     pub fn generation(self) -> u8 {
-        (self.0 >> GENERATION_SHIFT) as u8
+        ((self.0 >> GENERATION_SHIFT) & GENERATION_MASK) as u8
     }
 
     /// Slices this version can hand out, for a class of `per_block` slices
     /// per block.
     #[inline(always)]
     pub fn capacity(self, per_block: u32) -> u32 {
-        if self.block().is_some() { per_block } else { 0 }
+        if self.block().is_some() {
+            per_block << self.run_shift()
+        } else {
+            0
+        }
     }
 
     /// Block and generation: what identifies a version.
@@ -122,6 +183,16 @@ impl SlotWord {
     pub fn unissued(self, per_block: u32) -> u32 {
         let cap = self.capacity(per_block);
         cap - self.reserved().min(cap)
+    }
+
+    /// Slices of block `j` of this version's run handed out.
+    #[inline(always)]
+    pub fn issued_in(self, j: u32, per_block: u32) -> u32 {
+        let before = j * per_block;
+        self.reserved()
+            .min(self.capacity(per_block))
+            .saturating_sub(before)
+            .min(per_block)
     }
 }
 
@@ -140,5 +211,33 @@ mod tests {
         assert_eq!(e.0, 0);
         assert_eq!(e.capacity(4096), 0);
         assert_eq!(SlotWord(w.0 + 200).unissued(4096), 0);
+        // A generation wraps within its bits and never reaches the run's.
+        let g = SlotWord::new(Some(3), 0, u8::MAX);
+        assert_eq!(g.run(), 1);
+        assert_eq!(
+            SlotWord::new(Some(3), 0, g.generation().wrapping_add(1)).generation(),
+            0
+        );
+    }
+
+    #[test]
+    fn runs() {
+        if !RUNS {
+            return;
+        }
+        let w = SlotWord::new_run(40, SLOT_RUN_MAX, 5000, 63);
+        assert_eq!(
+            (w.block(), w.run(), w.reserved(), w.generation()),
+            (Some(40), SLOT_RUN_MAX, 5000, 63)
+        );
+        assert_eq!(w.capacity(4096), 4096 * SLOT_RUN_MAX);
+        assert_eq!(w.unissued(4096), 4096 * SLOT_RUN_MAX - 5000);
+        assert_eq!((w.issued_in(0, 4096), w.issued_in(1, 4096)), (4096, 904));
+        if SLOT_RUN_MAX == 4 {
+            assert_eq!((w.issued_in(2, 4096), w.issued_in(3, 4096)), (0, 0));
+        }
+        // Adds count in `reserved` only; the run is part of the version.
+        assert_eq!(SlotWord(w.0 + 7).run(), SLOT_RUN_MAX);
+        assert_ne!(w.version(), SlotWord::new(Some(40), 5000, 63).version());
     }
 }

@@ -20,7 +20,9 @@ use crate::class::{SLICE_CLASSES, SizeClass};
 use crate::heap::{BlockId, Claim};
 use crate::install_clock::Interval;
 use crate::layout::{Heap, NO_SPARES, RECLAIMS_WORD};
-use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord, WIDE_SPARES_PER_SLOT};
+use crate::slot::{
+    RUNS, SLOT_RUN_MAX, SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord, WIDE_SPARES_PER_SLOT,
+};
 
 /// Slot blocks of one class stay within heap / 2^this (8 unless
 /// `GPUMALLOC_SLOT_BUDGET_SHIFT` is set at build time). "Heap" in this
@@ -133,6 +135,32 @@ enum Extra {
         first: u32,
         rest: u64,
     },
+}
+
+impl Extra {
+    /// With runs: how many blocks the install of `installed` takes as one
+    /// run (a power of two up to [`SLOT_RUN_MAX`]), taking them out of
+    /// `self` so that only the others are parked. The run is the whole
+    /// segments right after `installed` that this claim took; a claim of
+    /// blocks inside a segment takes its blocks from the bitmap one by one,
+    /// after the install, so it installs one block as before.
+    #[inline(always)]
+    fn take_run(&mut self, installed: BlockId) -> u32 {
+        let Extra::Segments { first, rest } = self else {
+            return 1;
+        };
+        // Bits of `rest` above the installed segment's, as offsets from it.
+        let offset = installed.segment() - *first;
+        let adjacent = 1 + (*rest >> offset >> 1).trailing_ones();
+        let run = if adjacent >= SLOT_RUN_MAX {
+            SLOT_RUN_MAX
+        } else {
+            1 << adjacent.ilog2()
+        };
+        // The run's other blocks: bits offset + 1 .. offset + run.
+        *rest &= !((((1u64 << run) >> 1) - 1) << (offset + 1));
+        run
+    }
 }
 
 /// Waits while `word` shows `seen`'s version with more slices reserved than
@@ -454,9 +482,35 @@ impl Heap {
     #[inline(always)]
     fn hand_out(&self, class: SizeClass, global: u64, slice: u32) -> u64 {
         if self.checked() {
-            crate::heap::mark_handed_out(self.slice_bits(global), slice);
+            if RUNS {
+                self.with_handle(|h| h.mark_handed_out_in_run(class, global, slice));
+            } else {
+                crate::heap::mark_handed_out(self.slice_bits(global), slice);
+            }
         }
         self.block_address(class, self.block_id(global)) + ((slice as u64) << class.unit_shift())
+    }
+
+    /// Checked heaps with runs: marks index `index` of a slot version whose
+    /// run starts at global block `global` live, in the check bits of the
+    /// run's block that holds it. A run's blocks lie at adjacent addresses,
+    /// so an address needs none of this; the per-block state does. Out of
+    /// line, through the handle's copy as the other cold calls: only
+    /// checked heaps come here.
+    #[inline(never)]
+    #[cold]
+    fn mark_handed_out_in_run(&self, class: SizeClass, global: u64, index: u32) {
+        let shift = class.slices_shift(self.segment_shift);
+        let block = self.global(self.run_block(class, global, index >> shift));
+        crate::heap::mark_handed_out(self.slice_bits(block), index & ((1 << shift) - 1));
+    }
+
+    /// Block `j` of the run that starts at global block `global`: the block
+    /// `j` blocks of this class further on in the heap's address order.
+    #[inline(always)]
+    fn run_block(&self, class: SizeClass, global: u64, j: u32) -> BlockId {
+        let per_segment_shift = self.segment_shift - class.block_shift(self.segment_shift);
+        self.block_id(global).advanced(j, per_segment_shift)
     }
 
     /// In stealing mode, reserve only from a word that still has slices, so
@@ -524,6 +578,12 @@ impl Heap {
                 self.claim_for_slot_settled(class, first_block, &mut extra)
             })
             .map(|b| self.global(b));
+        // With runs, the claim's blocks right after this one join it in
+        // the word (`SLOT_RUN_MAX`); a popped spare is one block.
+        let run = match fresh {
+            Some(g) if RUNS => extra.take_run(self.block_id(g)),
+            _ => 1,
+        };
         // Only for the clock: with it off this is a constant `false`, and
         // the default build's `install` keeps its shape.
         let claimed = crate::install_clock::INSTALL_CLOCK
@@ -532,7 +592,14 @@ impl Heap {
         let reserved = if fresh.is_some() { taken } else { 0 };
         // A new generation relative to the version this team installs for
         // (`generation`), so that threads waiting on it see the change.
-        let next = SlotWord::new(fresh, reserved, generation.wrapping_add(1));
+        let next = if RUNS {
+            match fresh {
+                Some(g) => SlotWord::new_run(g, run, reserved, generation.wrapping_add(1)),
+                None => SlotWord::new(None, reserved, generation.wrapping_add(1)),
+            }
+        } else {
+            SlotWord::new(fresh, reserved, generation.wrapping_add(1))
+        };
         // An exchange, not a load and a CAS loop: teams keep adding to the
         // word while the claim runs, so a CAS from an earlier load failed
         // and cost another round trip. The exchange returns the exact word
@@ -702,12 +769,37 @@ impl Heap {
         let Some(global) = displaced.block() else {
             return;
         };
+        if RUNS && displaced.run() > 1 {
+            return self.retire_run(class, global, displaced);
+        }
         let per_block = class.slices_per_block(self.segment_shift);
         let unissued = displaced.unissued(per_block);
         if unissued > 0
             && block::count_dead_slices(self.counter(global), unissued as u64, per_block)
         {
             self.release_block(class, self.block_id(global));
+        }
+    }
+
+    /// [`Heap::retire`] of a word holding a run: each block's unissued
+    /// slices are counted dead on its own counter, so a block of the run the
+    /// word never reached comes back whole at once.
+    #[inline(never)]
+    #[cold]
+    fn retire_run(&self, class: SizeClass, global: u64, displaced: SlotWord) {
+        let per_block = class.slices_per_block(self.segment_shift);
+        for j in 0..displaced.run() {
+            let unissued = per_block - displaced.issued_in(j, per_block);
+            let b = self.run_block(class, global, j);
+            if unissued > 0
+                && block::count_dead_slices(
+                    self.counter(self.global(b)),
+                    unissued as u64,
+                    per_block,
+                )
+            {
+                self.release_block(class, b);
+            }
         }
     }
 
@@ -733,6 +825,9 @@ impl Heap {
                 while let Some(b) = self.pop_spare(class, s) {
                     self.release_block(class, b);
                 }
+                if RUNS {
+                    self.trim_run(class, s);
+                }
                 self.retire_if_idle(class, s);
             }
         }
@@ -745,6 +840,48 @@ impl Heap {
         while arch::load_acquire(in_flight) != 0 {
             arch::backoff(round);
             round += 1;
+        }
+    }
+
+    /// Shortens the run of slot `slot` to the blocks its version has
+    /// reached, giving back the others (none of their slices was handed
+    /// out): a run's untouched blocks are what spares were, and a reclaim
+    /// gives those back too. The CAS fails if a team reserved meanwhile;
+    /// then the slot is busy and keeps its run.
+    #[inline(never)]
+    #[cold]
+    fn trim_run(&self, class: SizeClass, slot: u32) {
+        let word = self.slot(class, slot);
+        let current = arch::load_relaxed(word);
+        let seen = SlotWord(current);
+        let Some(global) = seen.block() else {
+            return;
+        };
+        let per_block = class.slices_per_block(self.segment_shift);
+        let reached = seen.reserved().div_ceil(per_block).max(1);
+        if reached >= seen.run() {
+            return;
+        }
+        let next = SlotWord::new_run(
+            global,
+            reached,
+            seen.reserved(),
+            seen.generation().wrapping_add(1),
+        );
+        // acq_rel, as every replacement of a slot word (see `install`): a
+        // team that reserves after this sees the shorter run, and every
+        // index reserved before it lies in the blocks kept.
+        if arch::compare_exchange_acq_rel(word, current, next.0).is_ok() {
+            for j in reached..seen.run() {
+                let b = self.run_block(class, global, j);
+                if block::count_dead_slices(
+                    self.counter(self.global(b)),
+                    per_block as u64,
+                    per_block,
+                ) {
+                    self.release_block(class, b);
+                }
+            }
         }
     }
 
@@ -765,8 +902,22 @@ impl Heap {
         // Relaxed: a snapshot. The block is in this lifetime (slices remain
         // unissued, so it cannot have completed). If a team reserves after
         // this load the CAS below fails; frees only make the count larger.
-        let dead = block::dead_in_lifetime(arch::load_relaxed(self.counter(global)), per_block);
-        if dead < seen.reserved() as u64 {
+        let idle = if RUNS {
+            // A block of the run whose slices were all handed out is no
+            // longer the slot's: it completes (and may be reused) with its
+            // last free, so only the others are read.
+            (0..seen.run()).all(|j| {
+                let issued = seen.issued_in(j, per_block);
+                let counter = self.counter(self.global(self.run_block(class, global, j)));
+                issued == per_block
+                    || block::dead_in_lifetime(arch::load_relaxed(counter), per_block)
+                        >= issued as u64
+            })
+        } else {
+            let dead = block::dead_in_lifetime(arch::load_relaxed(self.counter(global)), per_block);
+            dead >= seen.reserved() as u64
+        };
+        if !idle {
             return;
         }
         let next = SlotWord::new(None, 0, seen.generation().wrapping_add(1));
@@ -841,6 +992,31 @@ mod tests {
     /// whole-segment classes (1 … 16 KiB on 4 MiB segments) split it five
     /// ways (eight shares): 1, 2 and 4 KiB have 8 slots there, not 16. Other builds
     /// check nothing.
+    /// A run takes the adjacent segments right after the installed one, as
+    /// many as the largest power of two up to `SLOT_RUN_MAX` allows, and
+    /// leaves the others to be parked. Without runs, none.
+    #[test]
+    fn a_run_takes_the_adjacent_segments_after_the_installed_one() {
+        let run_of = |rest: u64, installed: u32| {
+            let mut extra = Extra::Segments { first: 10, rest };
+            let run = extra.take_run(BlockId::whole_segment(10 + installed));
+            let Extra::Segments { rest, .. } = extra else {
+                unreachable!()
+            };
+            (run, rest)
+        };
+        let (two, four) = (SLOT_RUN_MAX.min(2), SLOT_RUN_MAX.min(4));
+        // Segments 11, 12, 13 after 10: a run of four with runs of 4.
+        let kept = |run: u32, all: u64| all & !(((1u64 << run) >> 1) - 1) << 1;
+        assert_eq!(run_of(0b1110, 0), (four, kept(four, 0b1110)));
+        // 11 and 12 (three adjacent): a run of two, 12 parked.
+        assert_eq!(run_of(0b0110, 0), (two, kept(two, 0b0110)));
+        // 12 and 13 but not 11: one block, both parked.
+        assert_eq!(run_of(0b1100, 0), (1, 0b1100));
+        // Installed 12 (offset 2), 13 after it: two; 11 below it stays.
+        assert_eq!(run_of(0b1010, 2), (two, if RUNS { 0b0010 } else { 0b1010 }));
+    }
+
     #[test]
     fn issue12_slot_counts() {
         let got = |segments, shift| [1024, 2048, 4096].map(|s| slots(segments, shift, s));
@@ -1136,4 +1312,134 @@ mod rules_tests {
             "a 4 GiB budget differs from the 16 GiB heap's"
         );
     }
+}
+
+/// With runs (`GPUMALLOC_SLOT_RUN` above 1): a 4 KiB install on a fresh
+/// heap with spares claims adjacent whole segments and installs them as one
+/// run; the slot hands out the run's slices in address order before its
+/// next install; a reclaim trims the run to the blocks reached and gives
+/// the others back; a flush and the frees give back the rest. Other builds
+/// check nothing.
+#[cfg(all(test, not(loom)))]
+#[test]
+fn a_claim_of_adjacent_segments_installs_one_run() {
+    extern crate std;
+    use crate::class::{MIN_SEGMENT_SHIFT, Request};
+    use std::vec::Vec;
+    if !RUNS {
+        return;
+    }
+    let segments = 2048;
+    let (heap, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
+    let Request::Class(class) = Request::for_size(4096, MIN_SEGMENT_SHIFT) else {
+        panic!("4 KiB is a slice class");
+    };
+    assert_eq!(class.blocks_per_segment(MIN_SEGMENT_SHIFT), 1);
+    let spares = heap.spares_for(class);
+    assert!(
+        spares > 0,
+        "a heap of {segments} segments keeps whole-segment spares"
+    );
+    let run = (1 + spares).min(SLOT_RUN_MAX);
+    let per_block = class.slices_per_block(MIN_SEGMENT_SHIFT);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let slot = arch::sm_id() & (heap.slots_for(class) - 1);
+            let word = || SlotWord(arch::load_relaxed(heap.slot(class, slot)));
+            let parked = || {
+                (0..SPARES_PER_SLOT)
+                    .filter(|&i| arch::load_relaxed(heap.spare(class, slot, i)) != 0)
+                    .count() as u32
+            };
+            let first = heap.malloc(4096) as u64;
+            assert_ne!(first, 0);
+            let installed = word();
+            assert_eq!(
+                installed.run(),
+                run,
+                "the claim's adjacent segments form one run"
+            );
+            assert_eq!(parked(), 1 + spares - run, "only the rest is parked");
+            assert_eq!(heap.free_segments(), segments as u32 - 1 - spares);
+            // Two blocks' worth and one more slice, in address order, with
+            // no install between them.
+            let mut held: Vec<u64> = std::vec![first];
+            for i in 1..=per_block + 1 {
+                let p = heap.malloc(4096) as u64;
+                assert_eq!(p, first + (i as u64) * 4096, "index {i} of the run");
+                held.push(p);
+            }
+            assert_eq!(
+                word().version(),
+                installed.version(),
+                "no install within the run"
+            );
+            // A reclaim keeps the two blocks reached, gives back the others.
+            heap.reclaim();
+            let trimmed = word();
+            assert_eq!((trimmed.run(), trimmed.reserved()), (2, per_block + 2));
+            assert_eq!(parked(), 0, "a reclaim gives back the spares");
+            assert_eq!(heap.free_segments(), segments as u32 - 2);
+            // The slot goes on from where it was, then installs afresh.
+            for i in per_block + 2..2 * per_block {
+                let p = heap.malloc(4096) as u64;
+                assert_eq!(p, first + (i as u64) * 4096);
+                held.push(p);
+            }
+            let next = heap.malloc(4096) as u64;
+            assert_ne!(word().version(), trimmed.version(), "the next install");
+            held.push(next);
+            heap.flush_slots();
+            for p in held {
+                heap.free(p as *mut u8);
+            }
+            assert_eq!(
+                heap.free_segments(),
+                segments as u32,
+                "every segment is back"
+            );
+        });
+    });
+}
+
+/// With runs: a slot whose run's first block was wholly handed out and
+/// freed (so it came back and may serve anyone) is still emptied by a
+/// reclaim once its other blocks' slices are freed: the idle test reads
+/// only the blocks the slot still holds. Other builds check nothing.
+#[cfg(all(test, not(loom)))]
+#[test]
+fn a_run_whose_first_block_came_back_is_still_reclaimed() {
+    extern crate std;
+    use crate::class::{MIN_SEGMENT_SHIFT, Request};
+    use std::vec::Vec;
+    if !RUNS {
+        return;
+    }
+    let segments = 2048;
+    let (heap, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
+    let Request::Class(class) = Request::for_size(4096, MIN_SEGMENT_SHIFT) else {
+        panic!("4 KiB is a slice class");
+    };
+    let per_block = class.slices_per_block(MIN_SEGMENT_SHIFT);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let slot = arch::sm_id() & (heap.slots_for(class) - 1);
+            let held: Vec<u64> = (0..=per_block).map(|_| heap.malloc(4096) as u64).collect();
+            assert!(held.iter().all(|&p| p != 0));
+            assert!(SlotWord(arch::load_relaxed(heap.slot(class, slot))).run() > 1);
+            for p in held {
+                heap.free(p as *mut u8);
+            }
+            heap.reclaim();
+            assert_eq!(
+                SlotWord(arch::load_relaxed(heap.slot(class, slot))).block(),
+                None
+            );
+            assert_eq!(
+                heap.free_segments(),
+                segments as u32,
+                "every segment is back"
+            );
+        });
+    });
 }
