@@ -168,9 +168,10 @@
 #                  (GPUMALLOC_INSTALL_CLOCK_CLASS; 0 = 16 B … 8 = 4 KiB);
 #                  sp2-iclock2, sp5-iclock2: iclock2 with 2 or 5 spares;
 #                  m4096s3-iclock2: iclock2 on m4096s3's geometry
-#   run2, run4     a claim's adjacent whole segments installed as one slot
-#                  run of up to 2 or 4 blocks instead of parked as spares
-#                  (GPUMALLOC_SLOT_RUN; slot.rs)
+#   run1, run2, run4  a claim's adjacent whole segments installed as one
+#                  slot run of up to 1, 2 or 4 blocks instead of parked as
+#                  spares (GPUMALLOC_SLOT_RUN; slot.rs; 4 is the default
+#                  since 2026-11-24's twelfth session, run1 the rule before)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
 # when a setting changes, and cargo tracks the `option_env!` reads.
@@ -234,6 +235,7 @@ settings() {
     cf1) echo "GPUMALLOC_COUNTED_FORMAT=1" ;;
     cf2) echo "GPUMALLOC_COUNTED_FORMAT=2" ;;
     fis0) echo "GPUMALLOC_FIRST_INSTALL_SPARES=0" ;;
+    run1) echo "GPUMALLOC_SLOT_RUN=1" ;;
     run2) echo "GPUMALLOC_SLOT_RUN=2" ;;
     run4) echo "GPUMALLOC_SLOT_RUN=4" ;;
     fis2) echo "GPUMALLOC_FIRST_INSTALL_SPARES=2" ;;

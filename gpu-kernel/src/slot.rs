@@ -80,15 +80,19 @@ const GENERATION_SHIFT: u32 = 56;
 pub const MAX_SLOT_BLOCK: u64 = BLOCK_MASK - 1;
 
 /// The most blocks one slot version holds (`GPUMALLOC_SLOT_RUN`, 1, 2 or
-/// 4; 1, no runs, unless set at build time). A claim whose extra blocks
+/// 4; 4 unless set at build time, 1 for none, the rule before 2026-11-24's
+/// twelfth session). A claim whose extra blocks
 /// lie right after the one it installs (whole segments of adjacent ids, on
 /// a heap that is not fragmented) installs them with it as one run instead
 /// of parking them as spares: the same blocks are held, but the slot's
 /// teams carve through all of them before the next install, so a burst
 /// waits for a quarter of the installs. A run's blocks are separate blocks
 /// to everything else (counters, frees, retire); only the slot sees them
-/// as one range of indices.
-pub const SLOT_RUN_MAX: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SLOT_RUN"), 1);
+/// as one range of indices. H100, kernel alone, against 1: 2 / 4 / 8 /
+/// 16 KiB −33 / −41 / −43 / −43%, mixed −12%, 16 B … 1 KiB +2 … +4% (the
+/// run's two instructions on the allocation path), spans unchanged
+/// (`docs/PERF.md`, "Which class a mixed burst waits on, and slot runs").
+pub const SLOT_RUN_MAX: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SLOT_RUN"), 4);
 const _: () = assert!(matches!(SLOT_RUN_MAX, 1 | 2 | 4));
 /// Whether this build installs runs.
 pub const RUNS: bool = SLOT_RUN_MAX > 1;
