@@ -172,6 +172,10 @@
 #                  slot run of up to 1, 2 or 4 blocks instead of parked as
 #                  spares (GPUMALLOC_SLOT_RUN; slot.rs; 4 is the default
 #                  since 2026-11-24's twelfth session, run1 the rule before)
+#   segrun         runs of whole segments only, not of blocks inside a
+#                  segment (GPUMALLOC_SLOT_RUN_BLOCKS=0: the default of
+#                  68aebd3); blkrun2: runs of any claim's blocks (=2; the
+#                  default, 1, only of claims that formatted their segment)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
 # when a setting changes, and cargo tracks the `option_env!` reads.
@@ -238,6 +242,8 @@ settings() {
     run1) echo "GPUMALLOC_SLOT_RUN=1" ;;
     run2) echo "GPUMALLOC_SLOT_RUN=2" ;;
     run4) echo "GPUMALLOC_SLOT_RUN=4" ;;
+    segrun) echo "GPUMALLOC_SLOT_RUN_BLOCKS=0" ;;
+    blkrun2) echo "GPUMALLOC_SLOT_RUN_BLOCKS=2" ;;
     fis2) echo "GPUMALLOC_FIRST_INSTALL_SPARES=2" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;
     wlow) echo "GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;

@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 25] = [
+pub const SETTINGS: [&str; 26] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -59,10 +59,11 @@ pub const SETTINGS: [&str; 25] = [
     "GPUMALLOC_FIRST_INSTALL_SPARES",
     "GPUMALLOC_INSTALL_CLOCK_CLASS",
     "GPUMALLOC_SLOT_RUN",
+    "GPUMALLOC_SLOT_RUN_BLOCKS",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 25] = [
+const SETTING_VALUES: [Option<&str>; 26] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -88,6 +89,7 @@ const SETTING_VALUES: [Option<&str>; 25] = [
     option_env!("GPUMALLOC_FIRST_INSTALL_SPARES"),
     option_env!("GPUMALLOC_INSTALL_CLOCK_CLASS"),
     option_env!("GPUMALLOC_SLOT_RUN"),
+    option_env!("GPUMALLOC_SLOT_RUN_BLOCKS"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

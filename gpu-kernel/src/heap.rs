@@ -294,6 +294,13 @@ impl Claim {
         Claim(segments as u64 | Claim::TEAM_FORMAT)
     }
 
+    /// Blocks of a segment this claim formatted: member `i` owns block
+    /// `i`, so they lie in address order and taking one needs no RMW.
+    #[inline(always)]
+    pub(crate) fn is_formatted(self) -> bool {
+        self.0 & Claim::FORMATTED != 0
+    }
+
     #[inline(always)]
     fn is_team_format(self) -> bool {
         self.0 & Claim::TEAM_FORMAT != 0

@@ -385,6 +385,51 @@ fn an_allocation_races_a_reclaim() {
     });
 }
 
+/// A slot run (`slot.rs`) of two blocks with one slice handed out: a
+/// reclaim's trim (which gives back the block the version has not reached)
+/// races a second allocation from the run. That and a third allocation
+/// after it succeed at different addresses, nothing is counted as misuse,
+/// and after the frees and a flush every segment is free: the trim's CAS
+/// and the allocation's add never both count the second block, and the
+/// trim never drops a reservation. Runs exist only in builds with `GPUMALLOC_SLOT_RUN` above
+/// 1 (the default).
+#[test]
+fn a_run_is_trimmed_while_a_team_allocates() {
+    if gpu_kernel::slot::SLOT_RUN_MAX < 2 {
+        return;
+    }
+    model_long(|| {
+        let segments = 4;
+        let tiny = Tiny::with_segments(segments);
+        let class = class_4k();
+        tiny.heap.loom_install_run(class, 0, 2);
+        let first = tiny.heap.malloc(4096) as u64;
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.reclaim());
+        let second = tiny.heap.malloc(4096) as u64;
+        t.join().unwrap();
+        // After the race, the word still knows what it handed out.
+        let third = tiny.heap.malloc(4096) as u64;
+        let all = [first, second, third];
+        assert!(
+            all.iter().all(|&p| p != 0) && first != second && second != third && first != third,
+            "{all:x?}"
+        );
+        for p in all {
+            tiny.heap.free(p as *mut u8);
+        }
+        tiny.heap.flush_slots();
+        let words: Vec<u64> = tiny
+            ._metadata
+            .iter()
+            .map(gpu_kernel::arch::load_relaxed)
+            .collect();
+        let stats = gpu_kernel::stats::HeapStats::from_snapshot(&tiny.heap, &words);
+        assert_eq!(stats.double_frees + stats.invalid_frees, 0, "{stats:?}");
+        assert_eq!(tiny.heap.free_segments(), segments as u32, "{stats:?}");
+    });
+}
+
 #[test]
 fn two_runs_race_for_the_top() {
     model_long(|| {
