@@ -1403,6 +1403,63 @@ mod rules_tests {
     }
 }
 
+/// The run tests' heap: 2048 segments of 2 MiB (enough for whole-segment
+/// spares), metadata only.
+#[cfg(all(test, not(loom)))]
+const RUN_TEST_SEGMENTS: u32 = 2048;
+
+/// Runs `body` on a fresh heap of [`RUN_TEST_SEGMENTS`] segments of 2 MiB,
+/// in a thread of its own (the host's SM id, and so the home slot, is per
+/// thread), with the slice class of `size`, its slices per block and the
+/// thread's home slot.
+#[cfg(all(test, not(loom)))]
+fn on_a_fresh_heap(size: u64, body: impl Fn(&Heap, SizeClass, u32, u32) + Send + Sync) {
+    extern crate std;
+    use crate::class::{MIN_SEGMENT_SHIFT, Request};
+    let (heap, _words) =
+        crate::layout::test_support::test_heap(RUN_TEST_SEGMENTS as u64, RUN_TEST_SEGMENTS);
+    let Request::Class(class) = Request::for_size(size, MIN_SEGMENT_SHIFT) else {
+        panic!("{size} B is a slice class");
+    };
+    let per_block = class.slices_per_block(MIN_SEGMENT_SHIFT);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let slot = arch::sm_id() & (heap.slots_for(class) - 1);
+            body(&heap, class, per_block, slot);
+        });
+    });
+}
+
+/// The version slot `slot` of `class` holds now.
+#[cfg(all(test, not(loom)))]
+fn slot_word(heap: &Heap, class: SizeClass, slot: u32) -> SlotWord {
+    SlotWord(arch::load_relaxed(heap.slot(class, slot)))
+}
+
+/// Spare words of slot `slot` of `class` that hold a block.
+#[cfg(all(test, not(loom)))]
+fn parked(heap: &Heap, class: SizeClass, slot: u32) -> u32 {
+    (0..SPARES_PER_SLOT)
+        .filter(|&i| arch::load_relaxed(heap.spare(class, slot, i)) != 0)
+        .count() as u32
+}
+
+/// Flushes the slots, frees `held`, and checks that every segment is back.
+#[cfg(all(test, not(loom)))]
+fn free_all_and_check_whole(heap: &Heap, held: &[u64]) {
+    heap.flush_slots();
+    for &p in held {
+        assert_ne!(p, 0);
+        heap.free(p as *mut u8);
+    }
+    heap.flush_slots();
+    assert_eq!(
+        heap.free_segments(),
+        RUN_TEST_SEGMENTS,
+        "every segment is back"
+    );
+}
+
 /// With runs (`GPUMALLOC_SLOT_RUN` above 1): a 4 KiB install on a fresh
 /// heap with spares claims adjacent whole segments and installs them as one
 /// run; the slot hands out the run's slices in address order before its
@@ -1413,81 +1470,67 @@ mod rules_tests {
 #[test]
 fn a_claim_of_adjacent_segments_installs_one_run() {
     extern crate std;
-    use crate::class::{MIN_SEGMENT_SHIFT, Request};
-    use std::vec::Vec;
     if !RUNS {
         return;
     }
-    let segments = 2048;
-    let (heap, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
-    let Request::Class(class) = Request::for_size(4096, MIN_SEGMENT_SHIFT) else {
-        panic!("4 KiB is a slice class");
-    };
-    assert_eq!(class.blocks_per_segment(MIN_SEGMENT_SHIFT), 1);
-    let spares = heap.spares_for(class);
-    assert!(
-        spares > 0,
-        "a heap of {segments} segments keeps whole-segment spares"
-    );
-    let run = (1 + spares).min(SLOT_RUN_MAX);
-    let per_block = class.slices_per_block(MIN_SEGMENT_SHIFT);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let slot = arch::sm_id() & (heap.slots_for(class) - 1);
-            let word = || SlotWord(arch::load_relaxed(heap.slot(class, slot)));
-            let parked = || {
-                (0..SPARES_PER_SLOT)
-                    .filter(|&i| arch::load_relaxed(heap.spare(class, slot, i)) != 0)
-                    .count() as u32
-            };
-            let first = heap.malloc(4096) as u64;
-            assert_ne!(first, 0);
-            let installed = word();
-            assert_eq!(
-                installed.run(),
-                run,
-                "the claim's adjacent segments form one run"
-            );
-            assert_eq!(parked(), 1 + spares - run, "only the rest is parked");
-            assert_eq!(heap.free_segments(), segments as u32 - 1 - spares);
-            // Two blocks' worth and one more slice, in address order, with
-            // no install between them.
-            let mut held: Vec<u64> = std::vec![first];
-            for i in 1..=per_block + 1 {
-                let p = heap.malloc(4096) as u64;
-                assert_eq!(p, first + (i as u64) * 4096, "index {i} of the run");
-                held.push(p);
-            }
-            assert_eq!(
-                word().version(),
-                installed.version(),
-                "no install within the run"
-            );
-            // A reclaim keeps the two blocks reached, gives back the others.
-            heap.reclaim();
-            let trimmed = word();
-            assert_eq!((trimmed.run(), trimmed.reserved()), (2, per_block + 2));
-            assert_eq!(parked(), 0, "a reclaim gives back the spares");
-            assert_eq!(heap.free_segments(), segments as u32 - 2);
-            // The slot goes on from where it was, then installs afresh.
-            for i in per_block + 2..2 * per_block {
-                let p = heap.malloc(4096) as u64;
-                assert_eq!(p, first + (i as u64) * 4096);
-                held.push(p);
-            }
-            let next = heap.malloc(4096) as u64;
-            assert_ne!(word().version(), trimmed.version(), "the next install");
-            held.push(next);
-            heap.flush_slots();
-            for p in held {
-                heap.free(p as *mut u8);
-            }
-            assert_eq!(
-                heap.free_segments(),
-                segments as u32,
-                "every segment is back"
-            );
-        });
+    on_a_fresh_heap(4096, |heap, class, per_block, slot| {
+        assert_eq!(class.blocks_per_segment(heap.segment_shift), 1);
+        let spares = heap.spares_for(class);
+        assert!(
+            spares > 0,
+            "a heap of {RUN_TEST_SEGMENTS} segments keeps whole-segment spares"
+        );
+        let run = (1 + spares).min(SLOT_RUN_MAX);
+        let first = heap.malloc(4096) as u64;
+        assert_ne!(first, 0);
+        let installed = slot_word(heap, class, slot);
+        assert_eq!(
+            installed.run(),
+            run,
+            "the claim's adjacent segments form one run"
+        );
+        assert_eq!(
+            parked(heap, class, slot),
+            1 + spares - run,
+            "only the rest is parked"
+        );
+        assert_eq!(heap.free_segments(), RUN_TEST_SEGMENTS - 1 - spares);
+        // Two blocks' worth and one more slice, in address order, with no
+        // install between them.
+        let mut held = std::vec![first];
+        for i in 1..=per_block + 1 {
+            let p = heap.malloc(4096) as u64;
+            assert_eq!(p, first + (i as u64) * 4096, "index {i} of the run");
+            held.push(p);
+        }
+        assert_eq!(
+            slot_word(heap, class, slot).version(),
+            installed.version(),
+            "no install within the run"
+        );
+        // A reclaim keeps the two blocks reached, gives back the others.
+        heap.reclaim();
+        let trimmed = slot_word(heap, class, slot);
+        assert_eq!((trimmed.run(), trimmed.reserved()), (2, per_block + 2));
+        assert_eq!(
+            parked(heap, class, slot),
+            0,
+            "a reclaim gives back the spares"
+        );
+        assert_eq!(heap.free_segments(), RUN_TEST_SEGMENTS - 2);
+        // The slot goes on from where it was, then installs afresh.
+        for i in per_block + 2..2 * per_block {
+            let p = heap.malloc(4096) as u64;
+            assert_eq!(p, first + (i as u64) * 4096);
+            held.push(p);
+        }
+        held.push(heap.malloc(4096) as u64);
+        assert_ne!(
+            slot_word(heap, class, slot).version(),
+            trimmed.version(),
+            "the next install"
+        );
+        free_all_and_check_whole(heap, &held);
     });
 }
 
@@ -1499,37 +1542,24 @@ fn a_claim_of_adjacent_segments_installs_one_run() {
 #[test]
 fn a_run_whose_first_block_came_back_is_still_reclaimed() {
     extern crate std;
-    use crate::class::{MIN_SEGMENT_SHIFT, Request};
     use std::vec::Vec;
     if !RUNS {
         return;
     }
-    let segments = 2048;
-    let (heap, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
-    let Request::Class(class) = Request::for_size(4096, MIN_SEGMENT_SHIFT) else {
-        panic!("4 KiB is a slice class");
-    };
-    let per_block = class.slices_per_block(MIN_SEGMENT_SHIFT);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let slot = arch::sm_id() & (heap.slots_for(class) - 1);
-            let held: Vec<u64> = (0..=per_block).map(|_| heap.malloc(4096) as u64).collect();
-            assert!(held.iter().all(|&p| p != 0));
-            assert!(SlotWord(arch::load_relaxed(heap.slot(class, slot))).run() > 1);
-            for p in held {
-                heap.free(p as *mut u8);
-            }
-            heap.reclaim();
-            assert_eq!(
-                SlotWord(arch::load_relaxed(heap.slot(class, slot))).block(),
-                None
-            );
-            assert_eq!(
-                heap.free_segments(),
-                segments as u32,
-                "every segment is back"
-            );
-        });
+    on_a_fresh_heap(4096, |heap, class, per_block, slot| {
+        let held: Vec<u64> = (0..=per_block).map(|_| heap.malloc(4096) as u64).collect();
+        assert!(held.iter().all(|&p| p != 0));
+        assert!(slot_word(heap, class, slot).run() > 1);
+        for p in held {
+            heap.free(p as *mut u8);
+        }
+        heap.reclaim();
+        assert_eq!(slot_word(heap, class, slot).block(), None);
+        assert_eq!(
+            heap.free_segments(),
+            RUN_TEST_SEGMENTS,
+            "every segment is back"
+        );
     });
 }
 
@@ -1543,43 +1573,28 @@ fn a_run_whose_first_block_came_back_is_still_reclaimed() {
 #[test]
 fn a_reclaim_keeps_a_run_that_reached_its_third_block() {
     extern crate std;
-    use crate::class::{MIN_SEGMENT_SHIFT, Request};
     use std::vec::Vec;
     if SLOT_RUN_MAX != 4 {
         return;
     }
-    let segments = 2048;
-    let (heap, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
-    let Request::Class(class) = Request::for_size(4096, MIN_SEGMENT_SHIFT) else {
-        panic!("4 KiB is a slice class");
-    };
-    let per_block = class.slices_per_block(MIN_SEGMENT_SHIFT);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let slot = arch::sm_id() & (heap.slots_for(class) - 1);
-            let word = || SlotWord(arch::load_relaxed(heap.slot(class, slot)));
-            let held: Vec<u64> = (0..=2 * per_block)
-                .map(|_| heap.malloc(4096) as u64)
-                .collect();
-            assert!(held.iter().all(|&p| p != 0));
-            assert_eq!(word().run(), 4, "a fresh heap's claim is a run of four");
-            heap.reclaim();
-            let after = word();
-            assert!(after.reserved() <= after.capacity(per_block), "{after:?}");
-            assert_eq!(after.run(), 4, "three blocks reached: the run stays whole");
-            // The rest of the run is still handed out in order.
-            let next = heap.malloc(4096) as u64;
-            assert_eq!(next, held[0] + (2 * per_block as u64 + 1) * 4096);
-            heap.flush_slots();
-            for p in held.into_iter().chain([next]) {
-                heap.free(p as *mut u8);
-            }
-            assert_eq!(
-                heap.free_segments(),
-                segments as u32,
-                "every segment is back"
-            );
-        });
+    on_a_fresh_heap(4096, |heap, class, per_block, slot| {
+        let mut held: Vec<u64> = (0..=2 * per_block)
+            .map(|_| heap.malloc(4096) as u64)
+            .collect();
+        assert_eq!(
+            slot_word(heap, class, slot).run(),
+            4,
+            "a fresh heap's claim is a run of four"
+        );
+        heap.reclaim();
+        let after = slot_word(heap, class, slot);
+        assert!(after.reserved() <= after.capacity(per_block), "{after:?}");
+        assert_eq!(after.run(), 4, "three blocks reached: the run stays whole");
+        // The rest of the run is still handed out in order.
+        let next = heap.malloc(4096) as u64;
+        assert_eq!(next, held[0] + (2 * per_block as u64 + 1) * 4096);
+        held.push(next);
+        free_all_and_check_whole(heap, &held);
     });
 }
 
@@ -1593,51 +1608,28 @@ fn a_reclaim_keeps_a_run_that_reached_its_third_block() {
 #[test]
 fn a_claim_of_adjacent_blocks_in_a_segment_installs_one_run() {
     extern crate std;
-    use crate::class::{MIN_SEGMENT_SHIFT, Request};
-    use std::vec::Vec;
-    if !RUNS {
+    if !RUNS || RUN_BLOCKS == 0 {
         return;
     }
-    let segments = 2048;
-    let (heap, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
-    let Request::Class(class) = Request::for_size(256, MIN_SEGMENT_SHIFT) else {
-        panic!("256 B is a slice class");
-    };
-    assert_eq!(class.blocks_per_segment(MIN_SEGMENT_SHIFT), 2);
-    assert!(
-        heap.spares_for(class) > 0,
-        "a heap of {segments} segments keeps spares"
-    );
-    let per_block = class.slices_per_block(MIN_SEGMENT_SHIFT);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let slot = arch::sm_id() & (heap.slots_for(class) - 1);
-            let word = || SlotWord(arch::load_relaxed(heap.slot(class, slot)));
-            let parked = || {
-                (0..SPARES_PER_SLOT)
-                    .filter(|&i| arch::load_relaxed(heap.spare(class, slot, i)) != 0)
-                    .count()
-            };
-            let first = heap.malloc(256) as u64;
-            assert_eq!(word().run(), 2, "both blocks of the formatted segment");
-            assert_eq!(parked(), 0);
-            let mut held: Vec<u64> = std::vec![first];
-            for i in 1..2 * per_block {
-                let p = heap.malloc(256) as u64;
-                assert_eq!(p, first + i as u64 * 256, "index {i} of the run");
-                held.push(p);
-            }
-            heap.flush_slots();
-            for p in held {
-                assert_ne!(p, 0);
-                heap.free(p as *mut u8);
-            }
-            heap.flush_slots();
-            assert_eq!(
-                heap.free_segments(),
-                segments as u32,
-                "every segment is back"
-            );
-        });
+    on_a_fresh_heap(256, |heap, class, per_block, slot| {
+        assert_eq!(class.blocks_per_segment(heap.segment_shift), 2);
+        assert!(
+            heap.spares_for(class) > 0,
+            "a heap of {RUN_TEST_SEGMENTS} segments keeps spares"
+        );
+        let first = heap.malloc(256) as u64;
+        assert_eq!(
+            slot_word(heap, class, slot).run(),
+            2,
+            "both blocks of the formatted segment"
+        );
+        assert_eq!(parked(heap, class, slot), 0);
+        let mut held = std::vec![first];
+        for i in 1..2 * per_block {
+            let p = heap.malloc(256) as u64;
+            assert_eq!(p, first + i as u64 * 256, "index {i} of the run");
+            held.push(p);
+        }
+        free_all_and_check_whole(heap, &held);
     });
 }

@@ -299,15 +299,20 @@ impl Tiny {
         })
     }
 
-    /// Every slot empty, every block back, the segment free.
-    fn assert_whole(&self) {
-        self.heap.flush_slots();
+    /// A snapshot of the heap's statistics (relaxed loads of its words).
+    fn stats(&self) -> gpu_kernel::stats::HeapStats {
         let words: Vec<u64> = self
             ._metadata
             .iter()
             .map(gpu_kernel::arch::load_relaxed)
             .collect();
-        let stats = gpu_kernel::stats::HeapStats::from_snapshot(&self.heap, &words);
+        gpu_kernel::stats::HeapStats::from_snapshot(&self.heap, &words)
+    }
+
+    /// Every slot empty, every block back, the segment free.
+    fn assert_whole(&self) {
+        self.heap.flush_slots();
+        let stats = self.stats();
         assert_eq!(
             self.heap.withdraw_free_segment(),
             Some(0),
@@ -419,12 +424,7 @@ fn a_run_is_trimmed_while_a_team_allocates() {
             tiny.heap.free(p as *mut u8);
         }
         tiny.heap.flush_slots();
-        let words: Vec<u64> = tiny
-            ._metadata
-            .iter()
-            .map(gpu_kernel::arch::load_relaxed)
-            .collect();
-        let stats = gpu_kernel::stats::HeapStats::from_snapshot(&tiny.heap, &words);
+        let stats = tiny.stats();
         assert_eq!(stats.double_frees + stats.invalid_frees, 0, "{stats:?}");
         assert_eq!(tiny.heap.free_segments(), segments as u32, "{stats:?}");
     });
@@ -1077,12 +1077,7 @@ fn a_team_overdraws_a_segment_while_its_block_comes_back() {
             tiny.heap.free(p as *mut u8);
         }
         tiny.heap.flush_slots();
-        let words: Vec<u64> = tiny
-            ._metadata
-            .iter()
-            .map(gpu_kernel::arch::load_relaxed)
-            .collect();
-        let stats = gpu_kernel::stats::HeapStats::from_snapshot(&tiny.heap, &words);
+        let stats = tiny.stats();
         assert_eq!(tiny.heap.free_segments(), 2, "{stats:?}");
     });
 }
