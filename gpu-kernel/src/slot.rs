@@ -27,7 +27,12 @@
 //! and fewer reserved is a later version whose generation wrapped) and try
 //! again. Whoever replaces a word
 //! (installer or flush) retires it: the slices it never handed out are counted
-//! dead on the block's counter, so every block is accounted for exactly.
+//! dead on the block's counter (each block of a run on its own), so every
+//! block is accounted for exactly. A reclaim may also replace a word that is
+//! not exhausted by the same word with a shorter run (a CAS, so no team's
+//! reservation is lost): the blocks it keeps are those its `reserved` has
+//! reached, rounded up to a power of two, and those it drops, which no
+//! index has reached, go back whole.
 
 /// Slots per slice class: the most a class uses (see `Heap::slots_for`).
 /// 32 unless `GPUMALLOC_SLOTS` (a power of two up to 256) is set at build
@@ -81,10 +86,11 @@ pub const MAX_SLOT_BLOCK: u64 = BLOCK_MASK - 1;
 
 /// The most blocks one slot version holds (`GPUMALLOC_SLOT_RUN`, 1, 2 or
 /// 4; 4 unless set at build time, 1 for none, the rule before 2026-11-24's
-/// twelfth session). A claim whose extra blocks
-/// lie right after the one it installs (whole segments of adjacent ids, on
-/// a heap that is not fragmented) installs them with it as one run instead
-/// of parking them as spares: the same blocks are held, but the slot's
+/// twelfth session). A claim whose extra blocks lie right after the one it
+/// installs (whole segments of adjacent ids, on a heap that is not
+/// fragmented; the blocks of a segment the claim formatted,
+/// `team::RUN_BLOCKS`) installs them with it as one run instead of parking
+/// them as spares: the same blocks are held, but the slot's
 /// teams carve through all of them before the next install, so a burst
 /// waits for a quarter of the installs. A run's blocks are separate blocks
 /// to everything else (counters, frees, retire); only the slot sees them
@@ -116,8 +122,9 @@ impl SlotWord {
         SlotWord(generation << GENERATION_SHIFT | b << BLOCK_SHIFT | reserved as u64)
     }
 
-    /// A word holding a run of `run` blocks (1 ..= [`SLOT_RUN_MAX`]) from
-    /// global block `block`, of adjacent addresses.
+    /// A word holding a run of `run` blocks (a power of two up to
+    /// [`SLOT_RUN_MAX`]: the word holds its log2) from global block
+    /// `block`, of adjacent addresses.
     #[inline(always)]
     pub fn new_run(block: u64, run: u32, reserved: u32, generation: u8) -> SlotWord {
         debug_assert!(run.is_power_of_two() && run <= SLOT_RUN_MAX);
