@@ -1071,16 +1071,6 @@ mod tests {
         }
     }
 
-    /// The slot counts of 1, 2 and 4 KiB of the default build on the bench
-    /// heap (16 GiB of 8 MiB segments), the demand + 3% heap (2,107
-    /// segments of 4 MiB) and the 256 MiB heap (2 MiB). Since 8 KiB became
-    /// a slice class, 2 and 4 KiB on the bench heap share the whole-segment
-    /// budget with it: 16 slots each where `wshare5f2` gave them 32
-    /// (`docs/PERF.md`; the counts of the issue 12 variants before it are
-    /// there too). Since 16 KiB became one too, the demand + 3% heap's
-    /// whole-segment classes (1 … 16 KiB on 4 MiB segments) split it five
-    /// ways (eight shares): 1, 2 and 4 KiB have 8 slots there, not 16. Other builds
-    /// check nothing.
     /// A run takes the adjacent segments right after the installed one, as
     /// many as the largest power of two up to `SLOT_RUN_MAX` allows, and
     /// leaves the others to be parked. Without runs, none.
@@ -1106,6 +1096,16 @@ mod tests {
         assert_eq!(run_of(0b1010, 2), (two, if RUNS { 0b0010 } else { 0b1010 }));
     }
 
+    /// The slot counts of 1, 2 and 4 KiB of the default build on the bench
+    /// heap (16 GiB of 8 MiB segments), the demand + 3% heap (2,107
+    /// segments of 4 MiB) and the 256 MiB heap (2 MiB). Since 8 KiB became
+    /// a slice class, 2 and 4 KiB on the bench heap share the whole-segment
+    /// budget with it: 16 slots each where `wshare5f2` gave them 32
+    /// (`docs/PERF.md`; the counts of the issue 12 variants before it are
+    /// there too). Since 16 KiB became one too, the demand + 3% heap's
+    /// whole-segment classes (1 … 16 KiB on 4 MiB segments) split it five
+    /// ways (eight shares): 1, 2 and 4 KiB have 8 slots there, not 16. Other builds
+    /// check nothing.
     #[test]
     fn issue12_slot_counts() {
         let got = |segments, shift| [1024, 2048, 4096].map(|s| slots(segments, shift, s));
@@ -1173,15 +1173,6 @@ mod stealing_tests {
     }
 }
 
-/// A team that found the heap exhausted and steals from other slots waits
-/// for an install in flight there: the block that installer claimed (or
-/// popped from a spare) is in no tree, no spare word and no slot word until
-/// its exchange, so a stealer that passed it by answered null beside a
-/// block about to be installed. Here the one segment of the heap is such a
-/// block, held by a simulated installer of slot 1 (its word shows an index
-/// taken past the capacity, so an installer owns it); this thread's own
-/// slot (0) is empty and the segment tree too. The malloc must wait for
-/// the install and take a slice of that block, not answer null.
 /// `FIRST_INSTALL_SPARES=2` (the default): a slot's first block of 16 B
 /// (16 blocks per 2 MiB segment, claims of 1 + 1) comes without a spare;
 /// the slot's next install, once the block's 8,192 slices are handed out,
@@ -1225,6 +1216,15 @@ fn a_slots_first_install_claims_no_spare() {
     });
 }
 
+/// A team that found the heap exhausted and steals from other slots waits
+/// for an install in flight there: the block that installer claimed (or
+/// popped from a spare) is in no tree, no spare word and no slot word until
+/// its exchange, so a stealer that passed it by answered null beside a
+/// block about to be installed. Here the one segment of the heap is such a
+/// block, held by a simulated installer of slot 1 (its word shows an index
+/// taken past the capacity, so an installer owns it); this thread's own
+/// slot (0) is empty and the segment tree too. The malloc must wait for
+/// the install and take a slice of that block, not answer null.
 #[cfg(all(test, not(loom)))]
 #[test]
 fn a_stealer_waits_for_an_install_in_flight() {
