@@ -293,10 +293,16 @@ impl SizeClass {
         }
     }
 
+    /// log2 of [`SizeClass::blocks_per_segment`].
+    #[inline(always)]
+    pub fn blocks_per_segment_shift(self, segment_shift: u32) -> u32 {
+        segment_shift - self.block_shift(segment_shift)
+    }
+
     /// Blocks of this class in one segment of `1 << segment_shift` bytes.
     #[inline(always)]
     pub fn blocks_per_segment(self, segment_shift: u32) -> u32 {
-        1 << (segment_shift - self.block_shift(segment_shift))
+        1 << self.blocks_per_segment_shift(segment_shift)
     }
 }
 

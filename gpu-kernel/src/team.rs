@@ -547,16 +547,17 @@ impl Heap {
     #[cold]
     fn mark_handed_out_in_run(&self, class: SizeClass, global: u64, index: u32) {
         let shift = class.slices_shift(self.segment_shift);
-        let block = self.global(self.run_block(class, global, index >> shift));
+        let block = self.run_block(class, global, index >> shift);
         crate::heap::mark_handed_out(self.slice_bits(block), index & ((1 << shift) - 1));
     }
 
-    /// Block `j` of the run that starts at global block `global`: the block
-    /// `j` blocks of this class further on in the heap's address order.
+    /// The global id of block `j` of the run that starts at global block
+    /// `global`: the block `j` blocks of this class further on in the
+    /// heap's address order.
     #[inline(always)]
-    fn run_block(&self, class: SizeClass, global: u64, j: u32) -> BlockId {
-        let per_segment_shift = self.segment_shift - class.block_shift(self.segment_shift);
-        self.block_id(global).advanced(j, per_segment_shift)
+    fn run_block(&self, class: SizeClass, global: u64, j: u32) -> u64 {
+        let shift = class.blocks_per_segment_shift(self.segment_shift);
+        self.global(self.block_id(global).advanced(j, shift))
     }
 
     /// In stealing mode, reserve only from a word that still has slices, so
@@ -638,13 +639,9 @@ impl Heap {
         let reserved = if fresh.is_some() { taken } else { 0 };
         // A new generation relative to the version this team installs for
         // (`generation`), so that threads waiting on it see the change.
-        let next = if RUNS {
-            match fresh {
-                Some(g) => SlotWord::new_run(g, run, reserved, generation.wrapping_add(1)),
-                None => SlotWord::new(None, reserved, generation.wrapping_add(1)),
-            }
-        } else {
-            SlotWord::new(fresh, reserved, generation.wrapping_add(1))
+        let next = match fresh {
+            Some(g) => SlotWord::new_run(g, run, reserved, generation.wrapping_add(1)),
+            None => SlotWord::new(None, reserved, generation.wrapping_add(1)),
         };
         // An exchange, not a load and a CAS loop: teams keep adding to the
         // word while the claim runs, so a CAS from an earlier load failed
@@ -791,7 +788,7 @@ impl Heap {
         if RUN_BLOCKS == 0 || (RUN_BLOCKS == 1 && (class.is_wide() || !claim.is_formatted())) {
             return 1;
         }
-        let per_segment_shift = self.segment_shift - class.block_shift(self.segment_shift);
+        let per_segment_shift = class.blocks_per_segment_shift(self.segment_shift);
         let ahead = claim.count().min(SLOT_RUN_MAX);
         let mut adjacent = 1;
         while adjacent < ahead {
@@ -857,9 +854,17 @@ impl Heap {
         }
         let per_block = class.slices_per_block(self.segment_shift);
         let unissued = displaced.unissued(per_block);
-        if unissued > 0
-            && block::count_dead_slices(self.counter(global), unissued as u64, per_block)
-        {
+        if unissued > 0 {
+            self.count_dead(class, global, unissued, per_block);
+        }
+    }
+
+    /// Counts `slices` of global block `global` (of `per_block` slices)
+    /// dead, slices no slot will hand out, and gives the block back if that
+    /// completes it.
+    #[inline(always)]
+    fn count_dead(&self, class: SizeClass, global: u64, slices: u32, per_block: u32) {
+        if block::count_dead_slices(self.counter(global), slices as u64, per_block) {
             self.release_block(class, self.block_id(global));
         }
     }
@@ -873,15 +878,8 @@ impl Heap {
         let per_block = class.slices_per_block(self.segment_shift);
         for j in 0..displaced.run() {
             let unissued = per_block - displaced.issued_in(j, per_block);
-            let b = self.run_block(class, global, j);
-            if unissued > 0
-                && block::count_dead_slices(
-                    self.counter(self.global(b)),
-                    unissued as u64,
-                    per_block,
-                )
-            {
-                self.release_block(class, b);
+            if unissued > 0 {
+                self.count_dead(class, self.run_block(class, global, j), unissued, per_block);
             }
         }
     }
@@ -962,14 +960,12 @@ impl Heap {
         // index reserved before it lies in the blocks kept.
         if arch::compare_exchange_acq_rel(word, current, next.0).is_ok() {
             for j in reached..seen.run() {
-                let b = self.run_block(class, global, j);
-                if block::count_dead_slices(
-                    self.counter(self.global(b)),
-                    per_block as u64,
+                self.count_dead(
+                    class,
+                    self.run_block(class, global, j),
                     per_block,
-                ) {
-                    self.release_block(class, b);
-                }
+                    per_block,
+                );
             }
         }
     }
@@ -991,21 +987,15 @@ impl Heap {
         // Relaxed: a snapshot. The block is in this lifetime (slices remain
         // unissued, so it cannot have completed). If a team reserves after
         // this load the CAS below fails; frees only make the count larger.
-        let idle = if RUNS {
-            // A block of the run whose slices were all handed out is no
-            // longer the slot's: it completes (and may be reused) with its
-            // last free, so only the others are read.
-            (0..seen.run()).all(|j| {
-                let issued = seen.issued_in(j, per_block);
-                let counter = self.counter(self.global(self.run_block(class, global, j)));
-                issued == per_block
-                    || block::dead_in_lifetime(arch::load_relaxed(counter), per_block)
-                        >= issued as u64
-            })
-        } else {
-            let dead = block::dead_in_lifetime(arch::load_relaxed(self.counter(global)), per_block);
-            dead >= seen.reserved() as u64
-        };
+        // A block of a run whose slices were all handed out is no longer
+        // the slot's: it completes (and may be reused) with its last free,
+        // so only the others are read.
+        let idle = (0..seen.run()).all(|j| {
+            let issued = seen.issued_in(j, per_block);
+            let counter = self.counter(self.run_block(class, global, j));
+            issued == per_block
+                || block::dead_in_lifetime(arch::load_relaxed(counter), per_block) >= issued as u64
+        });
         if !idle {
             return;
         }
@@ -1197,19 +1187,18 @@ fn a_slots_first_install_claims_no_spare() {
     std::thread::scope(|s| {
         s.spawn(|| {
             let slot = arch::sm_id() & (heap.slots_for(class) - 1);
-            let held = |heap: &Heap| {
-                (0..SPARES_PER_SLOT)
-                    .filter(|&i| arch::load_relaxed(heap.spare(class, slot, i)) != 0)
-                    .count()
-            };
             assert!(!heap.malloc(16).is_null());
-            assert_eq!(held(&heap), 0, "the first install parked a spare");
+            assert_eq!(
+                parked(&heap, class, slot),
+                0,
+                "the first install parked a spare"
+            );
             for _ in 1..=per_block {
                 assert!(!heap.malloc(16).is_null());
             }
             assert_eq!(
-                held(&heap),
-                spares as usize,
+                parked(&heap, class, slot),
+                spares,
                 "the second install parked none"
             );
         });
