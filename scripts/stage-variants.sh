@@ -175,7 +175,13 @@
 #   segrun         runs of whole segments only, not of blocks inside a
 #                  segment (GPUMALLOC_SLOT_RUN_BLOCKS=0: the default of
 #                  68aebd3); blkrun2: runs of any claim's blocks (=2; the
-#                  default, 1, only of claims that formatted their segment)
+#                  default, 1, only of claims that formatted their segment);
+#                  blkrun3: also a reserved claim's blocks taken at their
+#                  ticket bits with one RMW (=3); blkrun1 the rule =1
+#   segruns        a claim of a class with a few blocks per segment takes
+#                  whole adjacent segments as one run (GPUMALLOC_SEGMENT_RUNS=1);
+#                  segruns2: one segment by that path (=2)
+#   A+B            the settings of A and of B (blkrun3+iclock2-c4)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
 # when a setting changes, and cargo tracks the `option_env!` reads.
@@ -184,6 +190,13 @@ cd "$(dirname "$0")/.."
 DEST=${DEST:-.gpu-var}
 
 settings() {
+  # A name joined with "+" builds with the settings of each part.
+  if [[ $1 == *+* ]]; then
+    local part all=""
+    for part in ${1//+/ }; do all="$all $(settings "$part")"; done
+    echo "$all"
+    return
+  fi
   case $1 in
     claim | auto) echo "" ;;
     s21) echo "GPUMALLOC_SEGMENT_SHIFT=21" ;;
@@ -244,6 +257,10 @@ settings() {
     run4) echo "GPUMALLOC_SLOT_RUN=4" ;;
     segrun) echo "GPUMALLOC_SLOT_RUN_BLOCKS=0" ;;
     blkrun2) echo "GPUMALLOC_SLOT_RUN_BLOCKS=2" ;;
+    blkrun1) echo "GPUMALLOC_SLOT_RUN_BLOCKS=1" ;;
+    blkrun3) echo "GPUMALLOC_SLOT_RUN_BLOCKS=3" ;;
+    segruns) echo "GPUMALLOC_SEGMENT_RUNS=1" ;;
+    segruns2) echo "GPUMALLOC_SEGMENT_RUNS=2" ;;
     fis2) echo "GPUMALLOC_FIRST_INSTALL_SPARES=2" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;
     wlow) echo "GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;

@@ -132,6 +132,16 @@ impl<'a> BlockBitmap<'a> {
         }
     }
 
+    /// Takes the free blocks among `bits` of word `word` with one RMW and
+    /// returns which of them it took (a bit set in `bits` and in the word
+    /// before). The caller holds a reservation for at least as many blocks
+    /// as `bits` has, so it may take any of them; those it did not get are
+    /// taken by [`BlockBitmap::take`] later. acq_rel as in `take_trying`.
+    #[inline]
+    pub fn take_bits(&self, word: u32, bits: u64) -> u64 {
+        arch::fetch_and_acq_rel(self.word(word), !bits) & bits
+    }
+
     /// Marks `block` free; returns false if it already was (a double free).
     /// Release: resets made before are visible to the next owner.
     #[inline]

@@ -316,6 +316,36 @@ impl Claim {
         self.0 as u32
     }
 
+    /// A reservation with a ticket (every slice claim with
+    /// `SLICE_CLAIM_ADD`): its blocks are hinted at bits
+    /// `ticket..ticket + count` of the segment's bitmap.
+    #[inline(always)]
+    pub(crate) fn is_ticketed(self) -> bool {
+        self.0 & Claim::TICKETED != 0
+    }
+
+    /// The block at a ticketed claim's ticket plus `rank`.
+    #[inline(always)]
+    pub(crate) fn at_ticket(self, rank: u32) -> BlockId {
+        BlockId {
+            segment: self.segment(),
+            block: (self.0 >> Claim::TICKET_SHIFT) as u32 + rank,
+        }
+    }
+
+    /// Takes the blocks of ranks `0..n` of a ticketed claim at their ticket
+    /// bits with one RMW (only those in the bitmap word of the ticket, so
+    /// `n` may shrink), and returns the ranks it got as a mask (bit r: the
+    /// block [`Claim::at_ticket`]`(r)` is the caller's). The other ranks
+    /// are taken by [`Claim::take`] as before. `n` is at most 32.
+    #[inline(always)]
+    pub(crate) fn take_at_ticket(self, heap: &Heap, n: u32) -> u32 {
+        let at = (self.0 >> Claim::TICKET_SHIFT) as u32;
+        let n = n.min(64 - (at & 63));
+        let bits = ((1u64 << n) - 1) << (at & 63);
+        (heap.bitmap(self.segment()).take_bits(at >> 6, bits) >> (at & 63)) as u32
+    }
+
     /// The block of the member of rank `rank < count`.
     #[inline(always)]
     pub(crate) fn take(self, heap: &Heap, class: SizeClass, rank: u32) -> BlockId {
@@ -399,7 +429,7 @@ impl Heap {
     }
 
     #[inline(always)]
-    fn bitmap(&self, segment: u32) -> BlockBitmap<'_> {
+    pub(crate) fn bitmap(&self, segment: u32) -> BlockBitmap<'_> {
         let per = bitmap_words_per_segment(self.segment_shift) as u64;
         BlockBitmap::new(self.region(self.bitmaps_at + segment as u64 * per, per))
     }
@@ -1448,11 +1478,13 @@ impl Heap {
 
     /// Claims up to `want` (1..=64) free segments for a slice class whose
     /// block fills a segment (512 B … 4 KiB slices at 2 MiB segments, only
-    /// 4 KiB at 16 MiB), with one RMW on the segment tree, and formats each
-    /// with its block taken. Returns the first id of the tree word they came from and
-    /// the mask of the segments claimed (bit `k`: segment `first + k`).
+    /// 4 KiB at 16 MiB), or whose claim takes whole segments of a few
+    /// blocks (`team::SEGMENT_RUNS`), with one RMW on the segment tree, and
+    /// formats each with all its blocks taken. Returns the first id of the
+    /// tree word they came from and the mask of the segments claimed (bit
+    /// `k`: segment `first + k`).
     ///
-    /// Such a class never has a segment in its class tree (its segments have
+    /// Such a claim puts no segment in the class tree (its segments have
     /// no free block while in use), so the class tree and the format lock
     /// are skipped: the caller takes whole segments, nothing to scatter.
     /// Every install of these classes claims a segment, so these claims are
@@ -1460,7 +1492,8 @@ impl Heap {
     /// several segments, which the caller keeps as its slot's spares.
     #[inline(never)]
     pub(crate) fn claim_whole_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u64)> {
-        debug_assert!(class.is_slice() && class.blocks_per_segment(self.segment_shift) == 1);
+        debug_assert!(class.is_slice());
+        let blocks = class.blocks_per_segment(self.segment_shift);
         let tree = self.segment_tree();
         let (first, taken) = match WHOLE_CLAIM_SALT {
             0 => tree.claim_lowest_many(want),
@@ -1475,7 +1508,7 @@ impl Heap {
         let mut rest = taken;
         while rest != 0 {
             let segment = first + rest.trailing_zeros();
-            self.write_format(segment, class, 1, 1);
+            self.write_format(segment, class, blocks, blocks);
             rest &= rest - 1;
         }
         self.table()

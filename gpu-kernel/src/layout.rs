@@ -502,9 +502,13 @@ pub(crate) mod test_support {
     /// touched by the tests that use it), the metadata is the returned
     /// words (a `Vec`'s buffer does not move while it lives).
     pub(crate) fn test_heap(segments: u64, present: u32) -> (Heap, Vec<Word>) {
+        test_heap_of(segments, present, MIN_SEGMENT_SHIFT)
+    }
+
+    /// [`test_heap`] with segments of `1 << shift` bytes.
+    pub(crate) fn test_heap_of(segments: u64, present: u32, shift: u32) -> (Heap, Vec<Word>) {
         let layout =
-            Heap::layout_for_bytes(segments << MIN_SEGMENT_SHIFT, Some(MIN_SEGMENT_SHIFT), 0)
-                .expect("a test heap");
+            Heap::layout_for_bytes(segments << shift, Some(shift), 0).expect("a test heap");
         let mut image = std::vec![0u64; layout.metadata_words() as usize];
         layout.write_initial_metadata_with(&mut image, present);
         let words: Vec<Word> = image.into_iter().map(Word::new).collect();

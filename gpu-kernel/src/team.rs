@@ -125,11 +125,27 @@ pub struct HeapRules {
 /// that are not wide (256 B … 1 KiB on the bench heap) that formatted their
 /// segment, whose blocks lie in order and need no RMW to take; 2 any,
 /// taking the next blocks of a reserved claim from the bitmap before the
-/// word is published. H100, kernel alone, 1 against 0: 512 B −21%, 1 KiB
-/// −14%, 256 B −2%, other sizes and mixed within ±5%; with wide classes
-/// too, 32 B was +11% (not traced; its claims take two blocks, so every
-/// install then claims where every other one popped a spare).
+/// word is published, one RMW each; 3 as 1, and a reserved claim of those
+/// classes too, whose first blocks are taken at their ticket bits with the
+/// one RMW that took its first block alone ([`Claim::take_at_ticket`]).
+/// H100, kernel alone, 1 against 0: 512 B −21%, 1 KiB −14%, 256 B −2%,
+/// other sizes and mixed within ±5%; with wide classes too, 32 B was +11%
+/// (not traced; its claims take two blocks, so every install then claims
+/// where every other one popped a spare).
 const RUN_BLOCKS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SLOT_RUN_BLOCKS"), 1);
+
+/// How a slot claim of a class whose segment holds a few blocks, fewer
+/// than the claim wants (1 + spares) and no more than a run
+/// (`SLOT_RUN_MAX`), gets them (1 KiB at 8 MiB segments, 512 B at 4 MiB,
+/// 256 B at 2 MiB: two blocks to a segment). `GPUMALLOC_SEGMENT_RUNS`:
+/// 0, one segment through the class tree (`Heap::claim_blocks`, which
+/// formats it for the claim alone); 1, whole segments from one
+/// segment-tree word ([`Heap::claim_whole_segments`], as the classes whose
+/// block fills a segment), as many as the claim wants, so that adjacent
+/// segments make one run (two segments of two blocks: a run of four); 2,
+/// one segment by that path (the same run of two as 0, without the class
+/// tree and its format lock).
+const SEGMENT_RUNS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_RUNS"), 0);
 
 /// What [`Heap::reserve_if_open`] answers for a slot with nothing left (not
 /// a valid slot word: its block field is all ones).
@@ -142,15 +158,21 @@ enum Extra {
     Nothing,
     /// Blocks `from..count` of a claim (the ones before `from` are taken:
     /// the installed block, and with runs those that joined it or were
-    /// parked already).
+    /// parked already). `held`: ranks at or after `from` whose blocks are
+    /// taken already, at their ticket ([`Claim::take_at_ticket`]).
     Blocks {
         claim: Claim,
         from: u32,
+        held: u32,
     },
-    /// Whole segments `first + k` for each bit `k` of `rest`.
+    /// Whole segments `first + k` for each bit `k` of `rest`, each of
+    /// `1 << shift` blocks (0 for a class whose block fills a segment), all
+    /// taken by the claim; the installed block is block 0 of the segment
+    /// before them, whose other blocks join its run.
     Segments {
         first: u32,
         rest: u64,
+        shift: u32,
     },
 }
 
@@ -162,19 +184,23 @@ impl Extra {
     /// blocks inside a segment is [`Heap::take_run`]'s.
     #[inline(always)]
     fn take_run(&mut self, installed: BlockId) -> u32 {
-        let Extra::Segments { first, rest } = self else {
+        let Extra::Segments { first, rest, shift } = self else {
             return 1;
         };
         // Bits of `rest` above the installed segment's, as offsets from it.
         let offset = installed.segment() - *first;
-        let adjacent = 1 + (*rest >> offset >> 1).trailing_ones();
+        let adjacent = (1 + (*rest >> offset >> 1).trailing_ones()) << *shift;
         let run = if adjacent >= SLOT_RUN_MAX {
             SLOT_RUN_MAX
         } else {
             1 << adjacent.ilog2()
         };
-        // The run's other blocks: bits offset + 1 .. offset + run.
-        *rest &= !((((1u64 << run) >> 1) - 1) << (offset + 1));
+        // The run's other segments: bits offset + 1 .. offset + segments.
+        // (A run holds at least the installed segment's blocks: a claim of
+        // segments of several blocks is made only where they fit in one,
+        // `SEGMENT_RUNS`.)
+        let segments = run >> *shift;
+        *rest &= !((((1u64 << segments) >> 1) - 1) << (offset + 1));
         run
     }
 }
@@ -194,6 +220,7 @@ impl Heap {
         let mut extra = Extra::Segments {
             first,
             rest: taken & (taken - 1),
+            shift: 0,
         };
         assert_eq!(extra.take_run(installed), run, "adjacent segments");
         let word = self.slot(class, slot);
@@ -751,11 +778,20 @@ impl Heap {
         } else {
             spares
         };
-        if class.blocks_per_segment(self.segment_shift) == 1 {
-            let (first, taken) = self.claim_whole_segments(class, 1 + spares)?;
+        let shift = class.blocks_per_segment_shift(self.segment_shift);
+        if shift == 0
+            || (SEGMENT_RUNS != 0 && 1 << shift <= SLOT_RUN_MAX && 1 << shift < 1 + spares)
+        {
+            let segments = if SEGMENT_RUNS == 2 && shift > 0 {
+                1
+            } else {
+                ((1 + spares) >> shift).max(1)
+            };
+            let (first, taken) = self.claim_whole_segments(class, segments)?;
             *extra = Extra::Segments {
                 first,
                 rest: taken & (taken - 1),
+                shift,
             };
             return Some(BlockId::whole_segment(first + taken.trailing_zeros()));
         }
@@ -767,7 +803,29 @@ impl Heap {
         if claim.count() == 0 {
             return None;
         }
-        *extra = Extra::Blocks { claim, from: 1 };
+        if RUNS && RUN_BLOCKS == 3 && !class.is_wide() && claim.is_ticketed() && claim.count() > 1 {
+            // The first blocks of a reserved claim at their ticket bits,
+            // with the one RMW that would take the first alone: they
+            // usually lie in order after it, and join its run
+            // (`Heap::take_run`) with no RMW more before the publish.
+            let held = claim.take_at_ticket(self, claim.count().min(SLOT_RUN_MAX));
+            let first = if held & 1 != 0 {
+                claim.at_ticket(0)
+            } else {
+                claim.take(self, class, 0)
+            };
+            *extra = Extra::Blocks {
+                claim,
+                from: 1,
+                held: held & !1,
+            };
+            return Some(first);
+        }
+        *extra = Extra::Blocks {
+            claim,
+            from: 1,
+            held: 0,
+        };
         Some(claim.take(self, class, 0))
     }
 
@@ -782,10 +840,22 @@ impl Heap {
     /// after the publish as before.
     #[inline(never)]
     fn take_run(&self, class: SizeClass, slot: u32, extra: &mut Extra, installed: BlockId) -> u32 {
-        let Extra::Blocks { claim, from } = extra else {
+        let Extra::Blocks { claim, from, held } = extra else {
             return extra.take_run(installed);
         };
-        if RUN_BLOCKS == 0 || (RUN_BLOCKS == 1 && (class.is_wide() || !claim.is_formatted())) {
+        if *held != 0 {
+            // A reserved claim's blocks taken at their tickets: those right
+            // after the installed one, in rank order, join it.
+            if installed != claim.at_ticket(0) {
+                return 1;
+            }
+            let adjacent = (1 + (*held >> 1).trailing_ones()).min(SLOT_RUN_MAX);
+            let run = 1 << adjacent.ilog2();
+            *held &= !((1 << run) - 1);
+            *from = run;
+            return run;
+        }
+        if RUN_BLOCKS == 0 || (RUN_BLOCKS != 2 && (class.is_wide() || !claim.is_formatted())) {
             return 1;
         }
         let per_segment_shift = class.blocks_per_segment_shift(self.segment_shift);
@@ -813,18 +883,30 @@ impl Heap {
     fn park_extra(&self, class: SizeClass, slot: u32, extra: Extra) {
         match extra {
             Extra::Nothing => {}
-            Extra::Blocks { claim, from } => {
+            Extra::Blocks { claim, from, held } => {
                 for i in from..claim.count() {
-                    self.park_spare(class, slot, i - 1, claim.take(self, class, i));
+                    let b = if i < 32 && held >> i & 1 != 0 {
+                        claim.at_ticket(i)
+                    } else {
+                        claim.take(self, class, i)
+                    };
+                    self.park_spare(class, slot, i - 1, b);
                 }
             }
-            Extra::Segments { first, mut rest } => {
+            Extra::Segments {
+                first,
+                mut rest,
+                shift,
+            } => {
                 let mut i = 0;
                 while rest != 0 {
-                    let b = BlockId::whole_segment(first + rest.trailing_zeros());
-                    self.park_spare(class, slot, i, b);
+                    let segment = first + rest.trailing_zeros();
+                    for block in 0..1 << shift {
+                        let b = BlockId::whole_segment(segment).advanced(block, shift);
+                        self.park_spare(class, slot, i, b);
+                        i += 1;
+                    }
                     rest &= rest - 1;
-                    i += 1;
                 }
             }
         }
@@ -1067,7 +1149,11 @@ mod tests {
     #[test]
     fn a_run_takes_the_adjacent_segments_after_the_installed_one() {
         let run_of = |rest: u64, installed: u32| {
-            let mut extra = Extra::Segments { first: 10, rest };
+            let mut extra = Extra::Segments {
+                first: 10,
+                rest,
+                shift: 0,
+            };
             let run = extra.take_run(BlockId::whole_segment(10 + installed));
             let Extra::Segments { rest, .. } = extra else {
                 unreachable!()
@@ -1392,8 +1478,8 @@ mod rules_tests {
     }
 }
 
-/// The run tests' heap: 2048 segments of 2 MiB (enough for whole-segment
-/// spares), metadata only.
+/// The run tests' heap: 2048 segments (of 2 MiB, enough for whole-segment
+/// spares, unless a test names another size), metadata only.
 #[cfg(all(test, not(loom)))]
 const RUN_TEST_SEGMENTS: u32 = 2048;
 
@@ -1403,14 +1489,27 @@ const RUN_TEST_SEGMENTS: u32 = 2048;
 /// thread's home slot.
 #[cfg(all(test, not(loom)))]
 fn on_a_fresh_heap(size: u64, body: impl Fn(&Heap, SizeClass, u32, u32) + Send + Sync) {
+    on_a_fresh_heap_of(crate::class::MIN_SEGMENT_SHIFT, size, body);
+}
+
+/// [`on_a_fresh_heap`] with segments of `1 << shift` bytes.
+#[cfg(all(test, not(loom)))]
+fn on_a_fresh_heap_of(
+    shift: u32,
+    size: u64,
+    body: impl Fn(&Heap, SizeClass, u32, u32) + Send + Sync,
+) {
     extern crate std;
-    use crate::class::{MIN_SEGMENT_SHIFT, Request};
-    let (heap, _words) =
-        crate::layout::test_support::test_heap(RUN_TEST_SEGMENTS as u64, RUN_TEST_SEGMENTS);
-    let Request::Class(class) = Request::for_size(size, MIN_SEGMENT_SHIFT) else {
+    use crate::class::Request;
+    let (heap, _words) = crate::layout::test_support::test_heap_of(
+        RUN_TEST_SEGMENTS as u64,
+        RUN_TEST_SEGMENTS,
+        shift,
+    );
+    let Request::Class(class) = Request::for_size(size, shift) else {
         panic!("{size} B is a slice class");
     };
-    let per_block = class.slices_per_block(MIN_SEGMENT_SHIFT);
+    let per_block = class.slices_per_block(shift);
     std::thread::scope(|s| {
         s.spawn(|| {
             let slot = arch::sm_id() & (heap.slots_for(class) - 1);
@@ -1607,16 +1706,127 @@ fn a_claim_of_adjacent_blocks_in_a_segment_installs_one_run() {
             "a heap of {RUN_TEST_SEGMENTS} segments keeps spares"
         );
         let first = heap.malloc(256) as u64;
+        // With `SEGMENT_RUNS=1`, the claim takes two segments of two blocks.
+        let run = if SEGMENT_RUNS == 1 { 4 } else { 2 };
         assert_eq!(
             slot_word(heap, class, slot).run(),
-            2,
-            "both blocks of the formatted segment"
+            run,
+            "the blocks of the formatted segments"
         );
         assert_eq!(parked(heap, class, slot), 0);
         let mut held = std::vec![first];
-        for i in 1..2 * per_block {
+        for i in 1..run * per_block {
             let p = heap.malloc(256) as u64;
             assert_eq!(p, first + i as u64 * 256, "index {i} of the run");
+            held.push(p);
+        }
+        free_all_and_check_whole(heap, &held);
+    });
+}
+
+/// With `GPUMALLOC_SLOT_RUN_BLOCKS=3`: a reserved claim's blocks, taken at
+/// their ticket bits with one RMW, join the installed block as one run. On
+/// a heap of 8 MiB segments (eight 1 MiB blocks of 256 B), a slot's first
+/// install claims one block and formats the segment
+/// (`FIRST_INSTALL_SPARES`); its next claims four more, reserved at
+/// tickets 1 … 4, and installs them as one run that continues in address
+/// order. When another claim took one of those bits first (bit 3 here),
+/// the run stops before it (blocks 1 and 2), and the claim's other blocks
+/// (bit 4, taken at its ticket, and one scanned for) are parked as spares.
+/// Everything comes back after the frees and a flush. Other builds check
+/// nothing.
+#[cfg(all(test, not(loom)))]
+#[test]
+fn a_reserved_claim_installs_its_ticket_blocks_as_one_run() {
+    extern crate std;
+    if !RUNS || RUN_BLOCKS != 3 || SLOT_RUN_MAX < 4 {
+        return;
+    }
+    for taken_first in [None, Some(3u32)] {
+        on_a_fresh_heap_of(23, 256, |heap, class, per_block, slot| {
+            assert_eq!(class.blocks_per_segment(heap.segment_shift), 8);
+            assert!(heap.spares_for(class) >= 3, "a claim of four blocks");
+            let first = heap.malloc(256) as u64;
+            assert_eq!(
+                slot_word(heap, class, slot).run(),
+                1,
+                "the first claim: one block"
+            );
+            let mut held = std::vec![first];
+            for i in 1..per_block {
+                let p = heap.malloc(256) as u64;
+                assert_eq!(p, first + i as u64 * 256);
+                held.push(p);
+            }
+            let segment = (first - heap.data()) as u32 >> heap.segment_shift;
+            if let Some(bit) = taken_first {
+                assert_eq!(heap.bitmap(segment).take_bits(0, 1 << bit), 1 << bit);
+            }
+            let next = heap.malloc(256) as u64;
+            assert_eq!(
+                next,
+                first + per_block as u64 * 256,
+                "block 1 follows block 0"
+            );
+            held.push(next);
+            let (run, spares) = if taken_first.is_some() {
+                (2, 2)
+            } else {
+                (4, 0)
+            };
+            assert_eq!(slot_word(heap, class, slot).run(), run);
+            assert_eq!(parked(heap, class, slot), spares);
+            // Every block is taken once: blocks 0 … 4 by the two claims
+            // (or 0 … 2, 4 and the one scanned for, 5, with bit 3 taken
+            // first), the others still free in the bitmap.
+            let free: std::vec::Vec<u32> = (0..8)
+                .filter(|&b| heap.bitmap(segment).is_free(b))
+                .collect();
+            let expected: &[u32] = if taken_first.is_some() {
+                &[6, 7]
+            } else {
+                &[5, 6, 7]
+            };
+            assert_eq!(free, expected, "blocks free in the bitmap");
+            for i in 1..(run * per_block) as u64 {
+                let p = heap.malloc(256) as u64;
+                assert_eq!(p, next + i * 256, "index {i} of the run");
+                held.push(p);
+            }
+            if let Some(bit) = taken_first {
+                assert!(heap.bitmap(segment).give_back(bit));
+            }
+            free_all_and_check_whole(heap, &held);
+        });
+    }
+}
+
+/// With `GPUMALLOC_SEGMENT_RUNS=1`: a 1 KiB slot's claim on a heap of
+/// 8 MiB segments (two 4 MiB blocks each) takes two adjacent segments and
+/// installs their four blocks as one run, 16,384 slices in address order
+/// across the segment boundary, with no spare parked; everything comes back
+/// after the frees and a flush. Other builds check nothing.
+#[cfg(all(test, not(loom)))]
+#[test]
+fn a_claim_of_two_segments_of_two_blocks_installs_one_run() {
+    extern crate std;
+    if !RUNS || SEGMENT_RUNS != 1 || SLOT_RUN_MAX < 4 {
+        return;
+    }
+    on_a_fresh_heap_of(23, 1024, |heap, class, per_block, slot| {
+        assert_eq!(class.blocks_per_segment(heap.segment_shift), 2);
+        assert!(heap.spares_for(class) >= 3, "a claim of four blocks");
+        let first = heap.malloc(1024) as u64;
+        assert_eq!(
+            slot_word(heap, class, slot).run(),
+            4,
+            "two segments' blocks"
+        );
+        assert_eq!(parked(heap, class, slot), 0);
+        let mut held = std::vec![first];
+        for i in 1..4 * per_block as u64 {
+            let p = heap.malloc(1024) as u64;
+            assert_eq!(p, first + i * 1024, "index {i} of the run");
             held.push(p);
         }
         free_all_and_check_whole(heap, &held);
