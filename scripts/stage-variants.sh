@@ -174,10 +174,11 @@
 #                  since 2026-11-24's twelfth session, run1 the rule before)
 #   segrun         runs of whole segments only, not of blocks inside a
 #                  segment (GPUMALLOC_SLOT_RUN_BLOCKS=0: the default of
-#                  68aebd3); blkrun2: runs of any claim's blocks (=2; the
-#                  default, 1, only of claims that formatted their segment);
+#                  68aebd3); blkrun2: runs of any claim's blocks (=2);
+#                  blkrun1: only of claims that formatted their segment
+#                  (=1, the rule before 2026-11-24's thirteenth session);
 #                  blkrun3: also a reserved claim's blocks taken at their
-#                  ticket bits with one RMW (=3); blkrun1 the rule =1
+#                  ticket bits with one RMW (=3, the default)
 #   segruns        a claim of a class with a few blocks per segment takes
 #                  whole adjacent segments as one run (GPUMALLOC_SEGMENT_RUNS=1);
 #                  segruns2: one segment by that path (=2)

@@ -88,8 +88,9 @@ pub const MAX_SLOT_BLOCK: u64 = BLOCK_MASK - 1;
 /// 4; 4 unless set at build time, 1 for none, the rule before 2026-11-24's
 /// twelfth session). A claim whose extra blocks lie right after the one it
 /// installs (whole segments of adjacent ids, on a heap that is not
-/// fragmented; the blocks of a segment the claim formatted,
-/// `team::RUN_BLOCKS`) installs them with it as one run instead of parking
+/// fragmented; the blocks of a segment the claim formatted, or those of a
+/// reserved claim taken in order at their ticket bits, `team::RUN_BLOCKS`)
+/// installs them with it as one run instead of parking
 /// them as spares: the same blocks are held, but the slot's
 /// teams carve through all of them before the next install, so a burst
 /// waits for a quarter of the installs. A run's blocks are separate blocks

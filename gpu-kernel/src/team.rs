@@ -121,18 +121,20 @@ pub struct HeapRules {
 
 /// Which claims of blocks inside a segment (16 B … 1 KiB on the bench heap)
 /// install runs (`GPUMALLOC_SLOT_RUN_BLOCKS`; runs of whole segments need
-/// only `GPUMALLOC_SLOT_RUN`): 0 none; 1 (the default) those of classes
-/// that are not wide (256 B … 1 KiB on the bench heap) that formatted their
-/// segment, whose blocks lie in order and need no RMW to take; 2 any,
-/// taking the next blocks of a reserved claim from the bitmap before the
-/// word is published, one RMW each; 3 as 1, and a reserved claim of those
-/// classes too, whose first blocks are taken at their ticket bits with the
-/// one RMW that took its first block alone ([`Claim::take_at_ticket`]).
-/// H100, kernel alone, 1 against 0: 512 B −21%, 1 KiB −14%, 256 B −2%,
-/// other sizes and mixed within ±5%; with wide classes too, 32 B was +11%
-/// (not traced; its claims take two blocks, so every install then claims
-/// where every other one popped a spare).
-const RUN_BLOCKS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SLOT_RUN_BLOCKS"), 1);
+/// only `GPUMALLOC_SLOT_RUN`): 0 none; 1 those of classes that are not
+/// wide (256 B … 1 KiB on the bench heap) that formatted their segment,
+/// whose blocks lie in order and need no RMW to take; 2 any, taking the
+/// next blocks of a reserved claim from the bitmap before the word is
+/// published, one RMW each; 3 (the default) as 1, and a reserved claim of
+/// those classes too, whose first blocks are taken at their ticket bits
+/// with the one RMW that took its first block alone
+/// ([`Claim::take_at_ticket`]). H100, kernel alone, 1 against 0: 512 B
+/// −21%, 1 KiB −14%, 256 B −2%, other sizes and mixed within ±5%; with wide
+/// classes too, 32 B was +11% (not traced; its claims take two blocks, so
+/// every install then claims where every other one popped a spare). 3
+/// against 1: 256 B −8 … −11% in three runs, other sizes and mixed within
+/// ±3% (`docs/PERF.md`, "Reserved claims' runs in one RMW").
+const RUN_BLOCKS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SLOT_RUN_BLOCKS"), 3);
 
 /// How a slot claim of a class whose segment holds a few blocks, fewer
 /// than the claim wants (1 + spares) and no more than a run

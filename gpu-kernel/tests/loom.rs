@@ -200,6 +200,32 @@ fn exactly_one_thread_completes_a_block() {
     });
 }
 
+/// A claim's run taken at its ticket bits (`BlockBitmap::take_bits`, one
+/// RMW for blocks 1 and 2) races a reserver that lost its own bit and
+/// scans (`take`): each block goes to one of them, the run gets the bits it
+/// reports and the scanner a block outside them (one of the run's when it
+/// got there first), and the blocks neither took are still free.
+#[test]
+fn a_ticket_run_and_a_scan_take_distinct_blocks() {
+    model(|| {
+        // Blocks 1, 2 and 3 of a four-block segment are free.
+        let bits = words(1);
+        gpu_kernel::arch::store_relaxed(&bits[0], 0b1110);
+        let other = bits.clone();
+        let t = thread::spawn(move || block::BlockBitmap::new(&other).take(4, 0));
+        let run = block::BlockBitmap::new(&bits).take_bits(0, 0b0110);
+        let scanned = t.join().unwrap();
+        assert_eq!(
+            run & 1 << scanned,
+            0,
+            "block {scanned} taken twice ({run:b})"
+        );
+        let left = gpu_kernel::arch::load_relaxed(&bits[0]);
+        assert_eq!(left & (run | 1 << scanned), 0, "left {left:b}, run {run:b}");
+        assert_eq!(left | run | 1 << scanned, 0b1110, "a block lost");
+    });
+}
+
 /// A slice class with two blocks per segment.
 fn two_block_class() -> SizeClass {
     (0..SLICE_CLASSES)
