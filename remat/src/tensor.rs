@@ -301,12 +301,16 @@ impl TensorTable {
     /// against).
     pub fn projected_cost_uncached(&self, id: TensorId) -> f64 {
         let mut neighbours = self.neighbours(id);
-        let inputs = self.tensors[id].inputs.len();
-        let mut k = 0;
-        neighbours.retain(|&n| {
-            k += 1;
-            k > inputs || !self.borrowed(n)
-        });
+        // Only with the rule on (DTR's uncached price is its search, and
+        // the baseline of the latency criterion: no extra pass by default).
+        if self.live_inputs_borrowed {
+            let inputs = self.tensors[id].inputs.len();
+            let mut k = 0;
+            neighbours.retain(|&n| {
+                k += 1;
+                k > inputs || !self.borrowed(n)
+            });
+        }
         self.tensors[id].cost + self.classes.neighbour_cost(&neighbours)
     }
 
