@@ -43,6 +43,10 @@
 //!                  the request absorbed) off, alone and together: minimum
 //!                  ratio, largest mean fragmentation, overhead at 0.9,
 //!                  0.7, 0.5
+//!   --borrow-ablation  each policy with a tensor's prices leaving out its
+//!                  inputs that are evicted and not dropped (the projected
+//!                  cost their classes, the recompute peak their bytes), and
+//!                  as before (minimum ratio, overhead at 0.9, 0.7, 0.5)
 //!   --side-ablation  each policy with an op's outputs other than its
 //!                  largest placed in the smallest free block that holds
 //!                  them, and as before (minimum ratio, overhead at 0.9,
@@ -77,8 +81,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use remat::compare::{
-    chain_ablation, compact_ablation, copy_ablation, dead_ablation, frag_ablation, gap_ablation,
-    held_ablation, hole_ablation, latency_ablation, memory_ablation, merge_ablation,
+    borrow_ablation, chain_ablation, compact_ablation, copy_ablation, dead_ablation, frag_ablation,
+    gap_ablation, held_ablation, hole_ablation, latency_ablation, memory_ablation, merge_ablation,
     metadata_ablation, min_ratios, ranking_ablation, relocate_ablation, side_ablation, sweep,
     table,
 };
@@ -103,7 +107,7 @@ fn run() -> Result<(), String> {
     let (mut do_ablation, mut do_latency, mut do_ranking) = (false, false, false);
     let (mut do_merge, mut do_dead, mut do_metadata) = (false, false, false);
     let (mut do_relocate, mut do_held, mut do_gap) = (false, false, false);
-    let mut do_side = false;
+    let (mut do_side, mut do_borrow) = (false, false);
     let (mut do_compact, mut do_copy) = (false, false);
     let (mut do_hole, mut do_chain, mut do_frag) = (false, false, false);
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
@@ -126,6 +130,7 @@ fn run() -> Result<(), String> {
             "--hole-ablation" => do_hole = true,
             "--frag-ablation" => do_frag = true,
             "--side-ablation" => do_side = true,
+            "--borrow-ablation" => do_borrow = true,
             "--compact-ablation" => do_compact = true,
             "--chain-ablation" => do_chain = true,
             "--copy-ablation" => do_copy = true,
@@ -156,6 +161,7 @@ fn run() -> Result<(), String> {
         do_chain,
         do_frag,
         do_side,
+        do_borrow,
         do_compact,
         do_copy,
     ];
@@ -197,6 +203,9 @@ fn run() -> Result<(), String> {
             }
             if do_side {
                 println!("{}\n{}", path.display(), side_ablation(&recorded.trace));
+            }
+            if do_borrow {
+                println!("{}\n{}", path.display(), borrow_ablation(&recorded.trace));
             }
             if do_copy {
                 println!("{}\n{}", path.display(), copy_ablation(&recorded.trace));

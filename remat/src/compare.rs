@@ -212,6 +212,19 @@ pub fn gap_ablation(trace: &Trace) -> String {
     )
 }
 
+/// Each policy with its prices leaving out the inputs that a policy
+/// evicted and the program still holds (`AddedRules::borrow_live_inputs`,
+/// off by default everywhere) and as before: minimum ratio and overhead at
+/// a few ratios, as [`memory_ablation`].
+pub fn borrow_ablation(trace: &Trace) -> String {
+    rule_ablation(
+        trace,
+        "live inputs borrowed",
+        |r, on| r.borrow_live_inputs = on,
+        true,
+    )
+}
+
 /// Each policy with the side outputs of an op (its outputs other than the
 /// largest) placed best-fit (`AddedRules::side_outputs_best_fit`, off by
 /// default everywhere) and as before: minimum ratio and overhead at a few

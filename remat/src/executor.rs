@@ -224,6 +224,9 @@ impl<'p> Executor<'p> {
                 }
             }
         }
+        if policy.rules().borrow_live_inputs {
+            tensors.borrow_live_inputs();
+        }
         if policy.caches_prices() {
             tensors.cache_prices(RECOMPUTE_DEPTH);
         }

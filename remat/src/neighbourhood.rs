@@ -139,20 +139,24 @@ impl EvictedClasses {
         total
     }
 
-    /// [`Self::neighbour_cost_roots`] over `inputs` and then `consumers`,
-    /// for a consumer list in increasing id order (as `TensorTable` keeps
-    /// them): its walk stops at the first consumer above every tensor that
-    /// ever joined a class, since none after it is in one. The same
-    /// additions in the same order.
+    /// [`Self::neighbour_cost_roots`] over the `inputs` that `skip` does not
+    /// leave out and then `consumers`, for a consumer list in increasing id
+    /// order (as `TensorTable` keeps them): its walk stops at the first
+    /// consumer above every tensor that ever joined a class, since none
+    /// after it is in one. The same additions in the same order.
     pub fn neighbour_cost_roots_sorted(
         &self,
         inputs: &[TensorId],
         consumers: &[TensorId],
+        skip: impl Fn(TensorId) -> bool,
         roots: &mut Vec<usize>,
     ) -> f64 {
         roots.clear();
         let mut total = 0.0;
         for &n in inputs {
+            if skip(n) {
+                continue;
+            }
             if let Some(cost) = self.new_root_cost(n, roots) {
                 total += cost;
             }
@@ -247,11 +251,12 @@ mod tests {
             (&[], &[6, 7]),
         ] {
             let all: Vec<_> = inputs.iter().chain(consumers).copied().collect();
-            let sorted = classes.neighbour_cost_roots_sorted(inputs, consumers, &mut roots);
+            let sorted =
+                classes.neighbour_cost_roots_sorted(inputs, consumers, |_| false, &mut roots);
             assert_eq!(sorted.to_bits(), classes.neighbour_cost(&all).to_bits());
         }
         assert_eq!(
-            classes.neighbour_cost_roots_sorted(&[2], &[5], &mut roots),
+            classes.neighbour_cost_roots_sorted(&[2], &[5], |_| false, &mut roots),
             0.75,
             "inputs first, then consumers, each class once"
         );

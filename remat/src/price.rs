@@ -25,6 +25,10 @@
 //!   tensor (a price computed through it while it was missing was already
 //!   invalidated when it came back) and at an unborn one (nothing born
 //!   descends from it).
+//! - With live inputs borrowed (`TensorTable::borrow_live_inputs`), both
+//!   prices of t also read whether a missing input is evicted or dropped;
+//!   an evicted tensor that the program drops invalidates its neighbours'
+//!   projected costs and the peaks below it, as above.
 //! - The staleness term is not cached: it changes with every op.
 //!
 //! Owned by a `TensorTable` (in a `RefCell`, so that a search fills it

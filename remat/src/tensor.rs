@@ -14,7 +14,9 @@
 //! policies read it through `&TensorTable` while they search. With
 //! [`TensorTable::cache_prices`] on, projected costs and recompute peaks are
 //! kept between searches (`super::price`); residency must then change only
-//! through `drop_value` and `set_resident`, which invalidate them.
+//! through `drop_value`, `set_resident` and `release_evicted`, which
+//! invalidate them. With [`TensorTable::borrow_live_inputs`] on, a tensor's
+//! prices leave out its inputs that are evicted but not dropped.
 
 use std::cell::{RefCell, RefMut};
 
@@ -110,6 +112,10 @@ pub struct TensorTable {
     /// place), so the program drops it as an old version, not because its
     /// last use passed (`dropped_chain`).
     overwritten: Vec<bool>,
+    /// Prices leave out the inputs that a policy evicted and the program
+    /// still holds (`AddedRules::borrow_live_inputs`): see
+    /// [`TensorTable::borrow_live_inputs`].
+    live_inputs_borrowed: bool,
 }
 
 impl TensorTable {
@@ -166,6 +172,27 @@ impl TensorTable {
     pub fn cache_prices(&mut self, depth: u32) {
         self.price_cache = Some(RefCell::new(PriceCache::new(self.tensors.len(), depth)));
         self.classes.note_changes(true);
+    }
+
+    /// From now on a tensor's prices leave out its inputs that are evicted
+    /// but not dropped by the program (`Residency::Evicted`): the projected
+    /// cost the evicted classes reached only through them, the recompute
+    /// peak their bytes and chains, at every level. Such an input is read
+    /// by the program again, so it comes back, with its chain, whether or
+    /// not the tensor is evicted; bringing it back to recompute the tensor
+    /// borrows it early (on Swin-T, fc1's output is read by `gelu_backward`
+    /// just after fc2's backward reads the GELU output made from it). A
+    /// dropped input is rebuilt for the tensor alone and still counts
+    /// (`AddedRules::borrow_live_inputs`; set before any price is asked).
+    pub fn borrow_live_inputs(&mut self) {
+        self.live_inputs_borrowed = true;
+    }
+
+    /// Whether input `input` is left out of its consumers' prices: it is
+    /// evicted and not dropped, and [`Self::borrow_live_inputs`] is on.
+    #[inline]
+    fn borrowed(&self, input: TensorId) -> bool {
+        self.live_inputs_borrowed && self.tensors[input].residency == Residency::Evicted
     }
 
     /// Prices read from the cache and prices computed, when caching.
@@ -226,11 +253,16 @@ impl TensorTable {
     }
 
     /// The program dropped an evicted tensor: it stays out of the pool, now
-    /// as `Released` (nothing it prices changes: it was missing already).
+    /// as `Released` (it was missing already, so nothing it prices changes,
+    /// unless live inputs are borrowed: then its consumers' prices count it
+    /// from now on, and are forgotten).
     pub fn release_evicted(&mut self, id: TensorId) -> RematResult<()> {
         let tensor = self.get_mut(id)?;
         if tensor.residency == Residency::Evicted {
             tensor.residency = Residency::Released;
+            if self.live_inputs_borrowed {
+                self.invalidate_prices(id, true, true);
+            }
         }
         Ok(())
     }
@@ -257,7 +289,9 @@ impl TensorTable {
         all
     }
 
-    /// DTR's projected cost: own cost plus the evicted classes next to it.
+    /// DTR's projected cost: own cost plus the evicted classes next to it
+    /// (with [`Self::borrow_live_inputs`], not those reached only through
+    /// an input that is evicted and not dropped).
     pub fn projected_cost(&self, id: TensorId) -> f64 {
         self.prices().projected_cost(id)
     }
@@ -266,7 +300,18 @@ impl TensorTable {
     /// to the price cache (the reference that cached prices are checked
     /// against).
     pub fn projected_cost_uncached(&self, id: TensorId) -> f64 {
-        self.tensors[id].cost + self.classes.neighbour_cost(&self.neighbours(id))
+        let mut neighbours = self.neighbours(id);
+        // Only with the rule on (DTR's uncached price is its search, and
+        // the baseline of the latency criterion: no extra pass by default).
+        if self.live_inputs_borrowed {
+            let inputs = self.tensors[id].inputs.len();
+            let mut k = 0;
+            neighbours.retain(|&n| {
+                k += 1;
+                k > inputs || !self.borrowed(n)
+            });
+        }
+        self.tensors[id].cost + self.classes.neighbour_cost(&neighbours)
     }
 
     /// Projected costs and recompute peaks for one search, reading the price
@@ -284,7 +329,9 @@ impl TensorTable {
     /// the missing siblings recomputed before it (the executor recomputes
     /// inputs in order and holds each until its consumer runs). Followed
     /// `depth` levels up the graph of missing tensors; deeper ancestors count
-    /// as resident, so this is a lower bound on the true peak.
+    /// as resident, so this is a lower bound on the true peak. With
+    /// [`Self::borrow_live_inputs`], inputs that are evicted and not dropped
+    /// count as resident, at every level.
     pub fn recompute_peak(&self, id: TensorId, depth: u32) -> u64 {
         self.prices().recompute_peak(id, depth)
     }
@@ -300,6 +347,7 @@ impl TensorTable {
             .iter()
             .enumerate()
             .filter(|&(k, &i)| !self.is_resident(i) && !inputs[..k].contains(&i))
+            .filter(|&(_, &i)| !self.borrowed(i))
             .map(|(_, &i)| i);
         let (mut held, mut chain) = (0u64, 0u64);
         for input in missing {
@@ -440,12 +488,13 @@ impl Prices<'_> {
         if let Some(cost) = cache.projected(id) {
             return cost;
         }
-        // The same sum over the same neighbours in the same order (inputs,
-        // then consumers, which `add` lists in increasing id order) as the
-        // uncached one, with no allocation.
+        // The same sum over the same neighbours in the same order (inputs
+        // but the borrowed ones, then consumers, which `add` lists in
+        // increasing id order) as the uncached one, with no allocation.
         let classes = table.classes.neighbour_cost_roots_sorted(
             &table.tensors[id].inputs,
             &table.consumers[id],
+            |n| table.borrowed(n),
             &mut cache.roots,
         );
         let cost = table.tensors[id].cost + classes;

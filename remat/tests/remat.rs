@@ -1806,3 +1806,139 @@ fn committed_traces_measure_an_h100_copy() {
         assert_eq!(copy.launch, remat::copy_cost::LAUNCH_NS);
     }
 }
+
+/// `h` (pinned, 10 bytes) feeds `x` (100 bytes, cost 10) and `z` (100
+/// bytes, cost 3); `x` feeds `y` (100 bytes, cost 2), as fc1's output feeds
+/// its GELU on Swin-T. `x` has been evicted and the program still holds it;
+/// `y`, `z` and `h` fill the pool, touched at the same op. With
+/// `borrow_live_inputs`, the table is told to leave `x` out of `y`'s prices.
+fn layout_with_a_live_evicted_input(borrow: bool) -> (Pool, TensorTable, [usize; 3]) {
+    let mut table = TensorTable::default();
+    if borrow {
+        table.borrow_live_inputs();
+    }
+    let mut pool = Pool::new(210);
+    let h = table.add(10, 0.0, vec![], true).expect("ordered");
+    let x = table.add(100, 10.0, vec![h], false).expect("ordered");
+    let y = table.add(100, 2.0, vec![x], false).expect("ordered");
+    let z = table.add(100, 3.0, vec![h], false).expect("ordered");
+    table.set_resident(x, 0, 1).expect("known");
+    table.drop_value(x, Residency::Evicted).expect("known");
+    for (t, addr, size) in [(y, 0, 100), (z, 100, 100), (h, 200, 10)] {
+        pool.place(t, addr, size).expect("free");
+        table.set_resident(t, addr, 2).expect("known");
+    }
+    (pool, table, [x, y, z])
+}
+
+/// `AddedRules::borrow_live_inputs`: an input that a policy evicted and the
+/// program still holds leaves its consumer's recompute peak and projected
+/// cost, until the program drops it (then it is rebuilt for the consumer
+/// alone and counts again); a dropped input counts throughout (GPT-2's
+/// embedding gradient keeps its 300-byte peak). Cached and fresh prices
+/// agree at every step.
+#[test]
+fn borrowed_live_inputs_leave_the_prices_until_the_program_drops_them() {
+    for cached in [false, true] {
+        let (_, mut table, [x, y, _]) = layout_with_a_live_evicted_input(true);
+        if cached {
+            table.cache_prices(3);
+        }
+        let prices = |t: &TensorTable| (t.recompute_peak(y, 3), t.projected_cost(y));
+        assert_eq!(prices(&table), (100, 2.0), "x is borrowed, not rebuilt");
+        table.release_evicted(x).expect("known");
+        assert_eq!(prices(&table), (200, 12.0), "dropped: rebuilt for y");
+        table.check_prices().expect("every cached price is fresh");
+        let (_, unborrowed, [_, y, _]) = layout_with_a_live_evicted_input(false);
+        let prices = (
+            unborrowed.recompute_peak(y, 3),
+            unborrowed.projected_cost(y),
+        );
+        assert_eq!(prices, (200, 12.0), "without the rule x counts");
+    }
+    let (_, mut table, [e, _]) = embedding_gradient_layout();
+    table.borrow_live_inputs();
+    assert_eq!(
+        table.recompute_peak(e, 3),
+        300,
+        "dropped inputs still count"
+    );
+}
+
+/// With the rule, Coop and DTR evict `y`, whose input comes back for the
+/// program anyway, instead of `z`; without it, `y` costs its input's
+/// recomputation and memory too, and both evict `z`.
+#[test]
+fn borrowing_live_inputs_evicts_the_consumer_of_an_evicted_input() {
+    let request = Request {
+        size: 100,
+        cheap: false,
+        pinned: false,
+    };
+    for borrow in [false, true] {
+        let (pool, table, [_, y, z]) = layout_with_a_live_evicted_input(borrow);
+        let ctx = SearchContext {
+            pool: &pool,
+            tensors: &table,
+            now: 3,
+        };
+        let expected = if borrow { y } else { z };
+        let coop = Coop {
+            rules: AddedRules {
+                borrow_live_inputs: borrow,
+                ..AddedRules::COOP
+            },
+            ..Coop::default()
+        };
+        let dtr = Dtr {
+            rules: AddedRules {
+                borrow_live_inputs: borrow,
+                ..AddedRules::NONE
+            },
+            ..Dtr::default()
+        };
+        let policies: [Box<dyn EvictionPolicy>; 2] = [Box::new(coop), Box::new(dtr)];
+        for mut policy in policies {
+            let eviction = policy.next_eviction(&ctx, &request).expect("evictable");
+            assert_eq!(
+                eviction.victims,
+                [expected],
+                "{}, borrow {borrow}",
+                policy.name()
+            );
+        }
+    }
+}
+
+/// Replays with the rule on keep every invariant, the cached prices among
+/// them (an evicted input dropped by the program changes its consumers'
+/// prices only under this rule).
+#[test]
+fn borrowing_live_inputs_keeps_every_invariant() {
+    let options = ReplayOptions {
+        check_invariants: true,
+        ..ReplayOptions::default()
+    };
+    let coop = || Coop {
+        rules: AddedRules {
+            borrow_live_inputs: true,
+            ..AddedRules::COOP
+        },
+        ..Coop::default()
+    };
+    let mut traces: Vec<Trace> = (0..12u64).map(|seed| random_trace(seed, 120)).collect();
+    traces.extend(recorded_traces().into_iter().map(|(_, r)| r.trace));
+    let mut evictions = 0;
+    for trace in &traces {
+        for ratio in [0.8, 0.5] {
+            let report = replay(trace, budget_for(trace, ratio), &mut coop(), options);
+            assert!(
+                matches!(report.error, None | Some(RematError::OutOfMemory { .. })),
+                "ratio {ratio}: {:?}",
+                report.error
+            );
+            evictions += report.evictions;
+        }
+    }
+    assert!(evictions > 100, "{evictions} evictions");
+}

@@ -69,6 +69,18 @@ pub struct AddedRules {
     /// `Executor::move_out_of`). Off in every policy: it moves ResNet-50's
     /// minimum budget from 0.293 to 0.302 and Swin-T's to 0.270.
     pub move_small_in_windows: bool,
+    /// A tensor's prices leave out its inputs that a policy evicted and the
+    /// program still holds (`TensorTable::borrow_live_inputs`): the
+    /// projected cost the evicted classes reached only through them, the
+    /// recompute peak their bytes. The program reads such an input again,
+    /// so it comes back with its chain whether or not its consumer is
+    /// evicted; recomputing the consumer only brings it back early. Off in
+    /// every policy: in Coop it puts Coop's overhead at or below DTR's and
+    /// DTE's at every ratio of the four traces, but moves the bisected
+    /// minimum budgets of BERT-Large (0.302 to 0.306) and Swin-T (0.252 to
+    /// 0.261) (`--borrow-ablation`, `docs/PERF.md` "Coop's recompute peak
+    /// without the live inputs it would bring back anyway").
+    pub borrow_live_inputs: bool,
 }
 
 impl AddedRules {
@@ -83,11 +95,12 @@ impl AddedRules {
         side_outputs_best_fit: false,
         compact_dividers: false,
         move_small_in_windows: false,
+        borrow_live_inputs: false,
     };
 
     /// Coop's defaults: every rule but `order_inputs`,
-    /// `side_outputs_best_fit`, `compact_dividers` and
-    /// `move_small_in_windows`; `order_inputs` is off since
+    /// `side_outputs_best_fit`, `compact_dividers`,
+    /// `move_small_in_windows` and `borrow_live_inputs`; `order_inputs` is off since
     /// the merge with the held-tensor move (with both chain rules on,
     /// Swin-T's minimum budget rose from 0.257 to 0.266; `--chain-ablation`).
     pub const COOP: AddedRules = AddedRules {
@@ -100,5 +113,6 @@ impl AddedRules {
         side_outputs_best_fit: false,
         compact_dividers: false,
         move_small_in_windows: false,
+        borrow_live_inputs: false,
     };
 }
