@@ -182,6 +182,8 @@
 #   segruns        a claim of a class with a few blocks per segment takes
 #                  whole adjacent segments as one run (GPUMALLOC_SEGMENT_RUNS=1);
 #                  segruns2: one segment by that path (=2)
+#   adj            whole-segment claims aim at adjacent free ids first
+#                  (GPUMALLOC_WHOLE_CLAIM_ADJACENT=1)
 #   A+B            the settings of A and of B (blkrun3+iclock2-c4)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
@@ -262,6 +264,7 @@ settings() {
     blkrun3) echo "GPUMALLOC_SLOT_RUN_BLOCKS=3" ;;
     segruns) echo "GPUMALLOC_SEGMENT_RUNS=1" ;;
     segruns2) echo "GPUMALLOC_SEGMENT_RUNS=2" ;;
+    adj) echo "GPUMALLOC_WHOLE_CLAIM_ADJACENT=1" ;;
     fis2) echo "GPUMALLOC_FIRST_INSTALL_SPARES=2" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;
     wlow) echo "GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;

@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 27] = [
+pub const SETTINGS: [&str; 28] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -61,10 +61,11 @@ pub const SETTINGS: [&str; 27] = [
     "GPUMALLOC_SLOT_RUN",
     "GPUMALLOC_SLOT_RUN_BLOCKS",
     "GPUMALLOC_SEGMENT_RUNS",
+    "GPUMALLOC_WHOLE_CLAIM_ADJACENT",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 27] = [
+const SETTING_VALUES: [Option<&str>; 28] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -92,6 +93,7 @@ const SETTING_VALUES: [Option<&str>; 27] = [
     option_env!("GPUMALLOC_SLOT_RUN"),
     option_env!("GPUMALLOC_SLOT_RUN_BLOCKS"),
     option_env!("GPUMALLOC_SEGMENT_RUNS"),
+    option_env!("GPUMALLOC_WHOLE_CLAIM_ADJACENT"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -180,6 +180,14 @@ pub(crate) const SLICE_CLAIM_ADD: bool =
 /// 32 ids at once) (`docs/PERF.md`, "Whole-segment claims spread").
 pub(crate) const WHOLE_CLAIM_SALT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_CLAIM_SALT"), 2);
+/// Whether a claim of several whole segments (`Heap::claim_whole_segments`)
+/// first aims at the lowest run of adjacent free ids in the tree word
+/// (`VebTree::claim_adjacent_many_near`) rather than its lowest ids, which
+/// under mixed sizes lie scattered between other classes' segments and cut
+/// the claim's slot run short (`GPUMALLOC_WHOLE_CLAIM_ADJACENT`: 0 off,
+/// 1 on; lost races aim as `WHOLE_CLAIM_SALT` 2 does).
+pub(crate) const WHOLE_CLAIM_ADJACENT: bool =
+    crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_CLAIM_ADJACENT"), 0) != 0;
 const _: () = assert!(
     WHOLE_CLAIM_SALT <= 2,
     "GPUMALLOC_WHOLE_CLAIM_SALT is 0, 1 or 2"
@@ -1496,6 +1504,9 @@ impl Heap {
         let blocks = class.blocks_per_segment(self.segment_shift);
         let tree = self.segment_tree();
         let (first, taken) = match WHOLE_CLAIM_SALT {
+            _ if WHOLE_CLAIM_ADJACENT && want > 1 => {
+                tree.claim_adjacent_many_near(want, spread_salt(0))
+            }
             0 => tree.claim_lowest_many(want),
             1 => tree.claim_low_many(want, spread_salt(0)),
             _ => tree.claim_low_many_near(want, spread_salt(0)),

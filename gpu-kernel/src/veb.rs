@@ -130,6 +130,21 @@ fn lowest_bits(mut x: u64, count: u32) -> u64 {
     out
 }
 
+/// The lowest run of `count` (at least 1) adjacent set bits of `x`, or 0
+/// if it has none.
+#[inline(always)]
+fn lowest_run(x: u64, count: u32) -> u64 {
+    let mut starts = x;
+    for i in 1..count {
+        starts &= x >> i;
+    }
+    if starts == 0 {
+        0
+    } else {
+        (u64::MAX >> (64 - count)) << starts.trailing_zeros()
+    }
+}
+
 /// Draws [`VebTree::pick_wide`]'s salt within a leaf word from its salt
 /// for the word (an odd multiplier: a bijection of `u32`, so distinct
 /// salts stay distinct, and 0 stays 0).
@@ -377,7 +392,7 @@ impl<'a> VebTree<'a> {
     /// Salt 0 is `claim_lowest_many`.
     #[inline]
     pub fn claim_low_many(&self, count: u32, salt: u32) -> Option<(u32, u64)> {
-        self.claim_low_many_aiming(count, salt, false)
+        self.claim_low_many_aiming(count, salt, false, false)
     }
 
     /// [`VebTree::claim_low_many`] whose lost race aims zero to three
@@ -387,11 +402,27 @@ impl<'a> VebTree<'a> {
     /// tries (lowest ids) fill them.
     #[inline]
     pub fn claim_low_many_near(&self, count: u32, salt: u32) -> Option<(u32, u64)> {
-        self.claim_low_many_aiming(count, salt, true)
+        self.claim_low_many_aiming(count, salt, true, false)
+    }
+
+    /// [`VebTree::claim_low_many_near`] whose first aim is the word's
+    /// lowest run of `count` adjacent ids, where it has one (its lowest
+    /// ids otherwise): a caller that makes one range of adjacent ids (a
+    /// slot run of whole segments) gets it where the lowest ids are
+    /// scattered by others' claims and returns.
+    #[inline]
+    pub fn claim_adjacent_many_near(&self, count: u32, salt: u32) -> Option<(u32, u64)> {
+        self.claim_low_many_aiming(count, salt, true, true)
     }
 
     #[inline(always)]
-    fn claim_low_many_aiming(&self, count: u32, salt: u32, near: bool) -> Option<(u32, u64)> {
+    fn claim_low_many_aiming(
+        &self,
+        count: u32,
+        salt: u32,
+        near: bool,
+        adjacent: bool,
+    ) -> Option<(u32, u64)> {
         loop {
             let (id, mut seen) = self.successor_with_leaf(0)?;
             let index = id >> 6;
@@ -405,7 +436,16 @@ impl<'a> VebTree<'a> {
                 } else {
                     skip_by_salt(seen, salt)
                 };
-                let aim = lowest_bits(spread, count);
+                let run = if adjacent && !lost {
+                    lowest_run(seen, count)
+                } else {
+                    0
+                };
+                let aim = if run != 0 {
+                    run
+                } else {
+                    lowest_bits(spread, count)
+                };
                 if aim == 0 {
                     // The word ran empty: search the tree again.
                     break;
@@ -563,6 +603,35 @@ mod tests {
 
     fn words(n: u32) -> Vec<Word> {
         (0..n).map(|_| Word::new(0)).collect()
+    }
+
+    #[test]
+    fn lowest_run_finds_adjacent_bits() {
+        assert_eq!(lowest_run(0b1011_0111, 3), 0b0000_0111);
+        assert_eq!(lowest_run(0b1110_1101, 3), 0b1110_0000);
+        assert_eq!(lowest_run(0b0101_0101, 2), 0);
+        assert_eq!(lowest_run(0b0101_0100, 1), 0b0100);
+        assert_eq!(lowest_run(u64::MAX, 64), u64::MAX);
+        assert_eq!(lowest_run(u64::MAX << 60, 4), u64::MAX << 60);
+        assert_eq!(lowest_run(u64::MAX << 61, 4), 0);
+    }
+
+    /// A claim of four ids aims at the lowest four adjacent free ids of the
+    /// word, past scattered lower ones; without such a run it takes the
+    /// lowest four.
+    #[test]
+    fn an_adjacent_claim_skips_scattered_ids() {
+        let shape = TreeShape::new(128);
+        let w = words(shape.words);
+        let t = VebTree::new(&w, &shape);
+        for id in [1u32, 3, 5, 8, 9, 10, 11, 12, 70] {
+            t.insert(id);
+        }
+        assert_eq!(t.claim_adjacent_many_near(4, 0), Some((0, 0b1111 << 8)));
+        assert_eq!(
+            t.claim_adjacent_many_near(4, 0),
+            Some((0, 1 << 1 | 1 << 3 | 1 << 5 | 1 << 12))
+        );
     }
 
     #[test]
