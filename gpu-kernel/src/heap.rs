@@ -332,12 +332,18 @@ impl Claim {
         self.0 & Claim::TICKETED != 0
     }
 
+    /// A ticketed claim's ticket: the bit of its first block's hint.
+    #[inline(always)]
+    fn ticket(self) -> u32 {
+        (self.0 >> Claim::TICKET_SHIFT) as u32
+    }
+
     /// The block at a ticketed claim's ticket plus `rank`.
     #[inline(always)]
     pub(crate) fn at_ticket(self, rank: u32) -> BlockId {
         BlockId {
             segment: self.segment(),
-            block: (self.0 >> Claim::TICKET_SHIFT) as u32 + rank,
+            block: self.ticket() + rank,
         }
     }
 
@@ -348,7 +354,7 @@ impl Claim {
     /// are taken by [`Claim::take`] as before. `n` is at most 32.
     #[inline(always)]
     pub(crate) fn take_at_ticket(self, heap: &Heap, n: u32) -> u32 {
-        let at = (self.0 >> Claim::TICKET_SHIFT) as u32;
+        let at = self.ticket();
         let n = n.min(64 - (at & 63));
         let bits = ((1u64 << n) - 1) << (at & 63);
         (heap.bitmap(self.segment()).take_bits(at >> 6, bits) >> (at & 63)) as u32
@@ -366,7 +372,7 @@ impl Claim {
             // ticket first, then scans from its word; a CAS reservation
             // starts the scan at word `rank`.
             let (start, first) = if self.0 & Claim::TICKETED != 0 {
-                let at = (self.0 >> Claim::TICKET_SHIFT) as u32 + rank;
+                let at = self.ticket() + rank;
                 (at >> 6, 1u64 << (at & 63))
             } else {
                 (rank, 0)

@@ -1534,6 +1534,24 @@ fn parked(heap: &Heap, class: SizeClass, slot: u32) -> u32 {
         .count() as u32
 }
 
+/// Allocates `size` bytes once for each index in `indices` and checks that
+/// allocation `i` lands at `base + i * size` (a run handed out in address
+/// order); the addresses go into `held`.
+#[cfg(all(test, not(loom)))]
+fn malloc_in_order(
+    heap: &Heap,
+    size: u64,
+    base: u64,
+    indices: core::ops::Range<u64>,
+    held: &mut impl Extend<u64>,
+) {
+    for i in indices {
+        let p = heap.malloc(size) as u64;
+        assert_eq!(p, base + i * size, "index {i} of the run");
+        held.extend([p]);
+    }
+}
+
 /// Flushes the slots, frees `held`, and checks that every segment is back.
 #[cfg(all(test, not(loom)))]
 fn free_all_and_check_whole(heap: &Heap, held: &[u64]) {
@@ -1588,11 +1606,7 @@ fn a_claim_of_adjacent_segments_installs_one_run() {
         // Two blocks' worth and one more slice, in address order, with no
         // install between them.
         let mut held = std::vec![first];
-        for i in 1..=per_block + 1 {
-            let p = heap.malloc(4096) as u64;
-            assert_eq!(p, first + (i as u64) * 4096, "index {i} of the run");
-            held.push(p);
-        }
+        malloc_in_order(heap, 4096, first, 1..per_block as u64 + 2, &mut held);
         assert_eq!(
             slot_word(heap, class, slot).version(),
             installed.version(),
@@ -1609,11 +1623,8 @@ fn a_claim_of_adjacent_segments_installs_one_run() {
         );
         assert_eq!(heap.free_segments(), RUN_TEST_SEGMENTS - 2);
         // The slot goes on from where it was, then installs afresh.
-        for i in per_block + 2..2 * per_block {
-            let p = heap.malloc(4096) as u64;
-            assert_eq!(p, first + (i as u64) * 4096);
-            held.push(p);
-        }
+        let per_block = per_block as u64;
+        malloc_in_order(heap, 4096, first, per_block + 2..2 * per_block, &mut held);
         held.push(heap.malloc(4096) as u64);
         assert_ne!(
             slot_word(heap, class, slot).version(),
@@ -1717,11 +1728,7 @@ fn a_claim_of_adjacent_blocks_in_a_segment_installs_one_run() {
         );
         assert_eq!(parked(heap, class, slot), 0);
         let mut held = std::vec![first];
-        for i in 1..run * per_block {
-            let p = heap.malloc(256) as u64;
-            assert_eq!(p, first + i as u64 * 256, "index {i} of the run");
-            held.push(p);
-        }
+        malloc_in_order(heap, 256, first, 1..(run * per_block) as u64, &mut held);
         free_all_and_check_whole(heap, &held);
     });
 }
@@ -1755,11 +1762,7 @@ fn a_reserved_claim_installs_its_ticket_blocks_as_one_run() {
                 "the first claim: one block"
             );
             let mut held = std::vec![first];
-            for i in 1..per_block {
-                let p = heap.malloc(256) as u64;
-                assert_eq!(p, first + i as u64 * 256);
-                held.push(p);
-            }
+            malloc_in_order(heap, 256, first, 1..per_block as u64, &mut held);
             let segment = (first - heap.data()) as u32 >> heap.segment_shift;
             if let Some(bit) = taken_first {
                 assert_eq!(heap.bitmap(segment).take_bits(0, 1 << bit), 1 << bit);
@@ -1790,11 +1793,7 @@ fn a_reserved_claim_installs_its_ticket_blocks_as_one_run() {
                 &[5, 6, 7]
             };
             assert_eq!(free, expected, "blocks free in the bitmap");
-            for i in 1..(run * per_block) as u64 {
-                let p = heap.malloc(256) as u64;
-                assert_eq!(p, next + i * 256, "index {i} of the run");
-                held.push(p);
-            }
+            malloc_in_order(heap, 256, next, 1..(run * per_block) as u64, &mut held);
             if let Some(bit) = taken_first {
                 assert!(heap.bitmap(segment).give_back(bit));
             }
@@ -1826,11 +1825,7 @@ fn a_claim_of_two_segments_of_two_blocks_installs_one_run() {
         );
         assert_eq!(parked(heap, class, slot), 0);
         let mut held = std::vec![first];
-        for i in 1..4 * per_block as u64 {
-            let p = heap.malloc(1024) as u64;
-            assert_eq!(p, first + i * 1024, "index {i} of the run");
-            held.push(p);
-        }
+        malloc_in_order(heap, 1024, first, 1..4 * per_block as u64, &mut held);
         free_all_and_check_whole(heap, &held);
     });
 }
