@@ -558,7 +558,14 @@ impl Heap {
     fn hand_out(&self, class: SizeClass, global: u64, slice: u32) -> u64 {
         if self.checked() {
             if RUNS {
-                self.with_handle(|h| h.mark_handed_out_in_run(class, global, slice));
+                // A copy made here, not `with_handle`: with `SPLIT_HOME`
+                // this runs inline in the kernel too (`slice_at_home`),
+                // where `with_handle` would pass the kernel's parameter
+                // itself, and taking its address made every thread copy
+                // the handle to local memory at entry (+25 ... +64% on
+                // the H100, `docs/PERF.md`). Inside `malloc_cold` it costs
+                // a second copy, on checked heaps only.
+                self.by_value().mark_handed_out_in_run(class, global, slice);
             } else {
                 crate::heap::mark_handed_out(self.slice_bits(global), slice);
             }
