@@ -35,24 +35,36 @@ fn main() {
 
 /// Set to N (1..=8) to ask ptxas for N resident 256-thread blocks of
 /// `heap_alloc` per SM (`.maxntid 256, 1, 1` and `.minnctapersm N`, which
-/// caps its registers at 65536 / (256 N)). Rust has no launch-bounds
-/// attribute for NVPTX, so the directives are added to the PTX text here;
-/// every launch uses 256 threads (`host::gpu::BLOCK_THREADS`).
+/// caps its registers at 65536 / (256 N)), or to 0 for no launch bounds.
+/// Rust has no launch-bounds attribute for NVPTX, so the directives are
+/// added to the PTX text here; every launch uses 256 threads
+/// (`host::gpu::BLOCK_THREADS`).
 const ALLOC_BLOCKS_ENV: &str = "GPUMALLOC_ALLOC_BLOCKS_PER_SM";
+/// The bound when `GPUMALLOC_ALLOC_BLOCKS_PER_SM` is not set: four blocks,
+/// 64 registers. With the allocator's default code shape
+/// (`GPUMALLOC_SPLIT_COLD=3`) ptxas fits `heap_alloc` in them without a
+/// spill, and on the H100 slices allocate 4-14% faster than at 96
+/// registers (issue 15; `docs/PERF.md`, "heap_alloc in 64 registers
+/// again").
+const ALLOC_BLOCKS_DEFAULT: u32 = 4;
 
-/// The PTX at `ptx`, or (with `GPUMALLOC_ALLOC_BLOCKS_PER_SM` set) a copy in
-/// `OUT_DIR` with launch bounds on `heap_alloc`.
+/// A copy of the PTX at `ptx` in `OUT_DIR` with launch bounds on
+/// `heap_alloc` (`ALLOC_BLOCKS_DEFAULT`, or `GPUMALLOC_ALLOC_BLOCKS_PER_SM`),
+/// or the PTX itself where that is 0.
 fn bound_heap_alloc(ptx: &Path) -> std::path::PathBuf {
-    let Ok(blocks) = std::env::var(ALLOC_BLOCKS_ENV) else {
+    let blocks: u32 = match std::env::var(ALLOC_BLOCKS_ENV) {
+        Err(_) => ALLOC_BLOCKS_DEFAULT,
+        Ok(text) => match text.parse() {
+            Ok(n @ 0..=8) => n,
+            _ => {
+                eprintln!("error: {ALLOC_BLOCKS_ENV} must be 0..=8, not {text:?}");
+                std::process::exit(1);
+            }
+        },
+    };
+    if blocks == 0 {
         return ptx.to_path_buf();
-    };
-    let blocks: u32 = match blocks.parse() {
-        Ok(n @ 1..=8) => n,
-        _ => {
-            eprintln!("error: {ALLOC_BLOCKS_ENV} must be 1..=8, not {blocks:?}");
-            std::process::exit(1);
-        }
-    };
+    }
     let text = std::fs::read_to_string(ptx).expect("the PTX build's output is readable");
     let entry = text
         .find(".entry heap_alloc(")

@@ -118,7 +118,8 @@
 #                  that ptxas allocates each function of heap_alloc's graph
 #                  alone (GPUMALLOC_SPLIT_COLD=1): 98 registers on sm_90
 #                  (162 before), no spills, no stack on the fast path;
-#                  the default since 2026-11-23's eighth session
+#                  the default from 2026-11-23's eighth session to
+#                  2026-11-24's fourteenth (also named split1)
 #   unsplit        the code shape before that (GPUMALLOC_SPLIT_COLD=0): 162
 #                  registers on sm_90, one 256-thread block per SM
 #   split-b3       split + launch bounds for three 256-thread blocks per SM
@@ -138,7 +139,10 @@
 #   split3-64      split3 + launch bounds for four 256-thread blocks per
 #                  SM (GPUMALLOC_ALLOC_BLOCKS_PER_SM=4): 64 registers on
 #                  sm_80 and sm_90, spills only inside the cold callees;
-#                  waiting teams make no call and touch no local memory
+#                  waiting teams make no call and touch no local memory;
+#                  the default since 2026-11-24's fourteenth session (=
+#                  auto; every variant above but split, unsplit, split-b3
+#                  and split3 builds this shape, with the setting it names)
 #   sadd           slice classes reserve blocks with one subtract, as block
 #                  classes do (GPUMALLOC_SLICE_CLAIM_ADD=1, the default
 #                  since 2026-11-23's sixth session: docs/PERF.md, "16 B's
@@ -223,10 +227,10 @@ settings() {
     claim-slots128)
       echo "GPUMALLOC_SLOTS=128 GPUMALLOC_SLOT_BUDGET_SHIFT=6 GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT=4" ;;
     claim-s24) echo "GPUMALLOC_SEGMENT_SHIFT=24" ;;
-    split) echo "GPUMALLOC_SPLIT_COLD=1" ;;
-    unsplit) echo "GPUMALLOC_SPLIT_COLD=0" ;;
+    split | split1) echo "GPUMALLOC_SPLIT_COLD=1 GPUMALLOC_ALLOC_BLOCKS_PER_SM=0" ;;
+    unsplit) echo "GPUMALLOC_SPLIT_COLD=0 GPUMALLOC_ALLOC_BLOCKS_PER_SM=0" ;;
     split-b3) echo "GPUMALLOC_SPLIT_COLD=1 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
-    split3) echo "GPUMALLOC_SPLIT_COLD=3" ;;
+    split3) echo "GPUMALLOC_SPLIT_COLD=3 GPUMALLOC_ALLOC_BLOCKS_PER_SM=0" ;;
     split3-64) echo "GPUMALLOC_SPLIT_COLD=3 GPUMALLOC_ALLOC_BLOCKS_PER_SM=4" ;;
     sadd) echo "GPUMALLOC_SLICE_CLAIM_ADD=1" ;;
     scas) echo "GPUMALLOC_SLICE_CLAIM_ADD=0" ;;

@@ -117,8 +117,9 @@ const WINDOW_OPENED: u64 = 1 << 32;
 const WINDOWS_OPEN_MASK: u64 = WINDOW_OPENED - 1;
 /// Whether the cold paths reachable from `heap_alloc` are cut into
 /// smaller out-of-line functions that keep few values live across their
-/// calls (`GPUMALLOC_SPLIT_COLD=1`, the default since 2026-11-23's eighth
-/// session; 0: the code shape before, kept for comparison). ptxas
+/// calls (`GPUMALLOC_SPLIT_COLD=1`, the default from 2026-11-23's eighth
+/// session to 2026-11-24's fourteenth, when `=3` below became it; 0: the
+/// code shape before, kept for comparison). ptxas
 /// allocates a kernel's registers over everything it can call, and a
 /// callee's registers avoid every register its callers hold across the
 /// call, so the deepest chain of cold calls (install, settled claim,
@@ -142,9 +143,13 @@ pub(crate) const SPLIT_COLD: bool = SPLIT_COLD_LEVEL != 0;
 /// no call and touch no local memory; with launch bounds of 64 registers
 /// (`GPUMALLOC_ALLOC_BLOCKS_PER_SM=4`) ptxas spills only inside the cold
 /// functions (`docs/PERF.md`, "heap_alloc in 64 registers with the wait
-/// inline").
+/// inline"). The default since 2026-11-24's fourteenth session, with
+/// those launch bounds (the root `build.rs`): `heap_alloc` in 64
+/// registers without a spill, slices 4-14% faster on the H100 than the
+/// 96-register `=1`, block classes of 32-128 KiB 8-24% slower
+/// (`docs/PERF.md`, "heap_alloc in 64 registers again").
 pub(crate) const SPLIT_HOME: bool = SPLIT_COLD_LEVEL == 3;
-const SPLIT_COLD_LEVEL: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SPLIT_COLD"), 1);
+const SPLIT_COLD_LEVEL: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SPLIT_COLD"), 3);
 // 2 was `split-tail` (only a slice's first step inline, waiting teams sent
 // through the cold call): measured 25-45% slower than 1 at slice sizes and
 // superseded by 3, so its code was removed (`docs/PERF.md`).
