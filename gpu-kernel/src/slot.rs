@@ -8,10 +8,10 @@
 //! 0 for none; `generation` (bits 56..64): changes on every replacement, so a
 //! waiting thread sees that the word was replaced even by an identical one.
 //! With runs ([`SLOT_RUN_MAX`] above 1) the generation has bits 56..62 and
-//! bits 62..64 hold log2 of the version's *run*: the version holds that
-//! many blocks of adjacent addresses (1, 2 or 4; `block` names the first),
+//! bits 62..64 hold the version's *run* less one: the version holds that
+//! many blocks of adjacent addresses (1 to 4; `block` names the first),
 //! and its indices run through them in order, so its capacity is the
-//! class's slices per block shifted by those bits (two instructions on the
+//! class's slices per block times the run (a few instructions on the
 //! allocation path, after the add that returns the word).
 //!
 //! # Protocol
@@ -31,8 +31,7 @@
 //! block is accounted for exactly. A reclaim may also replace a word that is
 //! not exhausted by the same word with a shorter run (a CAS, so no team's
 //! reservation is lost): the blocks it keeps are those its `reserved` has
-//! reached, rounded up to a power of two, and those it drops, which no
-//! index has reached, go back whole.
+//! reached, and those it drops, which no index has reached, go back whole.
 
 /// Slots per slice class: the most a class uses (see `Heap::slots_for`).
 /// 32 unless `GPUMALLOC_SLOTS` (a power of two up to 256) is set at build
@@ -84,7 +83,7 @@ const GENERATION_SHIFT: u32 = 56;
 /// Largest global block id a slot can hold.
 pub const MAX_SLOT_BLOCK: u64 = BLOCK_MASK - 1;
 
-/// The most blocks one slot version holds (`GPUMALLOC_SLOT_RUN`, 1, 2 or
+/// The most blocks one slot version holds (`GPUMALLOC_SLOT_RUN`, 1 to
 /// 4; 4 unless set at build time, 1 for none, the rule before 2026-11-24's
 /// twelfth session). A claim whose extra blocks lie right after the one it
 /// installs (whole segments of adjacent ids, on a heap that is not
@@ -100,7 +99,7 @@ pub const MAX_SLOT_BLOCK: u64 = BLOCK_MASK - 1;
 /// run's two instructions on the allocation path), spans unchanged
 /// (`docs/PERF.md`, "Which class a mixed burst waits on, and slot runs").
 pub const SLOT_RUN_MAX: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SLOT_RUN"), 4);
-const _: () = assert!(matches!(SLOT_RUN_MAX, 1 | 2 | 4));
+const _: () = assert!(matches!(SLOT_RUN_MAX, 1..=4));
 /// Whether this build installs runs.
 pub const RUNS: bool = SLOT_RUN_MAX > 1;
 const RUN_SHIFT: u32 = 62;
@@ -123,35 +122,31 @@ impl SlotWord {
         SlotWord(generation << GENERATION_SHIFT | b << BLOCK_SHIFT | reserved as u64)
     }
 
-    /// A word holding a run of `run` blocks (a power of two up to
-    /// [`SLOT_RUN_MAX`]: the word holds its log2) from global block
-    /// `block`, of adjacent addresses.
+    /// A word holding a run of `run` blocks (1 ..= [`SLOT_RUN_MAX`]: the
+    /// word's two run bits hold `run - 1`) from global block `block`, of
+    /// adjacent addresses.
     #[inline(always)]
     pub fn new_run(block: u64, run: u32, reserved: u32, generation: u8) -> SlotWord {
-        debug_assert!(run.is_power_of_two() && run <= SLOT_RUN_MAX);
+        debug_assert!((1..=SLOT_RUN_MAX).contains(&run));
         let word = SlotWord::new(Some(block), reserved, generation);
         if RUNS {
-            SlotWord(word.0 | (run.trailing_zeros() as u64) << RUN_SHIFT)
+            SlotWord(word.0 | ((run - 1) as u64) << RUN_SHIFT)
         } else {
             word
         }
     }
 
-    /// log2 of the blocks this version holds (0 without runs).
-    #[inline(always)]
-    fn run_shift(self) -> u32 {
-        if RUNS {
-            (self.0 >> RUN_SHIFT) as u32
-        } else {
-            0
-        }
-    }
-
     /// Blocks this version holds (1 without runs, and for a word without a
-    /// block).
+    /// block). Any length up to `SLOT_RUN_MAX`: until 2026-11-24's
+    /// fourteenth session a power of two, so a claim of three adjacent
+    /// blocks installed two and parked one for a later install.
     #[inline(always)]
     pub fn run(self) -> u32 {
-        1 << self.run_shift()
+        if RUNS {
+            (self.0 >> RUN_SHIFT) as u32 + 1
+        } else {
+            1
+        }
     }
 
     /// The global block id, if a block is installed.
@@ -178,7 +173,7 @@ impl SlotWord {
     #[inline(always)]
     pub fn capacity(self, per_block: u32) -> u32 {
         if self.block().is_some() {
-            per_block << self.run_shift()
+            per_block * self.run()
         } else {
             0
         }
@@ -251,5 +246,17 @@ mod tests {
         // Adds count in `reserved` only; the run is part of the version.
         assert_eq!(SlotWord(w.0 + 7).run(), SLOT_RUN_MAX);
         assert_ne!(w.version(), SlotWord::new(Some(40), 5000, 63).version());
+        // Every length up to the most, three included, and the largest
+        // generation beside each.
+        for run in 1..=SLOT_RUN_MAX {
+            let w = SlotWord::new_run(MAX_SLOT_BLOCK, run, 2 * 4096 + 1, 63);
+            assert_eq!(
+                (w.block(), w.run(), w.generation()),
+                (Some(MAX_SLOT_BLOCK), run, 63)
+            );
+            assert_eq!(w.capacity(4096), 4096 * run);
+            let issued: u32 = (0..run).map(|j| w.issued_in(j, 4096)).sum();
+            assert_eq!(issued + w.unissued(4096), 4096 * run);
+        }
     }
 }

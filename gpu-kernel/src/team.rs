@@ -180,8 +180,8 @@ enum Extra {
 
 impl Extra {
     /// With runs: how many blocks the install of `installed` takes as one
-    /// run (a power of two up to [`SLOT_RUN_MAX`]), taking them out of
-    /// `self` so that only the others are parked. The run is the whole
+    /// run (up to [`SLOT_RUN_MAX`]), taking them out of `self` so that only
+    /// the others are parked. The run is the whole
     /// segments right after `installed` that this claim took; a claim of
     /// blocks inside a segment is [`Heap::take_run`]'s.
     #[inline(always)]
@@ -192,7 +192,12 @@ impl Extra {
         // Bits of `rest` above the installed segment's, as offsets from it.
         let offset = installed.segment() - *first;
         let adjacent = (1 + (*rest >> offset >> 1).trailing_ones()) << *shift;
-        let run = if adjacent >= SLOT_RUN_MAX {
+        // Whole segments of one block: every adjacent one, up to the most a
+        // run holds. Segments of several blocks (`SEGMENT_RUNS`): whole
+        // segments only, so a power of two.
+        let run = if *shift == 0 {
+            adjacent.min(SLOT_RUN_MAX)
+        } else if adjacent >= SLOT_RUN_MAX {
             SLOT_RUN_MAX
         } else {
             1 << adjacent.ilog2()
@@ -839,7 +844,7 @@ impl Heap {
     }
 
     /// With runs: how many blocks the install of `installed` takes as one
-    /// run (a power of two up to [`SLOT_RUN_MAX`]). Whole segments: those
+    /// run (up to [`SLOT_RUN_MAX`]). Whole segments: those
     /// of the claim right after `installed` ([`Extra::take_run`]). Blocks
     /// inside a segment: the claim's next blocks are taken now, before the
     /// word is published, while each lies right after the one before (a
@@ -858,8 +863,7 @@ impl Heap {
             if installed != claim.at_ticket(0) {
                 return 1;
             }
-            let adjacent = (1 + (*held >> 1).trailing_ones()).min(SLOT_RUN_MAX);
-            let run = 1 << adjacent.ilog2();
+            let run = (1 + (*held >> 1).trailing_ones()).min(SLOT_RUN_MAX);
             *held &= !((1 << run) - 1);
             *from = run;
             return run;
@@ -879,12 +883,7 @@ impl Heap {
             }
             adjacent += 1;
         }
-        let run = 1 << adjacent.ilog2();
-        // Adjacent blocks beyond the largest power of two: spares now.
-        for j in run..adjacent {
-            self.park_spare(class, slot, 0, installed.advanced(j, per_segment_shift));
-        }
-        run
+        adjacent
     }
 
     /// Parks the blocks a claim took beyond the first as the slot's spares.
@@ -1030,13 +1029,9 @@ impl Heap {
             return;
         };
         let per_block = class.slices_per_block(self.segment_shift);
-        // A run is a power of two of blocks (the word holds its log2): a
-        // version that reached three of four keeps all four.
-        let reached = seen
-            .reserved()
-            .div_ceil(per_block)
-            .max(1)
-            .next_power_of_two();
+        // The blocks its indices reached (a version that reached three of
+        // four keeps three; until runs of any length, all four).
+        let reached = seen.reserved().div_ceil(per_block).max(1);
         if reached >= seen.run() {
             return;
         }
@@ -1152,9 +1147,9 @@ mod tests {
         }
     }
 
-    /// A run takes the adjacent segments right after the installed one, as
-    /// many as the largest power of two up to `SLOT_RUN_MAX` allows, and
-    /// leaves the others to be parked. Without runs, none.
+    /// A run takes the adjacent segments right after the installed one, up
+    /// to `SLOT_RUN_MAX` (any number: three adjacent make a run of three),
+    /// and leaves the others to be parked. Without runs, none.
     #[test]
     fn a_run_takes_the_adjacent_segments_after_the_installed_one() {
         let run_of = |rest: u64, installed: u32| {
@@ -1169,12 +1164,17 @@ mod tests {
             };
             (run, rest)
         };
-        let (two, four) = (SLOT_RUN_MAX.min(2), SLOT_RUN_MAX.min(4));
+        let (two, three, four) = (
+            SLOT_RUN_MAX.min(2),
+            SLOT_RUN_MAX.min(3),
+            SLOT_RUN_MAX.min(4),
+        );
         // Segments 11, 12, 13 after 10: a run of four with runs of 4.
         let kept = |run: u32, all: u64| all & !(((1u64 << run) >> 1) - 1) << 1;
         assert_eq!(run_of(0b1110, 0), (four, kept(four, 0b1110)));
-        // 11 and 12 (three adjacent): a run of two, 12 parked.
-        assert_eq!(run_of(0b0110, 0), (two, kept(two, 0b0110)));
+        // 11 and 12 (three adjacent): a run of three, none parked (until
+        // runs of any length: a run of two, 12 parked).
+        assert_eq!(run_of(0b0110, 0), (three, kept(three, 0b0110)));
         // 12 and 13 but not 11: one block, both parked.
         assert_eq!(run_of(0b1100, 0), (1, 0b1100));
         // Installed 12 (offset 2), 13 after it: two; 11 below it stays.
@@ -1671,15 +1671,16 @@ fn a_run_whose_first_block_came_back_is_still_reclaimed() {
     });
 }
 
-/// With runs of 4: a reclaim keeps a run whose version reached its third
-/// block whole (a run is a power of two of blocks), and after every reclaim
-/// the slot word can still hand out what it reserved. A trim to three
-/// blocks once wrote a run of one under two blocks' reservations: the
+/// With runs of 4: a reclaim trims a run whose version reached its third
+/// block to those three (runs may have any length up to four) and gives
+/// the fourth back, and after every reclaim the slot word can still hand
+/// out what it reserved. A trim to three blocks once wrote a run of one
+/// under two blocks' reservations when runs were powers of two: the
 /// version looked exhausted with no installer, and the GPU's demand + 3%
 /// test hung or lost two segments. Other builds check nothing.
 #[cfg(all(test, not(loom)))]
 #[test]
-fn a_reclaim_keeps_a_run_that_reached_its_third_block() {
+fn a_reclaim_trims_a_run_to_the_three_blocks_it_reached() {
     extern crate std;
     use std::vec::Vec;
     if SLOT_RUN_MAX != 4 {
@@ -1694,13 +1695,32 @@ fn a_reclaim_keeps_a_run_that_reached_its_third_block() {
             4,
             "a fresh heap's claim is a run of four"
         );
+        let free_before = heap.free_segments();
         heap.reclaim();
         let after = slot_word(heap, class, slot);
         assert!(after.reserved() <= after.capacity(per_block), "{after:?}");
-        assert_eq!(after.run(), 4, "three blocks reached: the run stays whole");
-        // The rest of the run is still handed out in order.
+        assert_eq!(after.run(), 3, "three blocks reached: three kept");
+        assert_eq!(
+            heap.free_segments(),
+            free_before + 1,
+            "the fourth segment is back"
+        );
+        // The rest of the third block is still handed out in order, and
+        // the slot installs again after it.
+        malloc_in_order(
+            heap,
+            4096,
+            held[0],
+            2 * per_block as u64 + 1..3 * per_block as u64,
+            &mut held,
+        );
         let next = heap.malloc(4096) as u64;
-        assert_eq!(next, held[0] + (2 * per_block as u64 + 1) * 4096);
+        assert_ne!(next, 0);
+        assert_ne!(
+            slot_word(heap, class, slot).version(),
+            after.version(),
+            "a new version past the third block"
+        );
         held.push(next);
         free_all_and_check_whole(heap, &held);
     });
