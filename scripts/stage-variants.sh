@@ -185,7 +185,8 @@
 #                  ticket bits with one RMW (=3, the default)
 #   segruns        a claim of a class with a few blocks per segment takes
 #                  whole adjacent segments as one run (GPUMALLOC_SEGMENT_RUNS=1);
-#                  segruns2: one segment by that path (=2)
+#                  segruns2: one segment by that path (=2); segruns3: that
+#                  segment from the top of the lowest tree word (=3)
 #   adj            whole-segment claims aim at adjacent free ids first
 #                  (GPUMALLOC_WHOLE_CLAIM_ADJACENT=1)
 #   A+B            the settings of A and of B (blkrun3+iclock2-c4)
@@ -268,6 +269,7 @@ settings() {
     blkrun3) echo "GPUMALLOC_SLOT_RUN_BLOCKS=3" ;;
     segruns) echo "GPUMALLOC_SEGMENT_RUNS=1" ;;
     segruns2) echo "GPUMALLOC_SEGMENT_RUNS=2" ;;
+    segruns3) echo "GPUMALLOC_SEGMENT_RUNS=3" ;;
     adj) echo "GPUMALLOC_WHOLE_CLAIM_ADJACENT=1" ;;
     fis2) echo "GPUMALLOC_FIRST_INSTALL_SPARES=2" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;

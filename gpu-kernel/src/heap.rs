@@ -1512,7 +1512,6 @@ impl Heap {
     #[inline(never)]
     pub(crate) fn claim_whole_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u64)> {
         debug_assert!(class.is_slice());
-        let blocks = class.blocks_per_segment(self.segment_shift);
         let tree = self.segment_tree();
         let (first, taken) = match WHOLE_CLAIM_SALT {
             _ if WHOLE_CLAIM_ADJACENT && want > 1 => {
@@ -1522,6 +1521,31 @@ impl Heap {
             1 => tree.claim_low_many(want, spread_salt(0)),
             _ => tree.claim_low_many_near(want, spread_salt(0)),
         }?;
+        self.format_whole_segments(class, first, taken);
+        Some((first, taken))
+    }
+
+    /// [`Heap::claim_whole_segments`] of one segment from the top of the
+    /// segment tree's lowest word that has one
+    /// ([`crate::veb::VebTree::claim_high_in_lowest_word`]), for a class
+    /// whose segment holds a few blocks (`team::SEGMENT_RUNS=3`): its
+    /// single claims then stay off the lowest ids, where the whole-segment
+    /// classes claim their runs of adjacent segments.
+    #[inline(never)]
+    pub(crate) fn claim_whole_segment_from_top(&self, class: SizeClass) -> Option<(u32, u64)> {
+        debug_assert!(class.is_slice());
+        let (first, taken) = self
+            .segment_tree()
+            .claim_high_in_lowest_word(1, spread_salt(0))?;
+        self.format_whole_segments(class, first, taken);
+        Some((first, taken))
+    }
+
+    /// Formats segments `first + k` (each bit `k` of `taken`, just claimed
+    /// from the segment tree) for `class` with all their blocks taken.
+    #[inline(always)]
+    fn format_whole_segments(&self, class: SizeClass, first: u32, taken: u64) {
+        let blocks = class.blocks_per_segment(self.segment_shift);
         // Each segment's bitmap and counter first, then one fence for all
         // of them (`publish_active_many`): the installer's team waits for
         // this claim, and a fence per segment cost a round trip each. H100,
@@ -1535,7 +1559,6 @@ impl Heap {
         }
         self.table()
             .publish_active_many(first, taken, class, 0, u32::MAX, 0);
-        Some((first, taken))
     }
 
     /// Whether this heap keeps misuse-check bits (`CHECK_DOUBLE_FREE`).

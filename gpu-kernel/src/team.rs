@@ -146,7 +146,10 @@ const RUN_BLOCKS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SLOT_RUN
 /// block fills a segment), as many as the claim wants, so that adjacent
 /// segments make one run (two segments of two blocks: a run of four); 2,
 /// one segment by that path (the same run of two as 0, without the class
-/// tree and its format lock).
+/// tree and its format lock); 3, as 2, but the segment from the top of the
+/// lowest tree word that has one, so that these single claims stay off the
+/// lowest ids, where the whole-segment classes take runs of adjacent
+/// segments (`Heap::claim_whole_segment_from_top`).
 const SEGMENT_RUNS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_RUNS"), 0);
 
 /// What [`Heap::reserve_if_open`] answers for a slot with nothing left (not
@@ -206,8 +209,12 @@ impl Extra {
         // (A run holds at least the installed segment's blocks: a claim of
         // segments of several blocks is made only where they fit in one,
         // `SEGMENT_RUNS`.)
+        // (None beyond the installed one when it is the word's last id,
+        // offset 63, where the shift below would pass the word.)
         let segments = run >> *shift;
-        *rest &= !((((1u64 << segments) >> 1) - 1) << (offset + 1));
+        if segments > 1 {
+            *rest &= !((((1u64 << segments) >> 1) - 1) << (offset + 1));
+        }
         run
     }
 }
@@ -796,12 +803,13 @@ impl Heap {
         if shift == 0
             || (SEGMENT_RUNS != 0 && 1 << shift <= SLOT_RUN_MAX && 1 << shift < 1 + spares)
         {
-            let segments = if SEGMENT_RUNS == 2 && shift > 0 {
-                1
+            let (first, taken) = if SEGMENT_RUNS == 3 && shift > 0 {
+                self.claim_whole_segment_from_top(class)?
+            } else if SEGMENT_RUNS == 2 && shift > 0 {
+                self.claim_whole_segments(class, 1)?
             } else {
-                ((1 + spares) >> shift).max(1)
+                self.claim_whole_segments(class, ((1 + spares) >> shift).max(1))?
             };
-            let (first, taken) = self.claim_whole_segments(class, segments)?;
             *extra = Extra::Segments {
                 first,
                 rest: taken & (taken - 1),
@@ -1177,6 +1185,8 @@ mod tests {
         assert_eq!(run_of(0b0110, 0), (three, kept(three, 0b0110)));
         // 12 and 13 but not 11: one block, both parked.
         assert_eq!(run_of(0b1100, 0), (1, 0b1100));
+        // The tree word's last id installed (offset 63): a run of one.
+        assert_eq!(run_of(0b0110, 63), (1, 0b0110));
         // Installed 12 (offset 2), 13 after it: two; 11 below it stays.
         assert_eq!(run_of(0b1010, 2), (two, if RUNS { 0b0010 } else { 0b1010 }));
     }

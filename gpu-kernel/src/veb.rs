@@ -130,6 +130,35 @@ fn lowest_bits(mut x: u64, count: u32) -> u64 {
     out
 }
 
+/// The highest `count` set bits of `x` (all of them if it has fewer).
+#[inline(always)]
+fn highest_bits(mut x: u64, count: u32) -> u64 {
+    let mut out = 0;
+    for _ in 0..count {
+        if x == 0 {
+            break;
+        }
+        let top = 1u64 << (63 - x.leading_zeros());
+        out |= top;
+        x &= !top;
+    }
+    out
+}
+
+/// What [`VebTree::claim_high_in_lowest_word`] aims at in a word showing
+/// `seen`: its highest `count` ids, or after a lost race (`lost`) those
+/// below zero to three claims' width of them (the near spread of
+/// [`skip_claims`], mirrored; the highest if that would leave none).
+#[inline(always)]
+fn aim_from_top(seen: u64, count: u32, salt: u32, lost: bool) -> u64 {
+    let from_top = if lost {
+        skip_claims(seen.reverse_bits(), count, salt).reverse_bits()
+    } else {
+        seen
+    };
+    highest_bits(from_top, count)
+}
+
 /// The lowest run of `count` (at least 1) adjacent set bits of `x`, or 0
 /// if it has none.
 #[inline(always)]
@@ -415,6 +444,44 @@ impl<'a> VebTree<'a> {
         self.claim_low_many_aiming(count, salt, true, true)
     }
 
+    /// Removes up to `count` (1..=64) of the *highest* ids of the lowest
+    /// non-empty leaf word, with one RMW on it; a claimer that lost a race
+    /// aims zero to three claims' width below the highest ids left (by the
+    /// salt's top two bits, as [`VebTree::claim_low_many_near`] does above
+    /// the lowest). Returns as [`VebTree::claim_lowest_many`]. Callers that
+    /// take one id at a time from the top of the word stay apart from those
+    /// that take runs of adjacent ids from its bottom, so they do not cut
+    /// those runs, while both still fill the lowest word first.
+    #[inline]
+    pub fn claim_high_in_lowest_word(&self, count: u32, salt: u32) -> Option<(u32, u64)> {
+        loop {
+            let (id, mut seen) = self.successor_with_leaf(0)?;
+            let index = id >> 6;
+            let word = self.word(0, index);
+            let mut lost = false;
+            loop {
+                let aim = aim_from_top(seen, count, salt, lost);
+                if aim == 0 {
+                    // The word ran empty: search the tree again.
+                    break;
+                }
+                // acq_rel, as in `remove`: orders this claimer after the
+                // thread that inserted the ids it takes.
+                let old = arch::fetch_and_acq_rel(word, !aim);
+                let taken = old & aim;
+                if taken != 0 {
+                    if old & !aim == 0 {
+                        // This call emptied the word.
+                        self.unmark_up_from(1, index);
+                    }
+                    return Some((index << 6, taken));
+                }
+                seen = old;
+                lost = true;
+            }
+        }
+    }
+
     #[inline(always)]
     fn claim_low_many_aiming(
         &self,
@@ -669,6 +736,45 @@ mod tests {
             assert_eq!(t.count() as usize, model.len());
             assert_eq!(t.successor(0), model.iter().next().copied());
         }
+    }
+
+    /// The first aim is the highest ids; a lost race's aims lie zero to
+    /// three claims' width below them, or at the highest if that leaves none.
+    #[test]
+    fn aim_from_top_stays_near_the_highest_ids() {
+        let all = u64::MAX;
+        assert_eq!(aim_from_top(all, 1, 3 << 30, false), 1 << 63);
+        assert_eq!(aim_from_top(all, 1, 0, true), 1 << 63);
+        assert_eq!(aim_from_top(all, 1, 3 << 30, true), 1 << 60);
+        assert_eq!(aim_from_top(all, 2, 1 << 30, true), 0b11 << 60);
+        assert_eq!(aim_from_top(0b1011, 2, 3 << 30, true), 0b1010, "none left");
+        assert_eq!(
+            aim_from_top(0b1011, 4, 0, false),
+            0b1011,
+            "fewer than asked"
+        );
+    }
+
+    #[test]
+    fn claim_high_in_lowest_word_takes_the_top_of_the_lowest_word() {
+        let shape = TreeShape::new(200);
+        let w = words(shape.words);
+        let t = VebTree::new(&w, &shape);
+        for i in [3, 5, 40, 63, 64, 130] {
+            t.insert(i);
+        }
+        // The lowest word (ids 0..64) first, from its top.
+        assert_eq!(t.claim_high_in_lowest_word(1, 0), Some((0, 1 << 63)));
+        assert_eq!(
+            t.claim_high_in_lowest_word(2, 0),
+            Some((0, 1 << 40 | 1 << 5))
+        );
+        assert_eq!(t.claim_high_in_lowest_word(4, 0), Some((0, 1 << 3)));
+        // That word is empty now: the next one, then the last.
+        assert_eq!(t.claim_high_in_lowest_word(1, 0), Some((64, 1)));
+        assert_eq!(t.claim_high_in_lowest_word(1, 0), Some((128, 1 << 2)));
+        assert_eq!(t.claim_high_in_lowest_word(1, 0), None);
+        assert_eq!(t.count(), 0);
     }
 
     #[test]
