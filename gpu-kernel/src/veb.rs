@@ -454,32 +454,7 @@ impl<'a> VebTree<'a> {
     /// those runs, while both still fill the lowest word first.
     #[inline]
     pub fn claim_high_in_lowest_word(&self, count: u32, salt: u32) -> Option<(u32, u64)> {
-        loop {
-            let (id, mut seen) = self.successor_with_leaf(0)?;
-            let index = id >> 6;
-            let word = self.word(0, index);
-            let mut lost = false;
-            loop {
-                let aim = aim_from_top(seen, count, salt, lost);
-                if aim == 0 {
-                    // The word ran empty: search the tree again.
-                    break;
-                }
-                // acq_rel, as in `remove`: orders this claimer after the
-                // thread that inserted the ids it takes.
-                let old = arch::fetch_and_acq_rel(word, !aim);
-                let taken = old & aim;
-                if taken != 0 {
-                    if old & !aim == 0 {
-                        // This call emptied the word.
-                        self.unmark_up_from(1, index);
-                    }
-                    return Some((index << 6, taken));
-                }
-                seen = old;
-                lost = true;
-            }
-        }
+        self.claim_in_lowest_word(|seen, lost| aim_from_top(seen, count, salt, lost))
     }
 
     #[inline(always)]
@@ -490,29 +465,42 @@ impl<'a> VebTree<'a> {
         near: bool,
         adjacent: bool,
     ) -> Option<(u32, u64)> {
+        self.claim_in_lowest_word(|seen, lost| {
+            let spread = if !lost {
+                seen
+            } else if near {
+                skip_claims(seen, count, salt)
+            } else {
+                skip_by_salt(seen, salt)
+            };
+            let run = if adjacent && !lost {
+                lowest_run(seen, count)
+            } else {
+                0
+            };
+            if run != 0 {
+                run
+            } else {
+                lowest_bits(spread, count)
+            }
+        })
+    }
+
+    /// Removes from the lowest non-empty leaf word the ids that
+    /// `aim(seen, lost)` picks among those it shows (`seen`; `lost` after a
+    /// race lost on this word), with one RMW each try; a claimer that lost
+    /// tries again on what its RMW returned, without searching the tree,
+    /// until the word runs empty. Returns the word's first id and the mask
+    /// of the ids taken (at least one); `None` when the set is empty.
+    #[inline(always)]
+    fn claim_in_lowest_word(&self, aim: impl Fn(u64, bool) -> u64) -> Option<(u32, u64)> {
         loop {
             let (id, mut seen) = self.successor_with_leaf(0)?;
             let index = id >> 6;
             let word = self.word(0, index);
             let mut lost = false;
             loop {
-                let spread = if !lost {
-                    seen
-                } else if near {
-                    skip_claims(seen, count, salt)
-                } else {
-                    skip_by_salt(seen, salt)
-                };
-                let run = if adjacent && !lost {
-                    lowest_run(seen, count)
-                } else {
-                    0
-                };
-                let aim = if run != 0 {
-                    run
-                } else {
-                    lowest_bits(spread, count)
-                };
+                let aim = aim(seen, lost);
                 if aim == 0 {
                     // The word ran empty: search the tree again.
                     break;
