@@ -195,22 +195,14 @@ impl Extra {
         // Bits of `rest` above the installed segment's, as offsets from it.
         let offset = installed.segment() - *first;
         let adjacent = (1 + (*rest >> offset >> 1).trailing_ones()) << *shift;
-        // Whole segments of one block: every adjacent one, up to the most a
-        // run holds. Segments of several blocks (`SEGMENT_RUNS`): whole
-        // segments only, so a power of two.
-        let run = if *shift == 0 {
-            adjacent.min(SLOT_RUN_MAX)
-        } else if adjacent >= SLOT_RUN_MAX {
-            SLOT_RUN_MAX
-        } else {
-            1 << adjacent.ilog2()
-        };
-        // The run's other segments: bits offset + 1 .. offset + segments.
-        // (A run holds at least the installed segment's blocks: a claim of
-        // segments of several blocks is made only where they fit in one,
-        // `SEGMENT_RUNS`.)
-        // (None beyond the installed one when it is the word's last id,
-        // offset 63, where the shift below would pass the word.)
+        // Every adjacent block up to the most a run holds, in whole
+        // segments (segments of several blocks: `SEGMENT_RUNS`). A claim of
+        // such segments is made only where one fits in a run, so the run
+        // holds at least the installed segment.
+        let run = (adjacent.min(SLOT_RUN_MAX) >> *shift) << *shift;
+        // The run's other segments: bits offset + 1 .. offset + segments
+        // (none beyond the installed one when it is the word's last id,
+        // offset 63, where the shift below would pass the word).
         let segments = run >> *shift;
         if segments > 1 {
             *rest &= !((((1u64 << segments) >> 1) - 1) << (offset + 1));

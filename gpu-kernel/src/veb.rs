@@ -130,33 +130,20 @@ fn lowest_bits(mut x: u64, count: u32) -> u64 {
     out
 }
 
-/// The highest `count` set bits of `x` (all of them if it has fewer).
-#[inline(always)]
-fn highest_bits(mut x: u64, count: u32) -> u64 {
-    let mut out = 0;
-    for _ in 0..count {
-        if x == 0 {
-            break;
-        }
-        let top = 1u64 << (63 - x.leading_zeros());
-        out |= top;
-        x &= !top;
-    }
-    out
-}
-
 /// What [`VebTree::claim_high_in_lowest_word`] aims at in a word showing
 /// `seen`: its highest `count` ids, or after a lost race (`lost`) those
 /// below zero to three claims' width of them (the near spread of
-/// [`skip_claims`], mirrored; the highest if that would leave none).
+/// [`skip_claims`], mirrored; the highest if that would leave none). The
+/// low aims on the word's ids in reverse order.
 #[inline(always)]
 fn aim_from_top(seen: u64, count: u32, salt: u32, lost: bool) -> u64 {
-    let from_top = if lost {
-        skip_claims(seen.reverse_bits(), count, salt).reverse_bits()
+    let reversed = seen.reverse_bits();
+    let spread = if lost {
+        skip_claims(reversed, count, salt)
     } else {
-        seen
+        reversed
     };
-    highest_bits(from_top, count)
+    lowest_bits(spread, count).reverse_bits()
 }
 
 /// The lowest run of `count` (at least 1) adjacent set bits of `x`, or 0
