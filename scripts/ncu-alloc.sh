@@ -9,11 +9,14 @@
 # (NAME.hot.txt, by scripts/ncu-hot.py from the SASS page NAME.source.csv). $OUT defaults
 # to results/ncu-alloc.
 #   OUT=/tmp/ncu SIZES="16 128 1024" scripts/ncu-alloc.sh
+# KERNEL=heap_free profiles the free kernel of the same rounds instead (each
+# round launches one heap_alloc and one heap_free, so the skips are the same).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/ncu-alloc}
 SIZES=${SIZES:-"16 128 256 1024 4096"}
 BIN=${GPUMALLOC_BIN:-.gpu}
+KERNEL=${KERNEL:-heap_alloc}
 mkdir -p "$OUT"
 command -v ncu > /dev/null || PATH=$PATH:/usr/local/cuda/bin
 # bench single runs the sizes 16 B, 32 B, … in order, one warm-up and
@@ -21,7 +24,7 @@ command -v ncu > /dev/null || PATH=$PATH:/usr/local/cuda/bin
 # launch 2(k-4)+1.
 profile() { # NAME SKIP ARGS...
   local name=$1 skip=$2; shift 2
-  timeout 240 ncu --kernel-name heap_alloc --launch-skip "$skip" --launch-count 1 \
+  timeout 240 ncu --kernel-name "$KERNEL" --launch-skip "$skip" --launch-count 1 \
     --set full --import-source no -f -o "$OUT/$name" \
     "$BIN/gpumalloc" bench "$@" --iters 1 --allocators ours --out "$OUT/bench-$name" \
     > "$OUT/$name.log" 2>&1
