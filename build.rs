@@ -14,6 +14,7 @@ fn main() {
     // `PtxBuilder::build` makes the nested PTX builds rerun when a setting
     // of `gpu-kernel` changes; this build's own setting is added here.
     println!("cargo:rerun-if-env-changed={ALLOC_BLOCKS_ENV}");
+    println!("cargo:rerun-if-env-changed={FREE_BLOCKS_ENV}");
     for (crate_dir, env) in [
         ("gpu-kernels", "GPUMALLOC_PTX_PATH"),
         ("examples/user-kernel", "GPUMALLOC_USER_KERNEL_PTX_PATH"),
@@ -47,34 +48,58 @@ const ALLOC_BLOCKS_ENV: &str = "GPUMALLOC_ALLOC_BLOCKS_PER_SM";
 /// registers (issue 15; `docs/PERF.md`, "heap_alloc in 64 registers
 /// again").
 const ALLOC_BLOCKS_DEFAULT: u32 = 4;
+/// As `GPUMALLOC_ALLOC_BLOCKS_PER_SM`, for `heap_free`.
+const FREE_BLOCKS_ENV: &str = "GPUMALLOC_FREE_BLOCKS_PER_SM";
+/// The bound when `GPUMALLOC_FREE_BLOCKS_PER_SM` is not set: eight blocks,
+/// 32 registers (35 on sm_80 and 39 on sm_90 without), which ptxas meets
+/// without a spill; a full SM of warps then hides more of each team's
+/// release add. H100, kernel alone: every slice-size free 5-11% faster,
+/// mixed -1% (issue 15; `docs/PERF.md`, "heap_free in 32 registers").
+const FREE_BLOCKS_DEFAULT: u32 = 8;
 
-/// A copy of the PTX at `ptx` in `OUT_DIR` with launch bounds on
-/// `heap_alloc` (`ALLOC_BLOCKS_DEFAULT`, or `GPUMALLOC_ALLOC_BLOCKS_PER_SM`),
-/// or the PTX itself where that is 0.
-fn bound_heap_alloc(ptx: &Path) -> std::path::PathBuf {
-    let blocks: u32 = match std::env::var(ALLOC_BLOCKS_ENV) {
-        Err(_) => ALLOC_BLOCKS_DEFAULT,
+/// The launch bound (blocks per SM) that `env` asks for, else `default`.
+fn blocks_per_sm(env: &str, default: u32) -> u32 {
+    match std::env::var(env) {
+        Err(_) => default,
         Ok(text) => match text.parse() {
             Ok(n @ 0..=8) => n,
             _ => {
-                eprintln!("error: {ALLOC_BLOCKS_ENV} must be 0..=8, not {text:?}");
+                eprintln!("error: {env} must be 0..=8, not {text:?}");
                 std::process::exit(1);
             }
         },
-    };
-    if blocks == 0 {
-        return ptx.to_path_buf();
     }
-    let text = std::fs::read_to_string(ptx).expect("the PTX build's output is readable");
+}
+
+/// `text` with launch bounds of `blocks` 256-thread blocks per SM on the
+/// entry `kernel` (none where `blocks` is 0).
+fn bound_kernel(text: String, kernel: &str, blocks: u32) -> String {
+    if blocks == 0 {
+        return text;
+    }
     let entry = text
-        .find(".entry heap_alloc(")
-        .expect("the PTX has a heap_alloc entry");
-    let body = entry + text[entry..].find("\n{").expect("heap_alloc has a body");
-    let bounded = format!(
+        .find(&format!(".entry {kernel}("))
+        .unwrap_or_else(|| panic!("the PTX has a {kernel} entry"));
+    let body = entry + text[entry..].find("\n{").expect("the entry has a body");
+    format!(
         "{}\n.maxntid 256, 1, 1\n.minnctapersm {blocks}{}",
         &text[..body],
         &text[body..]
-    );
+    )
+}
+
+/// A copy of the PTX at `ptx` in `OUT_DIR` with launch bounds on
+/// `heap_alloc` (`ALLOC_BLOCKS_DEFAULT`, or `GPUMALLOC_ALLOC_BLOCKS_PER_SM`)
+/// and on `heap_free` (`GPUMALLOC_FREE_BLOCKS_PER_SM`), or the PTX itself
+/// where neither has any.
+fn bound_heap_alloc(ptx: &Path) -> std::path::PathBuf {
+    let alloc = blocks_per_sm(ALLOC_BLOCKS_ENV, ALLOC_BLOCKS_DEFAULT);
+    let free = blocks_per_sm(FREE_BLOCKS_ENV, FREE_BLOCKS_DEFAULT);
+    if alloc == 0 && free == 0 {
+        return ptx.to_path_buf();
+    }
+    let text = std::fs::read_to_string(ptx).expect("the PTX build's output is readable");
+    let bounded = bound_kernel(bound_kernel(text, "heap_alloc", alloc), "heap_free", free);
     let out =
         Path::new(&std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("gpu_kernels.ptx");
     std::fs::write(&out, bounded).expect("OUT_DIR is writable");

@@ -187,6 +187,10 @@
 #                  whole adjacent segments as one run (GPUMALLOC_SEGMENT_RUNS=1);
 #                  segruns2: one segment by that path (=2); segruns3: that
 #                  segment from the top of the lowest tree word (=3)
+#   free8          heap_free with launch bounds of eight 256-thread blocks
+#                  per SM (32 registers; GPUMALLOC_FREE_BLOCKS_PER_SM=8, the
+#                  default since 2026-11-24's fifteenth session); free0: none
+#                  (35 registers on sm_80, 39 on sm_90: the shape before)
 #   adj            whole-segment claims aim at adjacent free ids first
 #                  (GPUMALLOC_WHOLE_CLAIM_ADJACENT=1)
 #   A+B            the settings of A and of B (blkrun3+iclock2-c4)
@@ -270,6 +274,8 @@ settings() {
     segruns) echo "GPUMALLOC_SEGMENT_RUNS=1" ;;
     segruns2) echo "GPUMALLOC_SEGMENT_RUNS=2" ;;
     segruns3) echo "GPUMALLOC_SEGMENT_RUNS=3" ;;
+    free8) echo "GPUMALLOC_FREE_BLOCKS_PER_SM=8" ;;
+    free0) echo "GPUMALLOC_FREE_BLOCKS_PER_SM=0" ;;
     adj) echo "GPUMALLOC_WHOLE_CLAIM_ADJACENT=1" ;;
     fis2) echo "GPUMALLOC_FIRST_INSTALL_SPARES=2" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;

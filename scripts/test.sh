@@ -27,7 +27,8 @@ RUSTFLAGS="--cfg loom" cargo test -p gpu-kernel --test loom --release
 
 echo "== ptxas"
 # gpu_kernels.ptx as the library embeds it: build.rs's copy with
-# heap_alloc's launch bounds (what the GPU runs), beside the other PTX.
+# heap_alloc's and heap_free's launch bounds (what the GPU runs), beside the
+# other PTX.
 bounded=$(ls -t target/release/build/gpumalloc-*/out/gpu_kernels.ptx | head -1)
 ptx_dir=$(ls -td target/release/build/gpumalloc-*/out/ptx-target/nvptx64-nvidia-cuda/release | head -1)
 heap_kernels_dir=$(ls -td target/release/build/host-*/out/ptx-target/nvptx64-nvidia-cuda/release | head -1)
@@ -39,4 +40,11 @@ echo "$report"
 echo "$report" | awk '$1 == "heap_alloc" { n++; if ($3 > 64 || $8 != 0 || $10 != 0) bad = 1 }
   END { exit !(n == 2 && !bad) }' \
   || { echo "error: heap_alloc above 64 registers or spilling (see above)"; exit 1; }
+# heap_free's bound (eight blocks per SM) holds it at 32 registers; fail if a
+# change makes it spill under them (gpu_kernels.ptx's: heap_kernels.ptx, the
+# host crate's own kernels, has an unbounded heap_free of its own).
+echo "$report" | awk '/^-- / { file = $2 }
+  file == "gpu_kernels.ptx" && $1 == "heap_free" { n++; if ($3 > 32 || $8 != 0 || $10 != 0) bad = 1 }
+  END { exit !(n == 2 && !bad) }' \
+  || { echo "error: heap_free above 32 registers or spilling (see above)"; exit 1; }
 echo "all checks passed"
