@@ -187,6 +187,8 @@
 #                  whole adjacent segments as one run (GPUMALLOC_SEGMENT_RUNS=1);
 #                  segruns2: one segment by that path (=2); segruns3: that
 #                  segment from the top of the lowest tree word (=3)
+#   b6             heap_alloc with launch bounds of six blocks per SM (40
+#                  registers: no spill on sm_90, spills on sm_80)
 #   free8          heap_free with launch bounds of eight 256-thread blocks
 #                  per SM (32 registers; GPUMALLOC_FREE_BLOCKS_PER_SM=8, the
 #                  default since 2026-11-24's fifteenth session); free0: none
@@ -237,6 +239,7 @@ settings() {
     split-b3) echo "GPUMALLOC_SPLIT_COLD=1 GPUMALLOC_ALLOC_BLOCKS_PER_SM=3" ;;
     split3) echo "GPUMALLOC_SPLIT_COLD=3 GPUMALLOC_ALLOC_BLOCKS_PER_SM=0" ;;
     split3-64) echo "GPUMALLOC_SPLIT_COLD=3 GPUMALLOC_ALLOC_BLOCKS_PER_SM=4" ;;
+    b6) echo "GPUMALLOC_ALLOC_BLOCKS_PER_SM=6" ;;
     sadd) echo "GPUMALLOC_SLICE_CLAIM_ADD=1" ;;
     scas) echo "GPUMALLOC_SLICE_CLAIM_ADD=0" ;;
     sp1) echo "GPUMALLOC_SPARES=1" ;;
