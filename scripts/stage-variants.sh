@@ -186,7 +186,11 @@
 #   segruns        a claim of a class with a few blocks per segment takes
 #                  whole adjacent segments as one run (GPUMALLOC_SEGMENT_RUNS=1);
 #                  segruns2: one segment by that path (=2); segruns3: that
-#                  segment from the top of the lowest tree word (=3)
+#                  segment from the top of the lowest tree word (=3);
+#                  segruns4: as segruns3 once a whole-segment class has
+#                  claimed on the heap, as segruns2 before (=4, the default
+#                  since 2026-11-24's fifteenth session); segruns0: the
+#                  class tree's claim, the default before
 #   b6             heap_alloc with launch bounds of six blocks per SM (40
 #                  registers: no spill on sm_90, spills on sm_80)
 #   free8          heap_free with launch bounds of eight 256-thread blocks
@@ -277,6 +281,8 @@ settings() {
     segruns) echo "GPUMALLOC_SEGMENT_RUNS=1" ;;
     segruns2) echo "GPUMALLOC_SEGMENT_RUNS=2" ;;
     segruns3) echo "GPUMALLOC_SEGMENT_RUNS=3" ;;
+    segruns4) echo "GPUMALLOC_SEGMENT_RUNS=4" ;;
+    segruns0) echo "GPUMALLOC_SEGMENT_RUNS=0" ;;
     free8) echo "GPUMALLOC_FREE_BLOCKS_PER_SM=8" ;;
     free0) echo "GPUMALLOC_FREE_BLOCKS_PER_SM=0" ;;
     adj) echo "GPUMALLOC_WHOLE_CLAIM_ADJACENT=1" ;;

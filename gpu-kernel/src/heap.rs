@@ -481,6 +481,12 @@ impl Heap {
         &self.region(self.out_of_tree_at(class.index()), 1)[0]
     }
 
+    /// The word of [`Heap::whole_segment_runs_taken`].
+    #[inline(always)]
+    fn whole_segment_runs_word(&self) -> &Word {
+        &self.region(self.whole_segment_runs_at(), 1)[0]
+    }
+
     /// The run lock and the count of optimistic run claims in flight (see
     /// `run`).
     #[inline(always)]
@@ -1539,6 +1545,26 @@ impl Heap {
             .claim_high_in_lowest_word(1, spread_salt(0))?;
         self.format_whole_segments(class, first, taken);
         Some((first, taken))
+    }
+
+    /// Whether a class whose block fills a segment has claimed segments
+    /// for a slot on this heap (`team::SEGMENT_RUNS=4`, which then claims
+    /// single segments from the top of the lowest tree word, off the
+    /// bottom where those claims take their runs of adjacent segments).
+    /// Relaxed: a placement hint; a stale answer puts a claim at the other
+    /// end of its word, nothing else.
+    #[inline(always)]
+    pub(crate) fn whole_segment_runs_taken(&self) -> bool {
+        arch::load_relaxed(self.whole_segment_runs_word()) != 0
+    }
+
+    /// Records that a class whose block fills a segment has claimed
+    /// segments for a slot (see [`Heap::whole_segment_runs_taken`]): set
+    /// once, never cleared. A relaxed store, which the installer does not
+    /// wait for.
+    #[inline(always)]
+    pub(crate) fn note_whole_segment_runs(&self) {
+        arch::store_relaxed(self.whole_segment_runs_word(), 1);
     }
 
     /// Formats segments `first + k` (each bit `k` of `taken`, just claimed

@@ -108,8 +108,10 @@ pub struct Heap {
     pub(crate) slots_at: u64,
     /// Word offset of the per-class format locks, followed by the run lock
     /// (word `locks_at + CLASSES`), the run cursor (the next word), the
-    /// `REQUEST_SLOTS` run request slots (`Heap::request_words`) and one
-    /// out-of-tree window word per class (`Heap::out_of_tree_at`).
+    /// `REQUEST_SLOTS` run request slots (`Heap::request_words`), one
+    /// out-of-tree window word per class (`Heap::out_of_tree_at`), then on
+    /// a line of its own the whole-segment runs' word
+    /// (`Heap::whole_segment_runs_at`).
     pub(crate) locks_at: u64,
     /// Word offset of the slots' spare blocks.
     pub(crate) spares_at: u64,
@@ -261,7 +263,9 @@ impl Heap {
         let stats_at = 0;
         let slots_at = stats_at + STAT_WORDS;
         let locks_at = slots_at + (SLICE_CLASSES * SLOTS_PER_CLASS * SLOT_STRIDE_WORDS) as u64;
-        let spares_at = locks_at + CLASSES as u64 + 2 + REQUEST_SLOTS as u64 + CLASSES as u64;
+        let out_of_tree_end = locks_at + CLASSES as u64 + 2 + REQUEST_SLOTS as u64 + CLASSES as u64;
+        // The whole-segment runs' word on a 128-byte line of its own.
+        let spares_at = out_of_tree_end.next_multiple_of(LINE_WORDS) + LINE_WORDS;
         let states_at = spares_at + (SLICE_CLASSES * SLOTS_PER_CLASS * SPARES_PER_SLOT) as u64;
         let bitmaps_at = states_at + segments;
         let counters_at = bitmaps_at + segments * bitmap_words_per_segment(segment_shift) as u64;
@@ -485,7 +489,18 @@ impl Heap {
     pub(crate) fn out_of_tree_at(&self, class_index: u32) -> u64 {
         self.request_words().end + class_index as u64
     }
+
+    /// The metadata word (the first of the 128-byte line after the
+    /// out-of-tree words, alone on it) that says whether a class whose
+    /// block fills a segment has claimed segments for a slot:
+    /// `Heap::whole_segment_runs_taken`.
+    pub(crate) fn whole_segment_runs_at(&self) -> u64 {
+        self.out_of_tree_at(CLASSES).next_multiple_of(LINE_WORDS)
+    }
 }
+
+/// Metadata words on one 128-byte L2 cache line.
+const LINE_WORDS: u64 = 16;
 
 /// Unit-test support shared by the crate's modules.
 #[cfg(all(test, not(loom)))]

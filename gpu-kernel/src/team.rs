@@ -149,8 +149,15 @@ const RUN_BLOCKS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SLOT_RUN
 /// tree and its format lock); 3, as 2, but the segment from the top of the
 /// lowest tree word that has one, so that these single claims stay off the
 /// lowest ids, where the whole-segment classes take runs of adjacent
-/// segments (`Heap::claim_whole_segment_from_top`).
-const SEGMENT_RUNS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_RUNS"), 0);
+/// segments (`Heap::claim_whole_segment_from_top`); 4 (the default since
+/// 2026-11-24's fifteenth session), as 3 once a class whose block fills a
+/// segment has claimed segments on the heap, as 2 before
+/// (`Heap::whole_segment_runs_taken`), so that a burst of these claims
+/// alone packs from the lowest ids. H100, kernel alone, 4 against 0, two
+/// runs: 1 KiB −14% and −13%, mixed −3% and +4%, the 1 KiB span 1.06–1.10
+/// (3: mixed −10% but the 1 KiB span 1.49; 2: mixed +5%; `docs/PERF.md`,
+/// "1 KiB's single claims beside the runs").
+const SEGMENT_RUNS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_SEGMENT_RUNS"), 4);
 
 /// What [`Heap::reserve_if_open`] answers for a slot with nothing left (not
 /// a valid slot word: its block field is all ones).
@@ -795,9 +802,16 @@ impl Heap {
         if shift == 0
             || (SEGMENT_RUNS != 0 && 1 << shift <= SLOT_RUN_MAX && 1 << shift < 1 + spares)
         {
-            let (first, taken) = if SEGMENT_RUNS == 3 && shift > 0 {
+            // Only a claim of segments of several blocks reads the flag.
+            let from_top = shift > 0
+                && match SEGMENT_RUNS {
+                    3 => true,
+                    4 => self.whole_segment_runs_taken(),
+                    _ => false,
+                };
+            let (first, taken) = if from_top {
                 self.claim_whole_segment_from_top(class)?
-            } else if SEGMENT_RUNS == 2 && shift > 0 {
+            } else if SEGMENT_RUNS >= 2 && shift > 0 {
                 self.claim_whole_segments(class, 1)?
             } else {
                 self.claim_whole_segments(class, ((1 + spares) >> shift).max(1))?
@@ -906,6 +920,11 @@ impl Heap {
                 mut rest,
                 shift,
             } => {
+                // After the publish, so that the slot's waiters do not
+                // wait for it either.
+                if SEGMENT_RUNS == 4 && shift == 0 {
+                    self.note_whole_segment_runs();
+                }
                 let mut i = 0;
                 while rest != 0 {
                     let segment = first + rest.trailing_zeros();
@@ -1829,6 +1848,42 @@ fn a_reserved_claim_installs_its_ticket_blocks_as_one_run() {
             free_all_and_check_whole(heap, &held);
         });
     }
+}
+
+/// With `GPUMALLOC_SEGMENT_RUNS=4`: on a heap of 8 MiB segments, a 1 KiB
+/// slot claim (one segment of two blocks) takes the lowest free segment
+/// while no class whose block fills a segment has claimed, and the top of
+/// the lowest tree word once 4 KiB has taken its segments from the
+/// bottom; everything comes back after the frees and a flush. Other
+/// builds check nothing.
+#[cfg(all(test, not(loom)))]
+#[test]
+fn single_segment_claims_take_the_top_once_runs_are_taken() {
+    extern crate std;
+    if SEGMENT_RUNS != 4 {
+        return;
+    }
+    on_a_fresh_heap_of(23, 1024, |heap, class, per_block, _slot| {
+        assert_eq!(class.blocks_per_segment(heap.segment_shift), 2);
+        let segment_of = |p: u64| (p - heap.data) >> heap.segment_shift;
+        // The slot's first install comes through the class tree; fill its
+        // segment so that the next install claims one whole.
+        let first = heap.malloc(1024) as u64;
+        let mut held = std::vec![first];
+        malloc_in_order(heap, 1024, first, 1..2 * per_block as u64, &mut held);
+        let packed = heap.malloc(1024) as u64;
+        held.push(packed);
+        assert_eq!(segment_of(packed), 1, "no runs yet: the lowest segment");
+        assert!(!heap.whole_segment_runs_taken());
+        held.push(heap.malloc(4096) as u64);
+        assert_eq!(segment_of(held[held.len() - 1]), 2, "the run from the bottom");
+        assert!(heap.whole_segment_runs_taken());
+        malloc_in_order(heap, 1024, packed, 1..2 * per_block as u64, &mut held);
+        let next = heap.malloc(1024) as u64;
+        held.push(next);
+        assert_eq!(segment_of(next), 63, "beside runs: the word's top");
+        free_all_and_check_whole(heap, &held);
+    });
 }
 
 /// With `GPUMALLOC_SEGMENT_RUNS=1`: a 1 KiB slot's claim on a heap of
