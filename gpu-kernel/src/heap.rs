@@ -1560,8 +1560,10 @@ impl Heap {
 
     /// Records that a class whose block fills a segment has claimed
     /// segments for a slot (see [`Heap::whole_segment_runs_taken`]): set
-    /// once, never cleared. A relaxed store, which the installer does not
-    /// wait for.
+    /// once and cleared only when the host rewrites the metadata (a
+    /// reset), so a heap that has served such a class claims single
+    /// segments from the top from then on. A relaxed store, which the
+    /// installer does not wait for.
     #[inline(always)]
     pub(crate) fn note_whole_segment_runs(&self) {
         arch::store_relaxed(self.whole_segment_runs_word(), 1);
