@@ -1876,7 +1876,11 @@ fn single_segment_claims_take_the_top_once_runs_are_taken() {
         assert_eq!(segment_of(packed), 1, "no runs yet: the lowest segment");
         assert!(!heap.whole_segment_runs_taken());
         held.push(heap.malloc(4096) as u64);
-        assert_eq!(segment_of(held[held.len() - 1]), 2, "the run from the bottom");
+        assert_eq!(
+            segment_of(held[held.len() - 1]),
+            2,
+            "the run from the bottom"
+        );
         assert!(heap.whole_segment_runs_taken());
         malloc_in_order(heap, 1024, packed, 1..2 * per_block as u64, &mut held);
         let next = heap.malloc(1024) as u64;
