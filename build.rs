@@ -22,7 +22,7 @@ fn main() {
     ] {
         match ptx_builder::PtxBuilder::new(root.join(crate_dir)).build() {
             Ok(ptx) if crate_dir == "gpu-kernels" => {
-                let ptx = bound_heap_alloc(&ptx);
+                let ptx = bound_heap_kernels(&ptx);
                 println!("cargo:rustc-env={env}={}", ptx.display());
             }
             Ok(ptx) => println!("cargo:rustc-env={env}={}", ptx.display()),
@@ -92,7 +92,7 @@ fn bound_kernel(text: String, kernel: &str, blocks: u32) -> String {
 /// `heap_alloc` (`ALLOC_BLOCKS_DEFAULT`, or `GPUMALLOC_ALLOC_BLOCKS_PER_SM`)
 /// and on `heap_free` (`GPUMALLOC_FREE_BLOCKS_PER_SM`), or the PTX itself
 /// where neither has any.
-fn bound_heap_alloc(ptx: &Path) -> std::path::PathBuf {
+fn bound_heap_kernels(ptx: &Path) -> std::path::PathBuf {
     let alloc = blocks_per_sm(ALLOC_BLOCKS_ENV, ALLOC_BLOCKS_DEFAULT);
     let free = blocks_per_sm(FREE_BLOCKS_ENV, FREE_BLOCKS_DEFAULT);
     if alloc == 0 && free == 0 {
