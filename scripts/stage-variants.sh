@@ -199,6 +199,10 @@
 #                  (35 registers on sm_80, 39 on sm_90: the shape before)
 #   adj            whole-segment claims aim at adjacent free ids first
 #                  (GPUMALLOC_WHOLE_CLAIM_ADJACENT=1)
+#   s15            32 KiB a slice class too (GPUMALLOC_MAX_SLICE_SHIFT=15;
+#                  the smallest block class 64 KiB); s15+ws4 with the
+#                  whole-segment slot share doubled, so that the five
+#                  classes of 2-32 KiB keep 16 slots on the 16 GiB bench heap
 #   A+B            the settings of A and of B (blkrun3+iclock2-c4)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
@@ -286,6 +290,7 @@ settings() {
     free8) echo "GPUMALLOC_FREE_BLOCKS_PER_SM=8" ;;
     free0) echo "GPUMALLOC_FREE_BLOCKS_PER_SM=0" ;;
     adj) echo "GPUMALLOC_WHOLE_CLAIM_ADJACENT=1" ;;
+    s15) echo "GPUMALLOC_MAX_SLICE_SHIFT=15" ;;
     fis2) echo "GPUMALLOC_FIRST_INSTALL_SPARES=2" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;
     wlow) echo "GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;

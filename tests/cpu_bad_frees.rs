@@ -17,8 +17,8 @@ use gpumalloc::gpu_kernels::workload::{fill, verify};
 use gpumalloc::{CpuHeap, HeapConfig};
 
 const MIB: u64 = 1 << 20;
-/// A request of the smallest block class (32 KiB since 8 and 16 KiB became
-/// slice classes): the bad-free cases named "block" need one.
+/// A request of the smallest block class (64 KiB since 8, 16 and 32 KiB
+/// became slice classes): the bad-free cases named "block" need one.
 const BLOCK: u64 = 1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT;
 
 /// One kind of bad free: sets up live allocations, makes the bad free,

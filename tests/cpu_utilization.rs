@@ -364,8 +364,9 @@ fn mixed_class_exhaustion() {
         ("4 KiB", 4096u64),
         ("8 KiB", 8192),
         ("16 KiB", 16384),
+        ("32 KiB", 32768),
         (
-            "32 KiB, the smallest block class",
+            "the smallest block class",
             1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT,
         ),
         ("4 KiB again", 4096),

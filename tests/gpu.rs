@@ -119,7 +119,7 @@ fn mixed_sizes_and_churn() {
         ours.heap().arg(),
         Arg::U32(16),
         Arg::U64(16),
-        // Up to the smallest block class (32 KiB), so churn crosses the
+        // Up to the smallest block class (64 KiB), so churn crosses the
         // slice/block boundary.
         Arg::U64(1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT),
         Arg::U64(11),
@@ -228,7 +228,7 @@ fn a_wait_with_a_limit_gives_up_instead_of_blocking() {
         ours.heap().arg(),
         Arg::U32(16),
         Arg::U64(16),
-        // Up to the smallest block class (32 KiB), so churn crosses the
+        // Up to the smallest block class (64 KiB), so churn crosses the
         // slice/block boundary.
         Arg::U64(1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT),
         Arg::U64(5),

@@ -28,8 +28,8 @@ mod common;
 use common::gpu;
 
 const MIB: u64 = 1 << 20;
-/// A request of the smallest block class (32 KiB since 8 and 16 KiB became
-/// slice classes): the bad-free cases named "block" need one.
+/// A request of the smallest block class (64 KiB since 8, 16 and 32 KiB
+/// became slice classes): the bad-free cases named "block" need one.
 const BLOCK: u64 = 1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT;
 const GIB: u64 = 1 << 30;
 
@@ -295,7 +295,8 @@ fn mixed_class_exhaustion() {
         ("4 KiB", 4096u64),
         ("8 KiB", 8192),
         ("16 KiB", 16384),
-        ("32 KiB, the smallest block class", BLOCK),
+        ("32 KiB", 32768),
+        ("the smallest block class", BLOCK),
         ("4 KiB again", 4096),
         ("runs of 3 segments", 3 * SEGMENT_BYTES),
         ("64 KiB", 64 << 10),

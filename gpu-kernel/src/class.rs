@@ -1,12 +1,13 @@
 //! Size classes: which class serves a request, and the geometry of each.
 //!
-//! - Classes `0..SLICE_CLASSES` are *slice classes*: slices of 16 B … 16 KiB;
-//!   a block holds [`SLICES_PER_BLOCK`] slices in the wide classes
-//!   (16 B … 128 B, [`WIDE_BLOCK_MAX_UNIT_SHIFT`]) and 4096 in the others,
-//!   or as many as fit in one segment if fewer (16 KiB slices: 128 per
-//!   2 MiB segment, 1024 per 16 MiB), so a block is 128 KiB … one segment.
+//! - Classes `0..SLICE_CLASSES` are *slice classes*: slices of 16 B … 32 KiB
+//!   ([`MAX_SLICE_SHIFT`]); a block holds [`SLICES_PER_BLOCK`] slices in the
+//!   wide classes (16 B … 128 B, [`WIDE_BLOCK_MAX_UNIT_SHIFT`]) and 4096 in
+//!   the others, or as many as fit in one segment if fewer (32 KiB slices:
+//!   64 per 2 MiB segment, 512 per 16 MiB), so a block is 128 KiB … one
+//!   segment.
 //! - The following classes are *block classes*: one allocation is one whole
-//!   block of 32 KiB … one segment, for requests above 16 KiB.
+//!   block of 64 KiB … one segment, for requests above 32 KiB.
 //! - Requests above a segment take several contiguous segments.
 //!
 //! A segment is formatted for one class at a time and holds
@@ -103,21 +104,27 @@ pub const WIDE_BLOCK_MAX_UNIT_SHIFT: u32 =
 pub const SLICES_PER_BLOCK: u64 = 1 << SLICES_PER_BLOCK_SHIFT;
 /// log2 of the smallest slice (16 B).
 pub const MIN_SLICE_SHIFT: u32 = 4;
-/// log2 of the largest slice (16 KiB). 8 KiB was the smallest block class
+/// log2 of the largest slice (32 KiB). 8 KiB was the smallest block class
 /// until 2026-11-23: a burst of 2^20 requests then made every warp's claim
 /// contend for one segment's state word and took 31.5 ms on the H100; as
 /// slices through the slots it takes 0.33 ms (`docs/PERF.md`, "8 KiB
 /// becomes a slice class"). 16 KiB followed the same day (a burst of 2^19:
-/// 1.70 → 0.32 ms, "16 KiB becomes a slice class"). 16 KiB is the most
-/// this can be: the smallest block class must leave a 2 MiB segment 64
-/// blocks (one bitmap word).
-pub const MAX_SLICE_SHIFT: u32 = 14;
+/// 1.70 → 0.32 ms, "16 KiB becomes a slice class"), and 32 KiB on
+/// 2026-11-24 (a burst of 2^18: 0.307 → 0.155 ms kernel alone, "32 KiB
+/// becomes a slice class"); the smallest block class, 64 KiB, then leaves
+/// a 2 MiB segment 32 blocks, part of one bitmap word.
+/// `GPUMALLOC_MAX_SLICE_SHIFT=14` builds the geometry before.
+pub const MAX_SLICE_SHIFT: u32 = build_knob(option_env!("GPUMALLOC_MAX_SLICE_SHIFT"), 15);
+const _: () = assert!(
+    MAX_SLICE_SHIFT == 14 || MAX_SLICE_SHIFT == 15,
+    "GPUMALLOC_MAX_SLICE_SHIFT must be 14 or 15"
+);
 const _: () = assert!(STANDARD_SLICES_SHIFT <= SLICES_PER_BLOCK_SHIFT);
-/// Number of slice classes (16 B … 16 KiB).
+/// Number of slice classes (16 B … 32 KiB).
 pub const SLICE_CLASSES: u32 = MAX_SLICE_SHIFT - MIN_SLICE_SHIFT + 1;
-/// log2 of the smallest block class (32 KiB).
+/// log2 of the smallest block class (64 KiB).
 pub const MIN_BLOCK_CLASS_SHIFT: u32 = MAX_SLICE_SHIFT + 1;
-/// Number of block classes on a heap of the largest segments (32 KiB …
+/// Number of block classes on a heap of the largest segments (64 KiB …
 /// 16 MiB); a heap uses those up to its own segment size.
 pub const BLOCK_CLASSES: u32 = MAX_SEGMENT_SHIFT - MIN_BLOCK_CLASS_SHIFT + 1;
 /// Number of classes of both kinds on a heap of the largest segments: what
@@ -136,10 +143,11 @@ pub const fn max_blocks_per_segment(segment_shift: u32) -> u32 {
     1 << (segment_shift - MIN_BLOCK_CLASS_SHIFT)
 }
 
-/// Words of a segment's free-block bitmap.
+/// Words of a segment's free-block bitmap (one, partly used, where the
+/// smallest block class gives a segment fewer than 64 blocks).
 #[inline(always)]
 pub const fn bitmap_words_per_segment(segment_shift: u32) -> u32 {
-    max_blocks_per_segment(segment_shift) / 64
+    max_blocks_per_segment(segment_shift).div_ceil(64)
 }
 
 /// The most blocks of a slice class a segment can hold (16 B slices).
@@ -149,7 +157,7 @@ pub const fn slice_blocks_per_segment(segment_shift: u32) -> u32 {
 }
 
 const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_SLICE_SHIFT + SLICES_PER_BLOCK_SHIFT);
-const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_BLOCK_CLASS_SHIFT + 6);
+const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_BLOCK_CLASS_SHIFT + 5);
 
 /// A build-time setting (`GPUMALLOC_SEGMENT_SHIFT`, `GPUMALLOC_SLOTS`,
 /// `GPUMALLOC_SLOT_BUDGET_SHIFT`, `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT`,
@@ -329,7 +337,9 @@ mod tests {
             assert_eq!(class(8193).unit_shift(), 14);
             assert!(class(16384).is_slice());
             assert_eq!(class(16385).unit_shift(), 15);
-            assert!(!class(16385).is_slice());
+            assert_eq!(class(16385).is_slice(), MAX_SLICE_SHIFT >= 15);
+            assert_eq!(class(32769).unit_shift(), 16);
+            assert!(!class(32769).is_slice());
             assert_eq!(class(segment).index(), classes(shift) - 1);
             assert_eq!(class(segment).blocks_per_segment(shift), 1);
             assert_eq!(Request::for_size(segment + 1, shift), Request::Segments(2));
@@ -340,9 +350,16 @@ mod tests {
             assert_eq!(class(4096).slices_per_block(shift), 1 << (shift - 12));
             assert_eq!(class(8192).slices_per_block(shift), 1 << (shift - 13));
             assert_eq!(class(16384).slices_per_block(shift), 1 << (shift - 14));
+            if MAX_SLICE_SHIFT >= 15 {
+                assert_eq!(class(32768).slices_per_block(shift), 1 << (shift - 15));
+            }
             assert_eq!(
-                class(32768).blocks_per_segment(shift),
+                class(1 << MIN_BLOCK_CLASS_SHIFT).blocks_per_segment(shift),
                 max_blocks_per_segment(shift)
+            );
+            assert_eq!(
+                bitmap_words_per_segment(shift),
+                max_blocks_per_segment(shift).div_ceil(64)
             );
         }
         assert_eq!(classes(MAX_SEGMENT_SHIFT), CLASSES);

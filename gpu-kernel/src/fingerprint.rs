@@ -33,7 +33,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 28] = [
+pub const SETTINGS: [&str; 29] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -62,10 +62,11 @@ pub const SETTINGS: [&str; 28] = [
     "GPUMALLOC_SLOT_RUN_BLOCKS",
     "GPUMALLOC_SEGMENT_RUNS",
     "GPUMALLOC_WHOLE_CLAIM_ADJACENT",
+    "GPUMALLOC_MAX_SLICE_SHIFT",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 28] = [
+const SETTING_VALUES: [Option<&str>; 29] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -94,6 +95,7 @@ const SETTING_VALUES: [Option<&str>; 28] = [
     option_env!("GPUMALLOC_SLOT_RUN_BLOCKS"),
     option_env!("GPUMALLOC_SEGMENT_RUNS"),
     option_env!("GPUMALLOC_WHOLE_CLAIM_ADJACENT"),
+    option_env!("GPUMALLOC_MAX_SLICE_SHIFT"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -1,8 +1,8 @@
 //! `malloc` and `free` on a [`Heap`]: the three tiers put together.
 //!
-//! - Slice classes (16 B … 16 KiB): a warp team reserves slices from the block
+//! - Slice classes (16 B … 32 KiB): a warp team reserves slices from the block
 //!   in its slot ([`crate::team`]); the installer claims blocks here.
-//! - Block classes (32 KiB … one segment): one block per call, claimed from the
+//! - Block classes (64 KiB … one segment): one block per call, claimed from the
 //!   class tree or from a freshly formatted segment.
 //! - Above a segment: a run of segments claimed from the top of the segment
 //!   tree ([`crate::run`]).
@@ -2007,10 +2007,19 @@ mod tests {
     use super::*;
     use crate::class::MIN_SEGMENT_SHIFT;
 
-    /// The smallest block class: 64 blocks of 32 KiB per 2 MiB segment.
-    fn class_32k() -> SizeClass {
-        match Request::for_size(32 << 10, MIN_SEGMENT_SHIFT) {
-            Request::Class(c) if !c.is_slice() => c,
+    /// Segments of the block-class tests: 64 blocks of the smallest block
+    /// class each (4 MiB since 32 KiB became a slice class; 2 MiB before).
+    const BLOCK_TEST_SHIFT: u32 = crate::class::MIN_BLOCK_CLASS_SHIFT + 6;
+
+    /// A heap of `segments` segments of the block-class tests' size.
+    fn block_test_heap(segments: u64) -> (Heap, Vec<Word>) {
+        crate::layout::test_support::test_heap_of(segments, segments as u32, BLOCK_TEST_SHIFT)
+    }
+
+    /// The smallest block class: 64 blocks per segment of the tests.
+    fn smallest_block_class() -> SizeClass {
+        match Request::for_size(1 << crate::class::MIN_BLOCK_CLASS_SHIFT, BLOCK_TEST_SHIFT) {
+            Request::Class(c) if !c.is_slice() && c.blocks_per_segment(BLOCK_TEST_SHIFT) == 64 => c,
             r => panic!("{r:?}"),
         }
     }
@@ -2022,8 +2031,8 @@ mod tests {
     /// segment of the batch no claim used is retired idle.
     #[test]
     fn a_format_fills_the_demand_in_flight() {
-        let (h, _words) = crate::layout::test_support::test_heap(8, 8);
-        let class = class_32k();
+        let (h, _words) = block_test_heap(8);
+        let class = smallest_block_class();
         let others = 2 * (32 << DEMAND_SHIFT);
         arch::fetch_add_relaxed(h.format_lock(class), others);
         let claim = h.claim_blocks(class, 32);
@@ -2040,7 +2049,7 @@ mod tests {
         assert_eq!(h.class_tree(class).count(), 1);
         assert_eq!(h.table().load(1), SegmentState::Free);
 
-        let (h, _words) = crate::layout::test_support::test_heap(8, 8);
+        let (h, _words) = block_test_heap(8);
         assert_eq!(h.claim_blocks(class, 32).count(), 32);
         assert_eq!(h.class_tree(class).count(), 1);
         assert_eq!(h.free_segments(), 7);
@@ -2053,8 +2062,8 @@ mod tests {
     /// (a request's last try) waits for the window to close and gets them.
     #[test]
     fn a_settled_claim_waits_for_a_drop_in_flight() {
-        let (h, _words) = crate::layout::test_support::test_heap(1, 1);
-        let class = class_32k();
+        let (h, _words) = block_test_heap(1);
+        let class = smallest_block_class();
         assert_eq!(h.claim_blocks(class, 32).count(), 32);
         assert_eq!(h.free_segments(), 0);
         // A dropper between its remove and its re-insert.
@@ -2081,8 +2090,8 @@ mod tests {
     /// with all its blocks free.
     #[test]
     fn a_batch_spans_several_tree_words() {
-        let (h, _words) = crate::layout::test_support::test_heap(200, 200);
-        let class = class_32k();
+        let (h, _words) = block_test_heap(200);
+        let class = smallest_block_class();
         let others = (150 * 64 - 32) << DEMAND_SHIFT;
         arch::fetch_add_relaxed(h.format_lock(class), others);
         let claim = h.claim_blocks(class, 32);
@@ -2113,8 +2122,8 @@ mod tests {
         use crate::arch::ThreadWarp;
         const LANES: u32 = 5;
         let segments = 200;
-        let (h, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
-        let class = class_32k();
+        let (h, _words) = block_test_heap(segments);
+        let class = smallest_block_class();
         let h = &h;
         // The leader's win: the lock held with its team's demand counted.
         arch::fetch_add_relaxed(
@@ -2170,7 +2179,7 @@ mod tests {
     /// block, and the format lock ends free with no demand counted.
     #[test]
     fn racing_claims_hand_out_every_block_once() {
-        race_claims_until_empty(class_32k(), 16, 0);
+        race_claims_until_empty(smallest_block_class(), BLOCK_TEST_SHIFT, 16, 0);
     }
 
     /// As above, with a standing demand of 200 segments counted in the
@@ -2179,7 +2188,7 @@ mod tests {
     /// and still every block is handed out once.
     #[test]
     fn racing_claims_over_batches_of_several_words() {
-        race_claims_until_empty(class_32k(), 300, 200 * 64);
+        race_claims_until_empty(smallest_block_class(), BLOCK_TEST_SHIFT, 300, 200 * 64);
     }
 
     /// The smallest slice class: 16 blocks of 128 KiB (8,192 slices of
@@ -2271,7 +2280,7 @@ mod tests {
     /// no demand and no format counted.
     #[test]
     fn racing_slice_claims_hand_out_every_block_once() {
-        race_claims_until_empty(class_16(), 16, 0);
+        race_claims_until_empty(class_16(), MIN_SEGMENT_SHIFT, 16, 0);
     }
 
     /// Thread `t`'s claims of 1–32 blocks of `class` (a size that varies
@@ -2295,9 +2304,10 @@ mod tests {
     /// Eight threads claim blocks of `class` on a heap of `segments`
     /// 2 MiB segments until their first empty claim, with `standing`
     /// blocks of demand counted in the format lock throughout.
-    fn race_claims_until_empty(class: SizeClass, segments: u64, standing: u64) {
-        let (h, _words) = crate::layout::test_support::test_heap(segments, segments as u32);
-        let blocks = class.blocks_per_segment(MIN_SEGMENT_SHIFT) as u64;
+    fn race_claims_until_empty(class: SizeClass, shift: u32, segments: u64, standing: u64) {
+        let (h, _words) =
+            crate::layout::test_support::test_heap_of(segments, segments as u32, shift);
+        let blocks = class.blocks_per_segment(shift) as u64;
         let h = &h;
         arch::fetch_add_relaxed(h.format_lock(class), standing << DEMAND_SHIFT);
         let mut all: Vec<(u32, u32)> = std::thread::scope(|s| {

@@ -715,13 +715,13 @@ mod tests {
         assert_eq!(t.previous(0), Previous::Active(c16));
     }
 
-    /// Segments of 4 MiB for the block-class tests: their smallest block
-    /// class (32 KiB since 16 KiB became a slice class) has 128 blocks
-    /// there.
-    const BLOCK_TEST_SHIFT: u32 = crate::class::MIN_SEGMENT_SHIFT + 1;
+    /// Segments of the block-class tests: their smallest block class has
+    /// 128 blocks there (8 MiB segments of 64 KiB blocks since 32 KiB
+    /// became a slice class).
+    const BLOCK_TEST_SHIFT: u32 = crate::class::MIN_BLOCK_CLASS_SHIFT + 7;
 
-    /// The smallest block class (128 blocks of 32 KiB per 4 MiB segment)
-    /// and the next (64 of 64 KiB).
+    /// The smallest block class (128 blocks per segment of the tests) and
+    /// the next (64).
     fn block_classes() -> (SizeClass, SizeClass) {
         let shift = BLOCK_TEST_SHIFT;
         let mut blocks = (0..crate::class::CLASSES)

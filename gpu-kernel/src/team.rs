@@ -295,6 +295,18 @@ fn whole_segment_classes(segment_shift: u32) -> u32 {
     wide + standard
 }
 
+/// log2 of `n` rounded to the nearest whole number (`n` from 1 to a few
+/// dozen): `floor(log2(2 n^2)) / 2`. Rounded up, as before 32 KiB joined
+/// the slice classes, the fifth whole-segment class of a heap of 8 MiB
+/// segments would have halved the slots of 2 … 16 KiB (+50% allocation
+/// time on the H100, `docs/PERF.md`, "32 KiB becomes a slice class"); to
+/// the nearest, every heap size keeps the slot counts it had, and the
+/// classes together stay within 5/4 of the share.
+#[inline(always)]
+const fn nearest_log2(n: u32) -> u32 {
+    (31 - (2 * n * n).leading_zeros()) / 2
+}
+
 impl Heap {
     /// The slice path: warp teams reserve slices from their slot's block.
     #[inline]
@@ -507,12 +519,12 @@ impl Heap {
         } else if block_shift == self.segment_shift {
             if WHOLE_SLOT_SHARE_SHIFT != 0 {
                 // The classes whose block fills a segment
-                // ([`whole_segment_classes`]); the share is split among
-                // them, rounded up to a power of two (default geometry:
-                // 6 classes at 2 MiB segments, 5 at 4 MiB, 4 at 8 MiB, 3
-                // at 16 MiB: `ceil(log2(n))` = bits of n - 1).
-                let others = whole_segment_classes(self.segment_shift) - 1;
-                WHOLE_SLOT_SHARE_SHIFT + (32 - others.leading_zeros())
+                // ([`whole_segment_classes`]) split the share, their count
+                // rounded to the nearest power of two
+                // ([`nearest_log2`]; default geometry: 7 classes at 2 MiB
+                // segments and 6 at 4 MiB give 8 shares, 5 at 8 MiB and 4
+                // at 16 MiB give 4).
+                WHOLE_SLOT_SHARE_SHIFT + nearest_log2(whole_segment_classes(self.segment_shift))
             } else {
                 WHOLE_SLOT_BUDGET_SHIFT
             }
@@ -1405,6 +1417,7 @@ mod rules_tests {
             option_env!("GPUMALLOC_SLICES_PER_BLOCK_SHIFT"),
             option_env!("GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT"),
             option_env!("GPUMALLOC_WIDE_SPARES"),
+            option_env!("GPUMALLOC_MAX_SLICE_SHIFT"),
         ]
         .iter()
         .all(Option::is_none)
@@ -1423,7 +1436,11 @@ mod rules_tests {
     /// slots, not 16). Since 2026-11-24 the classes of 16 B … 128 B have
     /// blocks of 8,192 slices and one spare (`class::WIDE_BLOCK_MAX_UNIT_SHIFT`):
     /// where a budget sets their slot count (heaps of 2 MiB segments) it
-    /// halved with the doubled block; the bench heap keeps 32.
+    /// halved with the doubled block; the bench heap keeps 32. Since the
+    /// sixteenth session of 2026-11-24 the list ends with 32 KiB, a slice
+    /// class with 16 KiB's slots and spares: the whole-segment classes'
+    /// count is rounded to the nearest power of two (`nearest_log2`), so no
+    /// other class's count moved.
     #[test]
     fn fixed_heaps_keep_their_rules() {
         if !default_build() {
@@ -1435,33 +1452,36 @@ mod rules_tests {
             unlocked_format_shift,
         };
         // Wide classes (16 B … 128 B) keep one spare, the others three.
-        let all = [1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3];
-        let five = [1, 1, 1, 1, 3, 0, 0, 0, 0, 0, 0];
-        let seven = [1, 1, 1, 1, 3, 3, 3, 0, 0, 0, 0];
+        let all = [1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3];
+        let five = [1, 1, 1, 1, 3, 0, 0, 0, 0, 0, 0, 0];
+        let seven = [1, 1, 1, 1, 3, 3, 3, 0, 0, 0, 0, 0];
         let expected = [
-            ((128, 21), r([8, 4, 2, 1, 1, 1, 1, 1, 1, 1, 1], five, 1)),
-            ((512, 21), r([32, 16, 8, 4, 4, 2, 2, 2, 2, 2, 2], five, 1)),
+            ((128, 21), r([8, 4, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1], five, 1)),
+            (
+                (512, 21),
+                r([32, 16, 8, 4, 4, 2, 2, 2, 2, 2, 2, 2], five, 1),
+            ),
             (
                 (2048, 21),
-                r([32, 32, 32, 16, 16, 8, 8, 8, 8, 8, 8], all, 1),
+                r([32, 32, 32, 16, 16, 8, 8, 8, 8, 8, 8, 8], all, 1),
             ),
             (
                 (512, 23),
-                r([32, 32, 32, 16, 16, 8, 4, 4, 4, 4, 4], seven, 1),
+                r([32, 32, 32, 16, 16, 8, 4, 4, 4, 4, 4, 4], seven, 1),
             ),
             (
                 (1024, 23),
-                r([32, 32, 32, 32, 32, 16, 8, 8, 8, 8, 8], all, 1),
+                r([32, 32, 32, 32, 32, 16, 8, 8, 8, 8, 8, 8], all, 1),
             ),
             (
                 (2048, 23),
-                r([32, 32, 32, 32, 32, 32, 16, 16, 16, 16, 16], all, 2),
+                r([32, 32, 32, 32, 32, 32, 16, 16, 16, 16, 16, 16], all, 2),
             ),
             (
                 (2107, 22),
-                r([32, 32, 32, 32, 32, 16, 8, 8, 8, 8, 8], all, 1),
+                r([32, 32, 32, 32, 32, 16, 8, 8, 8, 8, 8, 8], all, 1),
             ),
-            ((65535, 24), r([32; 11], all, 2)),
+            ((65535, 24), r([32; 12], all, 2)),
         ];
         for ((segments, shift), want) in expected {
             assert_eq!(
