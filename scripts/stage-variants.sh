@@ -203,6 +203,7 @@
 #                  the smallest block class 64 KiB); s15+ws4 with the
 #                  whole-segment slot share doubled, so that the five
 #                  classes of 2-32 KiB keep 16 slots on the 16 GiB bench heap
+#                  (s14: the geometry before, 32 KiB a block class)
 #   A+B            the settings of A and of B (blkrun3+iclock2-c4)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
@@ -291,6 +292,7 @@ settings() {
     free0) echo "GPUMALLOC_FREE_BLOCKS_PER_SM=0" ;;
     adj) echo "GPUMALLOC_WHOLE_CLAIM_ADJACENT=1" ;;
     s15) echo "GPUMALLOC_MAX_SLICE_SHIFT=15" ;;
+    s14) echo "GPUMALLOC_MAX_SLICE_SHIFT=14" ;;
     fis2) echo "GPUMALLOC_FIRST_INSTALL_SPARES=2" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;
     wlow) echo "GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;
