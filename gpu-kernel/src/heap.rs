@@ -91,7 +91,8 @@ const DEMAND_MASK: u64 = FORMAT_ONE - 1;
 /// words (`VebTree::claim_low_many`, one word per RMW). The bench's block
 /// classes at 8 MiB segments want 1,024 segments for half the 16 GiB heap,
 /// and the ~1,056 warps `heap_alloc` keeps resident on the H100 want 132
-/// (32 KiB), 264 (64 KiB) or 528 (128 KiB) segments at once: capped at one
+/// (32 KiB, a block class until 2026-11-24), 264 (64 KiB) or 528 (128 KiB)
+/// segments at once: capped at one
 /// word (64), every one of these classes took 16 holds of the lock in a
 /// row, each a lock hand-off, a format and a drain of the batch by its
 /// claimers (`docs/PERF.md`, "Block-class batches beyond one tree word").

@@ -1431,7 +1431,7 @@ mod rules_tests {
     /// 1 GiB and 4 GiB of 2 MiB segments, 4, 8 and 16 GiB of 8 MiB (the
     /// bench's `ours-sized` and `ours`), the demand + 3% heap (2,107 of
     /// 4 MiB) and the largest heap of 16 MiB segments. Slots and spares
-    /// list the slice classes, 16 B … 16 KiB (16 KiB since the third
+    /// list the slice classes, 16 B … 32 KiB (16 KiB since the third
     /// session of 2026-11-23: 1 … 16 KiB on the demand + 3% heap have 8
     /// slots, not 16). Since 2026-11-24 the classes of 16 B … 128 B have
     /// blocks of 8,192 slices and one spare (`class::WIDE_BLOCK_MAX_UNIT_SHIFT`):

@@ -10,13 +10,8 @@ OUT=${OUT:-results/s41a}
 mkdir -p "$OUT"
 chmod +x .gpu-var/*/* 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
-step() { # step NAME SECONDS CMD...: runs CMD with a timeout, logs to NAME.log
-  local name=$1 secs=$2; shift 2
-  local t0=$SECONDS
-  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
-}
+# shellcheck source=docs/results/h100-s41/step.sh
+source docs/results/h100-s41/step.sh
 export GPUMALLOC_TEST_THREADS=4096
 step sync-auto 200 compute-sanitizer --tool synccheck --error-exitcode 9 \
   .gpu-var/auto/test-gpu_heap_whole --include-ignored --test-threads=1 random_sizes mixed_class

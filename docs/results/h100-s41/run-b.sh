@@ -9,13 +9,8 @@ cd "$(dirname "$0")/../../.."
 OUT=${OUT:-results/s41b}
 mkdir -p "$OUT"
 chmod +x .gpu-var/*/* 2>/dev/null
-step() { # step NAME SECONDS CMD...: runs CMD with a timeout, logs to NAME.log
-  local name=$1 secs=$2; shift 2
-  local t0=$SECONDS
-  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
-}
+# shellcheck source=docs/results/h100-s41/step.sh
+source docs/results/h100-s41/step.sh
 mkdir -p .gpu-var/new && cp .gpu-var/final/gpumalloc .gpu-var/new/
 for phase in ${PHASES:-compare-queued compare frag}; do
   step "regs-$phase" 300 env VARIANTS="auto new" ROUNDS=5 ITERS=5 OUT="$OUT/$phase" \
