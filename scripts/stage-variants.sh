@@ -199,11 +199,13 @@
 #                  (35 registers on sm_80, 39 on sm_90: the shape before)
 #   adj            whole-segment claims aim at adjacent free ids first
 #                  (GPUMALLOC_WHOLE_CLAIM_ADJACENT=1)
-#   s15            32 KiB a slice class too (GPUMALLOC_MAX_SLICE_SHIFT=15;
-#                  the smallest block class 64 KiB); s15+ws4 with the
-#                  whole-segment slot share doubled, so that the five
-#                  classes of 2-32 KiB keep 16 slots on the 16 GiB bench heap
-#                  (s14: the geometry before, 32 KiB a block class)
+#   s15            32 KiB a slice class (GPUMALLOC_MAX_SLICE_SHIFT=15, the
+#                  default since 2026-11-24's sixteenth session; the smallest
+#                  block class 64 KiB); s14: the geometry before, 32 KiB a
+#                  block class. (That session's first `s15` still counted
+#                  32 KiB in the whole-segment share, which gave 2-32 KiB 8
+#                  slots on the bench heap, and `s15+ws4` doubled the share
+#                  back to 16; 32 KiB is no longer counted, so s15 = auto.)
 #   A+B            the settings of A and of B (blkrun3+iclock2-c4)
 #
 # One target directory serves every variant: build.rs reruns the PTX build

@@ -527,7 +527,7 @@ impl Heap {
     /// cannot be met (too large, or the heap is exhausted); never blocks on
     /// other threads' progress except to wait for a block being installed.
     ///
-    /// Slices are aligned to their size (16 B … 4 KiB), blocks to theirs,
+    /// Slices are aligned to their size (16 B … 32 KiB), blocks to theirs,
     /// runs to a segment.
     #[inline]
     pub fn malloc(&self, size: u64) -> *mut u8 {
@@ -2192,6 +2192,26 @@ mod tests {
         race_claims_until_empty(smallest_block_class(), BLOCK_TEST_SHIFT, 300, 200 * 64);
     }
 
+    /// On 2 MiB segments, where the smallest block class (64 KiB since 32
+    /// KiB became a slice class) has 32 blocks, part of one bitmap word:
+    /// racing claims of 1–32 blocks hand out every block of the heap once,
+    /// and none beyond a segment's 32 (a bit above them would be a block
+    /// past the segment's end).
+    #[test]
+    fn racing_claims_on_part_of_a_bitmap_word() {
+        let class =
+            match Request::for_size(1 << crate::class::MIN_BLOCK_CLASS_SHIFT, MIN_SEGMENT_SHIFT) {
+                Request::Class(c) if !c.is_slice() => c,
+                r => panic!("{r:?}"),
+            };
+        let blocks = class.blocks_per_segment(MIN_SEGMENT_SHIFT);
+        assert_eq!(
+            blocks,
+            crate::class::max_blocks_per_segment(MIN_SEGMENT_SHIFT)
+        );
+        race_claims_until_empty(class, MIN_SEGMENT_SHIFT, 16, 0);
+    }
+
     /// The smallest slice class: 16 blocks of 128 KiB (8,192 slices of
     /// 16 B) per 2 MiB segment.
     fn class_16() -> SizeClass {
@@ -2303,8 +2323,9 @@ mod tests {
     }
 
     /// Eight threads claim blocks of `class` on a heap of `segments`
-    /// 2 MiB segments until their first empty claim, with `standing`
-    /// blocks of demand counted in the format lock throughout.
+    /// segments of `1 << shift` bytes until their first empty claim, with
+    /// `standing` blocks of demand counted in the format lock throughout:
+    /// every block is handed out once, and every one handed out exists.
     fn race_claims_until_empty(class: SizeClass, shift: u32, segments: u64, standing: u64) {
         let (h, _words) =
             crate::layout::test_support::test_heap_of(segments, segments as u32, shift);
@@ -2330,6 +2351,11 @@ mod tests {
         all.dedup();
         assert_eq!(all.len(), total, "a block handed out twice");
         assert_eq!(total as u64, segments * blocks);
+        assert!(
+            all.iter()
+                .all(|&(s, b)| (s as u64) < segments && (b as u64) < blocks),
+            "a block outside the heap's segments"
+        );
         assert_eq!(
             arch::load_relaxed(h.format_lock(class)),
             standing << DEMAND_SHIFT

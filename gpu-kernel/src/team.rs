@@ -50,9 +50,12 @@ const WHOLE_SLOT_BUDGET_SHIFT: u32 = crate::class::build_knob(
 /// segment when the class's demand is a few blocks (`docs/PERF.md`, "Where
 /// w6 and fmt2 strand"), so the budget is shared by the classes that hold
 /// whole segments rather than given to each: with 5, the bench's 16 GiB
-/// heap (8 MiB segments, 2 such classes) gives 2 and 4 KiB 32 slots as
-/// `w6` did, the 8.4 GiB demand + 3% heap (4 MiB, 3 classes) 16 where `w6`
-/// gave 32, and the 256 MiB heap (2 MiB, 4 classes) 1 as the default.
+/// heap (8 MiB segments, 2 such classes when this was chosen) gave 2 and
+/// 4 KiB 32 slots as `w6` did, the 8.4 GiB demand + 3% heap (4 MiB, 3
+/// classes) 16 where `w6` gave 32, and the 256 MiB heap (2 MiB, 4
+/// classes) 1 as the default. Since 8 and 16 KiB became slice classes the
+/// bench heap has 4 such classes (2 … 16 KiB, 16 slots each), and 32 KiB
+/// shares without being counted ([`whole_segment_shares`]).
 const WHOLE_SLOT_SHARE_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT"), 5);
 /// Heaps of at least 2^this bytes of budget (16 GiB by default; 0: none) follow the
@@ -295,16 +298,20 @@ fn whole_segment_classes(segment_shift: u32) -> u32 {
     wide + standard
 }
 
-/// log2 of `n` rounded to the nearest whole number (`n` from 1 to a few
-/// dozen): `floor(log2(2 n^2)) / 2`. Rounded up, as before 32 KiB joined
-/// the slice classes, the fifth whole-segment class of a heap of 8 MiB
-/// segments would have halved the slots of 2 … 16 KiB (+50% allocation
-/// time on the H100, `docs/PERF.md`, "32 KiB becomes a slice class"); to
-/// the nearest, every heap size keeps the slot counts it had, and the
-/// classes together stay within 5/4 of the share.
+/// How many ways the classes whose block fills a segment split the
+/// whole-segment slot share ([`WHOLE_SLOT_SHARE_SHIFT`]): those classes up
+/// to 16 KiB ([`whole_segment_classes`] less the 32 KiB class where
+/// `class::MAX_SLICE_SHIFT` makes it a slice class, which fills a segment
+/// at every size). 32 KiB joined the slice classes on 2026-11-24 without a
+/// share of its own: counted, it made the bench heap's (8 MiB segments)
+/// four classes five, which rounded up to eight shares and halved 2 …
+/// 16 KiB's slots (+49 … +57% allocation time on the H100, `docs/PERF.md`,
+/// "32 KiB becomes a slice class"). Uncounted, every heap keeps the slot
+/// counts it had, 32 KiB gets 16 KiB's, and the classes together may hold
+/// up to 5/4 of the share.
 #[inline(always)]
-const fn nearest_log2(n: u32) -> u32 {
-    (31 - (2 * n * n).leading_zeros()) / 2
+fn whole_segment_shares(segment_shift: u32) -> u32 {
+    whole_segment_classes(segment_shift) - (crate::class::MAX_SLICE_SHIFT - 14)
 }
 
 impl Heap {
@@ -500,9 +507,9 @@ impl Heap {
     /// with the heap; the classes whose block fills a segment share 1/32 of
     /// the heap (`WHOLE_SLOT_SHARE_SHIFT`). A 16 GiB heap (8 MiB segments)
     /// uses all 32 slots for 16 B … 512 B (blocks up to 2 MiB), 16 for 1 KiB
-    /// (4 MiB blocks) and 32 for 2 and 4 KiB (8 MiB, whole segments); a
-    /// 256 MiB heap one slot for 4 KiB slices (2 MiB blocks) and 16 for
-    /// 16 B (64 KiB blocks).
+    /// (4 MiB blocks) and 16 for 2 … 32 KiB (8 MiB, whole segments); a
+    /// 256 MiB heap one slot for 4 KiB slices (2 MiB blocks) and 8 for
+    /// 16 B (128 KiB blocks) (`fixed_heaps_keep_their_rules` lists them).
     ///
     /// Build-time settings change the budget: `WHOLE_SLOT_BUDGET_SHIFT`
     /// and `WHOLE_SLOT_SHARE_SHIFT` for classes whose block fills a segment,
@@ -518,13 +525,12 @@ impl Heap {
             LARGE_HEAP_SLOT_BUDGET_SHIFT
         } else if block_shift == self.segment_shift {
             if WHOLE_SLOT_SHARE_SHIFT != 0 {
-                // The classes whose block fills a segment
-                // ([`whole_segment_classes`]) split the share, their count
-                // rounded to the nearest power of two
-                // ([`nearest_log2`]; default geometry: 7 classes at 2 MiB
-                // segments and 6 at 4 MiB give 8 shares, 5 at 8 MiB and 4
-                // at 16 MiB give 4).
-                WHOLE_SLOT_SHARE_SHIFT + nearest_log2(whole_segment_classes(self.segment_shift))
+                // The classes whose block fills a segment split the share
+                // ([`whole_segment_shares`]), rounded up to a power of two
+                // (default geometry: 6 at 2 MiB segments, 5 at 4 MiB, 4 at
+                // 8 MiB, 3 at 16 MiB; `ceil(log2(n))` = bits of n - 1).
+                let others = whole_segment_shares(self.segment_shift) - 1;
+                WHOLE_SLOT_SHARE_SHIFT + (32 - others.leading_zeros())
             } else {
                 WHOLE_SLOT_BUDGET_SHIFT
             }
@@ -1222,8 +1228,9 @@ mod tests {
     /// (`docs/PERF.md`; the counts of the issue 12 variants before it are
     /// there too). Since 16 KiB became one too, the demand + 3% heap's
     /// whole-segment classes (1 … 16 KiB on 4 MiB segments) split it five
-    /// ways (eight shares): 1, 2 and 4 KiB have 8 slots there, not 16. Other builds
-    /// check nothing.
+    /// ways (eight shares): 1, 2 and 4 KiB have 8 slots there, not 16;
+    /// 32 KiB (a slice class since 2026-11-24) is not counted in the split.
+    /// Other builds check nothing.
     #[test]
     fn issue12_slot_counts() {
         let got = |segments, shift| [1024, 2048, 4096].map(|s| slots(segments, shift, s));
@@ -1238,7 +1245,8 @@ mod tests {
             && LARGE_HEAP_SLOT_BUDGET_SHIFT == 0
             && option_env!("GPUMALLOC_SLICES_PER_BLOCK_SHIFT").is_none()
             && option_env!("GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT").is_none()
-            && option_env!("GPUMALLOC_WIDE_SPARES").is_none();
+            && option_env!("GPUMALLOC_WIDE_SPARES").is_none()
+            && option_env!("GPUMALLOC_MAX_SLICE_SHIFT").is_none();
         if default {
             assert_eq!(seen, ([16, 16, 16], [8, 8, 8], [1, 1, 1]));
         }
@@ -1438,17 +1446,21 @@ mod rules_tests {
     /// where a budget sets their slot count (heaps of 2 MiB segments) it
     /// halved with the doubled block; the bench heap keeps 32. Since the
     /// sixteenth session of 2026-11-24 the list ends with 32 KiB, a slice
-    /// class with 16 KiB's slots and spares: the whole-segment classes'
-    /// count is rounded to the nearest power of two (`nearest_log2`), so no
-    /// other class's count moved.
+    /// class with 16 KiB's slots and spares: it is not counted in the
+    /// whole-segment share's split (`whole_segment_shares`), so no other
+    /// class's count moved.
     #[test]
     fn fixed_heaps_keep_their_rules() {
         if !default_build() {
             return;
         }
+        // The default build's 12 slice classes, as the rules' arrays (the
+        // same length there; a build of other classes returns above, and
+        // still compiles).
+        let per_class = |v: [u32; 12]| core::array::from_fn(|i| v.get(i).copied().unwrap_or(0));
         let r = |slots, spares, unlocked_format_shift| HeapRules {
-            slots,
-            spares,
+            slots: per_class(slots),
+            spares: per_class(spares),
             unlocked_format_shift,
         };
         // Wide classes (16 B … 128 B) keep one spare, the others three.
