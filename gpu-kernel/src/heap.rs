@@ -2019,8 +2019,15 @@ mod tests {
 
     /// The smallest block class: 64 blocks per segment of the tests.
     fn smallest_block_class() -> SizeClass {
-        match Request::for_size(1 << crate::class::MIN_BLOCK_CLASS_SHIFT, BLOCK_TEST_SHIFT) {
-            Request::Class(c) if !c.is_slice() && c.blocks_per_segment(BLOCK_TEST_SHIFT) == 64 => c,
+        let class = smallest_block_class_on(BLOCK_TEST_SHIFT);
+        assert_eq!(class.blocks_per_segment(BLOCK_TEST_SHIFT), 64);
+        class
+    }
+
+    /// The smallest block class on segments of `1 << shift` bytes.
+    fn smallest_block_class_on(shift: u32) -> SizeClass {
+        match Request::for_size(1 << crate::class::MIN_BLOCK_CLASS_SHIFT, shift) {
+            Request::Class(c) if !c.is_slice() => c,
             r => panic!("{r:?}"),
         }
     }
@@ -2199,11 +2206,7 @@ mod tests {
     /// past the segment's end).
     #[test]
     fn racing_claims_on_part_of_a_bitmap_word() {
-        let class =
-            match Request::for_size(1 << crate::class::MIN_BLOCK_CLASS_SHIFT, MIN_SEGMENT_SHIFT) {
-                Request::Class(c) if !c.is_slice() => c,
-                r => panic!("{r:?}"),
-            };
+        let class = smallest_block_class_on(MIN_SEGMENT_SHIFT);
         let blocks = class.blocks_per_segment(MIN_SEGMENT_SHIFT);
         assert_eq!(
             blocks,

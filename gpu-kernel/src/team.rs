@@ -271,38 +271,33 @@ fn wait_for_install(word: &Word, seen: SlotWord, per_block: u32, round: &mut u32
     }
 }
 
-/// How many slice classes have a block that fills a segment of
-/// `1 << segment_shift` bytes: the units `u` with
+/// How many slice classes up to `2^top` bytes have a block that fills a
+/// segment of `1 << segment_shift` bytes: the units `u <= top` with
 /// `u + slices_shift(u) >= segment_shift`, where a wide class's slices
 /// shift is `SLICES_PER_BLOCK_SHIFT` and any other's `STANDARD_SLICES_SHIFT`
 /// (`class::SizeClass::slices_shift`), counted in closed form (the slot
 /// count is on the fast path).
 #[inline(always)]
-fn whole_segment_classes(segment_shift: u32) -> u32 {
-    use crate::class::{
-        MAX_SLICE_SHIFT, SLICES_PER_BLOCK_SHIFT, STANDARD_SLICES_SHIFT, WIDE_BLOCK_MAX_UNIT_SHIFT,
-    };
+fn whole_segment_classes(segment_shift: u32, top: u32) -> u32 {
+    use crate::class::{SLICES_PER_BLOCK_SHIFT, STANDARD_SLICES_SHIFT, WIDE_BLOCK_MAX_UNIT_SHIFT};
     // Wide units in [segment_shift - SLICES_PER_BLOCK_SHIFT, cut], the
-    // others in [segment_shift - STANDARD_SLICES_SHIFT, MAX_SLICE_SHIFT]
-    // above the cut; both bounds are above MIN_SLICE_SHIFT for every
-    // segment size.
+    // others in [segment_shift - STANDARD_SLICES_SHIFT, top] above the
+    // cut; both bounds are above MIN_SLICE_SHIFT for every segment size.
     let wide_from = segment_shift - SLICES_PER_BLOCK_SHIFT;
-    if WIDE_BLOCK_MAX_UNIT_SHIFT >= MAX_SLICE_SHIFT {
-        // Every class wide (`MAX_SLICE_SHIFT` as the cut): one range.
-        return MAX_SLICE_SHIFT + 1 - wide_from;
+    if WIDE_BLOCK_MAX_UNIT_SHIFT >= top {
+        // Every class counted wide (`top` as the cut): one range.
+        return top + 1 - wide_from;
     }
     let cut = WIDE_BLOCK_MAX_UNIT_SHIFT;
     let wide = (cut + 1).saturating_sub(wide_from);
     let standard_from = (segment_shift - STANDARD_SLICES_SHIFT).max(cut + 1);
-    let standard = (MAX_SLICE_SHIFT + 1).saturating_sub(standard_from);
+    let standard = (top + 1).saturating_sub(standard_from);
     wide + standard
 }
 
 /// How many ways the classes whose block fills a segment split the
 /// whole-segment slot share ([`WHOLE_SLOT_SHARE_SHIFT`]): those classes up
-/// to 16 KiB ([`whole_segment_classes`] less the 32 KiB class where
-/// `class::MAX_SLICE_SHIFT` makes it a slice class, which fills a segment
-/// at every size). 32 KiB joined the slice classes on 2026-11-24 without a
+/// to 16 KiB ([`SHARED_UP_TO_SHIFT`]). 32 KiB joined the slice classes on 2026-11-24 without a
 /// share of its own: counted, it made the bench heap's (8 MiB segments)
 /// four classes five, which rounded up to eight shares and halved 2 …
 /// 16 KiB's slots (+49 … +57% allocation time on the H100, `docs/PERF.md`,
@@ -311,8 +306,13 @@ fn whole_segment_classes(segment_shift: u32) -> u32 {
 /// up to 5/4 of the share.
 #[inline(always)]
 fn whole_segment_shares(segment_shift: u32) -> u32 {
-    whole_segment_classes(segment_shift) - (crate::class::MAX_SLICE_SHIFT - 14)
+    whole_segment_classes(segment_shift, SHARED_UP_TO_SHIFT)
 }
+
+/// log2 of the largest class counted in the whole-segment share's split
+/// (16 KiB, every slice class of `GPUMALLOC_MAX_SLICE_SHIFT=14`;
+/// [`whole_segment_shares`]).
+const SHARED_UP_TO_SHIFT: u32 = 14;
 
 impl Heap {
     /// The slice path: warp teams reserve slices from their slot's block.
@@ -1398,14 +1398,29 @@ mod rules_tests {
     }
 
     /// The closed form of `whole_segment_classes` counts what the classes'
-    /// geometry says, for every segment size this build allows.
+    /// geometry says, for every segment size this build allows, over all
+    /// slice classes and over those the share's split counts (up to
+    /// `SHARED_UP_TO_SHIFT`).
     #[test]
     fn whole_segment_classes_match_the_geometry() {
         for shift in crate::class::MIN_SEGMENT_SHIFT..=crate::class::MAX_SEGMENT_SHIFT {
-            let counted = (0..SLICE_CLASSES)
-                .filter(|&i| SizeClass::new(i).unwrap().blocks_per_segment(shift) == 1)
-                .count() as u32;
-            assert_eq!(super::whole_segment_classes(shift), counted, "2^{shift}");
+            let counted = |top: u32| {
+                (0..SLICE_CLASSES)
+                    .filter_map(SizeClass::new)
+                    .filter(|c| c.unit_shift() <= top && c.blocks_per_segment(shift) == 1)
+                    .count() as u32
+            };
+            let all = crate::class::MAX_SLICE_SHIFT;
+            assert_eq!(
+                super::whole_segment_classes(shift, all),
+                counted(all),
+                "2^{shift}"
+            );
+            assert_eq!(
+                super::whole_segment_shares(shift),
+                counted(super::SHARED_UP_TO_SHIFT),
+                "2^{shift}, shares"
+            );
         }
     }
 
