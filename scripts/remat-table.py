@@ -21,12 +21,30 @@ COOPS = ["Coop", "Coop-G"]
 def load(path):
     rows = {}
     mins = {}
+    steady = {}
     for r in csv.DictReader(open(path)):
         ratio = float(r["ratio"])
         rows[(ratio, r["policy"])] = r
         mins[r["policy"]] = float(r["min_ratio"]) if r["min_ratio"] else None
+        # Sweeps written before the steady minimum existed have no column.
+        steady[r["policy"]] = float(r["steady_min_ratio"]) if r.get("steady_min_ratio") else None
     ratios = sorted({k[0] for k in rows}, reverse=True)
-    return rows, mins, ratios
+    return rows, mins, ratios, steady
+
+
+def versus_dtr(m, mins):
+    """Each Coop's minimum against DTR's, marked against the 20% criterion
+    on the transformer models."""
+    rel = []
+    for p in COOPS:
+        if mins[p] and mins["DTR"]:
+            d = 1 - mins[p] / mins["DTR"]
+            ok = "✓" if d >= 0.2 - 1e-9 else "✗"
+            word = "lower" if d >= 0 else "higher"
+            rel.append(f"{100 * abs(d):.0f}% {word} {ok if m in TRANSFORMERS else ''}".strip())
+        else:
+            rel.append("—")
+    return rel
 
 
 def pct(x):
@@ -40,28 +58,27 @@ def main():
     print("### Minimum budget ratio (bisection; lowest ratio of the sweep that finished)\n")
     print("| model | DTR | DTE | Coop | Coop-G | Coop vs DTR | Coop-G vs DTR |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for m, (rows, mins, ratios) in data.items():
+    for m, (rows, mins, ratios, _) in data.items():
         def lowest(p):
             done = [r for r in ratios if rows.get((r, p), {}).get("finished") == "true"]
             return min(done) if done else None
         cells = []
         for p in ["DTR", "DTE", "Coop", "Coop-G"]:
             cells.append(f"{mins[p]:.3f} ({lowest(p):.3f})" if mins[p] else "—")
-        rel = []
-        for p in COOPS:
-            if mins[p] and mins["DTR"]:
-                d = 1 - mins[p] / mins["DTR"]
-                ok = "✓" if d >= 0.2 else "✗"
-                word = "lower" if d >= 0 else "higher"
-                rel.append(f"{100 * abs(d):.0f}% {word} {ok if m in TRANSFORMERS else ''}".strip())
-            else:
-                rel.append("—")
-        print(f"| {m} | " + " | ".join(cells + rel) + " |")
+        print(f"| {m} | " + " | ".join(cells + versus_dtr(m, mins)) + " |")
+
+    if all(any(steady.values()) for (_, _, _, steady) in data.values()):
+        print("\n### Steady minimum budget ratio (finishes at every 0.005 from 1.0 down to it)\n")
+        print("| model | DTR | DTE | Coop | Coop-G | Coop vs DTR | Coop-G vs DTR |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for m, (_, _, _, steady) in data.items():
+            cells = [f"{steady[p]:.3f}" if steady[p] else "—" for p in ["DTR", "DTE", "Coop", "Coop-G"]]
+            print(f"| {m} | " + " | ".join(cells + versus_dtr(m, steady)) + " |")
 
     print("\n### Compute overhead (recomputation / step) at a few ratios; ✗: fails\n")
     print("| model | ratio | DTR | DTE | Coop | Coop-G |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for m, (rows, mins, ratios) in data.items():
+    for m, (rows, mins, ratios, _) in data.items():
         picks = [r for r in ratios if r in (0.9, 0.7, 0.6, 0.5)] + [ratios[-1]]
         for r in sorted(set(picks), reverse=True):
             cells = []
@@ -73,7 +90,7 @@ def main():
     print("\n### Done-when per model, over every ratio of the sweep (0.9 down to the lowest minimum)\n")
     print("| model | policy | overhead ≤ DTR and DTE | mean fragmentation (max over ratios) | DTR's search time / its, per evicting allocation: median (range) |")
     print("| --- | --- | --- | --- | --- |")
-    for m, (rows, mins, ratios) in data.items():
+    for m, (rows, mins, ratios, _) in data.items():
         for p in COOPS:
             wins, total, losses = 0, 0, []
             frags, speedups = [], []

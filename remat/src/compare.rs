@@ -4,7 +4,9 @@
 
 use std::fmt::Write as _;
 
-use super::executor::{ReplayOptions, Report, budget_for, min_budget_ratio, replay};
+use super::executor::{
+    ReplayOptions, Report, budget_for, min_budget_ratio, replay, steady_min_ratio,
+};
 use super::policy::{AddedRules, Coop, Dte, Dtr, EvictionPolicy};
 use super::recorded::Recorded;
 use super::sweep::{TOP_RATIO, ratios_down_to};
@@ -49,6 +51,15 @@ pub fn min_ratios(trace: &Trace) -> Vec<(&'static str, Option<f64>)> {
     all_policies()
         .into_iter()
         .map(|(name, make)| (name, min_budget_ratio(trace, &make, (0.05, 1.2), 0.005)))
+        .collect()
+}
+
+/// Each policy's steady minimum ratio (`steady_min_ratio`): the lowest
+/// ratio down to which it finishes at every 0.005 from 1.0, not below 0.05.
+pub fn steady_min_ratios(trace: &Trace) -> Vec<(&'static str, Option<f64>)> {
+    all_policies()
+        .into_iter()
+        .map(|(name, make)| (name, steady_min_ratio(trace, &make, 0.05)))
         .collect()
 }
 

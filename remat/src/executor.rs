@@ -886,3 +886,60 @@ pub fn min_budget_ratio(
     }
     Some(pass)
 }
+
+/// Where the grid of [`steady_min_ratio`] starts: the step's peak, where no
+/// policy has to evict.
+pub const STEADY_TOP: f64 = 1.0;
+
+/// The grid step of [`steady_min_ratio`].
+pub const STEADY_STEP: f64 = 0.005;
+
+/// The steady minimum budget ratio of a fresh policy from `make`: the lowest
+/// ratio of the grid [`STEADY_TOP`], `STEADY_TOP - STEADY_STEP`, … (not below
+/// `floor`) down to which it finishes at every ratio of the grid; `None` if
+/// it does not finish at the top. Finishing is not monotone in the budget
+/// (a different budget gives a different layout), so a bisection
+/// ([`min_budget_ratio`]) can stop on a ratio far below others at which the
+/// policy fails; this is the budget from which a user can rely on it.
+pub fn steady_min_ratio(
+    trace: &Trace,
+    make: &dyn Fn() -> Box<dyn EvictionPolicy>,
+    floor: f64,
+) -> Option<f64> {
+    steady_minimum(STEADY_TOP, STEADY_STEP, floor, |ratio| {
+        let mut policy = make();
+        replay(
+            trace,
+            budget_for(trace, ratio),
+            policy.as_mut(),
+            ReplayOptions::default(),
+        )
+        .finished()
+    })
+}
+
+/// Scanning `top`, `top - step`, … down to `floor`, the last ratio before
+/// the first at which `finishes` is false (the lowest grid ratio not below
+/// `floor` when none is); `None` when it is false at `top` or the grid is
+/// empty (`step` not positive, `top` below `floor`).
+pub fn steady_minimum(
+    top: f64,
+    step: f64,
+    floor: f64,
+    mut finishes: impl FnMut(f64) -> bool,
+) -> Option<f64> {
+    if step <= 0.0 || top < floor {
+        return None;
+    }
+    let points = ((top - floor) / step + 1e-9).floor() as u32;
+    let mut steady = None;
+    for k in 0..=points {
+        // From the step count, rounded, so that the grid prints exactly.
+        let ratio = ((top - step * f64::from(k)) * 1e4).round() / 1e4;
+        if !finishes(ratio) {
+            break;
+        }
+        steady = Some(ratio);
+    }
+    steady
+}

@@ -37,7 +37,9 @@ pub mod tensor;
 pub mod trace;
 
 pub use error::{RematError, RematResult};
-pub use executor::{ReplayOptions, Report, budget_for, min_budget_ratio, replay};
+pub use executor::{
+    ReplayOptions, Report, budget_for, min_budget_ratio, replay, steady_min_ratio, steady_minimum,
+};
 pub use policy::{Coop, Dte, Dtr, EvictionPolicy};
 pub use recorded::Recorded;
 pub use trace::{CopyCost, Op, OutputSpec, Trace, TraceBuilder};

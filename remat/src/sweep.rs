@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::compare::{all_policies, min_ratios, sweep, table};
+use super::compare::{all_policies, min_ratios, steady_min_ratios, sweep, table};
 use super::executor::Report;
 use super::plot::{Series, line_chart};
 use super::trace::Trace;
@@ -70,12 +70,16 @@ pub struct Sweep {
     /// Each policy's minimum budget ratio (bisection), `None` when it does
     /// not finish at 1.2.
     pub min_ratios: Vec<(&'static str, Option<f64>)>,
+    /// Each policy's steady minimum ratio (`steady_min_ratio`: it finishes
+    /// at every 0.005 from 1.0 down to it), `None` when it fails at 1.0.
+    pub steady_min_ratios: Vec<(&'static str, Option<f64>)>,
     /// One row per ratio per policy.
     pub rows: Vec<(f64, Report)>,
 }
 
-/// Bisects each policy's minimum ratio, then replays every policy at every
-/// ratio from 0.9 down to the lowest minimum.
+/// Bisects each policy's minimum ratio and scans for its steady minimum,
+/// then replays every policy at every ratio from 0.9 down to the lowest
+/// bisected minimum.
 pub fn run(trace: &Trace, step: f64) -> Sweep {
     let min_ratios = min_ratios(trace);
     let lowest = min_ratios
@@ -93,6 +97,7 @@ pub fn run(trace: &Trace, step: f64) -> Sweep {
     Sweep {
         rows: sweep(trace, &ratios),
         min_ratios,
+        steady_min_ratios: steady_min_ratios(trace),
     }
 }
 
@@ -107,6 +112,14 @@ impl Sweep {
             .reduce(f64::min)
     }
 
+    /// The steady minimum ratio of `policy`, if it finishes at 1.0.
+    pub fn steady_min(&self, policy: &str) -> Option<f64> {
+        self.steady_min_ratios
+            .iter()
+            .find(|(p, _)| *p == policy)
+            .and_then(|(_, m)| *m)
+    }
+
     /// The rows as a table, then the minimum ratios.
     pub fn text(&self, title: &str) -> String {
         let mut out = table(title, &self.rows);
@@ -119,20 +132,25 @@ impl Sweep {
                 ),
             };
             let _ = match self.lowest_finished(policy) {
-                Some(r) => writeln!(out, "; lowest finished in the sweep {r:.3}"),
-                None => writeln!(out),
+                Some(r) => write!(out, "; lowest finished in the sweep {r:.3}"),
+                None => Ok(()),
+            };
+            let _ = match self.steady_min(policy) {
+                Some(r) => writeln!(out, "; steady {r:.3}"),
+                None => writeln!(out, "; fails at 1.0"),
             };
         }
         out
     }
 
     /// CSV, one row per ratio per policy; `min_ratio` (the policy's bisected
-    /// minimum) and `lowest_finished` repeat on each of its rows.
+    /// minimum), `lowest_finished` and `steady_min_ratio` repeat on each of
+    /// its rows.
     pub fn csv(&self) -> String {
         let mut out = String::from(
             "ratio,policy,budget_bytes,finished,ops_done,overhead,fragmentation_mean,\
              fragmentation_max,evictions,recomputations,search_us_per_evicting_alloc,\
-             search_us_per_eviction,min_ratio,lowest_finished\n",
+             search_us_per_eviction,min_ratio,lowest_finished,steady_min_ratio\n",
         );
         for (ratio, r) in &self.rows {
             let min = self
@@ -144,11 +162,14 @@ impl Sweep {
             let lowest = self
                 .lowest_finished(r.policy)
                 .map_or(String::new(), |l| format!("{l:.4}"));
+            let steady = self
+                .steady_min(r.policy)
+                .map_or(String::new(), |s| format!("{s:.4}"));
             let search_total: u64 = r.search_ns.iter().sum();
             let per_eviction = search_total as f64 / 1e3 / r.evictions.max(1) as f64;
             let _ = writeln!(
                 out,
-                "{ratio:.4},{},{},{},{},{:.6},{:.6},{:.6},{},{},{:.3},{:.3},{min},{lowest}",
+                "{ratio:.4},{},{},{},{},{:.6},{:.6},{:.6},{},{},{:.3},{:.3},{min},{lowest},{steady}",
                 r.policy,
                 r.budget,
                 r.finished(),

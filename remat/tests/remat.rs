@@ -782,6 +782,61 @@ fn comparison_on_synthetic_traces() {
     }
 }
 
+/// The steady scan stops at the first ratio that fails from the top, where
+/// a bisection can land below it: here finishing holds at 0.3 and from 0.65
+/// up, except at 0.8.
+#[test]
+fn steady_minimum_stops_at_the_first_failure_from_the_top() {
+    let finishes = |r: f64| (r >= 0.65 && (r - 0.8).abs() > 1e-9) || (r - 0.3).abs() < 1e-9;
+    let mut asked = Vec::new();
+    let steady = remat::steady_minimum(1.0, 0.05, 0.05, |r| {
+        asked.push(r);
+        finishes(r)
+    });
+    assert_eq!(steady, Some(0.85));
+    assert_eq!(asked, [1.0, 0.95, 0.9, 0.85, 0.8], "stops at the failure");
+    assert_eq!(
+        remat::steady_minimum(1.0, 0.05, 0.05, |r| r >= 0.6),
+        Some(0.6)
+    );
+    assert_eq!(remat::steady_minimum(1.0, 0.05, 0.5, |_| true), Some(0.5));
+    assert_eq!(remat::steady_minimum(1.0, 0.05, 0.05, |_| false), None);
+    assert_eq!(remat::steady_minimum(1.0, 0.0, 0.05, |_| true), None);
+    assert_eq!(remat::steady_minimum(0.3, 0.1, 0.05, |_| true), Some(0.1));
+}
+
+/// On real replays: a policy finishes at every grid ratio from 1.0 down to
+/// its steady minimum, and not at the next one below.
+#[test]
+fn steady_minimum_of_a_replay_finishes_at_every_ratio_above_it() {
+    let trace = synth::transformer(3, 4, 3).expect("valid");
+    for (name, make) in remat::compare::all_policies() {
+        let steady = remat::steady_min_ratio(&trace, &make, 0.05)
+            .unwrap_or_else(|| panic!("{name} does not finish at 1.0"));
+        let finishes = |ratio: f64| {
+            let mut policy = make();
+            replay(
+                &trace,
+                budget_for(&trace, ratio),
+                policy.as_mut(),
+                ReplayOptions::default(),
+            )
+            .finished()
+        };
+        let grid = |k: u32| ((1.0 - 0.005 * f64::from(k)) * 1e4).round() / 1e4;
+        let mut k = 0;
+        while grid(k) > steady + 1e-9 {
+            assert!(finishes(grid(k)), "{name} at {}", grid(k));
+            k += 1;
+        }
+        assert_eq!(grid(k), steady, "{name}: on the grid");
+        assert!(finishes(steady) && steady < 1.0, "{name}: {steady}");
+        if steady > 0.05 + 1e-9 {
+            assert!(!finishes(grid(k + 1)), "{name}: fails just below {steady}");
+        }
+    }
+}
+
 #[test]
 fn minimum_budget_bisection_lands_on_a_finishing_budget() {
     let trace = synth::transformer(3, 4, 3).expect("valid");
@@ -900,6 +955,15 @@ fn sweep_of_a_recorded_trace_writes_csv_text_and_png() {
     let (name, r) = recorded_traces().remove(0);
     let sweep = remat::sweep::run(&r.trace, 0.1);
     assert_eq!(sweep.min_ratios.len(), 4);
+    assert_eq!(sweep.steady_min_ratios.len(), 4);
+    assert!(
+        sweep
+            .csv()
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.split(',').count() == 15),
+        "the CSV carries the steady minimum"
+    );
     let lowest = sweep
         .min_ratios
         .iter()
