@@ -494,7 +494,7 @@ fn rule_ablation(
 
 /// The table of [`switch_ablation`] and [`rule_ablation`].
 fn ablation_table(trace: &Trace, switch: &str, rows: &[SwitchedRow<'_>]) -> String {
-    let mut out = format!("{switch}: policy, switch, min ratio, overhead at");
+    let mut out = format!("{switch}: policy, switch, min ratio, steady min, overhead at");
     for r in ABLATION_RATIOS {
         let _ = write!(out, " {r}");
     }
@@ -503,6 +503,8 @@ fn ablation_table(trace: &Trace, switch: &str, rows: &[SwitchedRow<'_>]) -> Stri
         for on in [false, true] {
             let min = min_budget_ratio(trace, &|| make(on), (0.05, 1.2), 0.005);
             let min = min.map_or("-".to_string(), |m| format!("{m:.3}"));
+            let steady = steady_min_ratio(trace, &|| make(on), 0.05);
+            let steady = steady.map_or("-".to_string(), |m| format!("{m:.3}"));
             let mark = if default == Some(on) {
                 " (default)"
             } else {
@@ -510,7 +512,7 @@ fn ablation_table(trace: &Trace, switch: &str, rows: &[SwitchedRow<'_>]) -> Stri
             };
             let _ = write!(
                 out,
-                "  {name:>6} {:>3}{mark:10} {min:>6}",
+                "  {name:>6} {:>3}{mark:10} {min:>6} {steady:>6}",
                 if on { "on" } else { "off" }
             );
             for ratio in ABLATION_RATIOS {
