@@ -859,16 +859,7 @@ pub fn min_budget_ratio(
     (low, high): (f64, f64),
     tolerance: f64,
 ) -> Option<f64> {
-    let finishes = |ratio: f64| {
-        let mut policy = make();
-        replay(
-            trace,
-            budget_for(trace, ratio),
-            policy.as_mut(),
-            ReplayOptions::default(),
-        )
-        .finished()
-    };
+    let finishes = |ratio: f64| finishes_at(trace, make, ratio);
     if !finishes(high) {
         return None;
     }
@@ -907,15 +898,20 @@ pub fn steady_min_ratio(
     floor: f64,
 ) -> Option<f64> {
     steady_minimum(STEADY_TOP, STEADY_STEP, floor, |ratio| {
-        let mut policy = make();
-        replay(
-            trace,
-            budget_for(trace, ratio),
-            policy.as_mut(),
-            ReplayOptions::default(),
-        )
-        .finished()
+        finishes_at(trace, make, ratio)
     })
+}
+
+/// Whether a fresh policy from `make` replays the whole trace at `ratio`.
+fn finishes_at(trace: &Trace, make: &dyn Fn() -> Box<dyn EvictionPolicy>, ratio: f64) -> bool {
+    let mut policy = make();
+    replay(
+        trace,
+        budget_for(trace, ratio),
+        policy.as_mut(),
+        ReplayOptions::default(),
+    )
+    .finished()
 }
 
 /// Scanning `top`, `top - step`, … down to `floor`, the last ratio before
