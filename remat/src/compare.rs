@@ -225,7 +225,7 @@ pub fn gap_ablation(trace: &Trace) -> String {
 
 /// Each policy with its prices leaving out the inputs that a policy
 /// evicted and the program still holds (`AddedRules::borrow_live_inputs`,
-/// off by default everywhere) and as before: minimum ratio and overhead at
+/// on by default in Coop only) and without: minimum ratio and overhead at
 /// a few ratios, as [`memory_ablation`].
 pub fn borrow_ablation(trace: &Trace) -> String {
     rule_ablation(
@@ -237,8 +237,8 @@ pub fn borrow_ablation(trace: &Trace) -> String {
 }
 
 /// Each policy with the side outputs of an op (its outputs other than the
-/// largest) placed best-fit (`AddedRules::side_outputs_best_fit`, off by
-/// default everywhere) and as before: minimum ratio and overhead at a few
+/// largest) placed best-fit (`AddedRules::side_outputs_best_fit`, on by
+/// default in Coop only) and without: minimum ratio and overhead at a few
 /// ratios, as [`memory_ablation`].
 pub fn side_ablation(trace: &Trace) -> String {
     rule_ablation(

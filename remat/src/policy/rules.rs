@@ -1,6 +1,7 @@
 //! The rules this project adds to the published policies (none is in the
 //! Coop, DTR or DTE papers), in one place: Coop has them on by default (but
-//! `order_inputs`), Coop-G and the paper's Coop off, DTR and DTE off and on
+//! `order_inputs`, `compact_dividers` and `move_small_in_windows`), Coop-G
+//! and the paper's Coop off, DTR and DTE off and on
 //! only for the ablations (`compare`), so that each rule's effect can be
 //! measured on every policy alike. Plain data, copied into each policy;
 //! the executor reads it through `EvictionPolicy::rules`.
@@ -44,10 +45,13 @@ pub struct AddedRules {
     /// policy puts a new tensor, so that one does not sit at the start of
     /// the block the op's main output takes and, outliving it, divide two
     /// later holes; when no free block holds it, the policy's search as
-    /// before (`Executor::allocate`). Off in every policy: on, it lowers
-    /// ResNet-50's fragmentation but moves minimum budgets and Swin-T's
-    /// overhead the wrong way (`--side-ablation`, `docs/PERF.md` "Where the
-    /// vision models' free space lies").
+    /// before (`Executor::allocate`). On in Coop since the seventeenth
+    /// session, with `borrow_live_inputs` (alone it moves Swin-T's minimum
+    /// budgets and overhead the wrong way; together they keep both
+    /// minimums of the transformer traces 20% below DTR's):
+    /// `--side-ablation`, `docs/PERF.md` "Where the vision models' free
+    /// space lies" and "Side outputs best-fit and live inputs borrowed,
+    /// together".
     pub side_outputs_best_fit: bool,
     /// Before the policy evicts for a request that fits no free block, the
     /// groups of tensors that alone divide a run of free blocks long enough
@@ -74,12 +78,13 @@ pub struct AddedRules {
     /// projected cost the evicted classes reached only through them, the
     /// recompute peak their bytes. The program reads such an input again,
     /// so it comes back with its chain whether or not its consumer is
-    /// evicted; recomputing the consumer only brings it back early. Off in
-    /// every policy: in Coop it puts Coop's overhead at or below DTR's and
-    /// DTE's at every ratio of the four traces, but moves the bisected
-    /// minimum budgets of BERT-Large (0.302 to 0.306) and Swin-T (0.252 to
-    /// 0.261) (`--borrow-ablation`, `docs/PERF.md` "Coop's recompute peak
-    /// without the live inputs it would bring back anyway").
+    /// evicted; recomputing the consumer only brings it back early. On in
+    /// Coop since the seventeenth session, with `side_outputs_best_fit`
+    /// (alone it puts Coop's overhead at or below DTR's and DTE's at every
+    /// ratio of the four traces but moves Swin-T's minimum budgets to 19%
+    /// and 20% below DTR's): `--borrow-ablation`, `docs/PERF.md` "Coop's
+    /// recompute peak without the live inputs it would bring back anyway"
+    /// and "Side outputs best-fit and live inputs borrowed, together".
     pub borrow_live_inputs: bool,
 }
 
@@ -98,11 +103,10 @@ impl AddedRules {
         borrow_live_inputs: false,
     };
 
-    /// Coop's defaults: every rule but `order_inputs`,
-    /// `side_outputs_best_fit`, `compact_dividers`,
-    /// `move_small_in_windows` and `borrow_live_inputs`; `order_inputs` is off since
-    /// the merge with the held-tensor move (with both chain rules on,
-    /// Swin-T's minimum budget rose from 0.257 to 0.266; `--chain-ablation`).
+    /// Coop's defaults: every rule but `order_inputs`, `compact_dividers`
+    /// and `move_small_in_windows`; `order_inputs` is off since the merge
+    /// with the held-tensor move (with both chain rules on, Swin-T's
+    /// minimum budget rose from 0.257 to 0.266; `--chain-ablation`).
     pub const COOP: AddedRules = AddedRules {
         drop_dead_inputs: true,
         relocate_inputs: true,
@@ -110,9 +114,9 @@ impl AddedRules {
         pinned_in_short_gaps: true,
         order_inputs: false,
         keep_dropped_chains: true,
-        side_outputs_best_fit: false,
+        side_outputs_best_fit: true,
         compact_dividers: false,
         move_small_in_windows: false,
-        borrow_live_inputs: false,
+        borrow_live_inputs: true,
     };
 }
