@@ -59,8 +59,10 @@ struct RematArgs {
     /// neither --budget nor --sweep is given).
     #[arg(long)]
     budget: Vec<f64>,
-    /// Each policy's minimum ratio (bisection), then every policy from 0.9
-    /// down to the lowest minimum: NAME.sweep.csv, .sweep.txt, .overhead.png.
+    /// Each policy's minimum ratio (bisection) and steady minimum (it
+    /// finishes at every 0.005 from 1.0 down to it), then every policy from
+    /// 0.9 down to the lowest bisected minimum: NAME.sweep.csv, .sweep.txt,
+    /// .overhead.png.
     #[arg(long)]
     sweep: bool,
     /// Ratio step of the sweep.

@@ -8,9 +8,10 @@
 //! cargo run -p remat --release --example remat -- [OPTIONS] [TRACE.remat.gz]...
 //!   --budget R     replay the four policies at budget ratio R (repeatable;
 //!                  0.5 when neither --budget nor --sweep is given)
-//!   --sweep        each policy's minimum ratio (bisection), then every policy
-//!                  from 0.9 down to the lowest minimum; writes NAME.sweep.csv,
-//!                  NAME.overhead.png and NAME.sweep.txt
+//!   --sweep        each policy's minimum ratio (bisection) and steady minimum
+//!                  (it finishes at every 0.005 from 1.0 down to it), then
+//!                  every policy from 0.9 down to the lowest bisected minimum;
+//!                  writes NAME.sweep.csv, NAME.overhead.png and NAME.sweep.txt
 //!   --step S       ratio step of the sweep (0.05)
 //!   --out DIR      where the sweep's files go (results/remat)
 //!   --memory-ablation  each policy with recompute-memory pricing off and on
@@ -71,6 +72,8 @@
 //!   --latency-ablation  search time of DTR, DTR with Coop's price cache
 //!                  and Coop at 0.9 to 0.5 (median of 5 replays each)
 //! ```
+//! The ablations that switch one setting (all but --frag, --metadata,
+//! --copy and --latency) print the steady minimum beside the bisected one.
 //! The same runs as `gpumalloc remat TRACE --budget R` / `--sweep`.
 
 // The usage helper shared with host's examples (one file, included by path).

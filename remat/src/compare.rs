@@ -351,8 +351,9 @@ pub fn frag_ablation(trace: &Trace) -> String {
 /// Each policy with the two recomputation-chain rules of branch
 /// `remat-resnet` (`AddedRules::order_inputs`: inputs brought back
 /// resident first, then deepest chain first; `keep_dropped_chains`: no
-/// tensor on a dropped chain evicted; on by default in Coop only; they pay
-/// only together on ResNet-50) and without: minimum ratio and overhead at a
+/// tensor on a dropped chain evicted; the second on by default in Coop
+/// only, the first off since the held-tensor move; they paid only together
+/// on ResNet-50) and without: minimum ratio and overhead at a
 /// few ratios, as [`memory_ablation`].
 pub fn chain_ablation(trace: &Trace) -> String {
     rule_ablation(

@@ -1,7 +1,8 @@
 //! Replays an op trace under a memory budget with one eviction policy, and
 //! measures what the policy cost: recomputation, fragmentation at each
 //! eviction, evictions, and the wall time of each search. Also a bisection for
-//! the smallest budget at which a policy finishes.
+//! the smallest budget at which a policy finishes, and a scan for the lowest
+//! budget down to which it finishes at every step (`steady_min_ratio`).
 //!
 //! An op runs in three steps: its inputs are made resident (evicted ones are
 //! recomputed recursively, inputs first, each held by a lock while its
@@ -878,8 +879,9 @@ pub fn min_budget_ratio(
     Some(pass)
 }
 
-/// Where the grid of [`steady_min_ratio`] starts: the step's peak, where no
-/// policy has to evict.
+/// Where the grid of [`steady_min_ratio`] starts: a pool of the step's peak
+/// live bytes (where a policy may still have to evict, since the pool
+/// fragments).
 pub const STEADY_TOP: f64 = 1.0;
 
 /// The grid step of [`steady_min_ratio`].
@@ -917,14 +919,16 @@ fn finishes_at(trace: &Trace, make: &dyn Fn() -> Box<dyn EvictionPolicy>, ratio:
 /// Scanning `top`, `top - step`, … down to `floor`, the last ratio before
 /// the first at which `finishes` is false (the lowest grid ratio not below
 /// `floor` when none is); `None` when it is false at `top` or the grid is
-/// empty (`step` not positive, `top` below `floor`).
+/// empty (`step` not positive, `top` below `floor`, any of them not
+/// finite). Grid ratios are rounded to 1e-4 so that they print exactly:
+/// meant for steps of 1e-3 and more.
 pub fn steady_minimum(
     top: f64,
     step: f64,
     floor: f64,
     mut finishes: impl FnMut(f64) -> bool,
 ) -> Option<f64> {
-    if step <= 0.0 || top < floor {
+    if !(step > 0.0 && top.is_finite() && floor.is_finite() && step.is_finite()) || top < floor {
         return None;
     }
     let points = ((top - floor) / step + 1e-9).floor() as u32;

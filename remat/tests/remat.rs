@@ -1629,11 +1629,14 @@ fn inputs_come_back_resident_first_then_deepest_chain_first() {
 }
 
 /// On the recorded ResNet-50 step at 0.3195 (DTR's minimum), Coop finishes
-/// with both recomputation-chain rules (`chain_order`, `dropped_chain`; on
-/// by default) and runs out of memory with either alone or neither: in
-/// recorded order a gradient read by op 844 is evicted while the chain of
-/// its sibling input runs; without the keep rule a 196 MiB gradient made
-/// at op 845 is evicted at op 846 and its chain runs back to the loss.
+/// at no more overhead than DTR; Coop as it was before the fragmentation
+/// rules and the seventeenth session's two (side outputs best-fit, live
+/// inputs borrowed) runs out of memory there without the dropped-chain
+/// rule (`dropped_chain`; on by default), inputs ordered (`chain_order`)
+/// or not: in recorded order a gradient read by op 844 is evicted while
+/// the chain of its sibling input runs; without the keep rule a 196 MiB
+/// gradient made at op 845 is evicted at op 846 and its chain runs back to
+/// the loss.
 #[test]
 fn chain_rules_let_coop_finish_resnet50_at_dtrs_minimum() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

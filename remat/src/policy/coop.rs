@@ -187,6 +187,14 @@
 //! of the step; together the rules lower ResNet-50's minimum from 0.391 to
 //! 0.302 and BERT-Large's from 0.346 to 0.302; neither alone does.
 //!
+//! Side outputs best-fit and live inputs borrowed (`side_outputs_best_fit`,
+//! `borrow_live_inputs`, not in the paper; on in Coop since the seventeenth
+//! session, `super::rules` says what each does): alone each moved Swin-T's
+//! minimum below its 20% margin; together Coop's overhead is at or below
+//! DTR's and DTE's at every ratio of the four recorded traces and the
+//! margins hold (`docs/PERF.md`, "Side outputs best-fit and live inputs
+//! borrowed, together").
+//!
 //! Each layout rule can be switched off (or on) for ablations.
 //!
 //! Owned by one executor; single-threaded. Keeps the step count of its last
