@@ -112,12 +112,14 @@ impl Sweep {
             .reduce(f64::min)
     }
 
+    /// The bisected minimum ratio of `policy`, if it finishes at 1.2.
+    pub fn min(&self, policy: &str) -> Option<f64> {
+        ratio_of(&self.min_ratios, policy)
+    }
+
     /// The steady minimum ratio of `policy`, if it finishes at 1.0.
     pub fn steady_min(&self, policy: &str) -> Option<f64> {
-        self.steady_min_ratios
-            .iter()
-            .find(|(p, _)| *p == policy)
-            .and_then(|(_, m)| *m)
+        ratio_of(&self.steady_min_ratios, policy)
     }
 
     /// The rows as a table, then the minimum ratios.
@@ -154,10 +156,7 @@ impl Sweep {
         );
         for (ratio, r) in &self.rows {
             let min = self
-                .min_ratios
-                .iter()
-                .find(|(p, _)| *p == r.policy)
-                .and_then(|(_, m)| *m)
+                .min(r.policy)
                 .map_or(String::new(), |m| format!("{m:.4}"));
             let lowest = self
                 .lowest_finished(r.policy)
@@ -221,6 +220,14 @@ impl Sweep {
         }
         Ok(paths)
     }
+}
+
+/// The ratio `policy` has in a list of per-policy ratios.
+fn ratio_of(ratios: &[(&'static str, Option<f64>)], policy: &str) -> Option<f64> {
+    ratios
+        .iter()
+        .find(|(p, _)| *p == policy)
+        .and_then(|(_, m)| *m)
 }
 
 /// What `gpumalloc remat` was asked to do with one trace.
