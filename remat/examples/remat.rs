@@ -52,6 +52,10 @@
 //!                  largest placed in the smallest free block that holds
 //!                  them, and as before (minimum ratio, overhead at 0.9,
 //!                  0.7, 0.5)
+//!   --moves-ablation  each policy with the tensors of the window that
+//!                  holds the request with the fewest of them moved out
+//!                  before evicting, when the free bytes would hold it, and
+//!                  without (minimum ratio, overhead at 0.9, 0.7, 0.5)
 //!   --compact-ablation  each policy with the small tensors that divide a
 //!                  run of free blocks moved out of it before evicting, and
 //!                  without (minimum ratio, overhead at 0.9, 0.7, 0.5)
@@ -73,7 +77,8 @@
 //!                  and Coop at 0.9 to 0.5 (median of 5 replays each)
 //! ```
 //! The ablations that switch one setting (all but --frag, --metadata,
-//! --copy and --latency) print the steady minimum beside the bisected one.
+//! --copy and --latency) print the steady minimum beside the bisected one
+//! and the largest mean fragmentation over the sweep's ratios.
 //! The same runs as `gpumalloc remat TRACE --budget R` / `--sweep`.
 
 // The usage helper shared with host's examples (one file, included by path).
@@ -86,8 +91,8 @@ use std::process::ExitCode;
 use remat::compare::{
     borrow_ablation, chain_ablation, compact_ablation, copy_ablation, dead_ablation, frag_ablation,
     gap_ablation, held_ablation, hole_ablation, latency_ablation, memory_ablation, merge_ablation,
-    metadata_ablation, min_ratios, ranking_ablation, relocate_ablation, side_ablation, sweep,
-    table,
+    metadata_ablation, min_ratios, moves_ablation, ranking_ablation, relocate_ablation,
+    side_ablation, sweep, table,
 };
 use remat::sweep::{Command, run_command};
 use remat::synth;
@@ -111,7 +116,7 @@ fn run() -> Result<(), String> {
     let (mut do_merge, mut do_dead, mut do_metadata) = (false, false, false);
     let (mut do_relocate, mut do_held, mut do_gap) = (false, false, false);
     let (mut do_side, mut do_borrow) = (false, false);
-    let (mut do_compact, mut do_copy) = (false, false);
+    let (mut do_compact, mut do_copy, mut do_moves) = (false, false, false);
     let (mut do_hole, mut do_chain, mut do_frag) = (false, false, false);
     let (mut out, mut step) = (PathBuf::from("results/remat"), 0.05);
     let mut args = std::env::args().skip(1);
@@ -135,6 +140,7 @@ fn run() -> Result<(), String> {
             "--side-ablation" => do_side = true,
             "--borrow-ablation" => do_borrow = true,
             "--compact-ablation" => do_compact = true,
+            "--moves-ablation" => do_moves = true,
             "--chain-ablation" => do_chain = true,
             "--copy-ablation" => do_copy = true,
             "--step" => step = number(value("a ratio step")?)?,
@@ -167,6 +173,7 @@ fn run() -> Result<(), String> {
         do_borrow,
         do_compact,
         do_copy,
+        do_moves,
     ];
     if ablations.iter().any(|&on| on) {
         for path in &traces {
@@ -203,6 +210,9 @@ fn run() -> Result<(), String> {
             }
             if do_compact {
                 println!("{}\n{}", path.display(), compact_ablation(&recorded.trace));
+            }
+            if do_moves {
+                println!("{}\n{}", path.display(), moves_ablation(&recorded.trace));
             }
             if do_side {
                 println!("{}\n{}", path.display(), side_ablation(&recorded.trace));

@@ -90,7 +90,9 @@ pub fn table(title: &str, rows: &[(f64, Report)]) -> String {
 type Switched = (&'static str, bool, fn(bool) -> Box<dyn EvictionPolicy>);
 
 /// Each policy with recompute-memory pricing off and on: the bisected
-/// minimum budget ratio and the overhead at a few ratios (✗: fails). Coop
+/// minimum budget ratio, the steady minimum, the largest mean fragmentation
+/// over the sweep's ratios down to that minimum (with its ratio) and the
+/// overhead at a few ratios (✗: fails). Coop
 /// and Coop-G price it by default and DTR and DTE do not; this shows what
 /// the pricing alone does to each.
 pub fn memory_ablation(trace: &Trace) -> String {
@@ -270,6 +272,19 @@ pub fn compact_ablation(trace: &Trace) -> String {
     format!("{dividers}\n{windows}")
 }
 
+/// Each policy with holes joined by moves before evicting
+/// (`AddedRules::join_holes_by_moves`, on by default in Coop only) and
+/// without: minimum ratio, largest mean fragmentation and overhead at a
+/// few ratios, as [`memory_ablation`].
+pub fn moves_ablation(trace: &Trace) -> String {
+    rule_ablation(
+        trace,
+        "holes joined by moves",
+        |r, on| r.join_holes_by_moves = on,
+        true,
+    )
+}
+
 /// Coop with the free bytes inside a window counted twice in its per-byte
 /// ranking (`Coop::credit_holes`, off by default) and without: minimum ratio
 /// and overhead at a few ratios, as [`memory_ablation`]. DTR and DTE have no
@@ -325,15 +340,7 @@ pub fn frag_ablation(trace: &Trace) -> String {
                 ReplayOptions::default(),
             )
         };
-        let (mut worst, mut worst_at, mut above) = (0.0f64, 0.0f64, 0usize);
-        for ratio in ratios_down_to(min.unwrap_or(TOP_RATIO), 0.05) {
-            let r = run(ratio);
-            let frag = r.fragmentation_mean();
-            if r.finished() && frag > worst {
-                (worst, worst_at) = (frag, ratio);
-            }
-            above += usize::from(r.finished() && frag >= 0.05);
-        }
+        let (worst, worst_at, above) = largest_mean_fragmentation(trace, &make, min);
         let min = min.map_or("-".to_string(), |m| format!("{m:.3}"));
         let _ = write!(
             out,
@@ -405,6 +412,32 @@ pub fn metadata_ablation(recorded: &Recorded) -> String {
     out
 }
 
+/// Over the sweep's ratios (0.9 down to `min`, step 0.05; 0.9 alone when
+/// the policy has no minimum), the largest mean fragmentation of a replay
+/// that finished, the ratio where it is, and how many of those replays read
+/// 5% or more.
+fn largest_mean_fragmentation(
+    trace: &Trace,
+    make: &dyn Fn() -> Box<dyn EvictionPolicy>,
+    min: Option<f64>,
+) -> (f64, f64, usize) {
+    let (mut worst, mut worst_at, mut above) = (0.0f64, 0.0f64, 0usize);
+    for ratio in ratios_down_to(min.unwrap_or(TOP_RATIO), 0.05) {
+        let r = replay(
+            trace,
+            budget_for(trace, ratio),
+            make().as_mut(),
+            ReplayOptions::default(),
+        );
+        let frag = r.fragmentation_mean();
+        if r.finished() && frag > worst {
+            (worst, worst_at) = (frag, ratio);
+        }
+        above += usize::from(r.finished() && frag >= 0.05);
+    }
+    (worst, worst_at, above)
+}
+
 /// The ratios at which the ablations give the overhead.
 const ABLATION_RATIOS: [f64; 3] = [0.9, 0.7, 0.5];
 
@@ -418,7 +451,9 @@ fn overhead_cell(r: &Report) -> String {
 }
 
 /// Each policy of `makers` with its switch off and on: the bisected minimum
-/// budget ratio and the overhead at 0.9, 0.7 and 0.5 (✗: fails).
+/// budget ratio, the steady minimum, the largest mean fragmentation
+/// ([`largest_mean_fragmentation`]) and the overhead at 0.9, 0.7 and 0.5
+/// (✗: fails).
 fn switch_ablation(trace: &Trace, switch: &str, makers: &[Switched]) -> String {
     let rows: Vec<SwitchedRow<'_>> = makers
         .iter()
@@ -495,7 +530,9 @@ fn rule_ablation(
 
 /// The table of [`switch_ablation`] and [`rule_ablation`].
 fn ablation_table(trace: &Trace, switch: &str, rows: &[SwitchedRow<'_>]) -> String {
-    let mut out = format!("{switch}: policy, switch, min ratio, steady min, overhead at");
+    let mut out = format!(
+        "{switch}: policy, switch, min ratio, steady min, largest mean fragmentation (ratio), overhead at"
+    );
     for r in ABLATION_RATIOS {
         let _ = write!(out, " {r}");
     }
@@ -503,6 +540,7 @@ fn ablation_table(trace: &Trace, switch: &str, rows: &[SwitchedRow<'_>]) -> Stri
     for &(name, default, make) in rows {
         for on in [false, true] {
             let min = min_budget_ratio(trace, &|| make(on), (0.05, 1.2), 0.005);
+            let (frag, frag_at, _) = largest_mean_fragmentation(trace, &|| make(on), min);
             let min = min.map_or("-".to_string(), |m| format!("{m:.3}"));
             let steady = steady_min_ratio(trace, &|| make(on), 0.05);
             let steady = steady.map_or("-".to_string(), |m| format!("{m:.3}"));
@@ -513,8 +551,9 @@ fn ablation_table(trace: &Trace, switch: &str, rows: &[SwitchedRow<'_>]) -> Stri
             };
             let _ = write!(
                 out,
-                "  {name:>6} {:>3}{mark:10} {min:>6} {steady:>6}",
-                if on { "on" } else { "off" }
+                "  {name:>6} {:>3}{mark:10} {min:>6} {steady:>6} {:>5.1}% ({frag_at:.3})",
+                if on { "on" } else { "off" },
+                frag * 100.0
             );
             for ratio in ABLATION_RATIOS {
                 let r = replay(

@@ -22,10 +22,14 @@
 //! recomputation chain hold, and one pinned tensor splitting a run, to be
 //! moved (`AddedRules::move_held_tensors`, Coop's default,
 //! `executor/held.rs`);
-//! otherwise the replay runs out of memory there. Two more moves, off in
-//! every policy, join holes divided by small tensors
-//! (`AddedRules::compact_dividers`, `AddedRules::move_small_in_windows`,
-//! `executor/compact.rs`).
+//! otherwise the replay runs out of memory there. Before the policy evicts
+//! for a request that fits no free block while the pool's free bytes would
+//! hold it, the tensors of the window with the fewest of them may be moved
+//! out so that the holes join (`AddedRules::join_holes_by_moves`, Coop's
+//! default, `executor/compact.rs`; its time counts in the search time of
+//! an allocation that then evicts). Two more moves, off in every policy,
+//! join holes divided by small tensors (`AddedRules::compact_dividers`,
+//! `AddedRules::move_small_in_windows`, `executor/compact.rs`).
 //!
 //! In-place ops: under DTR and DTE the output is a copy (copy-on-write, as
 //! DTR's prototype rewrites in-place ops) and the input dies after it; Coop
@@ -691,6 +695,16 @@ impl<'p> Executor<'p> {
             return Ok((addr, None));
         }
         let (mut search_ns, mut evicted) = (0u64, 0usize);
+        if self.policy.rules().join_holes_by_moves {
+            // Timed: when it fails, it was part of finding room for the
+            // allocation that then evicts, so its time counts in that
+            // allocation's search time.
+            let started = Instant::now();
+            if let Some(addr) = self.place_after_moves(&request)? {
+                return Ok((addr, None));
+            }
+            search_ns += started.elapsed().as_nanos() as u64;
+        }
         loop {
             let ctx = SearchContext {
                 pool: &self.pool,

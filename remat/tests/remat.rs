@@ -264,22 +264,27 @@ fn recomputed_dropped_inputs_are_freed_again() {
         check_invariants: true,
         ..ReplayOptions::default()
     };
-    let policies = with_and_without(
-        Coop {
-            rules: AddedRules {
-                drop_dead_inputs: false,
-                ..AddedRules::COOP
-            },
-            ..Coop::default()
+    // Coop with holes joined by moves off: with it on, the 100 bytes that
+    // `x` keeps when it stays resident are moved aside instead of evicted.
+    let coop = |drop_dead_inputs| Coop {
+        rules: AddedRules {
+            drop_dead_inputs,
+            join_holes_by_moves: false,
+            ..AddedRules::COOP
         },
-        Dtr {
-            rules: AddedRules {
-                drop_dead_inputs: true,
-                ..AddedRules::NONE
-            },
-            ..Dtr::default()
+        ..Coop::default()
+    };
+    let dtr_on = Dtr {
+        rules: AddedRules {
+            drop_dead_inputs: true,
+            ..AddedRules::NONE
         },
-    );
+        ..Dtr::default()
+    };
+    let policies: [(Box<dyn EvictionPolicy>, Box<dyn EvictionPolicy>); 2] = [
+        (Box::new(coop(true)), Box::new(coop(false))),
+        (Box::new(dtr_on), Box::new(Dtr::default())),
+    ];
     for (mut on, mut off) in policies {
         let freed = replay(&trace, 310, on.as_mut(), options);
         let kept = replay(&trace, 310, off.as_mut(), options);
@@ -1674,7 +1679,8 @@ fn chain_rules_let_coop_finish_resnet50_at_dtrs_minimum() {
     // costs Swin-T its margin); with them on and the inputs in recorded
     // order, it finished here. (Since side outputs go best-fit and live
     // inputs are borrowed, Coop finishes here without the dropped-chain
-    // rule too, so those two are off in this older Coop.)
+    // rule too, and so it does since holes are joined by moves, so those
+    // three are off in this older Coop.)
     for order_inputs in [false, true] {
         let report = replay(
             &trace,
@@ -1685,6 +1691,7 @@ fn chain_rules_let_coop_finish_resnet50_at_dtrs_minimum() {
                     keep_dropped_chains: false,
                     side_outputs_best_fit: false,
                     borrow_live_inputs: false,
+                    join_holes_by_moves: false,
                     ..AddedRules::COOP
                 },
                 amplify_over_run: false,
@@ -1824,6 +1831,81 @@ fn a_small_divider_moves_so_two_holes_join() {
     assert_eq!(moved.recompute_cost, 3.0, "{moved:?}");
     let evicted = replay(&trace, 300, &mut dtr_compacting(false), options);
     assert!(evicted.evictions > 0, "{evicted:?}");
+}
+
+/// Holes of 100 and 60 bytes on either side of `m` (70 bytes, its op costs
+/// 5), a pinned 10-byte `d`, then `u` (40 bytes) and `end_free` bytes free
+/// at the end; then a 220-byte request. `m` is larger than the 60-byte
+/// hole, so it divides no holes in `compact_dividers`' sense, but moved to
+/// the end it joins them into 230 bytes.
+fn two_holes_beside_a_larger_tensor(end_free: u64) -> (Trace, u64) {
+    let out = |size, pinned| OutputSpec { size, pinned };
+    let mut b = TraceBuilder::new();
+    let a = b.op(&[], &[out(100, false)], 1.0).expect("valid")[0];
+    let m = b.op(&[], &[out(70, false)], 5.0).expect("valid")[0];
+    let c = b.op(&[], &[out(60, false)], 1.0).expect("valid")[0];
+    let d = b.op(&[], &[out(10, true)], 1.0).expect("valid")[0];
+    // Reads `a` and `c` last, so both are dropped after it.
+    let u = b.op(&[a, c], &[out(40, false)], 1.0).expect("valid")[0];
+    let f = b.op(&[], &[out(220, false)], 1.0).expect("valid")[0];
+    for t in [m, d, u, f] {
+        b.keep(t);
+    }
+    (b.finish(), 280 + end_free)
+}
+
+/// DTR with `join_holes_by_moves` and, or, `compact_dividers` on.
+fn dtr_joining(moves: bool, dividers: bool) -> Dtr {
+    Dtr {
+        rules: AddedRules {
+            join_holes_by_moves: moves,
+            compact_dividers: dividers,
+            ..AddedRules::NONE
+        },
+        ..Dtr::default()
+    }
+}
+
+/// [`two_holes_beside_a_larger_tensor`] with 120 bytes free at the end:
+/// with `join_holes_by_moves`, `m` moves there (one relocation, charged its
+/// op's cost: a built trace says nothing of copies) and the request goes
+/// where the holes joined, without an eviction; moving dividers only, or
+/// no rule, the policy evicts.
+#[test]
+fn a_tensor_between_two_holes_moves_so_that_they_join() {
+    let (trace, budget) = two_holes_beside_a_larger_tensor(120);
+    let options = ReplayOptions {
+        check_invariants: true,
+        ..ReplayOptions::default()
+    };
+    let moved = replay(&trace, budget, &mut dtr_joining(true, false), options);
+    assert!(moved.finished(), "{moved:?}");
+    assert_eq!((moved.evictions, moved.relocations), (0, 1), "{moved:?}");
+    assert_eq!(moved.recompute_cost, 5.0, "{moved:?}");
+    for dividers in [false, true] {
+        let evicted = replay(&trace, budget, &mut dtr_joining(false, dividers), options);
+        assert!(
+            evicted.evictions > 0 && evicted.relocations == 0,
+            "{evicted:?}"
+        );
+    }
+}
+
+/// [`two_holes_beside_a_larger_tensor`] with 60 bytes free at the end: the
+/// free bytes (220) would hold the request, but `m` fits in no free block
+/// outside the window, so nothing moves and the policy evicts, with every
+/// invariant checked after each op.
+#[test]
+fn nothing_moves_when_a_tensor_of_the_window_fits_nowhere_else() {
+    let (trace, budget) = two_holes_beside_a_larger_tensor(60);
+    let options = ReplayOptions {
+        check_invariants: true,
+        ..ReplayOptions::default()
+    };
+    let r = replay(&trace, budget, &mut dtr_joining(true, false), options);
+    assert!(r.finished(), "{r:?}");
+    assert!(r.evictions > 0 && r.relocations == 0, "{r:?}");
+    assert_eq!(r.move_cost, 0.0, "{r:?}");
 }
 
 /// `ReplayOptions::moves_as_copies`: with a trace that says what a copy

@@ -86,6 +86,20 @@ pub struct AddedRules {
     /// recompute peak without the live inputs it would bring back anyway"
     /// and "Side outputs best-fit and live inputs borrowed, together".
     pub borrow_live_inputs: bool,
+    /// When a request fits no free block but the pool's free bytes would
+    /// hold it, the executor first looks for the window of whole intervals
+    /// that holds it with the fewest bytes of tensors in it (resident,
+    /// unpinned, unlocked; free space counts nothing), moves those tensors
+    /// out, largest first, each into the smallest free block outside the
+    /// window, charged as moves (device copies on a recorded trace), and
+    /// places the request there (`executor/compact.rs`); when one of them
+    /// finds no block, nothing moves and the policy evicts as before. What
+    /// it saves: an eviction in a pool whose free bytes are enough but in
+    /// holes (without it, on Swin-T at 0.45, Coop evicts a 294 MiB tensor
+    /// for a 294 MiB request while 669 MiB lie free in five holes of
+    /// 37–267 MiB). On in Coop since the eighteenth session:
+    /// `--moves-ablation`, `docs/PERF.md` "Holes joined by moves".
+    pub join_holes_by_moves: bool,
 }
 
 impl AddedRules {
@@ -101,6 +115,7 @@ impl AddedRules {
         compact_dividers: false,
         move_small_in_windows: false,
         borrow_live_inputs: false,
+        join_holes_by_moves: false,
     };
 
     /// Coop's defaults: every rule but `order_inputs`, `compact_dividers`
@@ -118,5 +133,6 @@ impl AddedRules {
         compact_dividers: false,
         move_small_in_windows: false,
         borrow_live_inputs: true,
+        join_holes_by_moves: true,
     };
 }
