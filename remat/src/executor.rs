@@ -83,7 +83,8 @@ pub struct Report {
     /// Free bytes / capacity, right after each allocation that had to evict.
     pub fragmentation: Vec<f64>,
     /// Wall time of the policy's search for each allocation that had to evict
-    /// (all its rounds together), in nanoseconds.
+    /// (all its rounds together, and the failed pass of
+    /// `AddedRules::join_holes_by_moves` before them), in nanoseconds.
     pub search_ns: Vec<u64>,
 }
 
