@@ -285,6 +285,18 @@ fn recomputed_dropped_inputs_are_freed_again() {
         (Box::new(coop(true)), Box::new(coop(false))),
         (Box::new(dtr_on), Box::new(Dtr::default())),
     ];
+    // With the rule on (Coop's default), `x` kept resident is moved aside
+    // instead of evicted: one eviction, one move.
+    let mut moving = Coop {
+        rules: AddedRules {
+            drop_dead_inputs: false,
+            ..AddedRules::COOP
+        },
+        ..Coop::default()
+    };
+    let moved = replay(&trace, 310, &mut moving, options);
+    assert!(moved.finished(), "{moved:?}");
+    assert_eq!((moved.evictions, moved.relocations), (1, 1), "{moved:?}");
     for (mut on, mut off) in policies {
         let freed = replay(&trace, 310, on.as_mut(), options);
         let kept = replay(&trace, 310, off.as_mut(), options);
@@ -1635,8 +1647,9 @@ fn inputs_come_back_resident_first_then_deepest_chain_first() {
 
 /// On the recorded ResNet-50 step at 0.3195 (DTR's minimum), Coop finishes
 /// at no more overhead than DTR; Coop as it was before the fragmentation
-/// rules and the seventeenth session's two (side outputs best-fit, live
-/// inputs borrowed) runs out of memory there without the dropped-chain
+/// rules, the seventeenth session's two (side outputs best-fit, live
+/// inputs borrowed) and the eighteenth's (holes joined by moves) runs out
+/// of memory there without the dropped-chain
 /// rule (`dropped_chain`; on by default), inputs ordered (`chain_order`)
 /// or not: in recorded order a gradient read by op 844 is evicted while
 /// the chain of its sibling input runs; without the keep rule a 196 MiB
@@ -1906,6 +1919,54 @@ fn nothing_moves_when_a_tensor_of_the_window_fits_nowhere_else() {
     assert!(r.finished(), "{r:?}");
     assert!(r.evictions > 0 && r.relocations == 0, "{r:?}");
     assert_eq!(r.move_cost, 0.0, "{r:?}");
+}
+
+/// Holes of 100, 60 and 40 bytes around `m1` (70 bytes) and `m2` (15),
+/// then a pinned 10-byte `d`, `u` (40 bytes) and `end_free` bytes free at
+/// the end; then a 270-byte request, which only the window from the first
+/// hole to the third holds (moving `m1` and `m2`).
+fn three_holes_around_two_tensors(end_free: u64) -> (Trace, u64) {
+    let out = |size, pinned| OutputSpec { size, pinned };
+    let mut b = TraceBuilder::new();
+    let a = b.op(&[], &[out(100, false)], 1.0).expect("valid")[0];
+    let m1 = b.op(&[], &[out(70, false)], 5.0).expect("valid")[0];
+    let c = b.op(&[], &[out(60, false)], 1.0).expect("valid")[0];
+    let m2 = b.op(&[], &[out(15, false)], 2.0).expect("valid")[0];
+    let e = b.op(&[], &[out(40, false)], 1.0).expect("valid")[0];
+    let d = b.op(&[], &[out(10, true)], 1.0).expect("valid")[0];
+    // Reads `a`, `c` and `e` last, so all three are dropped after it.
+    let u = b.op(&[a, c, e], &[out(40, false)], 1.0).expect("valid")[0];
+    let f = b.op(&[], &[out(270, false)], 1.0).expect("valid")[0];
+    for t in [m1, m2, d, u, f] {
+        b.keep(t);
+    }
+    (b.finish(), 335 + end_free)
+}
+
+/// [`three_holes_around_two_tensors`]: with 95 bytes free at the end both
+/// tensors move there (70 then 15) and nothing is evicted; with 80, `m1`
+/// moves, `m2` then finds no block, so `m1` goes back and the policy
+/// evicts, nothing charged for the move, every invariant checked after
+/// each op.
+#[test]
+fn a_move_is_undone_when_a_later_tensor_of_the_window_fits_nowhere() {
+    let options = ReplayOptions {
+        check_invariants: true,
+        ..ReplayOptions::default()
+    };
+    let (trace, budget) = three_holes_around_two_tensors(95);
+    let both = replay(&trace, budget, &mut dtr_joining(true, false), options);
+    assert!(both.finished(), "{both:?}");
+    assert_eq!((both.evictions, both.relocations), (0, 2), "{both:?}");
+    assert_eq!(both.move_cost, 7.0, "{both:?}");
+    let (trace, budget) = three_holes_around_two_tensors(80);
+    let undone = replay(&trace, budget, &mut dtr_joining(true, false), options);
+    assert!(undone.finished(), "{undone:?}");
+    assert!(
+        undone.evictions > 0 && undone.relocations == 0,
+        "{undone:?}"
+    );
+    assert_eq!(undone.move_cost, 0.0, "{undone:?}");
 }
 
 /// `ReplayOptions::moves_as_copies`: with a trace that says what a copy

@@ -157,34 +157,35 @@ pub(super) fn fewest_moved_window(
     need: u64,
     movable: impl Fn(TensorId) -> bool,
 ) -> Option<(Range<usize>, u64)> {
-    // (first, last, tensor bytes, all bytes) of the best window so far.
+    // (first, last, tensor bytes, window bytes) of the best window so far.
     let mut best: Option<(usize, usize, u64, u64)> = None;
     for run in runs {
-        let (mut left, mut bytes, mut moved) = (run.start, 0u64, 0u64);
+        let (mut left, mut window_bytes, mut tensor_bytes) = (run.start, 0u64, 0u64);
         for right in run {
             let interval = &intervals[right];
             match interval.tensor {
                 Some(t) if !movable(t) => {
-                    (left, bytes, moved) = (right + 1, 0, 0);
+                    (left, window_bytes, tensor_bytes) = (right + 1, 0, 0);
                     continue;
                 }
-                Some(_) => moved += interval.size,
+                Some(_) => tensor_bytes += interval.size,
                 None => {}
             }
-            bytes += interval.size;
-            while left < right && bytes - intervals[left].size >= need {
-                bytes -= intervals[left].size;
+            window_bytes += interval.size;
+            while left < right && window_bytes - intervals[left].size >= need {
+                window_bytes -= intervals[left].size;
                 if intervals[left].tensor.is_some() {
-                    moved -= intervals[left].size;
+                    tensor_bytes -= intervals[left].size;
                 }
                 left += 1;
             }
-            if bytes >= need && best.is_none_or(|b| (moved, bytes) < (b.2, b.3)) {
-                best = Some((left, right, moved, bytes));
+            let key = (tensor_bytes, window_bytes);
+            if window_bytes >= need && best.is_none_or(|b| key < (b.2, b.3)) {
+                best = Some((left, right, tensor_bytes, window_bytes));
             }
         }
     }
-    best.map(|(first, last, moved, _)| (first..last + 1, moved))
+    best.map(|(first, last, tensor_bytes, _)| (first..last + 1, tensor_bytes))
 }
 
 /// [`fewest_moved_window`] over `runs` (the gaps between pinned tensors,
@@ -201,13 +202,13 @@ pub(super) fn window_to_empty(
     need: u64,
     movable: impl Fn(TensorId) -> bool,
 ) -> Option<Range<usize>> {
-    let unread = fewest_moved_window(intervals, runs.iter().cloned(), need, |_| true);
+    let unchecked_pick = fewest_moved_window(intervals, runs.iter().cloned(), need, |_| true);
     let all_movable = |w: &Range<usize>| {
         intervals[w.clone()]
             .iter()
             .all(|i| i.tensor.is_none_or(&movable))
     };
-    match unread {
+    match unchecked_pick {
         Some((window, _)) if all_movable(&window) => Some(window),
         Some(_) => fewest_moved_window(intervals, runs.iter().cloned(), need, &movable)
             .map(|(window, _)| window),
@@ -225,12 +226,6 @@ impl Executor<'_> {
         if self.pool.free_bytes() < request.size {
             return Ok(None);
         }
-        let tensors = &self.tensors;
-        let movable = |t: TensorId| {
-            tensors
-                .state(t)
-                .is_ok_and(|s| s.resident && !s.pinned && s.locks == 0)
-        };
         // No window holds a pinned tensor, so only the gaps between pinned
         // tensors that are long enough are read (as Coop's search reads
         // them).
@@ -241,60 +236,55 @@ impl Executor<'_> {
             .map(|(start, end)| self.pool.indices_in(start, end))
             .collect();
         let intervals = self.pool.interval_array();
+        let movable = |t| self.movable_now(t);
         let Some(window) = window_to_empty(intervals, &runs, request.size, movable) else {
             return Ok(None);
         };
         let start = intervals[window.start].addr;
         let end = intervals[window.end - 1].addr + intervals[window.end - 1].size;
-        let mut out: Vec<(u64, TensorId, u64)> = intervals[window]
+        let mut leaving: Vec<(u64, TensorId, u64)> = intervals[window]
             .iter()
             .filter_map(|i| i.tensor.map(|t| (i.addr, t, i.size)))
             .collect();
         // Largest first (the lowest address among equals), so that the
         // large ones take the blocks that fit them before small ones cut
         // those blocks down.
-        out.sort_by_key(|&(addr, _, size)| (std::cmp::Reverse(size), addr));
-        let mut moved: Vec<(u64, TensorId, u64, u64)> = Vec::with_capacity(out.len());
-        for (from, t, size) in out {
-            let Some(to) = self.pool.best_fit_outside(size, start, end) else {
-                self.undo_compaction(&moved)?;
-                return Ok(None);
-            };
-            self.pool.release(t)?;
-            self.place(t, to, size)?;
-            moved.push((from, t, size, to));
-        }
-        let ctx = SearchContext {
-            pool: &self.pool,
-            tensors: &self.tensors,
-            now: self.now,
-        };
-        let Some(addr) = self.policy.place(&ctx, request) else {
-            self.undo_compaction(&moved)?;
-            return Ok(None);
-        };
-        for &(_, t, _, to) in &moved {
-            self.charge_move(t, to)?;
-        }
-        Ok(Some(addr))
+        leaving.sort_by_key(|&(addr, _, size)| (std::cmp::Reverse(size), addr));
+        self.empty_span_and_place((start, end), &leaving, request)
     }
 
     /// Where `request` goes after the dividers of the cheapest joinable run
     /// are moved out of it, or `None` with the pool as it was.
     pub(super) fn place_after_compaction(&mut self, request: &Request) -> RematResult<Option<u64>> {
         let intervals: Vec<Interval> = self.pool.intervals().copied().collect();
-        let tensors = &self.tensors;
-        let movable = |t: TensorId| {
-            tensors
-                .state(t)
-                .is_ok_and(|s| s.resident && !s.pinned && s.locks == 0)
-        };
+        let movable = |t| self.movable_now(t);
         let Some(run) = cheapest_joinable_run(&intervals, request.size, movable) else {
             return Ok(None);
         };
-        let mut moved: Vec<(u64, TensorId, u64, u64)> = Vec::new();
-        for &(from, t, size) in &run.dividers {
-            let Some(to) = self.pool.best_fit_outside(size, run.start, run.end) else {
+        self.empty_span_and_place((run.start, run.end), &run.dividers, request)
+    }
+
+    /// Whether `t` may be moved now: resident, unpinned, unlocked.
+    fn movable_now(&self, t: TensorId) -> bool {
+        self.tensors
+            .state(t)
+            .is_ok_and(|s| s.resident && !s.pinned && s.locks == 0)
+    }
+
+    /// Moves each of `leaving` (`(address, tensor, size)`, in that order)
+    /// into the smallest free block outside `[start, end)` and places
+    /// `request` as the policy says; each move charged once the request is
+    /// placed. When a tensor finds no block, or the policy places nothing,
+    /// every tensor moved goes back (last first) and `None`.
+    fn empty_span_and_place(
+        &mut self,
+        (start, end): (u64, u64),
+        leaving: &[(u64, TensorId, u64)],
+        request: &Request,
+    ) -> RematResult<Option<u64>> {
+        let mut moved: Vec<(u64, TensorId, u64, u64)> = Vec::with_capacity(leaving.len());
+        for &(from, t, size) in leaving {
+            let Some(to) = self.pool.best_fit_outside(size, start, end) else {
                 self.undo_compaction(&moved)?;
                 return Ok(None);
             };
