@@ -19,9 +19,14 @@
 //! gradients and optimizer state. Tensors placed with `place` count as not
 //! pinned here even when they are; the gaps are then only coarser.
 //!
+//! The free intervals are also indexed by size (`free_by_size`), so that a
+//! best fit (`best_fit`, `best_fit_outside`) reads only the free blocks
+//! large enough, smallest first, instead of every interval.
+//!
 //! Owned by one executor, single-threaded; policies read it through `&Pool`.
 //! `check()` validates the invariants (tiling, no overlap, merged free space,
-//! index agreement, gaps) and is run by the tests after every step.
+//! index agreement, gaps, the free-size index) and is run by the tests after
+//! every step.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
@@ -54,6 +59,9 @@ pub struct Pool {
     gaps: BTreeMap<u64, u64>,
     /// The gaps as (bytes, start), to find the large ones.
     gaps_by_size: BTreeSet<(u64, u64)>,
+    /// Every free interval as (bytes, start): exactly the free intervals
+    /// of `intervals`, updated by `place` and `release`.
+    free_by_size: BTreeSet<(u64, u64)>,
 }
 
 impl Pool {
@@ -75,7 +83,11 @@ impl Pool {
             pinned: BTreeMap::new(),
             gaps: BTreeMap::new(),
             gaps_by_size: BTreeSet::new(),
+            free_by_size: BTreeSet::new(),
         };
+        if capacity > 0 {
+            pool.free_by_size.insert((capacity, 0));
+        }
         pool.add_gap(0, capacity);
         pool
     }
@@ -151,11 +163,17 @@ impl Pool {
     }
 
     /// The smallest free interval that holds `size` bytes and that `keep`
-    /// accepts (the lowest address on ties).
+    /// accepts (the lowest address on ties): the first such in the size
+    /// index, which is ordered by (bytes, start).
     fn best_fit_where(&self, size: u64, keep: impl Fn(&Interval) -> bool) -> Option<u64> {
-        self.intervals()
-            .filter(|i| i.tensor.is_none() && i.size >= size && keep(i))
-            .min_by_key(|i| (i.size, i.addr))
+        self.free_by_size
+            .range((size, 0)..)
+            .map(|&(size, addr)| Interval {
+                addr,
+                size,
+                tensor: None,
+            })
+            .find(|i| keep(i))
             .map(|i| i.addr)
     }
 
@@ -298,6 +316,10 @@ impl Pool {
         let k = self
             .index_at(block.addr)
             .expect("a free block starts an interval");
+        self.free_by_size.remove(&(block.size, block.addr));
+        for piece in pieces[..count].iter().filter(|p| p.tensor.is_none()) {
+            self.free_by_size.insert((piece.size, piece.addr));
+        }
         self.intervals
             .splice(k..=k, pieces[..count].iter().copied());
         self.addr_of.insert(id, addr);
@@ -333,6 +355,13 @@ impl Pool {
         let last = if free(k + 1) { k + 1 } else { k };
         let end = self.intervals[last].addr + self.intervals[last].size;
         let start = self.intervals[first].addr;
+        for j in [first, last] {
+            let neighbour = self.intervals[j];
+            if neighbour.tensor.is_none() {
+                self.free_by_size.remove(&(neighbour.size, neighbour.addr));
+            }
+        }
+        self.free_by_size.insert((end - start, start));
         self.intervals[first] = Interval {
             addr: start,
             size: end - start,
@@ -396,6 +425,15 @@ impl Pool {
         let by_size: BTreeSet<_> = gaps.iter().map(|(&s, &e)| (e - s, s)).collect();
         if gaps != self.gaps || by_size != self.gaps_by_size {
             return broken("gaps between pinned tensors disagree with the pinned ranges".into());
+        }
+        let free_blocks: BTreeSet<_> = self
+            .intervals
+            .iter()
+            .filter(|i| i.tensor.is_none())
+            .map(|i| (i.size, i.addr))
+            .collect();
+        if free_blocks != self.free_by_size {
+            return broken("the free-size index disagrees with the free intervals".into());
         }
         if tensors != self.addr_of.len() || free != self.free_bytes {
             return broken(format!(
