@@ -26,7 +26,7 @@
 //! for a request that fits no free block while the pool's free bytes would
 //! hold it, the tensors of the window with the fewest of them may be moved
 //! out so that the holes join (`AddedRules::join_holes_by_moves`, Coop's
-//! default, `executor/compact.rs`; its time counts in the search time of
+//! default, `executor/moves.rs`; its time counts in the search time of
 //! an allocation that then evicts). Two more moves, off in every policy,
 //! join holes divided by small tensors (`AddedRules::compact_dividers`,
 //! `AddedRules::move_small_in_windows`, `executor/compact.rs`).
@@ -47,6 +47,7 @@ use std::time::Instant;
 
 mod compact;
 mod held;
+mod moves;
 
 use super::chain_order::ordered_inputs;
 use super::error::{RematError, RematResult};

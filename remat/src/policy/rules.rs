@@ -92,7 +92,7 @@ pub struct AddedRules {
     /// unpinned, unlocked; free space counts nothing), moves those tensors
     /// out, largest first, each into the smallest free block outside the
     /// window, charged as moves (device copies on a recorded trace), and
-    /// places the request there (`executor/compact.rs`); when one of them
+    /// places the request there (`executor/moves.rs`); when one of them
     /// finds no block, nothing moves and the policy evicts as before. What
     /// it saves: an eviction in a pool whose free bytes are enough but in
     /// holes (without it, on Swin-T at 0.45, Coop evicts a 294 MiB tensor
