@@ -445,3 +445,29 @@ impl Pool {
         Ok(())
     }
 }
+
+/// Interval constructors for the tests of the modules that read a pool's
+/// intervals (the window searches).
+#[cfg(test)]
+pub(crate) mod test_intervals {
+    use super::Interval;
+    use crate::tensor::TensorId;
+
+    /// Free space of `size` bytes at `addr`.
+    pub(crate) fn free(addr: u64, size: u64) -> Interval {
+        Interval {
+            addr,
+            size,
+            tensor: None,
+        }
+    }
+
+    /// Tensor `t` of `size` bytes at `addr`.
+    pub(crate) fn used(addr: u64, size: u64, t: TensorId) -> Interval {
+        Interval {
+            addr,
+            size,
+            tensor: Some(t),
+        }
+    }
+}

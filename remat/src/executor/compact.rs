@@ -227,22 +227,7 @@ impl Executor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn free(addr: u64, size: u64) -> Interval {
-        Interval {
-            addr,
-            size,
-            tensor: None,
-        }
-    }
-
-    fn used(addr: u64, size: u64, t: TensorId) -> Interval {
-        Interval {
-            addr,
-            size,
-            tensor: Some(t),
-        }
-    }
+    use crate::pool::test_intervals::{free, used};
 
     #[test]
     fn two_holes_split_by_a_small_tensor_join() {

@@ -139,22 +139,7 @@ impl Executor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn free(addr: u64, size: u64) -> Interval {
-        Interval {
-            addr,
-            size,
-            tensor: None,
-        }
-    }
-
-    fn used(addr: u64, size: u64, t: TensorId) -> Interval {
-        Interval {
-            addr,
-            size,
-            tensor: Some(t),
-        }
-    }
+    use crate::pool::test_intervals::{free, used};
 
     /// 60 free, `1` (40), 30 free, `2` (10), 70 free.
     fn holes_and_two_tensors() -> [Interval; 5] {
