@@ -373,7 +373,9 @@ impl Pool {
 
     /// Validates the invariants: the intervals tile `[0, capacity)` in order,
     /// every tensor has exactly one interval (so no two live tensors overlap),
-    /// no two free intervals touch, and the free-byte count agrees.
+    /// no two free intervals touch, the gaps agree with the pinned ranges,
+    /// the free-size index holds exactly the free intervals, and the
+    /// free-byte count agrees.
     pub fn check(&self) -> RematResult<()> {
         let broken = |why: String| Err(RematError::Invariant(why));
         let (mut next, mut free, mut last_free, mut tensors) = (0u64, 0u64, false, 0usize);

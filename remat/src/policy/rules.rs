@@ -57,7 +57,8 @@ pub struct AddedRules {
     /// groups of tensors that alone divide a run of free blocks long enough
     /// for it (resident, unpinned, unlocked, fewer bytes than the free block
     /// on either side) are moved to the smallest free blocks outside the run,
-    /// each charged as a recomputation of it, and the request goes into the
+    /// each charged as a move (a device copy on a recorded trace), and the
+    /// request goes into the
     /// joined block (`executor/compact.rs`). Off in every policy: it moves
     /// Swin-T's minimum budget from 0.252 to 0.270 (`--compact-ablation`,
     /// `docs/PERF.md` "Small tensors moved so holes join").
@@ -66,8 +67,9 @@ pub struct AddedRules {
     /// 1/`MOVE_FRACTION` of the request's and whose op's cost is below its
     /// eviction score is scored at that cost and, if its window is taken,
     /// moved out of the window (to the smallest free block outside it that
-    /// holds it, charged as a recomputation of it; evicted when none does)
-    /// instead of evicted; with `keep_dropped_chains`, a tensor on a dropped
+    /// holds it, charged as a move: a device copy on a recorded trace;
+    /// evicted when none does) instead of evicted; with
+    /// `keep_dropped_chains`, a tensor on a dropped
     /// chain smaller than the request and than the items on either side is
     /// scored so too instead of blocking the window (`Coop::search`,
     /// `Executor::move_out_of`). Off in every policy: it moves ResNet-50's
