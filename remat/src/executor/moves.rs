@@ -32,7 +32,11 @@ use crate::tensor::TensorId;
 /// bytes. Only windows inside one of `runs` (index ranges in address
 /// order; a window never crosses from one to the next) are candidates, the
 /// shortest ending at each interval, as in Coop's sweep: two pointers, one
-/// pass over each run.
+/// pass over each run. It is Coop's `Sweeper` ranking by summed score with a
+/// tensor's bytes as its score, kept apart in integers on purpose: served
+/// by that sweeper (f64 sums, each score asked for again as the left end
+/// moves) Coop's search time per evicting allocation on Swin-T grew about
+/// 8% (`docs/PERF.md`, "The window sweep kept apart from Coop's").
 pub(super) fn fewest_moved_window(
     intervals: &[Interval],
     runs: impl IntoIterator<Item = Range<usize>>,
