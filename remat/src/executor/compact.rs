@@ -139,9 +139,9 @@ impl Executor<'_> {
     /// Where `request` goes after the dividers of the cheapest joinable run
     /// are moved out of it, or `None` with the pool as it was.
     pub(super) fn place_after_compaction(&mut self, request: &Request) -> RematResult<Option<u64>> {
-        let intervals: Vec<Interval> = self.pool.intervals().copied().collect();
         let movable = |t| self.movable_now(t);
-        let Some(run) = cheapest_joinable_run(&intervals, request.size, movable) else {
+        let Some(run) = cheapest_joinable_run(self.pool.interval_array(), request.size, movable)
+        else {
             return Ok(None);
         };
         self.empty_span_and_place((run.start, run.end), &run.dividers, request)
