@@ -143,7 +143,9 @@ impl EvictedClasses {
     /// leave out and then `consumers`, for a consumer list in increasing id
     /// order (as `TensorTable` keeps them): its walk stops at the first
     /// consumer above every tensor that ever joined a class, since none
-    /// after it is in one. The same additions in the same order.
+    /// after it is in one. The same additions in the same order. `skip` is
+    /// asked only of inputs in a class (the others add nothing either
+    /// way), so that an input in none costs no read of what `skip` reads.
     pub fn neighbour_cost_roots_sorted(
         &self,
         inputs: &[TensorId],
@@ -154,18 +156,16 @@ impl EvictedClasses {
         roots.clear();
         let mut total = 0.0;
         for &n in inputs {
-            if skip(n) {
-                continue;
-            }
-            if let Some(cost) = self.new_root_cost(n, roots) {
+            if let Some(cost) = self.new_root_cost(n, roots, &skip) {
                 total += cost;
             }
         }
+        let never = |_| false;
         for &n in consumers {
             if n >= self.joined_below {
                 break;
             }
-            if let Some(cost) = self.new_root_cost(n, roots) {
+            if let Some(cost) = self.new_root_cost(n, roots, never) {
                 total += cost;
             }
         }
@@ -173,13 +173,23 @@ impl EvictedClasses {
     }
 
     /// The cost of the class of `tensor` when it is in one whose root is
-    /// not in `roots` yet (the root is then added), else `None`.
+    /// not in `roots` yet (the root is then added) and `skip` does not
+    /// leave it out, else `None`.
     #[inline]
-    fn new_root_cost(&self, tensor: TensorId, roots: &mut Vec<usize>) -> Option<f64> {
+    fn new_root_cost(
+        &self,
+        tensor: TensorId,
+        roots: &mut Vec<usize>,
+        skip: impl Fn(TensorId) -> bool,
+    ) -> Option<f64> {
         if tensor >= self.joined_below {
             return None;
         }
-        let root = self.root(self.node_of[tensor]? as usize);
+        let node = self.node_of[tensor]?;
+        if skip(tensor) {
+            return None;
+        }
+        let root = self.root(node as usize);
         if roots.contains(&root) {
             return None;
         }
