@@ -152,18 +152,7 @@ pub fn round(
         .call("cuMemsetD8")?;
     let alloc_ms = timing.time(gpu, || allocator.alloc(gpu, sizes, ptrs, n))?;
     check(gpu, buffers, sizes)?;
-    // A download makes the host wait for the GPU, and the GPU then waits
-    // for the host's submission of the next launch. When the round keeps
-    // nothing that must be read before the free, the check's counts are
-    // read after it, so that the free's start event sits in the stream
-    // behind the verification kernel (as the allocation's sits behind the
-    // memset) and the free is not timed from an idle GPU.
-    let read_before_free = keep.ptrs || keep.peak || keep.stats;
-    let errors_before = if read_before_free {
-        Some(gpu.download(&buffers.errors)?)
-    } else {
-        None
-    };
+    let errors = gpu.download(&buffers.errors)?;
     let kept = if keep.ptrs {
         Some(gpu.download(&buffers.ptrs)?)
     } else {
@@ -186,11 +175,6 @@ pub fn round(
     } else {
         allocator.free(gpu, ptrs, n)?;
         None
-    };
-    // The free reads the pointers and writes none of the check's counts.
-    let errors = match errors_before {
-        Some(errors) => errors,
-        None => gpu.download(&buffers.errors)?,
     };
     Ok(Round {
         alloc_ms,
