@@ -272,4 +272,26 @@ mod tests {
         );
         assert_eq!(roots.len(), 2);
     }
+
+    #[test]
+    fn skip_is_asked_only_of_inputs_in_a_class_and_leaves_theirs_out() {
+        let mut classes = EvictedClasses::default();
+        classes.grow_to(8);
+        classes.add(1, 0.5, &[]);
+        classes.add(3, 0.25, &[]);
+        let asked = std::cell::RefCell::new(Vec::new());
+        let skip = |n: TensorId| {
+            asked.borrow_mut().push(n);
+            n == 3
+        };
+        let mut roots = Vec::new();
+        // Inputs 0 and 2 are in no class, 6 is above every member; 1 and 3
+        // are members, 3 skipped. Consumer 3 is never skipped.
+        let cost = classes.neighbour_cost_roots_sorted(&[0, 1, 2, 3, 6], &[3], skip, &mut roots);
+        assert_eq!(*asked.borrow(), vec![1, 3], "only members are asked");
+        assert_eq!(cost, 0.75, "3 skipped as an input, counted as a consumer");
+        let all_skipped = classes.neighbour_cost_roots_sorted(&[1, 3], &[], |_| true, &mut roots);
+        assert_eq!(all_skipped, 0.0);
+        assert!(roots.is_empty(), "a skipped input records no root");
+    }
 }
