@@ -197,21 +197,29 @@ impl Pool {
     /// The gaps between pinned tensors (see the module docs) of at least
     /// `bytes` bytes, as `(start, end)`, in address order.
     pub fn gaps_of_at_least(&self, bytes: u64) -> Vec<(u64, u64)> {
-        let mut found = Vec::new();
-        self.gaps_of_at_least_into(bytes, &mut found);
+        let mut found: Vec<(u64, u64)> = self
+            .gaps_by_size
+            .range((bytes, 0)..)
+            .map(|&(size, start)| (start, start + size))
+            .collect();
+        found.sort_unstable();
         found
     }
 
-    /// [`Pool::gaps_of_at_least`] into `found` (cleared first), so that a
-    /// search can reuse its buffer.
-    pub fn gaps_of_at_least_into(&self, bytes: u64, found: &mut Vec<(u64, u64)>) {
-        found.clear();
-        found.extend(
+    /// The same gaps as [`Pool::gaps_of_at_least`], each as the index range
+    /// of its intervals in [`Pool::interval_array`] ([`Pool::indices_in`]),
+    /// in address order, into `runs` (cleared first, so that a search can
+    /// reuse its buffer): what the window searches sweep, since no window
+    /// holds a pinned tensor. Every gap has bytes and so starts an interval:
+    /// no range is empty, and index order is address order.
+    pub fn gap_runs_of_at_least_into(&self, bytes: u64, runs: &mut Vec<Range<usize>>) {
+        runs.clear();
+        runs.extend(
             self.gaps_by_size
                 .range((bytes, 0)..)
-                .map(|&(size, start)| (start, start + size)),
+                .map(|&(size, start)| self.indices_in(start, start + size)),
         );
-        found.sort_unstable();
+        runs.sort_unstable_by_key(|run| run.start);
     }
 
     /// Intervals whose start lies in `[start, end)`, in address order, as

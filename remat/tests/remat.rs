@@ -1126,6 +1126,28 @@ fn pool_keeps_the_gaps_between_pinned_tensors() {
     assert_eq!(pool.gaps_of_at_least(31), vec![]);
     let inside: Vec<_> = pool.intervals_in(40, 70).iter().map(|i| i.addr).collect();
     assert_eq!(inside, vec![40, 50, 60]);
+    // The same gaps as index ranges of the interval array, in address order
+    // (intervals: 0..30 free, 30..40 pinned, 40..50 free, 50..60, 60..70
+    // free, 70..75 pinned, 75..100 free).
+    // A reused buffer: what it held before is cleared.
+    let mut runs = Vec::new();
+    runs.push(7..9);
+    pool.gap_runs_of_at_least_into(0, &mut runs);
+    let addrs = |r: &std::ops::Range<usize>| -> Vec<u64> {
+        pool.interval_array()[r.clone()]
+            .iter()
+            .map(|i| i.addr)
+            .collect()
+    };
+    let ranges: Vec<Vec<u64>> = runs.iter().map(addrs).collect();
+    assert_eq!(ranges, vec![vec![0], vec![40, 50, 60], vec![75]]);
+    pool.gap_runs_of_at_least_into(26, &mut runs);
+    assert_eq!(
+        runs.iter().map(addrs).collect::<Vec<_>>(),
+        vec![vec![0], vec![40, 50, 60]]
+    );
+    pool.gap_runs_of_at_least_into(31, &mut runs);
+    assert!(runs.is_empty());
     // Releasing a pinned tensor joins the gaps on both sides.
     pool.release(0).expect("placed");
     pool.check().expect("valid");

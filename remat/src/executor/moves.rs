@@ -115,12 +115,8 @@ impl Executor<'_> {
         // No window holds a pinned tensor, so only the gaps between pinned
         // tensors that are long enough are read (as Coop's search reads
         // them).
-        let runs: Vec<Range<usize>> = self
-            .pool
-            .gaps_of_at_least(request.size)
-            .into_iter()
-            .map(|(start, end)| self.pool.indices_in(start, end))
-            .collect();
+        let mut runs = Vec::new();
+        self.pool.gap_runs_of_at_least_into(request.size, &mut runs);
         let intervals = self.pool.interval_array();
         let movable = |t| self.movable_now(t);
         let Some(window) = window_to_empty(intervals, &runs, request.size, movable) else {

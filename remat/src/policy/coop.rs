@@ -10,7 +10,7 @@
 //!
 //! Only part of the pool is scored: no window holds a pinned tensor, so the
 //! search walks the gaps between pinned tensors that the pool keeps
-//! (`Pool::gaps_of_at_least`) and are at least as large as the request,
+//! (`Pool::gap_runs_of_at_least_into`) and are at least as large as the request,
 //! and skips the pinned intervals and the smaller gaps unread. It picks the
 //! same window as a sweep over the whole pool
 //! (`Coop::next_eviction_whole_pool`, which the tests compare it with).
@@ -633,7 +633,6 @@ pub struct Scan {
     /// The score of each interval of the runs, by pool index (`None`: it
     /// may not be evicted); entries outside the runs mean nothing.
     scores: Vec<Option<f64>>,
-    gaps: Vec<(u64, u64)>,
     /// Bytes of the largest interval of score 0 (free space, or a tensor
     /// that costs nothing to evict): whether a hole challenger is looked
     /// for.
@@ -650,7 +649,6 @@ impl Scan {
     fn clear(&mut self, intervals: usize) {
         self.moving.clear();
         self.runs.clear();
-        self.gaps.clear();
         self.largest_zero = 0;
         if self.scores.len() < intervals {
             self.scores.resize(intervals, None);
@@ -786,7 +784,7 @@ impl Coop {
 
     /// The scan for a search for `request` bytes: the pool's gaps between
     /// pinned tensors of at least `request` bytes
-    /// (`Pool::gaps_of_at_least`), in address order, as runs of the pool's
+    /// (`Pool::gap_runs_of_at_least_into`), in address order, as runs of the pool's
     /// intervals, each scored. Every window of the whole pool lies in one
     /// such gap (a pinned tensor blocks), and the sweep starts afresh at
     /// each run as it does after a blocked item, so it finds the same
@@ -797,11 +795,9 @@ impl Coop {
         let intervals = ctx.pool.interval_array();
         scan.clear(intervals.len());
         scan.request = request;
-        ctx.pool.gaps_of_at_least_into(request, &mut scan.gaps);
-        for k in 0..scan.gaps.len() {
-            let (start, end) = scan.gaps[k];
-            let run = ctx.pool.indices_in(start, end);
-            scan.runs.push(run.clone());
+        ctx.pool.gap_runs_of_at_least_into(request, &mut scan.runs);
+        for k in 0..scan.runs.len() {
+            let run = scan.runs[k].clone();
             self.score_run(ctx, intervals, run, scan);
         }
     }
