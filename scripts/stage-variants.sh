@@ -206,6 +206,12 @@
 #                  32 KiB in the whole-segment share, which gave 2-32 KiB 8
 #                  slots on the bench heap, and `s15+ws4` doubled the share
 #                  back to 16; 32 KiB is no longer counted, so s15 = auto.)
+#   stripe0        no class stripes (GPUMALLOC_STRIPE=0,
+#                  `gpu-kernel/src/stripe.rs`): every slot install claims
+#                  its blocks; stripe1 the classes whose segment holds 8
+#                  blocks or more and that are not wide (256 B on the bench
+#                  heap) draw from a stripe; stripe2 those and the wide
+#                  ones (16 B ... 256 B); stripe3 every slice class
 #   A+B            the settings of A and of B (blkrun3+iclock2-c4)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
@@ -301,6 +307,10 @@ settings() {
     wnear) echo "GPUMALLOC_WHOLE_CLAIM_SALT=2" ;;
     s33) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=12 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=14 GPUMALLOC_WIDE_SPARES=3 GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;
     narrow) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=12 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=14 GPUMALLOC_WIDE_SPARES=3" ;;
+    stripe0) echo "GPUMALLOC_STRIPE=0" ;;
+    stripe1) echo "GPUMALLOC_STRIPE=1" ;;
+    stripe2) echo "GPUMALLOC_STRIPE=2" ;;
+    stripe3) echo "GPUMALLOC_STRIPE=3" ;;
     wide6) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6 GPUMALLOC_WIDE_SPARES=1" ;;
     wide7) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=7 GPUMALLOC_WIDE_SPARES=1" ;;
     wide6s3) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6" ;;

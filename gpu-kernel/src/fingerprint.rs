@@ -24,7 +24,9 @@ use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT};
 /// 2: one out-of-tree window word per class after the request slots
 /// (`Heap::drop_from_class_tree`).
 /// 3: slot words `SLOT_STRIDE_WORDS` (16) apart.
-const LAYOUT_VERSION: u64 = 3;
+/// 4: a class stripe line per slice class before the segment states
+/// (`crate::stripe`).
+const LAYOUT_VERSION: u64 = 4;
 
 /// The name of the PTX global that holds a PTX's fingerprint.
 pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
@@ -33,7 +35,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 29] = [
+pub const SETTINGS: [&str; 31] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -63,10 +65,12 @@ pub const SETTINGS: [&str; 29] = [
     "GPUMALLOC_SEGMENT_RUNS",
     "GPUMALLOC_WHOLE_CLAIM_ADJACENT",
     "GPUMALLOC_MAX_SLICE_SHIFT",
+    "GPUMALLOC_STRIPE",
+    "GPUMALLOC_STRIPE_BLOCKS",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 29] = [
+const SETTING_VALUES: [Option<&str>; 31] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -96,6 +100,8 @@ const SETTING_VALUES: [Option<&str>; 29] = [
     option_env!("GPUMALLOC_SEGMENT_RUNS"),
     option_env!("GPUMALLOC_WHOLE_CLAIM_ADJACENT"),
     option_env!("GPUMALLOC_MAX_SLICE_SHIFT"),
+    option_env!("GPUMALLOC_STRIPE"),
+    option_env!("GPUMALLOC_STRIPE_BLOCKS"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

@@ -1532,6 +1532,31 @@ impl Heap {
         Some((first, taken))
     }
 
+    /// Claims up to `want` (1..=64) free segments of adjacent ids for
+    /// `class`'s stripe ([`crate::stripe`]) with one RMW on the segment
+    /// tree (its word's lowest run of `want` adjacent ids where it has
+    /// one), formats them with all their blocks taken, and returns the
+    /// first id and how many. Ids the RMW took that are not adjacent to
+    /// the lowest one go back to the segment tree unformatted.
+    #[inline(never)]
+    pub(crate) fn claim_stripe_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u32)> {
+        debug_assert!(class.is_slice());
+        let tree = self.segment_tree();
+        let (first, taken) = tree.claim_adjacent_many_near(want, spread_salt(0))?;
+        let low = taken.trailing_zeros();
+        let count = (taken >> low).trailing_ones();
+        let run = if count == 64 {
+            u64::MAX
+        } else {
+            ((1u64 << count) - 1) << low
+        };
+        if taken & !run != 0 {
+            tree.insert_many(first, taken & !run);
+        }
+        self.format_whole_segments(class, first, run);
+        Some((first + low, count))
+    }
+
     /// [`Heap::claim_whole_segments`] of one segment from the top of the
     /// segment tree's lowest word that has one
     /// ([`crate::veb::VebTree::claim_high_in_lowest_word`]), for a class

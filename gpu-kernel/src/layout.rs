@@ -14,8 +14,8 @@
 //! Metadata is one array of 64-bit words, in this order: statistics, slot
 //! words, locks (one format lock per class, then the run lock and the run
 //! cursor), run request slots ([`crate::request`]), spare
-//! blocks, segment
-//! states, block bitmaps, block counters, trees (the segment
+//! blocks, class stripes ([`crate::stripe`], each word on a line of its
+//! own), segment states, block bitmaps, block counters, trees (the segment
 //! tree, then one per class), and, on checked heaps, double-free bits.
 
 use crate::block::CHECK_WORDS_PER_BLOCK;
@@ -266,7 +266,10 @@ impl Heap {
         let out_of_tree_end = locks_at + CLASSES as u64 + 2 + REQUEST_SLOTS as u64 + CLASSES as u64;
         // The whole-segment runs' word on a 128-byte line of its own.
         let spares_at = out_of_tree_end.next_multiple_of(LINE_WORDS) + LINE_WORDS;
-        let states_at = spares_at + (SLICE_CLASSES * SLOTS_PER_CLASS * SPARES_PER_SLOT) as u64;
+        let spares_end = spares_at + (SLICE_CLASSES * SLOTS_PER_CLASS * SPARES_PER_SLOT) as u64;
+        // The class stripes end where the segment states begin
+        // (`Heap::stripe_at` counts back from `states_at`).
+        let states_at = spares_end.next_multiple_of(LINE_WORDS) + STRIPE_REGION_WORDS;
         let bitmaps_at = states_at + segments;
         let counters_at = bitmaps_at + segments * bitmap_words_per_segment(segment_shift) as u64;
         let trees_at = counters_at + segments * slice_blocks;
@@ -490,6 +493,13 @@ impl Heap {
         self.request_words().end + class_index as u64
     }
 
+    /// The metadata word of class `class_index`'s stripe
+    /// ([`crate::stripe`]), on a 128-byte line of its own, in the region
+    /// that ends where the segment states begin.
+    pub(crate) fn stripe_at(&self, class_index: u32) -> u64 {
+        self.states_at - STRIPE_REGION_WORDS + class_index as u64 * LINE_WORDS
+    }
+
     /// The metadata word (the first of the 128-byte line after the
     /// out-of-tree words, alone on it) that says whether a class whose
     /// block fills a segment has claimed segments for a slot:
@@ -501,6 +511,9 @@ impl Heap {
 
 /// Metadata words on one 128-byte L2 cache line.
 const LINE_WORDS: u64 = 16;
+
+/// Words of the class stripes: a line per slice class.
+const STRIPE_REGION_WORDS: u64 = SLICE_CLASSES as u64 * LINE_WORDS;
 
 /// Unit-test support shared by the crate's modules.
 #[cfg(all(test, not(loom)))]

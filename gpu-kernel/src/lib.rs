@@ -47,6 +47,7 @@ pub mod run;
 pub mod segment;
 pub mod slot;
 pub mod stats;
+pub mod stripe;
 pub mod team;
 pub mod veb;
 

@@ -42,7 +42,8 @@ pub struct HeapStats {
     pub idle_block_bytes: u64,
     /// Bytes of slices in slot blocks not yet handed out.
     pub slot_unissued_bytes: u64,
-    /// Bytes of spare blocks parked beside slots.
+    /// Bytes of spare blocks parked beside slots, and of blocks of class
+    /// stripes not yet drawn (`crate::stripe`).
     pub spare_block_bytes: u64,
     /// A measuring build's install and wait counts (zero in others).
     pub install_clock: InstallClock,
@@ -106,6 +107,12 @@ impl HeapStats {
         // snapshot must still never wrap.
         for class in (0..SLICE_CLASSES).filter_map(SizeClass::new) {
             let (c, per) = (class.index(), class.slices_per_block(shift));
+            // Blocks of the class's stripe never drawn: taken, with no
+            // slice handed out, as spares are.
+            let undrawn = heap.undrawn_in_snapshot(class, words) as u64;
+            let live = &mut s.live_per_class[c as usize];
+            *live = live.saturating_sub(undrawn * per as u64);
+            s.spare_block_bytes += undrawn << class.block_shift(shift);
             for slot in 0..SLOTS_PER_CLASS {
                 let word = SlotWord(at(heap.slot_at(c, slot)));
                 let live = &mut s.live_per_class[c as usize];

@@ -548,6 +548,10 @@ impl Heap {
     /// [`Heap::claim_for_slot`]) or the heap keeps no spares (`NO_SPARES`).
     #[inline(always)]
     fn spares_for(&self, class: SizeClass) -> u32 {
+        if self.stripe_segments(class) > 0 {
+            // The class's stripe holds what spares held, for every slot.
+            return 0;
+        }
         let whole_segments = class.blocks_per_segment(self.segment_shift) == 1;
         let (budget, slots, spares) = if whole_segments {
             (SEGMENT_SPARE_BUDGET_SHIFT, SLOTS_PER_CLASS, SPARES_PER_SLOT)
@@ -681,8 +685,16 @@ impl Heap {
         // slot's spare, else reclaim what every class holds idle and claim
         // again: only then may this class's requests fail.
         let mut extra = Extra::Nothing;
-        let fresh = self
-            .pop_spare(class, slot)
+        // A class with a stripe draws its block there first (one add; a
+        // refill or a drawer past its end comes back with none and claims
+        // as before, with no spares: `spares_for`).
+        let drawn = if self.stripe_segments(class) > 0 {
+            self.draw_from_stripe(class)
+        } else {
+            None
+        };
+        let fresh = drawn
+            .or_else(|| self.pop_spare(class, slot))
             .or_else(|| self.claim_for_slot(class, first_block, &mut extra))
             .or_else(|| (0..SLOTS_PER_CLASS).find_map(|s| self.pop_spare(class, s)))
             .or_else(|| {
@@ -1029,6 +1041,7 @@ impl Heap {
         // so whoever sees a block gone also sees this add.
         arch::fetch_add_relaxed(in_flight, 1);
         for class in (0..crate::class::SLICE_CLASSES).filter_map(SizeClass::new) {
+            self.drain_stripe(class);
             for s in 0..SLOTS_PER_CLASS {
                 while let Some(b) = self.pop_spare(class, s) {
                     self.release_block(class, b);
@@ -1142,8 +1155,13 @@ impl Heap {
         self.retire_idle_segments();
     }
 
-    /// Empties one slot and its spares (see [`Heap::flush_slots`]).
+    /// Empties one slot and its spares (see [`Heap::flush_slots`]); slot 0
+    /// also the class's stripes (`crate::stripe`), so that a flush kernel
+    /// of one thread per slot (`heap_flush`) empties them too.
     pub fn flush_slot(&self, class: SizeClass, slot: u32) {
+        if slot == 0 {
+            self.drain_stripe(class);
+        }
         while let Some(b) = self.pop_spare(class, slot) {
             // A spare never handed out a slice: its counter is zero, and
             // recycling it is returning the block.
@@ -1441,6 +1459,7 @@ mod rules_tests {
             option_env!("GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT"),
             option_env!("GPUMALLOC_WIDE_SPARES"),
             option_env!("GPUMALLOC_MAX_SLICE_SHIFT"),
+            option_env!("GPUMALLOC_STRIPE"),
         ]
         .iter()
         .all(Option::is_none)
@@ -1586,6 +1605,12 @@ fn on_a_fresh_heap_of(
     let Request::Class(class) = Request::for_size(size, shift) else {
         panic!("{size} B is a slice class");
     };
+    if heap.stripe_segments(class) > 0 {
+        // These tests are about slot runs and spares, which a class that
+        // draws from a stripe does not keep (`crate::stripe` has its own).
+        std::eprintln!("skipped: {size} B draws from a stripe in this build");
+        return;
+    }
     let per_block = class.slices_per_block(shift);
     std::thread::scope(|s| {
         s.spawn(|| {

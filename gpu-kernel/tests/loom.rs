@@ -57,6 +57,14 @@
 //!   one-segment heap: a claim's last try never answers null while a
 //!   drop has the segment out of the class tree (the out-of-tree window
 //!   word, `Heap::claim_blocks_settled`).
+//! - Class stripes (`stripe`): on a one-segment heap (a stripe of the
+//!   256 B class's two 1 MiB blocks), two draws from an empty stripe take
+//!   different blocks (one refills, the other draws its second block,
+//!   waiting for the refill if its add came first); a draw racing a drain
+//!   (as a flush or a reclaim does) loses no block; on a full heap two
+//!   draws both come back empty (the refill closes the stripe, and the
+//!   waiter sees it) and a drain reopens it. Each ends with the drawn
+//!   blocks given back and the segment free.
 //! - Run requests (`request`): a thread that posted, looks once for the
 //!   answer and then gives up, racing the service that takes, "stitches"
 //!   (writes a loom cell standing for the run's published states) and
@@ -1215,5 +1223,68 @@ fn a_drop_in_flight_hides_no_block_from_a_last_try() {
         }
         tiny.heap.flush_slots();
         assert_eq!(tiny.heap.free_segments(), 1);
+    });
+}
+
+/// Two draws from the 256 B class's empty stripe on a one-segment heap:
+/// the first add refills (claims the segment, publishes its two blocks
+/// with one drawn); the other gets the second block, waiting for the
+/// refill's exchange if its add came first. Never the same block; the
+/// segment comes back whole once the drawn blocks are given back.
+#[test]
+fn two_draws_from_a_stripe_take_different_blocks() {
+    model_long(|| {
+        let tiny = Tiny::new();
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.loom_draw_from_stripe(256));
+        let mine = tiny.heap.loom_draw_from_stripe(256);
+        let theirs = t.join().unwrap();
+        let (Some(a), Some(b)) = (mine, theirs) else {
+            panic!("a draw came back empty: {mine:?} {theirs:?}");
+        };
+        assert_ne!(a, b);
+        tiny.heap.loom_release_drawn(256, a);
+        tiny.heap.loom_release_drawn(256, b);
+        tiny.assert_whole();
+    });
+}
+
+/// A draw on a one-segment heap whose segment is taken: the refill finds
+/// none and closes the stripe, and a second draw racing it gets none too
+/// (it waits for the refill, then sees the closed word) instead of
+/// waiting for ever; a drain reopens the word.
+#[test]
+fn draws_on_a_full_heap_close_the_stripe() {
+    model_long(|| {
+        let tiny = Tiny::new();
+        assert_eq!(tiny.heap.withdraw_free_segment(), Some(0));
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.loom_draw_from_stripe(256));
+        let mine = tiny.heap.loom_draw_from_stripe(256);
+        assert_eq!((mine, t.join().unwrap()), (None, None));
+        assert!(tiny.heap.add_segment(0));
+        tiny.heap.loom_drain_stripe(256);
+        let g = tiny.heap.loom_draw_from_stripe(256).expect("reopened");
+        tiny.heap.loom_release_drawn(256, g);
+        tiny.assert_whole();
+    });
+}
+
+/// A draw racing a drain of the same stripe: whichever order, the drawn
+/// block is the drawer's alone and every other block of the stripe goes
+/// back (the drain retires what it displaces, and so does a refill that
+/// displaces the drain's empty word).
+#[test]
+fn a_draw_races_a_drain_of_its_stripe() {
+    model_long(|| {
+        let tiny = Tiny::new();
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.loom_drain_stripe(256));
+        let mine = tiny.heap.loom_draw_from_stripe(256);
+        t.join().unwrap();
+        if let Some(g) = mine {
+            tiny.heap.loom_release_drawn(256, g);
+        }
+        tiny.assert_whole();
     });
 }

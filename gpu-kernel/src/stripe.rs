@@ -1,0 +1,340 @@
+//! Class stripes: blocks of adjacent addresses that a slice class's slot
+//! installs draw one at a time, with one add on a word the class's slots
+//! share, instead of each slot claiming its own block (and holding spares
+//! and runs ahead of its need).
+//!
+//! Why: at a burst's end every slot holds what it took ahead: at 256 B the
+//! 32 slots' runs of up to four 1 MiB blocks held 0.30 of what was asked
+//! unissued (span 1.38 against issue 15's 1.15), and slots without spares
+//! or runs spanned 1.06 but allocated 52% slower, since each install then
+//! claimed (about 11 µs on the H100, `docs/PERF.md`, "Class stripes"). A
+//! stripe keeps the blocks taken ahead in one place for the whole class,
+//! in address order, so a slot holds one block and the blocks not yet
+//! drawn lie above every block drawn.
+//!
+//! # Stripe word
+//! `drawn` (bits 0..32): draws of this version, counting past its end;
+//! `block` (bits 32..56): the global id + 1 of its first block (0: none);
+//! `len` (bits 56..64): its blocks (0..=255). Its blocks are the `len`
+//! blocks of the class from `block` on in address order (`BlockId::advanced`),
+//! in whole segments formatted for the class with every block taken and no
+//! slice handed out (as a spare is).
+//!
+//! # Protocol
+//! - A draw is one acq_rel add of 1. The add's old value decides: index
+//!   `i = drawn` below `len` is block `i`, the drawer's alone (each index of
+//!   a version goes to one add); `i == len` makes the drawer the version's
+//!   *refiller*, exactly one per version.
+//! - The refiller claims adjacent whole segments and replaces the word by
+//!   an exchange with `drawn` = 1 (block 0 is its own). If the heap had
+//!   none it publishes a *closed* word (no blocks, `drawn` = [`CLOSED`]).
+//! - A drawer past `len` waits while the word shows its version (`block`
+//!   and `len`) with `drawn` past `len`: the refiller's exchange ends the
+//!   wait, and the drawer adds again. A later version with the same
+//!   blocks and `drawn` past its `len` has a refiller of its own, so the
+//!   wait ends then. Waiting instead of claiming elsewhere keeps every
+//!   block a burst takes in the stripes' address order, so the blocks not
+//!   yet drawn lie above all those drawn (claims elsewhere during a
+//!   refill landed above the new stripe and put its undrawn blocks inside
+//!   the span).
+//! - A closed word answers every draw with none (the install claims
+//!   elsewhere, and a request about to fail reclaims), until a reclaim or
+//!   a flush swaps it back to empty, whose first draw refills.
+//! - Whoever replaces a stripe word (refiller, reclaim, flush) retires the
+//!   word it displaced: its blocks from `min(drawn, len)` on were never
+//!   drawn and go back to their segments.
+//!
+//! Claiming the next stripe ahead, at half of this one, was measured and
+//! not kept: 256 B allocated 2.6× slower than without it (`docs/PERF.md`,
+//! "Class stripes").
+//!
+//! # Ordering
+//! The exchange that publishes a version is acq_rel, and every draw is an
+//! acq_rel RMW on the same word: the draws after it are in its release
+//! sequence, so a drawer's acquire sees the format of the blocks it draws
+//! (their counters and the segment states written before the exchange).
+
+use crate::arch::{self, Word};
+use crate::class::SizeClass;
+use crate::heap::BlockId;
+use crate::layout::{Heap, NO_SPARES};
+
+/// Which slice classes draw from a stripe (`GPUMALLOC_STRIPE`, at build
+/// time): 0 none (the rule before), 1 those whose segment holds at least
+/// 2^[`STRIPE_MIN_BLOCKS_SHIFT`] blocks and that are not wide (256 B on the bench
+/// heap's 8 MiB segments), 2 every class whose segment holds that many
+/// (16 B … 256 B there), 3 every slice class.
+pub const STRIPE: u32 = crate::class::build_knob(option_env!("GPUMALLOC_STRIPE"), 0);
+const _: () = assert!(STRIPE <= 3);
+
+/// Blocks per segment from which a class draws from a stripe (with
+/// `STRIPE` 1 or 2): 8.
+const STRIPE_MIN_BLOCKS_SHIFT: u32 = 3;
+
+/// Blocks a stripe aims to hold (`GPUMALLOC_STRIPE_BLOCKS`, at most 255):
+/// a claim of whole segments takes `max(1, this / blocks per segment)`
+/// of them, up to 64 (one segment-tree word) and within
+/// [`STRIPE_BUDGET_SHIFT`].
+pub const STRIPE_BLOCKS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_STRIPE_BLOCKS"), 64);
+const _: () = assert!(STRIPE_BLOCKS >= 1 && STRIPE_BLOCKS <= 255);
+
+/// A stripe stays within heap / 2^this (its budget, `Heap::budget_bytes`);
+/// a heap where one segment passes that keeps no stripes.
+const STRIPE_BUDGET_SHIFT: u32 = 7;
+
+/// `drawn` of a closed word (see the module docs): far past any `len`,
+/// and 2^31 draws from wrapping into the block field.
+pub const CLOSED: u32 = 1 << 31;
+
+const DRAWN_MASK: u64 = 0xffff_ffff;
+const BLOCK_SHIFT: u32 = 32;
+const BLOCK_MASK: u64 = 0xff_ffff;
+const LEN_SHIFT: u32 = 56;
+
+/// A decoded stripe word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StripeWord(pub u64);
+
+impl StripeWord {
+    /// No blocks: its first draw refills.
+    pub const EMPTY: StripeWord = StripeWord(0);
+
+    /// `len` blocks from global block `first`, `drawn` of them drawn.
+    #[inline(always)]
+    pub fn new(first: u64, len: u32, drawn: u32) -> StripeWord {
+        debug_assert!(len <= 255 && first < BLOCK_MASK);
+        StripeWord((len as u64) << LEN_SHIFT | ((first + 1) & BLOCK_MASK) << BLOCK_SHIFT | drawn as u64)
+    }
+
+    /// Global id of its first block, if it has blocks.
+    #[inline(always)]
+    pub fn first(self) -> Option<u64> {
+        let b = (self.0 >> BLOCK_SHIFT) & BLOCK_MASK;
+        (b != 0).then(|| b - 1)
+    }
+
+    /// Its blocks.
+    #[inline(always)]
+    pub fn len(self) -> u32 {
+        (self.0 >> LEN_SHIFT) as u32
+    }
+
+    /// Whether it holds no block.
+    #[inline(always)]
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+
+    /// Draws of this version, past its end included.
+    #[inline(always)]
+    pub fn drawn(self) -> u32 {
+        (self.0 & DRAWN_MASK) as u32
+    }
+
+    /// The same blocks with `drawn` set.
+    #[inline(always)]
+    fn with_drawn(self, drawn: u32) -> StripeWord {
+        StripeWord(self.0 & !DRAWN_MASK | drawn as u64)
+    }
+
+    /// Blocks and first block: what identifies a version.
+    #[inline(always)]
+    fn version(self) -> u64 {
+        self.0 & !DRAWN_MASK
+    }
+
+    /// Whether the word is closed (no blocks; see the module docs).
+    #[inline(always)]
+    pub fn is_closed(self) -> bool {
+        self.is_empty() && self.drawn() >= CLOSED
+    }
+
+    /// Blocks never drawn: indices `min(drawn, len)..len`.
+    #[inline(always)]
+    pub fn undrawn(self) -> core::ops::Range<u32> {
+        self.drawn().min(self.len())..self.len()
+    }
+}
+
+impl Heap {
+    /// Segments a claim for `class`'s stripe takes on this heap, 0 where
+    /// the class draws from none (see [`STRIPE`]; heaps that keep no
+    /// spares keep no stripes either).
+    #[inline(always)]
+    pub(crate) fn stripe_segments(&self, class: SizeClass) -> u32 {
+        let shift = class.blocks_per_segment_shift(self.segment_shift);
+        let on = match STRIPE {
+            0 => false,
+            1 => shift >= STRIPE_MIN_BLOCKS_SHIFT && !class.is_wide(),
+            2 => shift >= STRIPE_MIN_BLOCKS_SHIFT,
+            _ => true,
+        };
+        if !on || self.flags & NO_SPARES != 0 {
+            return 0;
+        }
+        let room = self.budget_bytes() >> (STRIPE_BUDGET_SHIFT + self.segment_shift);
+        let want = (STRIPE_BLOCKS >> shift).clamp(1, 64) as u64;
+        want.min(room) as u32
+    }
+
+    #[inline(always)]
+    fn stripe(&self, class: SizeClass) -> &Word {
+        &self.region(self.stripe_at(class.index()), 1)[0]
+    }
+
+    /// The block `j` of stripe `word` of `class`.
+    #[inline(always)]
+    fn stripe_block(&self, class: SizeClass, word: StripeWord, j: u32) -> BlockId {
+        let shift = class.blocks_per_segment_shift(self.segment_shift);
+        self.block_id(word.first().unwrap_or(0)).advanced(j, shift)
+    }
+
+    /// A slot install's draw from `class`'s stripe (the class must have
+    /// one: [`Heap::stripe_segments`] above 0): a block, or none (the
+    /// stripe is closed: claim it elsewhere). See the module docs.
+    #[inline(never)]
+    pub(crate) fn draw_from_stripe(&self, class: SizeClass) -> Option<BlockId> {
+        let word = self.stripe(class);
+        let mut round = 0;
+        loop {
+            // acq_rel: the acquire reads the format of the drawn block
+            // through the publishing exchange's release sequence (module
+            // docs); the release orders nothing and comes with the RMW.
+            let seen = StripeWord(arch::fetch_add_acq_rel(word, 1));
+            let (i, len) = (seen.drawn(), seen.len());
+            if i < len {
+                return Some(self.stripe_block(class, seen, i));
+            }
+            if i == len {
+                return self.refill_stripe(class);
+            }
+            if seen.is_closed() {
+                return None;
+            }
+            // Past the end: wait for the refiller's exchange.
+            loop {
+                // Relaxed: only a change is waited for; the add above
+                // acquires what the new version published.
+                let now = StripeWord(arch::load_relaxed(word));
+                if now.version() != seen.version() || now.drawn() <= len || now.is_closed() {
+                    break;
+                }
+                arch::backoff(round);
+                round += 1;
+            }
+        }
+    }
+
+    /// The refiller's part: publishes a fresh stripe with its first block
+    /// drawn for the caller, or a closed word; retires what it displaced.
+    #[inline(never)]
+    fn refill_stripe(&self, class: SizeClass) -> Option<BlockId> {
+        let fresh = self.claim_stripe(class);
+        let published = if fresh.is_empty() {
+            StripeWord(CLOSED as u64)
+        } else {
+            fresh.with_drawn(1)
+        };
+        // acq_rel, as every replacement (module docs). An exchange: draws
+        // keep adding to the word meanwhile.
+        let displaced = StripeWord(arch::swap_acq_rel(self.stripe(class), published.0));
+        self.retire_stripe(class, displaced);
+        (!fresh.is_empty()).then(|| self.stripe_block(class, fresh, 0))
+    }
+
+    /// A fresh stripe of adjacent whole segments for `class`, none drawn;
+    /// empty if the segment tree had no segment.
+    #[inline(always)]
+    fn claim_stripe(&self, class: SizeClass) -> StripeWord {
+        let want = self.stripe_segments(class).max(1);
+        let Some((first, count)) = self.claim_stripe_segments(class, want) else {
+            return StripeWord::EMPTY;
+        };
+        let shift = class.blocks_per_segment_shift(self.segment_shift);
+        let first = self.global(BlockId::whole_segment(first));
+        StripeWord::new(first, count << shift, 0)
+    }
+
+    /// Gives back the blocks of `displaced` never drawn.
+    #[inline(never)]
+    fn retire_stripe(&self, class: SizeClass, displaced: StripeWord) {
+        for j in displaced.undrawn() {
+            self.release_block(class, self.stripe_block(class, displaced, j));
+        }
+    }
+
+    /// Empties `class`'s stripe, giving back every block not drawn
+    /// (reclaim and flush). Safe while others draw: a draw after the swap
+    /// refills.
+    pub(crate) fn drain_stripe(&self, class: SizeClass) {
+        let word = self.stripe(class);
+        // A load first: most classes have no stripe, and an empty word
+        // with nothing drawn needs no RMW.
+        if arch::load_relaxed(word) == 0 {
+            return;
+        }
+        // acq_rel, as every replacement.
+        let displaced = StripeWord(arch::swap_acq_rel(word, 0));
+        self.retire_stripe(class, displaced);
+    }
+
+    /// Blocks of `class`'s stripe never drawn, from a snapshot of the
+    /// metadata (`HeapStats`).
+    pub(crate) fn undrawn_in_snapshot(&self, class: SizeClass, words: &[u64]) -> u32 {
+        let word = StripeWord(words[self.stripe_at(class.index()) as usize]);
+        word.undrawn().len() as u32
+    }
+}
+
+/// Loom models (`tests/loom.rs`), which reach the allocator through the
+/// public handle: a draw from the stripe of the slice class of `size`
+/// bytes whatever [`STRIPE`] says (a claim of one segment when it
+/// refills), as a global block id; giving such a block back; draining.
+#[cfg(loom)]
+impl Heap {
+    #[doc(hidden)]
+    pub fn loom_draw_from_stripe(&self, size: u64) -> Option<u64> {
+        let class = loom_class(size, self.segment_shift);
+        self.draw_from_stripe(class).map(|b| self.global(b))
+    }
+
+    #[doc(hidden)]
+    pub fn loom_release_drawn(&self, size: u64, global: u64) {
+        let class = loom_class(size, self.segment_shift);
+        self.release_block(class, self.block_id(global));
+    }
+
+    #[doc(hidden)]
+    pub fn loom_drain_stripe(&self, size: u64) {
+        self.drain_stripe(loom_class(size, self.segment_shift));
+    }
+}
+
+#[cfg(loom)]
+fn loom_class(size: u64, segment_shift: u32) -> SizeClass {
+    match crate::class::Request::for_size(size, segment_shift) {
+        crate::class::Request::Class(c) if c.is_slice() => c,
+        r => panic!("{size} B is no slice class: {r:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields() {
+        let w = StripeWord::new(12345, 64, 3);
+        assert_eq!((w.first(), w.len(), w.drawn()), (Some(12345), 64, 3));
+        assert_eq!(w.undrawn(), 3..64);
+        assert_eq!(StripeWord(w.0 + 100).undrawn(), 64..64, "past the end");
+        assert_eq!(StripeWord(w.0 + 100).len(), 64, "adds count in drawn only");
+        assert!(StripeWord::EMPTY.is_empty() && !StripeWord::EMPTY.is_closed());
+        let closed = StripeWord(CLOSED as u64 + 5);
+        assert!(closed.is_closed() && closed.undrawn().is_empty());
+        assert_eq!(closed.version(), StripeWord::EMPTY.version());
+        assert_eq!(StripeWord::EMPTY.first(), None);
+        let top = StripeWord::new(BLOCK_MASK - 1, 255, 0);
+        assert_eq!((top.first(), top.len()), (Some(BLOCK_MASK - 1), 255));
+    }
+}
