@@ -211,7 +211,10 @@
 #                  its blocks; stripe1 the classes whose segment holds 8
 #                  blocks or more and that are not wide (256 B on the bench
 #                  heap) draw from a stripe; stripe2 those and the wide
-#                  ones (16 B ... 256 B); stripe3 every slice class
+#                  ones (16 B ... 256 B); stripe3 every slice class;
+#                  sb8, sb16, sb32: stripes of 8, 16 or 32 blocks
+#                  (GPUMALLOC_STRIPE_BLOCKS; 64 unless set), with a stripe
+#                  variant (stripe1+sb16)
 #   A+B            the settings of A and of B (blkrun3+iclock2-c4)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
@@ -311,6 +314,9 @@ settings() {
     stripe1) echo "GPUMALLOC_STRIPE=1" ;;
     stripe2) echo "GPUMALLOC_STRIPE=2" ;;
     stripe3) echo "GPUMALLOC_STRIPE=3" ;;
+    sb8) echo "GPUMALLOC_STRIPE_BLOCKS=8" ;;
+    sb16) echo "GPUMALLOC_STRIPE_BLOCKS=16" ;;
+    sb32) echo "GPUMALLOC_STRIPE_BLOCKS=32" ;;
     wide6) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6 GPUMALLOC_WIDE_SPARES=1" ;;
     wide7) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=7 GPUMALLOC_WIDE_SPARES=1" ;;
     wide6s3) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6" ;;

@@ -9,8 +9,12 @@
 //! or runs spanned 1.06 but allocated 52% slower, since each install then
 //! claimed (about 11 µs on the H100, `docs/PERF.md`, "Class stripes"). A
 //! stripe keeps the blocks taken ahead in one place for the whole class,
-//! in address order, so a slot holds one block and the blocks not yet
-//! drawn lie above every block drawn.
+//! in address order, so a slot holds one block and, within a burst, the
+//! blocks not yet drawn lie above every block drawn. (Across bursts on a
+//! warm heap they need not: a burst first draws what the last one left,
+//! high, then refills from the low segments its frees gave back, which is
+//! why the 256 B span came to 1.26 and not to 1.06 with stripes of 64
+//! blocks; see [`STRIPE_BLOCKS`].)
 //!
 //! # Stripe word
 //! `drawn` (bits 0..32): draws of this version, counting past its end;
@@ -60,21 +64,36 @@ use crate::heap::BlockId;
 use crate::layout::{Heap, NO_SPARES};
 
 /// Which slice classes draw from a stripe (`GPUMALLOC_STRIPE`, at build
-/// time): 0 none (the rule before), 1 those whose segment holds at least
-/// 2^[`STRIPE_MIN_BLOCKS_SHIFT`] blocks and that are not wide (256 B on the bench
-/// heap's 8 MiB segments), 2 every class whose segment holds that many
-/// (16 B … 256 B there), 3 every slice class.
-pub const STRIPE: u32 = crate::class::build_knob(option_env!("GPUMALLOC_STRIPE"), 0);
+/// time): 0 none (the rule before 2026-11-25's twentieth session); 1
+/// those whose segment holds at least
+/// 2^[`STRIPE_MIN_BLOCKS_SHIFT`] blocks, that are not wide, and whose
+/// stripe spans two segments or more (256 B on the bench heap's 8 MiB
+/// segments); 2, the default, the same with the wide classes too (32 B …
+/// 256 B there; 16 B, whose stripe would be one segment of 64 blocks,
+/// half a 2^20-thread burst's demand, keeps its spares); 3 every slice
+/// class. H100, kernel alone, 2 against 0: 32 / 64 / 128 / 256 B
+/// −14 / −22 / −25 / −6%, mixed −8%, the 256 B span 1.36–1.47 → 1.26,
+/// other sizes within ±3%; with a stripe 16 B spanned 1.53–1.61 (issue
+/// 15 asks 1.5), and 512 B and larger
+/// classes lose 64–183% with a stripe (one block per install where their
+/// slots carved runs of four), so they keep their runs (`docs/PERF.md`,
+/// "Class stripes").
+pub const STRIPE: u32 = crate::class::build_knob(option_env!("GPUMALLOC_STRIPE"), 2);
 const _: () = assert!(STRIPE <= 3);
 
 /// Blocks per segment from which a class draws from a stripe (with
 /// `STRIPE` 1 or 2): 8.
 const STRIPE_MIN_BLOCKS_SHIFT: u32 = 3;
 
-/// Blocks a stripe aims to hold (`GPUMALLOC_STRIPE_BLOCKS`, at most 255):
-/// a claim of whole segments takes `max(1, this / blocks per segment)`
-/// of them, up to 64 (one segment-tree word) and within
-/// [`STRIPE_BUDGET_SHIFT`].
+/// Blocks a stripe aims to hold (`GPUMALLOC_STRIPE_BLOCKS`, at most 255;
+/// 64 unless set at build time): a claim of whole segments takes
+/// `max(1, this / blocks per segment)` of them, up to 64 (one
+/// segment-tree word) and within [`STRIPE_BUDGET_SHIFT`]. A trade: what a
+/// stripe leaves undrawn scales with it, and each refill makes the
+/// class's drawers wait. H100, 256 B, kernel alone against no stripes:
+/// 64 blocks −7% and span 1.26; 32 blocks +10% and span 1.14 (issue
+/// 15's 1.15); 16 blocks +22% and span 1.13–1.14 (`docs/PERF.md`,
+/// "Class stripes").
 pub const STRIPE_BLOCKS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_STRIPE_BLOCKS"), 64);
 const _: () = assert!(STRIPE_BLOCKS >= 1 && STRIPE_BLOCKS <= 255);
 
@@ -103,7 +122,9 @@ impl StripeWord {
     #[inline(always)]
     pub fn new(first: u64, len: u32, drawn: u32) -> StripeWord {
         debug_assert!(len <= 255 && first < BLOCK_MASK);
-        StripeWord((len as u64) << LEN_SHIFT | ((first + 1) & BLOCK_MASK) << BLOCK_SHIFT | drawn as u64)
+        StripeWord(
+            (len as u64) << LEN_SHIFT | ((first + 1) & BLOCK_MASK) << BLOCK_SHIFT | drawn as u64,
+        )
     }
 
     /// Global id of its first block, if it has blocks.
@@ -163,18 +184,19 @@ impl Heap {
     #[inline(always)]
     pub(crate) fn stripe_segments(&self, class: SizeClass) -> u32 {
         let shift = class.blocks_per_segment_shift(self.segment_shift);
+        let want = (STRIPE_BLOCKS >> shift).clamp(1, 64);
+        let several = shift >= STRIPE_MIN_BLOCKS_SHIFT && want >= 2;
         let on = match STRIPE {
             0 => false,
-            1 => shift >= STRIPE_MIN_BLOCKS_SHIFT && !class.is_wide(),
-            2 => shift >= STRIPE_MIN_BLOCKS_SHIFT,
+            1 => several && !class.is_wide(),
+            2 => several,
             _ => true,
         };
         if !on || self.flags & NO_SPARES != 0 {
             return 0;
         }
         let room = self.budget_bytes() >> (STRIPE_BUDGET_SHIFT + self.segment_shift);
-        let want = (STRIPE_BLOCKS >> shift).clamp(1, 64) as u64;
-        want.min(room) as u32
+        (want as u64).min(room) as u32
     }
 
     #[inline(always)]
@@ -336,5 +358,98 @@ mod tests {
         assert_eq!(StripeWord::EMPTY.first(), None);
         let top = StripeWord::new(BLOCK_MASK - 1, 255, 0);
         assert_eq!((top.first(), top.len()), (Some(BLOCK_MASK - 1), 255));
+    }
+}
+
+/// The protocol on a heap in memory, whatever `GPUMALLOC_STRIPE` says:
+/// these call the draw itself, whose claims take one segment when the
+/// class has no stripe on the heap (`claim_stripe`).
+#[cfg(all(test, not(loom)))]
+mod heap_tests {
+    extern crate std;
+    use std::vec::Vec;
+
+    use super::*;
+    use crate::class::{MIN_SEGMENT_SHIFT, Request};
+    use crate::layout::test_support::test_heap_of;
+
+    /// The 256 B class at 2 MiB segments: two 1 MiB blocks a segment.
+    fn class_256() -> SizeClass {
+        match Request::for_size(256, MIN_SEGMENT_SHIFT) {
+            Request::Class(c) => c,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[test]
+    fn draws_take_the_stripes_blocks_in_address_order() {
+        let (h, _words) = test_heap_of(8, 8, MIN_SEGMENT_SHIFT);
+        let class = class_256();
+        let addresses: Vec<u64> = (0..6)
+            .map(|_| h.block_address(class, h.draw_from_stripe(class).expect("a block")))
+            .collect();
+        let block = 1u64 << class.block_shift(MIN_SEGMENT_SHIFT);
+        // Stripes of one segment on this small heap, claimed from the
+        // lowest ids: every block right after the one before.
+        for pair in addresses.windows(2) {
+            assert_eq!(pair[1], pair[0] + block, "{addresses:x?}");
+        }
+        assert_eq!(h.free_segments(), 5, "three segments drawn");
+    }
+
+    /// Threads draw until the heap is out: every block of every segment
+    /// is drawn exactly once, the last draws see the closed word instead
+    /// of waiting for ever, and the heap comes back whole once the blocks
+    /// are given back and the stripe drained. Fails if a refill published
+    /// its own block as undrawn (two drawers of one block), or if a
+    /// waiter could miss the closed word (the test hangs).
+    #[test]
+    fn racing_draws_take_every_block_once() {
+        for round in 0..50 {
+            let (h, _words) = test_heap_of(16, 16, MIN_SEGMENT_SHIFT);
+            let class = class_256();
+            let h = &h;
+            let mut drawn: Vec<u64> = std::thread::scope(|s| {
+                let workers: Vec<_> = (0..4)
+                    .map(|_| {
+                        s.spawn(move || {
+                            core::iter::from_fn(|| h.draw_from_stripe(class))
+                                .map(|b| h.global(b))
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .flat_map(|w| w.join().unwrap())
+                    .collect()
+            });
+            drawn.sort_unstable();
+            let count = drawn.len();
+            drawn.dedup();
+            assert_eq!((count, drawn.len()), (32, 32), "round {round}");
+            assert_eq!(h.free_segments(), 0);
+            for g in drawn {
+                h.release_block(class, h.block_id(g));
+            }
+            h.drain_stripe(class);
+            assert_eq!(h.free_segments(), 16, "round {round}: whole again");
+            assert!(h.draw_from_stripe(class).is_some(), "the drain reopened it");
+        }
+    }
+
+    /// The flush kernel empties stripes through slot 0's flush
+    /// (`heap_flush` runs one thread per slot, not `flush_slots`).
+    #[test]
+    fn slot_0s_flush_gives_back_the_undrawn_blocks() {
+        let (h, _words) = test_heap_of(8, 8, MIN_SEGMENT_SHIFT);
+        let class = class_256();
+        let b = h.draw_from_stripe(class).expect("a block");
+        assert_eq!(h.free_segments(), 7);
+        h.flush_slot(class, 1);
+        assert_eq!(h.free_segments(), 7, "another slot's flush leaves it");
+        h.flush_slot(class, 0);
+        h.release_block(class, b);
+        assert_eq!(h.free_segments(), 8);
     }
 }

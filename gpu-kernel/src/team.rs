@@ -115,6 +115,9 @@ pub struct HeapRules {
     /// Spare blocks an install claims per slice class (0 or
     /// `SPARES_PER_SLOT`).
     pub spares: [u32; SLICE_CLASSES as usize],
+    /// Segments a claim for the class's stripe takes (`crate::stripe`;
+    /// 0: the class draws from none).
+    pub stripes: [u32; SLICE_CLASSES as usize],
     /// With `GPUMALLOC_COUNTED_FORMAT=0`: a slot installer that takes
     /// 1 / 2^this of a new segment's blocks formats it without the class's
     /// format lock (`heap.rs`; with `=1` such installers format counted).
@@ -581,6 +584,7 @@ impl Heap {
         HeapRules {
             slots: core::array::from_fn(|i| self.slots_for(class(i as u32))),
             spares: core::array::from_fn(|i| self.spares_for(class(i as u32))),
+            stripes: core::array::from_fn(|i| self.stripe_segments(class(i as u32))),
             unlocked_format_shift: self.unlocked_format_shift(),
         }
     }
@@ -1460,6 +1464,7 @@ mod rules_tests {
             option_env!("GPUMALLOC_WIDE_SPARES"),
             option_env!("GPUMALLOC_MAX_SLICE_SHIFT"),
             option_env!("GPUMALLOC_STRIPE"),
+            option_env!("GPUMALLOC_STRIPE_BLOCKS"),
         ]
         .iter()
         .all(Option::is_none)
@@ -1482,7 +1487,10 @@ mod rules_tests {
     /// sixteenth session of 2026-11-24 the list ends with 32 KiB, a slice
     /// class with 16 KiB's slots and spares: it is not counted in the
     /// whole-segment share's split (`whole_segment_shares`), so no other
-    /// class's count moved.
+    /// class's count moved. Since 2026-11-25's twentieth session the
+    /// classes of eight blocks or more to a segment draw from a stripe
+    /// (`crate::stripe`) and keep no spares; the rules list the segments
+    /// of each class's stripe.
     #[test]
     fn fixed_heaps_keep_their_rules() {
         if !default_build() {
@@ -1492,42 +1500,89 @@ mod rules_tests {
         // same length there; a build of other classes returns above, and
         // still compiles).
         let per_class = |v: [u32; 12]| core::array::from_fn(|i| v.get(i).copied().unwrap_or(0));
-        let r = |slots, spares, unlocked_format_shift| HeapRules {
+        let r = |slots, spares, stripes, unlocked_format_shift| HeapRules {
             slots: per_class(slots),
             spares: per_class(spares),
+            stripes: per_class(stripes),
             unlocked_format_shift,
         };
-        // Wide classes (16 B … 128 B) keep one spare, the others three.
-        let all = [1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3];
-        let five = [1, 1, 1, 1, 3, 0, 0, 0, 0, 0, 0, 0];
-        let seven = [1, 1, 1, 1, 3, 3, 3, 0, 0, 0, 0, 0];
+        // Wide classes (16 B … 128 B) keep one spare, the others three; a
+        // class with a stripe (`crate::stripe`: eight blocks or more to a
+        // segment and a stripe of two segments or more, within 1/128 of
+        // the heap) keeps none.
         let expected = [
-            ((128, 21), r([8, 4, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1], five, 1)),
+            (
+                (128, 21),
+                r(
+                    [8, 4, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+                    [0, 0, 1, 1, 3, 0, 0, 0, 0, 0, 0, 0],
+                    [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    1,
+                ),
+            ),
             (
                 (512, 21),
-                r([32, 16, 8, 4, 4, 2, 2, 2, 2, 2, 2, 2], five, 1),
+                r(
+                    [32, 16, 8, 4, 4, 2, 2, 2, 2, 2, 2, 2],
+                    [0, 0, 1, 1, 3, 0, 0, 0, 0, 0, 0, 0],
+                    [4, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    1,
+                ),
             ),
             (
                 (2048, 21),
-                r([32, 32, 32, 16, 16, 8, 8, 8, 8, 8, 8, 8], all, 1),
+                r(
+                    [32, 32, 32, 16, 16, 8, 8, 8, 8, 8, 8, 8],
+                    [0, 0, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3],
+                    [4, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    1,
+                ),
             ),
             (
                 (512, 23),
-                r([32, 32, 32, 16, 16, 8, 4, 4, 4, 4, 4, 4], seven, 1),
+                r(
+                    [32, 32, 32, 16, 16, 8, 4, 4, 4, 4, 4, 4],
+                    [1, 0, 0, 0, 0, 3, 3, 0, 0, 0, 0, 0],
+                    [0, 2, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0],
+                    1,
+                ),
             ),
             (
                 (1024, 23),
-                r([32, 32, 32, 32, 32, 16, 8, 8, 8, 8, 8, 8], all, 1),
+                r(
+                    [32, 32, 32, 32, 32, 16, 8, 8, 8, 8, 8, 8],
+                    [1, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 3],
+                    [0, 2, 4, 8, 8, 0, 0, 0, 0, 0, 0, 0],
+                    1,
+                ),
             ),
             (
                 (2048, 23),
-                r([32, 32, 32, 32, 32, 32, 16, 16, 16, 16, 16, 16], all, 2),
+                r(
+                    [32, 32, 32, 32, 32, 32, 16, 16, 16, 16, 16, 16],
+                    [1, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 3],
+                    [0, 2, 4, 8, 8, 0, 0, 0, 0, 0, 0, 0],
+                    2,
+                ),
             ),
             (
                 (2107, 22),
-                r([32, 32, 32, 32, 32, 16, 8, 8, 8, 8, 8, 8], all, 1),
+                r(
+                    [32, 32, 32, 32, 32, 16, 8, 8, 8, 8, 8, 8],
+                    [0, 0, 0, 1, 3, 3, 3, 3, 3, 3, 3, 3],
+                    [2, 4, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    1,
+                ),
             ),
-            ((65535, 24), r([32; 12], all, 2)),
+            (
+                (65535, 24),
+                r(
+                    [32; 12],
+                    [1, 1, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3],
+                    [0, 0, 2, 4, 4, 8, 0, 0, 0, 0, 0, 0],
+                    2,
+                ),
+            ),
         ];
         for ((segments, shift), want) in expected {
             assert_eq!(
