@@ -84,10 +84,14 @@ const _: () = assert!(STRIPE <= 3);
 /// Blocks per segment from which a class draws from a stripe (with
 /// `STRIPE` 1 or 2): 8.
 const STRIPE_MIN_BLOCKS_SHIFT: u32 = 3;
+/// Blocks per segment up to which a class draws from a stripe (with
+/// `STRIPE` 1 or 2): 32, so that a stripe of two segments holds at most
+/// 64 blocks.
+const STRIPE_MAX_BLOCKS_SHIFT: u32 = 5;
 
 /// Blocks a stripe aims to hold (`GPUMALLOC_STRIPE_BLOCKS`, at most 255;
 /// 64 unless set at build time): a claim of whole segments takes
-/// `max(1, this / blocks per segment)` of them, up to 64 (one
+/// `max(2, this / blocks per segment)` of them, up to 64 (one
 /// segment-tree word) and within [`STRIPE_BUDGET_SHIFT`]. A trade: what a
 /// stripe leaves undrawn scales with it, and each refill makes the
 /// class's drawers wait. H100, 256 B, kernel alone against no stripes:
@@ -184,8 +188,12 @@ impl Heap {
     #[inline(always)]
     pub(crate) fn stripe_segments(&self, class: SizeClass) -> u32 {
         let shift = class.blocks_per_segment_shift(self.segment_shift);
-        let want = (STRIPE_BLOCKS >> shift).clamp(1, 64);
-        let several = shift >= STRIPE_MIN_BLOCKS_SHIFT && want >= 2;
+        // Eight blocks or more to a segment, and a stripe of two segments
+        // within 64 blocks (a class of 64 to a segment would hold one
+        // segment ahead, as its spare does); at least two segments
+        // whatever `STRIPE_BLOCKS` says.
+        let several = (STRIPE_MIN_BLOCKS_SHIFT..=STRIPE_MAX_BLOCKS_SHIFT).contains(&shift);
+        let want = (STRIPE_BLOCKS >> shift).clamp(2, 64);
         let on = match STRIPE {
             0 => false,
             1 => several && !class.is_wide(),
