@@ -209,9 +209,10 @@
 #   stripe0        no class stripes (GPUMALLOC_STRIPE=0,
 #                  `gpu-kernel/src/stripe.rs`): every slot install claims
 #                  its blocks; stripe1 the classes whose segment holds 8
-#                  blocks or more and that are not wide (256 B on the bench
-#                  heap) draw from a stripe; stripe2 those and the wide
-#                  ones (16 B ... 256 B); stripe3 every slice class;
+#                  to 32 blocks and that are not wide (256 B on the bench
+#                  heap) draw from a stripe; stripe2 (the default) those
+#                  and the wide ones (32 B ... 256 B); stripe3 every slice
+#                  class;
 #                  sb8, sb16, sb32: stripes of 8, 16 or 32 blocks
 #                  (GPUMALLOC_STRIPE_BLOCKS; 64 unless set), with a stripe
 #                  variant (stripe1+sb16)

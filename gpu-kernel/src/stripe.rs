@@ -13,7 +13,7 @@
 //! blocks not yet drawn lie above every block drawn. (Across bursts on a
 //! warm heap they need not: a burst first draws what the last one left,
 //! high, then refills from the low segments its frees gave back, which is
-//! why the 256 B span came to 1.26 and not to 1.06 with stripes of 64
+//! why the 256 B span came to 1.26–1.37 and not to 1.06 with stripes of 64
 //! blocks; see [`STRIPE_BLOCKS`].)
 //!
 //! # Stripe word
@@ -41,9 +41,11 @@
 //!   yet drawn lie above all those drawn (claims elsewhere during a
 //!   refill landed above the new stripe and put its undrawn blocks inside
 //!   the span).
-//! - A closed word answers every draw with none (the install claims
-//!   elsewhere, and a request about to fail reclaims), until a reclaim or
-//!   a flush swaps it back to empty, whose first draw refills.
+//! - A closed word answers a draw with none (the install claims
+//!   elsewhere, and a request about to fail reclaims) while the segment
+//!   tree is empty; a drawer that finds it closed with a segment in the
+//!   tree swaps it back to empty (once per draw) and draws again, whose
+//!   first add refills. A reclaim or a flush empties it too.
 //! - Whoever replaces a stripe word (refiller, reclaim, flush) retires the
 //!   word it displaced: its blocks from `min(drawn, len)` on were never
 //!   drawn and go back to their segments.
@@ -65,19 +67,16 @@ use crate::layout::{Heap, NO_SPARES};
 
 /// Which slice classes draw from a stripe (`GPUMALLOC_STRIPE`, at build
 /// time): 0 none (the rule before 2026-11-25's twentieth session); 1
-/// those whose segment holds at least
-/// 2^[`STRIPE_MIN_BLOCKS_SHIFT`] blocks, that are not wide, and whose
-/// stripe spans two segments or more (256 B on the bench heap's 8 MiB
+/// those that are not wide and whose segment holds 2^[`STRIPE_MIN_BLOCKS_SHIFT`]
+/// to 2^[`STRIPE_MAX_BLOCKS_SHIFT`] blocks (256 B on the bench heap's 8 MiB
 /// segments); 2, the default, the same with the wide classes too (32 B …
-/// 256 B there; 16 B, whose stripe would be one segment of 64 blocks,
-/// half a 2^20-thread burst's demand, keeps its spares); 3 every slice
-/// class. H100, kernel alone, 2 against 0: 32 / 64 / 128 / 256 B
-/// −14 / −22 / −25 / −6%, mixed −8%, the 256 B span 1.36–1.47 → 1.26,
-/// other sizes within ±3%; with a stripe 16 B spanned 1.53–1.61 (issue
-/// 15 asks 1.5), and 512 B and larger
-/// classes lose 64–183% with a stripe (one block per install where their
-/// slots carved runs of four), so they keep their runs (`docs/PERF.md`,
-/// "Class stripes").
+/// 256 B there); 3 every slice class. H100, kernel alone, 2 against 0:
+/// 32 / 64 / 128 / 256 B −14 / −22 / −25 / −6%, mixed −8%, other sizes
+/// within ±3%, the 256 B span 1.35–1.47 → 1.26–1.37. Left out: 16 B (64
+/// blocks to a segment there), whose stripe of one segment spanned
+/// 1.53–1.61 where issue 15 asks 1.5, and 512 B and larger classes, which
+/// lost 64–183% with a stripe (one block per install where their slots
+/// carve runs of four) (`docs/PERF.md`, "Class stripes").
 pub const STRIPE: u32 = crate::class::build_knob(option_env!("GPUMALLOC_STRIPE"), 2);
 const _: () = assert!(STRIPE <= 3);
 
@@ -96,8 +95,10 @@ const STRIPE_MAX_BLOCKS_SHIFT: u32 = 5;
 /// stripe leaves undrawn scales with it, and each refill makes the
 /// class's drawers wait. H100, 256 B, kernel alone against no stripes:
 /// 64 blocks −7% and span 1.26; 32 blocks +10% and span 1.14 (issue
-/// 15's 1.15); 16 blocks +22% and span 1.13–1.14 (`docs/PERF.md`,
-/// "Class stripes").
+/// 15's 1.15); 16 blocks +22% and span 1.13–1.14. 32 against 64: 256 B
+/// +16%, 64 and 128 B +14%, and 256 B 2.6–2.7× the bump bound with the
+/// default timing, past issue 15's 2.5× (`docs/PERF.md`, "Class
+/// stripes").
 pub const STRIPE_BLOCKS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_STRIPE_BLOCKS"), 64);
 const _: () = assert!(STRIPE_BLOCKS >= 1 && STRIPE_BLOCKS <= 255);
 
@@ -113,6 +114,9 @@ const DRAWN_MASK: u64 = 0xffff_ffff;
 const BLOCK_SHIFT: u32 = 32;
 const BLOCK_MASK: u64 = 0xff_ffff;
 const LEN_SHIFT: u32 = 56;
+// Global block ids fit as a slot word's do (`Heap::max_segments` bounds
+// them by `MAX_SLOT_BLOCK`).
+const _: () = assert!(BLOCK_MASK - 1 == crate::slot::MAX_SLOT_BLOCK);
 
 /// A decoded stripe word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,12 +192,17 @@ impl Heap {
     #[inline(always)]
     pub(crate) fn stripe_segments(&self, class: SizeClass) -> u32 {
         let shift = class.blocks_per_segment_shift(self.segment_shift);
-        // Eight blocks or more to a segment, and a stripe of two segments
-        // within 64 blocks (a class of 64 to a segment would hold one
-        // segment ahead, as its spare does); at least two segments
-        // whatever `STRIPE_BLOCKS` says.
+        // 8 to 32 blocks to a segment, so that a stripe of two segments
+        // holds at most 64 blocks (a class of 64 to a segment would hold a
+        // whole segment ahead, as its spare does); at least two segments
+        // whatever `STRIPE_BLOCKS` says, fewer only where the budget below
+        // allows fewer.
         let several = (STRIPE_MIN_BLOCKS_SHIFT..=STRIPE_MAX_BLOCKS_SHIFT).contains(&shift);
-        let want = (STRIPE_BLOCKS >> shift).clamp(2, 64);
+        // Within the word's 255 blocks: with `STRIPE` 3 a class of 128
+        // blocks to a segment (16 B at 16 MiB) gets one segment.
+        let want = (STRIPE_BLOCKS >> shift)
+            .clamp(2, 64)
+            .min((255 >> shift).max(1));
         let on = match STRIPE {
             0 => false,
             1 => several && !class.is_wide(),
@@ -226,6 +235,7 @@ impl Heap {
     pub(crate) fn draw_from_stripe(&self, class: SizeClass) -> Option<BlockId> {
         let word = self.stripe(class);
         let mut round = 0;
+        let mut reopened = false;
         loop {
             // acq_rel: the acquire reads the format of the drawn block
             // through the publishing exchange's release sequence (module
@@ -239,7 +249,23 @@ impl Heap {
                 return self.refill_stripe(class);
             }
             if seen.is_closed() {
-                return None;
+                // Reopened once per draw where the segment tree has a
+                // segment again (the heap ran out for a moment): else the
+                // class would claim on every install, spareless, until the
+                // next reclaim or flush. A CAS from the closed word as it
+                // is now (a closed word holds no block, so nothing is
+                // retired; if another drawer reopened it first the CAS
+                // fails and this one draws from what is there). acq_rel,
+                // as every replacement.
+                if reopened || self.segment_tree().successor(0).is_none() {
+                    return None;
+                }
+                reopened = true;
+                let now = arch::load_relaxed(word);
+                if StripeWord(now).is_closed() {
+                    let _ = arch::compare_exchange_acq_rel(word, now, 0);
+                }
+                continue;
             }
             // Past the end: wait for the refiller's exchange.
             loop {
@@ -276,6 +302,8 @@ impl Heap {
     /// empty if the segment tree had no segment.
     #[inline(always)]
     fn claim_stripe(&self, class: SizeClass) -> StripeWord {
+        // `stripe_segments` keeps `len` within 255 blocks; 1 where the
+        // class has no stripe on this heap (the loom hooks, the tests).
         let want = self.stripe_segments(class).max(1);
         let Some((first, count)) = self.claim_stripe_segments(class, want) else {
             return StripeWord::EMPTY;
@@ -299,7 +327,9 @@ impl Heap {
     pub(crate) fn drain_stripe(&self, class: SizeClass) {
         let word = self.stripe(class);
         // A load first: most classes have no stripe, and an empty word
-        // with nothing drawn needs no RMW.
+        // with nothing drawn needs no RMW. Relaxed: a stripe published
+        // after this load is as new as any the class claims after the
+        // drain, and its blocks serve the class's next draws.
         if arch::load_relaxed(word) == 0 {
             return;
         }

@@ -63,7 +63,8 @@
 //!   waiting for the refill if its add came first); a draw racing a drain
 //!   (as a flush or a reclaim does) loses no block; on a full heap two
 //!   draws both come back empty (the refill closes the stripe, and the
-//!   waiter sees it) and a drain reopens it. Each ends with the drawn
+//!   waiter sees it) and a draw reopens it once a segment is free. Each
+//!   ends with the drawn
 //!   blocks given back and the segment free.
 //! - Run requests (`request`): a thread that posted, looks once for the
 //!   answer and then gives up, racing the service that takes, "stitches"
@@ -1252,7 +1253,8 @@ fn two_draws_from_a_stripe_take_different_blocks() {
 /// A draw on a one-segment heap whose segment is taken: the refill finds
 /// none and closes the stripe, and a second draw racing it gets none too
 /// (it waits for the refill, then sees the closed word) instead of
-/// waiting for ever; a drain reopens the word.
+/// waiting for ever; once the segment is back, a draw reopens the word
+/// and refills.
 #[test]
 fn draws_on_a_full_heap_close_the_stripe() {
     model_long(|| {
@@ -1263,7 +1265,6 @@ fn draws_on_a_full_heap_close_the_stripe() {
         let mine = tiny.heap.loom_draw_from_stripe(256);
         assert_eq!((mine, t.join().unwrap()), (None, None));
         assert!(tiny.heap.add_segment(0));
-        tiny.heap.loom_drain_stripe(256);
         let g = tiny.heap.loom_draw_from_stripe(256).expect("reopened");
         tiny.heap.loom_release_drawn(256, g);
         tiny.assert_whole();
