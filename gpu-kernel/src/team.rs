@@ -1676,7 +1676,7 @@ fn on_a_fresh_heap_of(
     std::thread::scope(|s| {
         s.spawn(|| {
             let slot = arch::sm_id() & (heap.slots_for(class) - 1);
-            body(&heap, class, per_block, slot);
+            body(heap, class, per_block, slot);
         });
     });
 }
