@@ -263,7 +263,7 @@ impl Heap {
                 reopened = true;
                 let now = arch::load_relaxed(word);
                 if StripeWord(now).is_closed() {
-                    let _ = arch::compare_exchange_acq_rel(word, now, 0);
+                    let _ = arch::compare_exchange_acq_rel(word, now, StripeWord::EMPTY.0);
                 }
                 continue;
             }
@@ -330,11 +330,11 @@ impl Heap {
         // with nothing drawn needs no RMW. Relaxed: a stripe published
         // after this load is as new as any the class claims after the
         // drain, and its blocks serve the class's next draws.
-        if arch::load_relaxed(word) == 0 {
+        if arch::load_relaxed(word) == StripeWord::EMPTY.0 {
             return;
         }
         // acq_rel, as every replacement.
-        let displaced = StripeWord(arch::swap_acq_rel(word, 0));
+        let displaced = StripeWord(arch::swap_acq_rel(word, StripeWord::EMPTY.0));
         self.retire_stripe(class, displaced);
     }
 
@@ -354,24 +354,26 @@ impl Heap {
 impl Heap {
     #[doc(hidden)]
     pub fn loom_draw_from_stripe(&self, size: u64) -> Option<u64> {
-        let class = loom_class(size, self.segment_shift);
+        let class = slice_class_of(size, self.segment_shift);
         self.draw_from_stripe(class).map(|b| self.global(b))
     }
 
     #[doc(hidden)]
     pub fn loom_release_drawn(&self, size: u64, global: u64) {
-        let class = loom_class(size, self.segment_shift);
+        let class = slice_class_of(size, self.segment_shift);
         self.release_block(class, self.block_id(global));
     }
 
     #[doc(hidden)]
     pub fn loom_drain_stripe(&self, size: u64) {
-        self.drain_stripe(loom_class(size, self.segment_shift));
+        self.drain_stripe(slice_class_of(size, self.segment_shift));
     }
 }
 
-#[cfg(loom)]
-fn loom_class(size: u64, segment_shift: u32) -> SizeClass {
+/// The slice class of `size` bytes at segments of 2^`segment_shift`
+/// bytes, for the loom hooks and the tests.
+#[cfg(any(test, loom))]
+fn slice_class_of(size: u64, segment_shift: u32) -> SizeClass {
     match crate::class::Request::for_size(size, segment_shift) {
         crate::class::Request::Class(c) if c.is_slice() => c,
         r => panic!("{size} B is no slice class: {r:?}"),
@@ -408,15 +410,12 @@ mod heap_tests {
     use std::vec::Vec;
 
     use super::*;
-    use crate::class::{MIN_SEGMENT_SHIFT, Request};
+    use crate::class::MIN_SEGMENT_SHIFT;
     use crate::layout::test_support::test_heap_of;
 
     /// The 256 B class at 2 MiB segments: two 1 MiB blocks a segment.
     fn class_256() -> SizeClass {
-        match Request::for_size(256, MIN_SEGMENT_SHIFT) {
-            Request::Class(c) => c,
-            r => panic!("{r:?}"),
-        }
+        slice_class_of(256, MIN_SEGMENT_SHIFT)
     }
 
     #[test]
