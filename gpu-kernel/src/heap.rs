@@ -255,6 +255,12 @@ impl BlockId {
         self.segment
     }
 
+    /// Its index within its segment.
+    #[inline(always)]
+    pub(crate) fn in_segment(self) -> u32 {
+        self.block
+    }
+
     /// The block `j` blocks further on in address order, for segments of
     /// 2^`per_segment_shift` blocks (a slot run's blocks, `slot`).
     #[inline(always)]
@@ -1667,25 +1673,40 @@ impl Heap {
     /// live again when its slice is handed out.
     #[inline(never)]
     pub(crate) fn release_block(&self, class: SizeClass, b: BlockId) {
-        let global = self.global(b);
+        self.release_blocks(class, b.segment, b.block, 1);
+    }
+
+    /// [`Heap::release_block`] of blocks `first..first + count` of one
+    /// segment, all in one bitmap word (`first % 64 + count <= 64`), with
+    /// one bitmap RMW and one segment-table add: how a stripe gives back
+    /// its undrawn blocks.
+    #[inline(always)]
+    pub(crate) fn release_blocks(&self, class: SizeClass, segment: u32, first: u32, count: u32) {
         // On an unchecked heap an undetected bad free can end a block's
         // lifetime early, even after its segment changed hands: never give a
         // block back to a segment that is not formatted for its class.
         let formatted = matches!(
-            self.table().load(b.segment),
+            self.table().load(segment),
             SegmentState::Active { class: c, .. } if c == class
         );
-        if !formatted || !self.bitmap(b.segment).give_back(b.block) {
+        let set = if formatted {
+            self.bitmap(segment).give_back_range(first, count)
+        } else {
+            0
+        };
+        if set < count {
             // Only an undetected double free can get here (unchecked heaps):
             // count it rather than corrupt the bitmap or the segment table.
             self.misuse(
                 Stat::DoubleFrees,
                 b"gpumalloc: block %llu came back twice (an undetected double free)\n\0",
-                global,
+                self.global(BlockId { segment, block: first }),
             );
-            return;
+            if set == 0 {
+                return;
+            }
         }
-        self.return_blocks(class, b.segment, 1);
+        self.return_blocks(class, segment, set);
     }
 
     /// Frees a block-class allocation: each thread sets its block's bit
@@ -1738,25 +1759,33 @@ impl Heap {
 
     /// Counts `count` blocks (bits already set) free in the segment table
     /// and moves the segment between trees as its state says.
+    /// If the segment goes back to the segment tree, the class's stripe
+    /// may be asked to move down ([`Heap::lower_stripe`]; here, at the
+    /// tail, so that no value lives across a call in `free`'s callers).
     #[inline(never)]
     fn return_blocks(&self, class: SizeClass, segment: u32, count: u32) {
         let total = class.blocks_per_segment(self.segment_shift);
         let ret = self.table().return_blocks(segment, class, count, total);
-        self.after_return(class, segment, ret);
+        if self.after_return(class, segment, ret) {
+            self.lower_stripe(class, segment);
+        }
     }
 
     /// Moves `segment` of `class` between trees as an add of free blocks
-    /// (a return, or a reservation's give-back) said.
+    /// (a return, or a reservation's give-back) said; returns whether it
+    /// went back to the segment tree.
     #[inline(always)]
-    fn after_return(&self, class: SizeClass, segment: u32, ret: Return) {
+    fn after_return(&self, class: SizeClass, segment: u32, ret: Return) -> bool {
         match ret {
             Return::FirstFree => self.class_tree(class).insert(segment),
             Return::Partial => {}
             Return::Retired => {
                 self.class_tree(class).remove(segment);
                 self.segment_tree().insert(segment);
+                return true;
             }
         }
+        false
     }
 
     /// A run of `count` segments from the top of the segment tree. If none
