@@ -1700,7 +1700,10 @@ impl Heap {
             self.misuse(
                 Stat::DoubleFrees,
                 b"gpumalloc: block %llu came back twice (an undetected double free)\n\0",
-                self.global(BlockId { segment, block: first }),
+                self.global(BlockId {
+                    segment,
+                    block: first,
+                }),
             );
             if set == 0 {
                 return;

@@ -565,7 +565,9 @@ mod heap_tests {
         let first: Vec<BlockId> = (0..per_stripe)
             .map(|_| h.draw_from_stripe(class).expect("a block"))
             .collect();
-        let high = h.draw_from_stripe(class).expect("the second stripe's first block");
+        let high = h
+            .draw_from_stripe(class)
+            .expect("the second stripe's first block");
         assert!(first.iter().all(|b| b.segment() < high.segment()));
         assert_eq!(h.free_segments(), 256 - 2 * segments);
         for &b in &first {
@@ -573,7 +575,11 @@ mod heap_tests {
         }
         assert_eq!(h.free_segments(), 256 - segments, "the first stripe back");
         let next = h.draw_from_stripe(class).expect("a block");
-        assert_eq!(next.segment(), 0, "drained, and refilled from the lowest ids");
+        assert_eq!(
+            next.segment(),
+            0,
+            "drained, and refilled from the lowest ids"
+        );
         assert_eq!(
             h.free_segments(),
             256 - segments - 1,
