@@ -1548,7 +1548,7 @@ impl Heap {
     pub(crate) fn claim_stripe_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u32)> {
         debug_assert!(class.is_slice());
         let tree = self.segment_tree();
-        let (first, taken) = tree.claim_adjacent_many_near(want, spread_salt(0))?;
+        let (first, taken) = tree.claim_low_many_near(want, spread_salt(0))?;
         let low = taken.trailing_zeros();
         let count = (taken >> low).trailing_ones();
         let run = if count == 64 {
