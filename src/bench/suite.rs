@@ -524,6 +524,7 @@ impl Bench {
                 |_| Vec::new(),
                 |gpu, opts, allocator, began| {
                     let mut ratios = Vec::new();
+                    let mut ranges = Vec::new();
                     let mut parts = HeldParts::default();
                     let mut valid = true;
                     for _ in 0..opts.iters {
@@ -552,6 +553,7 @@ impl Bench {
                         }
                         if requested > 0 {
                             ratios.push((hi - lo) as f64 / requested as f64);
+                            ranges.push((lo, hi));
                             if let Some(snapshot) = &r.peak_stats {
                                 parts.add(snapshot, requested);
                                 // Builds with GPUMALLOC_INSTALL_CLOCK set only (zero otherwise).
@@ -575,6 +577,10 @@ impl Bench {
                             note.to_string(),
                         )
                     };
+                    println!(
+                        "{}",
+                        span_rounds(allocator.name(), &label, &ratios, &ranges)
+                    );
                     let mut records = vec![record("span_over_requested", &ratios, "")];
                     if !parts.held.is_empty() {
                         records.extend(parts.records(record));
@@ -771,5 +777,43 @@ impl HeldParts {
                 "live bytes at class granularity beyond the request",
             ),
         ]
+    }
+}
+
+/// One log line of a `frag` run: each round's span over requested and
+/// where its addresses lay, in MiB from the lowest address of any round, so
+/// that a median can be read back to the rounds that made it (a warm round
+/// can spread where a cold one packs).
+fn span_rounds(allocator: &str, label: &str, ratios: &[f64], ranges: &[(u64, u64)]) -> String {
+    let base = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+    let mib = |a: u64| (a - base) as f64 / (1u64 << 20) as f64;
+    let rounds: Vec<String> = ratios
+        .iter()
+        .zip(ranges)
+        .map(|(ratio, &(lo, hi))| format!("{ratio:.3} [{:.0}, {:.0})", mib(lo), mib(hi)))
+        .collect();
+    format!(
+        "frag {label} B, {allocator}, span by round (MiB from the lowest): {}",
+        rounds.join(" ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::span_rounds;
+
+    #[test]
+    fn span_rounds_names_each_round_from_the_lowest_address() {
+        let mib = 1u64 << 20;
+        let line = span_rounds(
+            "ours",
+            "256",
+            &[1.0, 1.25],
+            &[(10 * mib, 20 * mib), (8 * mib, 18 * mib)],
+        );
+        assert_eq!(
+            line,
+            "frag 256 B, ours, span by round (MiB from the lowest): 1.000 [2, 12) 1.250 [0, 10)"
+        );
     }
 }
