@@ -213,8 +213,9 @@
 #                  heap) draw from a stripe; stripe2 (the default) those
 #                  and the wide ones (32 B ... 256 B); stripe3 every slice
 #                  class;
-#                  sb8, sb16, sb32: stripes of 8, 16 or 32 blocks
-#                  (GPUMALLOC_STRIPE_BLOCKS; 64 unless set), with a stripe
+#                  sb8, sb16, sb32, sb48: stripes of 8, 16, 32 or 48 blocks
+#                  (GPUMALLOC_STRIPE_BLOCKS; 48 unless set, 64 before the
+#                  twenty-first session), with a stripe
 #                  variant (stripe1+sb16)
 #   A+B            the settings of A and of B (blkrun3+iclock2-c4)
 #

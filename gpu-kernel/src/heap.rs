@@ -1540,10 +1540,16 @@ impl Heap {
 
     /// Claims up to `want` (1..=64) free segments of adjacent ids for
     /// `class`'s stripe ([`crate::stripe`]) with one RMW on the segment
-    /// tree (its word's lowest run of `want` adjacent ids where it has
-    /// one), formats them with all their blocks taken, and returns the
-    /// first id and how many. Ids the RMW took that are not adjacent to
-    /// the lowest one go back to the segment tree unformatted.
+    /// tree (the lowest `want` ids of its lowest word), formats the run of
+    /// adjacent ids from the lowest of them with all their blocks taken,
+    /// and returns its first id and length; the other ids go back to the
+    /// segment tree unformatted. The run at the lowest free id, however
+    /// short, and not the word's lowest run of `want`: after a lowered
+    /// stripe's drain, the segments the last burst's slots still hold cut
+    /// the runs at the bottom, and stripes that skipped above them spread
+    /// a warm burst over the word (256 B span 1.25–1.71 by run where the
+    /// lowest free id gives 1.15–1.24, `docs/PERF.md`, "A stripe lowered
+    /// after the frees below it").
     #[inline(never)]
     pub(crate) fn claim_stripe_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u32)> {
         debug_assert!(class.is_slice());

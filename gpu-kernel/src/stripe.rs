@@ -10,11 +10,14 @@
 //! claimed (about 11 µs on the H100, `docs/PERF.md`, "Class stripes"). A
 //! stripe keeps the blocks taken ahead in one place for the whole class,
 //! in address order, so a slot holds one block and, within a burst, the
-//! blocks not yet drawn lie above every block drawn. (Across bursts on a
-//! warm heap they need not: a burst first draws what the last one left,
-//! high, then refills from the low segments its frees gave back, which is
-//! why the 256 B span came to 1.26–1.37 and not to 1.06 with stripes of 64
-//! blocks; see [`STRIPE_BLOCKS`].)
+//! blocks not yet drawn lie above every block drawn. Across bursts on a
+//! warm heap a burst first drew what the last one left, high, then
+//! refilled from the low segments its frees gave back (the 256 B span
+//! 1.26–1.37); now a segment given back below the stripe asks the next
+//! draw to drain it ([`Heap::lower_stripe`]), and a refill takes the run
+//! at the lowest free id, so a warm burst fills from the bottom (1.15–1.24
+//! by run; the segments the last burst's slots still hold lie among its
+//! blocks).
 //!
 //! # Stripe word
 //! `drawn` (bits 0..32): draws of this version, counting past its end;
@@ -89,17 +92,19 @@ const STRIPE_MIN_BLOCKS_SHIFT: u32 = 3;
 const STRIPE_MAX_BLOCKS_SHIFT: u32 = 5;
 
 /// Blocks a stripe aims to hold (`GPUMALLOC_STRIPE_BLOCKS`, at most 255;
-/// 64 unless set at build time): a claim of whole segments takes
+/// 48 unless set at build time): a claim of whole segments takes
 /// `max(2, this / blocks per segment)` of them, up to 64 (one
 /// segment-tree word) and within [`STRIPE_BUDGET_SHIFT`]. A trade: what a
 /// stripe leaves undrawn scales with it, and each refill makes the
-/// class's drawers wait. H100, 256 B, kernel alone against no stripes:
-/// 64 blocks −7% and span 1.26; 32 blocks +10% and span 1.14 (issue
-/// 15's 1.15); 16 blocks +22% and span 1.13–1.14. 32 against 64: 256 B
-/// +16%, 64 and 128 B +14%, and 256 B 2.6–2.7× the bump bound with the
-/// default timing, past issue 15's 2.5× (`docs/PERF.md`, "Class
-/// stripes").
-pub const STRIPE_BLOCKS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_STRIPE_BLOCKS"), 64);
+/// class's drawers wait. H100, kernel alone: without the lowered stripe
+/// ([`Heap::lower_stripe`]), 256 B against no stripes 64 blocks −7% and
+/// span 1.26, 32 blocks +10% and span 1.14, 16 blocks +22%; with it, 48
+/// against 64 blocks 64 / 128 / 256 B −10 / −10 / −4% (three interleaved
+/// rounds, the default timing −10 / −20 / −9%), spans alike (256 B
+/// 1.15–1.24 by run for both), and 32 against 64 +18 / +13 / +15%
+/// (`docs/PERF.md`, "Class stripes", "A stripe lowered after the frees
+/// below it").
+pub const STRIPE_BLOCKS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_STRIPE_BLOCKS"), 48);
 const _: () = assert!(STRIPE_BLOCKS >= 1 && STRIPE_BLOCKS <= 255);
 
 /// A stripe stays within heap / 2^this (its budget, `Heap::budget_bytes`);
