@@ -151,15 +151,15 @@ impl<'a> BlockBitmap<'a> {
     }
 
     /// Marks blocks `first..first + count` free (they lie in one bitmap
-    /// word: `first % 64 + count <= 64`) with one RMW; returns those it set
-    /// (a bit found set already is a double free's, not counted). Release,
-    /// as `give_back`.
+    /// word: `first % 64 + count <= 64`) with one RMW; returns which of
+    /// them were free already (a double free's), shifted so that bit 0 is
+    /// `first`. Release, as `give_back`.
     #[inline]
-    pub fn give_back_range(&self, first: u32, count: u32) -> u32 {
+    pub fn give_back_range(&self, first: u32, count: u32) -> u64 {
         debug_assert!(count >= 1 && (first & 63) + count <= 64);
         let bits = (u64::MAX >> (64 - count)) << (first & 63);
         let old = arch::fetch_or_acq_rel(self.word(first >> 6), bits);
-        (bits & !old).count_ones()
+        (old & bits) >> (first & 63)
     }
 
     /// Whether `block` is free (a snapshot).
@@ -275,14 +275,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_range_goes_back_with_one_word_and_counts_only_bits_it_set() {
+    fn a_range_goes_back_with_one_word_and_names_the_blocks_free_already() {
         let words: [Word; 2] = core::array::from_fn(|_| Word::new(0));
         let bitmap = BlockBitmap::new(&words);
-        assert_eq!(bitmap.give_back_range(70, 5), 5);
+        assert_eq!(bitmap.give_back_range(70, 5), 0);
         assert!((70..75).all(|b| bitmap.is_free(b)));
         assert!(!bitmap.is_free(69) && !bitmap.is_free(75));
-        assert_eq!(bitmap.give_back_range(72, 4), 1, "72..75 were free already");
-        assert_eq!(bitmap.give_back_range(0, 64), 64, "a whole word");
+        assert_eq!(
+            bitmap.give_back_range(72, 4),
+            0b111,
+            "72..75 were free already"
+        );
+        assert_eq!(bitmap.give_back_range(0, 64), 0, "a whole word");
         assert_eq!(arch::load_relaxed(&words[0]), u64::MAX);
+        assert_eq!(
+            bitmap.give_back_range(124, 4),
+            0,
+            "up to the word's top bit"
+        );
+        assert_eq!(arch::load_relaxed(&words[1]) >> 60, 0xf);
     }
 }

@@ -1695,20 +1695,25 @@ impl Heap {
             self.table().load(segment),
             SegmentState::Active { class: c, .. } if c == class
         );
-        let set = if formatted {
+        // Blocks of the range that were free already: all of them where
+        // the segment is not formatted for the class.
+        let twice = if formatted {
             self.bitmap(segment).give_back_range(first, count)
         } else {
-            0
+            u64::MAX
         };
+        let set = count - (twice & (u64::MAX >> (64 - count))).count_ones();
         if set < count {
             // Only an undetected double free can get here (unchecked heaps):
             // count it rather than corrupt the bitmap or the segment table.
+            // One count per range (a range is a stripe's undrawn blocks,
+            // or one block), naming its first block that came back twice.
             self.misuse(
                 Stat::DoubleFrees,
                 b"gpumalloc: block %llu came back twice (an undetected double free)\n\0",
                 self.global(BlockId {
                     segment,
-                    block: first,
+                    block: first + twice.trailing_zeros().min(count - 1),
                 }),
             );
             if set == 0 {

@@ -493,9 +493,10 @@ impl Heap {
         self.request_words().end + class_index as u64
     }
 
-    /// The metadata word of class `class_index`'s stripe
-    /// ([`crate::stripe`]), on a 128-byte line of its own, in the region
-    /// that ends where the segment states begin.
+    /// The metadata word of slice class `class_index`'s stripe
+    /// ([`crate::stripe`]), the first of a 128-byte line of its own (the
+    /// next word is its lowering request), in the region that ends where
+    /// the segment states begin.
     pub(crate) fn stripe_at(&self, class_index: u32) -> u64 {
         self.states_at - STRIPE_REGION_WORDS + class_index as u64 * LINE_WORDS
     }
