@@ -1695,14 +1695,14 @@ impl Heap {
             self.table().load(segment),
             SegmentState::Active { class: c, .. } if c == class
         );
-        // Blocks of the range that were free already: all of them where
-        // the segment is not formatted for the class.
+        // Blocks of the range that were free already (bit 0: `first`):
+        // all of them where the segment is not formatted for the class.
         let twice = if formatted {
             self.bitmap(segment).give_back_range(first, count)
         } else {
-            u64::MAX
+            u64::MAX >> (64 - count)
         };
-        let set = count - (twice & (u64::MAX >> (64 - count))).count_ones();
+        let set = count - twice.count_ones();
         if set < count {
             // Only an undetected double free can get here (unchecked heaps):
             // count it rather than corrupt the bitmap or the segment table.
@@ -1713,7 +1713,7 @@ impl Heap {
                 b"gpumalloc: block %llu came back twice (an undetected double free)\n\0",
                 self.global(BlockId {
                     segment,
-                    block: first + twice.trailing_zeros().min(count - 1),
+                    block: first + twice.trailing_zeros(),
                 }),
             );
             if set == 0 {
