@@ -216,7 +216,11 @@
 #                  sb8, sb16, sb32, sb48: stripes of 8, 16, 32 or 48 blocks
 #                  (GPUMALLOC_STRIPE_BLOCKS; 48 unless set, 64 before the
 #                  twenty-first session), with a stripe
-#                  variant (stripe1+sb16)
+#                  variant (stripe1+sb16);
+#                  reuse0: refills take whole free segments only, not the
+#                  free blocks of a segment a block still holds
+#                  (GPUMALLOC_STRIPE_REUSE=0, the rule before the
+#                  twenty-second session)
 #   A+B            the settings of A and of B (blkrun3+iclock2-c4)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
@@ -320,6 +324,7 @@ settings() {
     sb16) echo "GPUMALLOC_STRIPE_BLOCKS=16" ;;
     sb32) echo "GPUMALLOC_STRIPE_BLOCKS=32" ;;
     sb48) echo "GPUMALLOC_STRIPE_BLOCKS=48" ;;
+    reuse0) echo "GPUMALLOC_STRIPE_REUSE=0" ;;
     wide6) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6 GPUMALLOC_WIDE_SPARES=1" ;;
     wide7) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=7 GPUMALLOC_WIDE_SPARES=1" ;;
     wide6s3) echo "GPUMALLOC_SLICES_PER_BLOCK_SHIFT=13 GPUMALLOC_WIDE_BLOCK_MAX_UNIT_SHIFT=6" ;;

@@ -162,6 +162,21 @@ impl<'a> BlockBitmap<'a> {
         (old & bits) >> (first & 63)
     }
 
+    /// Word `i` of the bitmap as it is now (relaxed: a snapshot, a hint
+    /// for where to take).
+    #[inline(always)]
+    pub fn snapshot(&self, i: u32) -> u64 {
+        arch::load_relaxed(self.word(i))
+    }
+
+    /// Sets `bits` of word `i` again: blocks the caller took with
+    /// [`BlockBitmap::take_bits`] beyond its reservation, which another
+    /// reserver's scan may be looking for. Release, as `give_back`.
+    #[inline(always)]
+    pub fn put_back_bits(&self, i: u32, bits: u64) {
+        arch::fetch_or_acq_rel(self.word(i), bits);
+    }
+
     /// Whether `block` is free (a snapshot).
     pub fn is_free(&self, block: u32) -> bool {
         arch::load_relaxed(self.word(block >> 6)) & 1u64 << (block & 63) != 0

@@ -35,7 +35,7 @@ pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";
 /// [`SETTING_VALUES`]: every `GPUMALLOC_*` variable this crate reads with
 /// `option_env!`. `ptx_builder::ALLOCATOR_SETTINGS` is this list (cargo
 /// reruns PTX builds when one changes).
-pub const SETTINGS: [&str; 31] = [
+pub const SETTINGS: [&str; 32] = [
     "GPUMALLOC_SEGMENT_SHIFT",
     "GPUMALLOC_SLOTS",
     "GPUMALLOC_SLOT_BUDGET_SHIFT",
@@ -67,10 +67,11 @@ pub const SETTINGS: [&str; 31] = [
     "GPUMALLOC_MAX_SLICE_SHIFT",
     "GPUMALLOC_STRIPE",
     "GPUMALLOC_STRIPE_BLOCKS",
+    "GPUMALLOC_STRIPE_REUSE",
 ];
 
 /// What this build saw of each of [`SETTINGS`].
-const SETTING_VALUES: [Option<&str>; 31] = [
+const SETTING_VALUES: [Option<&str>; 32] = [
     option_env!("GPUMALLOC_SEGMENT_SHIFT"),
     option_env!("GPUMALLOC_SLOTS"),
     option_env!("GPUMALLOC_SLOT_BUDGET_SHIFT"),
@@ -102,6 +103,7 @@ const SETTING_VALUES: [Option<&str>; 31] = [
     option_env!("GPUMALLOC_MAX_SLICE_SHIFT"),
     option_env!("GPUMALLOC_STRIPE"),
     option_env!("GPUMALLOC_STRIPE_BLOCKS"),
+    option_env!("GPUMALLOC_STRIPE_REUSE"),
 ];
 
 /// FNV-1a over `bytes`, continuing from `hash`.

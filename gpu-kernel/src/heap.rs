@@ -1569,6 +1569,130 @@ impl Heap {
         Some((first + low, count))
     }
 
+    /// For `class`'s stripe ([`crate::stripe`]): the lowest run of free
+    /// blocks of the lowest segment formatted for `class` that has free
+    /// blocks, claimed (taken in the bitmap, counted in the segment
+    /// table), if that segment lies below every free segment. Returns the
+    /// run's first block and length; none if the class tree is empty or
+    /// its lowest segment lies above a free one, or if the claim found
+    /// nothing there (the caller then claims whole segments).
+    ///
+    /// Why: stripe classes claimed only whole free segments, so the free
+    /// blocks of a segment that a block still held (the last burst's slot
+    /// blocks, which hand out their last slices in the next burst) stayed
+    /// idle while the next burst's stripes went above them: on the H100,
+    /// 256 B warm rounds of `bench frag` left 20–55 MiB of such blocks
+    /// inside spans of 1.12–1.23 (`docs/PERF.md`, "Stripes that take the
+    /// free blocks of held segments"). `GPUMALLOC_STRIPE_REUSE=0` builds
+    /// the rule before.
+    ///
+    /// The claim: a snapshot of the segment's bitmap word names the lowest
+    /// run; one subtract reserves that many blocks
+    /// ([`SegmentTable::reserve_blocks_add`]) and one RMW takes the run's
+    /// bits. Other claimers may take bits of the run meanwhile, or hold
+    /// reservations for bits the take got: bits taken beyond the
+    /// reservation are put back in the bitmap (their reservers' scans find
+    /// them), reservations with no bit taken are given back to the table,
+    /// and of what is held only the lowest run of adjacent blocks is kept;
+    /// the rest is returned as any block is.
+    #[inline(never)]
+    pub(crate) fn claim_stripe_blocks(&self, class: SizeClass) -> Option<(BlockId, u32)> {
+        debug_assert!(class.is_slice());
+        if !crate::stripe::STRIPE_REUSE {
+            return None;
+        }
+        // Both tree reads are hints (relaxed inside `successor`): a stale
+        // one picks the other source, which serves as well.
+        let segment = self.class_tree(class).successor(0)?;
+        if self
+            .segment_tree()
+            .successor(0)
+            .is_some_and(|free| free < segment)
+        {
+            return None;
+        }
+        let total = class.blocks_per_segment(self.segment_shift);
+        // Stripe classes have at most 32 blocks to a segment (`stripe`'s
+        // `STRIPE_MAX_BLOCKS_SHIFT`; 2^7 with `GPUMALLOC_STRIPE=3`): the
+        // run is looked for in the first bitmap word only.
+        let bitmap = self.bitmap(segment);
+        let seen = bitmap.snapshot(0);
+        if seen == 0 {
+            return None;
+        }
+        let low = seen.trailing_zeros();
+        let run = (seen >> low).trailing_ones();
+        let reserved =
+            match self
+                .table()
+                .reserve_blocks_add(segment, class, run, total, self.segment_shift)
+            {
+                Grab::Reserved { count, last, .. } => {
+                    if last {
+                        self.drop_from_class_tree(class, segment);
+                    }
+                    count
+                }
+                Grab::Missed { gave_back } => {
+                    if let Some((c, ret)) = gave_back {
+                        self.after_return(c, segment, ret);
+                    }
+                    self.drop_from_class_tree(class, segment);
+                    return None;
+                }
+            };
+        let mask = (u64::MAX >> (64 - run)) << low;
+        let mut held = bitmap.take_bits(0, mask);
+        let got = held.count_ones();
+        if got > reserved {
+            // Bits of other reservations: the highest ones go back.
+            let mut extra = 0u64;
+            for _ in reserved..got {
+                extra |= 1u64 << (63 - (held & !extra).leading_zeros());
+            }
+            bitmap.put_back_bits(0, extra);
+            held &= !extra;
+        } else if got < reserved {
+            // Reserved with no bit taken: their bits are still set.
+            let ret = self
+                .table()
+                .return_blocks(segment, class, reserved - got, total);
+            if self.after_return(class, segment, ret) {
+                self.lower_stripe(class, segment);
+            }
+        }
+        if held == 0 {
+            return None;
+        }
+        let (first, len) = self.keep_lowest_run(class, segment, held);
+        Some((
+            BlockId {
+                segment,
+                block: first,
+            },
+            len,
+        ))
+    }
+
+    /// Of the blocks `held` (bit `k`: block `k` of `segment`, in the first
+    /// bitmap word), all the caller's, keeps the lowest run of adjacent
+    /// ones and gives back the rest, run by run, as a drained stripe's
+    /// blocks go back; returns the kept run's first block and length.
+    /// `held` is not 0.
+    #[inline(always)]
+    pub(crate) fn keep_lowest_run(&self, class: SizeClass, segment: u32, held: u64) -> (u32, u32) {
+        let first = held.trailing_zeros();
+        let len = (held >> first).trailing_ones();
+        let mut rest = held & !((u64::MAX >> (64 - len)) << first);
+        while rest != 0 {
+            let at = rest.trailing_zeros();
+            let count = (rest >> at).trailing_ones();
+            self.release_blocks(class, segment, at, count);
+            rest &= !((u64::MAX >> (64 - count)) << at);
+        }
+        (first, len)
+    }
+
     /// [`Heap::claim_whole_segments`] of one segment from the top of the
     /// segment tree's lowest word that has one
     /// ([`crate::veb::VebTree::claim_high_in_lowest_word`]), for a class

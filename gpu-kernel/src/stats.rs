@@ -12,6 +12,7 @@ use crate::install_clock::InstallClock;
 use crate::layout::{Heap, Stat};
 use crate::segment::SegmentState;
 use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT, SlotWord};
+use crate::stripe::StripeWord;
 
 /// What a heap holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -133,5 +134,53 @@ impl HeapStats {
             .sum::<u64>()
             + (s.run_segments << shift);
         s
+    }
+}
+
+/// One character for `segment` in a snapshot of `heap`'s metadata
+/// (`words`, as [`HeapStats::from_snapshot`] takes it), for a map of where
+/// a heap's held bytes sit (`bench frag` with `GPUMALLOC_FRAG_MAP=1`):
+/// `.` free, `S` a slice segment holding a block of one of its class's
+/// slots, `u` one holding blocks of its class's stripe not yet drawn, else
+/// the blocks it has free in its bitmap (`0`…`9`, `+` for more), `r` a
+/// multi-segment allocation.
+pub fn segment_mark(heap: &Heap, words: &[u64], segment: u32) -> u8 {
+    let at = |offset: u64| words[offset as usize];
+    let SegmentState::Active { class, .. } =
+        SegmentState::decode(at(heap.states_at + segment as u64))
+    else {
+        return match SegmentState::decode(at(heap.states_at + segment as u64)) {
+            SegmentState::Free => b'.',
+            _ => b'r',
+        };
+    };
+    if class.is_slice() {
+        let per = class.slices_per_block(heap.segment_shift);
+        let shift = class.blocks_per_segment_shift(heap.segment_shift);
+        let segment_of = |first: u64, j: u32| heap.block_id(first).advanced(j, shift).segment();
+        let held_by_slot = (0..SLOTS_PER_CLASS).any(|slot| {
+            let word = SlotWord(at(heap.slot_at(class.index(), slot)));
+            word.unissued(per) > 0
+                && word
+                    .block()
+                    .is_some_and(|g| (0..word.run()).any(|j| segment_of(g, j) == segment))
+        });
+        if held_by_slot {
+            return b'S';
+        }
+        let stripe = StripeWord(at(heap.stripe_at(class.index())));
+        if let Some(first) = stripe.first()
+            && stripe.undrawn().any(|j| segment_of(first, j) == segment)
+        {
+            return b'u';
+        }
+    }
+    let bitmap_words = bitmap_words_per_segment(heap.segment_shift) as u64;
+    let bitmap = &words[(heap.bitmaps_at + segment as u64 * bitmap_words) as usize..]
+        [..bitmap_words as usize];
+    let idle: u32 = bitmap.iter().map(|w| w.count_ones()).sum();
+    match idle {
+        0..=9 => b'0' + idle as u8,
+        _ => b'+',
     }
 }

@@ -29,15 +29,19 @@
 //! `block` (bits 32..56): the global id + 1 of its first block (0: none);
 //! `len` (bits 56..64): its blocks (0..=255). Its blocks are the `len`
 //! blocks of the class from `block` on in address order (`BlockId::advanced`),
-//! in whole segments formatted for the class with every block taken and no
-//! slice handed out (as a spare is).
+//! taken in their segments' bitmaps with no slice handed out (as a spare
+//! is): whole segments formatted for the class, or one run of adjacent
+//! free blocks of a segment formatted for it that other blocks still hold
+//! ([`STRIPE_REUSE`]: the lowest such segment, when it lies below every
+//! free segment).
 //!
 //! # Protocol
 //! - A draw is one acq_rel add of 1. The add's old value decides: index
 //!   `i = drawn` below `len` is block `i`, the drawer's alone (each index of
 //!   a version goes to one add); `i == len` makes the drawer the version's
 //!   *refiller*, exactly one per version.
-//! - The refiller claims adjacent whole segments and replaces the word by
+//! - The refiller claims a held segment's run of free blocks or adjacent
+//!   whole segments and replaces the word by
 //!   an exchange with `drawn` = 1 (block 0 is its own). If the heap had
 //!   none it publishes a *closed* word (no blocks, `drawn` = [`CLOSED`]).
 //! - A drawer past `len` waits while the word shows its version (`block`
@@ -112,6 +116,14 @@ const STRIPE_MAX_BLOCKS_SHIFT: u32 = 5;
 /// below it").
 pub const STRIPE_BLOCKS: u32 = crate::class::build_knob(option_env!("GPUMALLOC_STRIPE_BLOCKS"), 48);
 const _: () = assert!(STRIPE_BLOCKS >= 1 && STRIPE_BLOCKS <= 255);
+
+/// Whether a refill first takes the lowest run of free blocks of the
+/// class's lowest partly used segment, where that lies below every free
+/// segment (`GPUMALLOC_STRIPE_REUSE`, 1 unless set to 0 at build time;
+/// [`Heap::claim_stripe_blocks`]). Such a stripe is one run inside one
+/// segment; the next refill takes the next run or whole segments.
+pub const STRIPE_REUSE: bool =
+    crate::class::build_knob(option_env!("GPUMALLOC_STRIPE_REUSE"), 1) != 0;
 
 /// A stripe stays within heap / 2^this (its budget, `Heap::budget_bytes`);
 /// a heap where one segment passes that keeps no stripes.
@@ -325,6 +337,9 @@ impl Heap {
         // `stripe_segments` keeps `len` within 255 blocks; 1 where the
         // class has no stripe on this heap (the loom hooks, the tests).
         let want = self.stripe_segments(class).max(1);
+        if let Some((first, len)) = self.claim_stripe_blocks(class) {
+            return StripeWord::new(self.global(first), len, 0);
+        }
         let Some((first, count)) = self.claim_stripe_segments(class, want) else {
             return StripeWord::EMPTY;
         };
@@ -445,6 +460,18 @@ impl Heap {
         self.release_block(class, self.block_id(global));
     }
 
+    /// Gives back block `block` of `segment` of the slice class of `size`
+    /// bytes (as `loom_claim_one_slice_block` names it).
+    #[doc(hidden)]
+    pub fn loom_release_claimed(&self, size: u64, (segment, block): (u32, u32)) {
+        let class = slice_class_of(size, self.segment_shift);
+        let shift = class.blocks_per_segment_shift(self.segment_shift);
+        self.release_block(
+            class,
+            BlockId::whole_segment(segment).advanced(block, shift),
+        );
+    }
+
     #[doc(hidden)]
     pub fn loom_drain_stripe(&self, size: u64) {
         self.drain_stripe(slice_class_of(size, self.segment_shift));
@@ -556,6 +583,104 @@ mod heap_tests {
         }
     }
 
+    /// A held segment's claim that ends up with blocks in several runs
+    /// (another claimer took one in the middle) keeps the lowest run and
+    /// gives back each of the others with their counts: the blocks it
+    /// gives back are free again and the segment comes back whole with
+    /// the rest. Fails if a run of the rest is skipped or given back
+    /// twice.
+    #[test]
+    fn a_claim_in_several_runs_keeps_the_lowest() {
+        let Some((h, _words, class)) = striped_heap() else {
+            return;
+        };
+        let shift = class.blocks_per_segment_shift(MIN_SEGMENT_SHIFT);
+        let per = 1u32 << shift;
+        let segment0: Vec<BlockId> = (0..per)
+            .map(|_| h.draw_from_stripe(class).expect("a block"))
+            .collect();
+        assert!(segment0.iter().all(|b| b.segment() == 0));
+        // Blocks 1, 2, 4, 5, 6 and the last: runs at 1, 4 and per - 1.
+        let held = 0b0111_0110u64 | 1 << (per - 1);
+        assert_eq!(h.keep_lowest_run(class, 0, held), (1, 2));
+        let bitmap = h.bitmap(0);
+        for k in 0..per {
+            let given_back = held & 1 << k != 0 && !(1..3).contains(&k);
+            assert_eq!(bitmap.is_free(k), given_back, "block {k}");
+        }
+        for b in segment0 {
+            if !bitmap.is_free(b.in_segment()) {
+                h.release_block(class, b);
+            }
+        }
+        h.drain_stripe(class);
+        assert_eq!(h.free_segments(), 256, "whole again");
+    }
+
+    /// Threads draw and give back blocks in random order while another
+    /// claims and returns blocks of the same class the ordinary way, so
+    /// refills keep finding partly used segments and race other claimers
+    /// for their bits: no block is ever held twice at once, and the heap
+    /// comes back whole. Fails if a held segment's claim kept bits of
+    /// another reservation or lost a reservation with no bit (a block held
+    /// twice, a scan that never ends, or a heap not whole).
+    #[test]
+    fn refills_from_held_segments_race_other_claims() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let class = (0..crate::class::SLICE_CLASSES)
+            .filter_map(SizeClass::new)
+            .find(|c| (3..=5).contains(&c.blocks_per_segment_shift(MIN_SEGMENT_SHIFT)))
+            .expect("a class of 8 to 32 blocks to a segment");
+        for round in 0..20u64 {
+            let (h, _words) = test_heap_of(16, 16, MIN_SEGMENT_SHIFT);
+            let h = &h;
+            let held: Vec<AtomicBool> = (0..1 << 16).map(|_| AtomicBool::new(false)).collect();
+            let held = &held;
+            let take = move |b: BlockId| {
+                let was = held[h.global(b) as usize].swap(true, Ordering::Relaxed);
+                assert!(!was, "round {round}: {b:?} handed out twice");
+                b
+            };
+            let give = move |b: BlockId| {
+                held[h.global(b) as usize].store(false, Ordering::Relaxed);
+                h.release_block(class, b);
+            };
+            std::thread::scope(|s| {
+                for t in 0..3u64 {
+                    s.spawn(move || {
+                        let mut rng = round * 7919 + t * 104_729 + 1;
+                        let mut mine: Vec<BlockId> = Vec::new();
+                        for _ in 0..400 {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            if mine.len() < 12 && rng % 3 != 0 {
+                                if let Some(b) = h.draw_from_stripe(class) {
+                                    mine.push(take(b));
+                                }
+                            } else if !mine.is_empty() {
+                                give(mine.swap_remove(rng as usize % mine.len()));
+                            }
+                        }
+                        mine.into_iter().for_each(give);
+                    });
+                }
+                s.spawn(move || {
+                    for _ in 0..200 {
+                        let claim = h.claim_blocks(class, 3);
+                        let got: Vec<BlockId> = (0..claim.count())
+                            .map(|r| take(claim.take(h, class, r)))
+                            .collect();
+                        got.into_iter().for_each(give);
+                    }
+                });
+            });
+            h.drain_stripe(class);
+            h.retire_idle_segments();
+            assert_eq!(h.free_segments(), 16, "round {round}: whole again");
+        }
+    }
+
     /// A slice class that draws from a stripe on a heap of 256 segments of
     /// 2 MiB (budget room for it), and that heap.
     /// None with `GPUMALLOC_STRIPE=0`, which gives no class a stripe.
@@ -626,6 +751,62 @@ mod heap_tests {
         assert_eq!(again.segment(), next.segment(), "{again:?} after {next:?}");
         h.release_block(class, next);
         h.release_block(class, again);
+        h.drain_stripe(class);
+        assert_eq!(h.free_segments(), 256, "whole again");
+    }
+
+    /// A segment that one block still holds (a slot's, from the last
+    /// burst) lies below the free segments after the frees: the refill
+    /// takes its free blocks, run by run, before any free segment, so a
+    /// warm burst does not leave them idle inside its span. Fails without
+    /// `claim_stripe_blocks` (the draw after the drain goes to segment 1),
+    /// if a run's claim loses or doubles a block (the heap would not come
+    /// back whole), or if it hands out the held block again.
+    #[test]
+    fn a_refill_takes_the_free_blocks_of_a_held_segment_first() {
+        let Some((h, _words, class)) = striped_heap() else {
+            return;
+        };
+        if !STRIPE_REUSE {
+            return;
+        }
+        let shift = class.blocks_per_segment_shift(MIN_SEGMENT_SHIFT);
+        let per = 1u32 << shift;
+        let per_stripe = h.stripe_segments(class) << shift;
+        let first: Vec<BlockId> = (0..per_stripe)
+            .map(|_| h.draw_from_stripe(class).expect("a block"))
+            .collect();
+        let high = h.draw_from_stripe(class).expect("the second stripe's");
+        // Block 2 of segment 0 stays held; everything else of the first
+        // stripe comes back.
+        let held = first[2];
+        assert_eq!((held.segment(), held.in_segment()), (0, 2));
+        for &b in first.iter().filter(|&&b| b != held) {
+            h.release_block(class, b);
+        }
+        let drawn: Vec<(u32, u32)> = (0..per)
+            .map(|_| {
+                let b = h.draw_from_stripe(class).expect("a block");
+                (b.segment(), b.in_segment())
+            })
+            .collect();
+        let want: Vec<(u32, u32)> = (0..per)
+            .filter(|&j| j != 2)
+            .map(|j| (0, j))
+            .chain([(1, 0)])
+            .collect();
+        assert_eq!(
+            drawn, want,
+            "segment 0's runs, then the lowest free segment"
+        );
+        for &(segment, block) in &drawn {
+            h.release_block(
+                class,
+                BlockId::whole_segment(segment).advanced(block, shift),
+            );
+        }
+        h.release_block(class, held);
+        h.release_block(class, high);
         h.drain_stripe(class);
         assert_eq!(h.free_segments(), 256, "whole again");
     }

@@ -1465,6 +1465,7 @@ mod rules_tests {
             option_env!("GPUMALLOC_MAX_SLICE_SHIFT"),
             option_env!("GPUMALLOC_STRIPE"),
             option_env!("GPUMALLOC_STRIPE_BLOCKS"),
+            option_env!("GPUMALLOC_STRIPE_REUSE"),
         ]
         .iter()
         .all(Option::is_none)

@@ -63,8 +63,9 @@
 //!   waiting for the refill if its add came first); a draw racing a drain
 //!   (as a flush or a reclaim does) loses no block; on a full heap two
 //!   draws both come back empty (the refill closes the stripe, and the
-//!   waiter sees it) and a draw reopens it once a segment is free. Each
-//!   ends with the drawn
+//!   waiter sees it) and a draw reopens it once a segment is free; a
+//!   refill that takes a held segment's free block races an ordinary
+//!   claim for it, and exactly one gets it. Each ends with the drawn
 //!   blocks given back and the segment free.
 //! - Run requests (`request`): a thread that posted, looks once for the
 //!   answer and then gives up, racing the service that takes, "stitches"
@@ -1286,6 +1287,40 @@ fn a_draw_races_a_drain_of_its_stripe() {
         if let Some(g) = mine {
             tiny.heap.loom_release_drawn(256, g);
         }
+        tiny.assert_whole();
+    });
+}
+
+/// A refill that takes a held segment's free blocks (`STRIPE_REUSE`)
+/// races an ordinary claim of one block of the same class, on a
+/// one-segment heap of four 64 B blocks of which a drawer still holds two:
+/// the refill reserves the run of the other two and takes its bits while
+/// the claim reserves and scans, so the refill may take a bit of the
+/// claim's reservation (it must put it back, or the claim's scan never
+/// ends) or hold a reservation with no bit (it must give it back, or the
+/// segment never comes back whole). The draw always gets a block, the
+/// claim one unless the refill's run took both, never the same one, and
+/// everything comes back.
+#[test]
+fn a_refill_from_a_held_segment_races_a_claim() {
+    model_long(|| {
+        let tiny = Tiny::new();
+        let drawn: Vec<u64> = (0..4)
+            .map(|_| tiny.heap.loom_draw_from_stripe(64).expect("a block"))
+            .collect();
+        tiny.heap.loom_release_drawn(64, drawn[0]);
+        tiny.heap.loom_release_drawn(64, drawn[1]);
+        let t1 = tiny.clone();
+        let t = thread::spawn(move || t1.heap.loom_claim_one_slice_block(64));
+        let mine = tiny.heap.loom_draw_from_stripe(64).expect("a free block");
+        let claimed = t.join().unwrap();
+        assert!(mine == drawn[0] || mine == drawn[1], "{mine} {drawn:?}");
+        tiny.heap.loom_release_drawn(64, mine);
+        if let Some(b) = claimed {
+            tiny.heap.loom_release_claimed(64, b);
+        }
+        tiny.heap.loom_release_drawn(64, drawn[2]);
+        tiny.heap.loom_release_drawn(64, drawn[3]);
         tiny.assert_whole();
     });
 }

@@ -101,6 +101,19 @@ impl DeviceHeap {
         Ok(HeapStats::from_snapshot(&self.heap, &words))
     }
 
+    /// Waits for the stream, then maps where the heap's segments stand, one
+    /// character each up to the last segment not free
+    /// ([`gpu_kernel::stats::segment_mark`]). A diagnostic of `bench frag`.
+    pub fn segment_map(&self) -> Result<String> {
+        self.gpu.sync()?;
+        let words = self.gpu.download(&self.metadata)?;
+        let marks: Vec<u8> = (0..self.heap.segments())
+            .map(|segment| gpu_kernel::stats::segment_mark(&self.heap, &words, segment))
+            .collect();
+        let used = marks.iter().rposition(|&m| m != b'.').map_or(0, |i| i + 1);
+        Ok(String::from_utf8_lossy(&marks[..used]).into_owned())
+    }
+
     /// Returns every allocation at once: rewrites the initial metadata.
     /// Only when no kernel uses the heap and no pointer into it is kept.
     pub fn reset(&mut self) -> Result<()> {

@@ -122,9 +122,15 @@ impl Allocator for Ours {
         launch_heap_free(gpu, self.heap.arg(), ptrs, n)
     }
     fn heap_stats(&self) -> Result<Option<HeapSnapshot>> {
+        let segment_map = if super::suite::map_rounds() {
+            Some(self.heap.segment_map()?)
+        } else {
+            None
+        };
         Ok(Some(HeapSnapshot {
             stats: self.heap.stats()?,
             segment_bytes: self.heap.bytes() / self.heap.segments(),
+            segment_map,
         }))
     }
 }
@@ -136,6 +142,9 @@ pub struct HeapSnapshot {
     pub stats: host::HeapStats,
     /// Bytes per segment.
     pub segment_bytes: u64,
+    /// Each segment's state, where `GPUMALLOC_FRAG_MAP=1` asks for it
+    /// (`DeviceHeap::segment_map`).
+    pub segment_map: Option<String>,
 }
 
 /// Ours on CUDA virtual memory (issue 13): a heap that reserves the same

@@ -552,9 +552,26 @@ impl Bench {
                             }
                         }
                         if requested > 0 {
+                            if map_rounds() {
+                                let live = ptrs.iter().enumerate().filter(|&(_, &p)| p != 0);
+                                let map =
+                                    occupancy_map(live.map(|(t, &p)| (p, size_of(t))), lo, hi);
+                                println!(
+                                    "frag {label} B, {}, round {}: {map}",
+                                    allocator.name(),
+                                    ratios.len()
+                                );
+                            }
                             ratios.push((hi - lo) as f64 / requested as f64);
                             ranges.push((lo, hi));
                             if let Some(snapshot) = &r.peak_stats {
+                                if let Some(map) = &snapshot.segment_map {
+                                    println!(
+                                        "frag {label} B, {}, round {}, segments: {map}",
+                                        allocator.name(),
+                                        ratios.len() - 1
+                                    );
+                                }
                                 parts.add(snapshot, requested);
                                 // Builds with GPUMALLOC_INSTALL_CLOCK set only (zero otherwise).
                                 let clock = snapshot.stats.install_clock;
@@ -780,6 +797,40 @@ impl HeldParts {
     }
 }
 
+/// Whether `bench frag` prints each round's occupancy map and segment
+/// map (`GPUMALLOC_FRAG_MAP=1`): where a warm round's span goes.
+pub(super) fn map_rounds() -> bool {
+    std::env::var("GPUMALLOC_FRAG_MAP").is_ok_and(|v| v == "1")
+}
+
+/// Each MiB of `[lo, hi)` as one character: how much of it the live
+/// allocations `(address, bytes)` cover, `.` none, `1`…`9` tenths, `#`
+/// all of it. A MiB that no allocation touches inside a span is memory
+/// the round held apart from its own.
+fn occupancy_map(live: impl Iterator<Item = (u64, u64)>, lo: u64, hi: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    let cells = (hi - lo).div_ceil(MIB) as usize;
+    let mut covered = vec![0u64; cells];
+    for (mut at, bytes) in live {
+        let end = at + bytes;
+        while at < end {
+            let cell = ((at - lo) / MIB) as usize;
+            let cell_end = (lo + (cell as u64 + 1) * MIB).min(end);
+            covered[cell] += cell_end - at;
+            at = cell_end;
+        }
+    }
+    covered
+        .iter()
+        .map(|&c| match c * 10 / MIB {
+            0 if c == 0 => '.',
+            0 => '1',
+            10.. => '#',
+            d => char::from(b'0' + d as u8),
+        })
+        .collect()
+}
+
 /// One log line of a `frag` run: each round's span over requested and
 /// where its addresses lay, in MiB from the lowest address of any round, so
 /// that a median can be read back to the rounds that made it (a warm round
@@ -801,6 +852,22 @@ fn span_rounds(allocator: &str, label: &str, ratios: &[f64], ranges: &[(u64, u64
 #[cfg(test)]
 mod tests {
     use super::span_rounds;
+
+    #[test]
+    fn occupancy_map_marks_each_mib_by_how_much_is_live() {
+        let mib = 1u64 << 20;
+        let base = 1u64 << 30;
+        // MiB 0 full, MiB 1 half, MiB 2 empty, MiB 3 a sliver; an
+        // allocation across the boundary of MiB 4 and 5 counts in both.
+        let live = [
+            (base, mib),
+            (base + mib, mib / 2),
+            (base + 3 * mib, 256),
+            (base + 4 * mib + mib / 2, mib),
+        ];
+        let map = super::occupancy_map(live.into_iter(), base, base + 6 * mib);
+        assert_eq!(map, "#5.155");
+    }
 
     #[test]
     fn span_rounds_names_each_round_from_the_lowest_address() {
