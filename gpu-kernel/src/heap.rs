@@ -1538,23 +1538,31 @@ impl Heap {
         Some((first, taken))
     }
 
-    /// Claims up to `want` (1..=64) free segments of adjacent ids for
-    /// `class`'s stripe ([`crate::stripe`]) with one RMW on the segment
-    /// tree (the lowest `want` ids of its lowest word), formats the run of
-    /// adjacent ids from the lowest of them with all their blocks taken,
-    /// and returns its first id and length; the other ids go back to the
-    /// segment tree unformatted. The run at the lowest free id, however
-    /// short, and not the word's lowest run of `want`: after a lowered
-    /// stripe's drain, the segments the last burst's slots still hold cut
-    /// the runs at the bottom, and stripes that skipped above them spread
-    /// a warm burst over the word (256 B span 1.25–1.71 by run where the
-    /// lowest free id gives 1.15–1.24, `docs/PERF.md`, "A stripe lowered
-    /// after the frees below it").
+    /// Takes up to `want` (1..=64) free segments for `class`'s stripe
+    /// ([`crate::stripe`]) with one RMW on the segment tree (the lowest
+    /// `want` ids of its lowest word): returns the word's first id and the
+    /// mask of the ids taken, unformatted. [`Heap::keep_stripe_run`] then
+    /// keeps the run of adjacent ids from the lowest. The run at the
+    /// lowest free id, however short, and not the word's lowest run of
+    /// `want`: after a lowered stripe's drain, the segments the last
+    /// burst's slots still hold cut the runs at the bottom, and stripes
+    /// that skipped above them spread a warm burst over the word (256 B
+    /// span 1.25–1.71 by run where the lowest free id gives 1.15–1.24,
+    /// `docs/PERF.md`, "A stripe lowered after the frees below it").
     #[inline(never)]
-    pub(crate) fn claim_stripe_segments(&self, class: SizeClass, want: u32) -> Option<(u32, u32)> {
+    pub(crate) fn take_stripe_segments(&self, want: u32) -> Option<(u32, u64)> {
+        self.segment_tree()
+            .claim_low_many_near(want, spread_salt(0))
+    }
+
+    /// Of the segments `take_stripe_segments` took (`taken`, bit `k`:
+    /// segment `first + k`), formats the run of adjacent ids from the
+    /// lowest for `class` with all its blocks taken and puts the others
+    /// back in the segment tree unformatted; returns the run's first
+    /// segment and length.
+    #[inline(never)]
+    pub(crate) fn keep_stripe_run(&self, class: SizeClass, first: u32, taken: u64) -> (u32, u32) {
         debug_assert!(class.is_slice());
-        let tree = self.segment_tree();
-        let (first, taken) = tree.claim_low_many_near(want, spread_salt(0))?;
         let low = taken.trailing_zeros();
         let count = (taken >> low).trailing_ones();
         let run = if count == 64 {
@@ -1563,19 +1571,26 @@ impl Heap {
             ((1u64 << count) - 1) << low
         };
         if taken & !run != 0 {
-            tree.insert_many(first, taken & !run);
+            self.segment_tree().insert_many(first, taken & !run);
         }
         self.format_whole_segments(class, first, run);
-        Some((first + low, count))
+        (first + low, count)
+    }
+
+    /// Puts segments `take_stripe_segments` took back, unformatted.
+    #[inline(always)]
+    pub(crate) fn return_stripe_segments(&self, first: u32, taken: u64) {
+        self.segment_tree().insert_many(first, taken);
     }
 
     /// For `class`'s stripe ([`crate::stripe`]): the lowest run of free
     /// blocks of the lowest segment formatted for `class` that has free
     /// blocks, claimed (taken in the bitmap, counted in the segment
-    /// table), if that segment lies below every free segment. Returns the
-    /// run's first block and length; none if the class tree is empty or
-    /// its lowest segment lies above a free one, or if the claim found
-    /// nothing there (the caller then claims whole segments).
+    /// table), if that segment lies below segment `below` (the free
+    /// segments the caller took start there; `u32::MAX` if there were
+    /// none). Returns the run's first block and length; none if the class
+    /// tree is empty or its lowest segment is not below `below`, or if the
+    /// claim found nothing there.
     ///
     /// Why: stripe classes claimed only whole free segments, so the free
     /// blocks of a segment that a block still held (the last burst's slot
@@ -1596,19 +1611,19 @@ impl Heap {
     /// and of what is held only the lowest run of adjacent blocks is kept;
     /// the rest is returned as any block is.
     #[inline(never)]
-    pub(crate) fn claim_stripe_blocks(&self, class: SizeClass) -> Option<(BlockId, u32)> {
+    pub(crate) fn claim_stripe_blocks(
+        &self,
+        class: SizeClass,
+        below: u32,
+    ) -> Option<(BlockId, u32)> {
         debug_assert!(class.is_slice());
         if !crate::stripe::STRIPE_REUSE {
             return None;
         }
-        // Both tree reads are hints (relaxed inside `successor`): a stale
-        // one picks the other source, which serves as well.
+        // A hint (relaxed inside `successor`): a stale one picks the whole
+        // segments, which serve as well.
         let segment = self.class_tree(class).successor(0)?;
-        if self
-            .segment_tree()
-            .successor(0)
-            .is_some_and(|free| free < segment)
-        {
+        if segment >= below {
             return None;
         }
         let total = class.blocks_per_segment(self.segment_shift);

@@ -278,7 +278,7 @@ impl Heap {
                 return Some(self.stripe_block(class, seen, i));
             }
             if i == len {
-                return self.refill_stripe(class);
+                return self.refill_stripe(class, seen);
             }
             if seen.is_closed() {
                 // Reopened once per draw where the segment tree has a
@@ -316,8 +316,8 @@ impl Heap {
     /// The refiller's part: publishes a fresh stripe with its first block
     /// drawn for the caller, or a closed word; retires what it displaced.
     #[inline(never)]
-    fn refill_stripe(&self, class: SizeClass) -> Option<BlockId> {
-        let fresh = self.claim_stripe(class);
+    fn refill_stripe(&self, class: SizeClass, exhausted: StripeWord) -> Option<BlockId> {
+        let fresh = self.claim_stripe(class, exhausted);
         let published = if fresh.is_empty() {
             StripeWord(CLOSED as u64)
         } else {
@@ -330,20 +330,52 @@ impl Heap {
         (!fresh.is_empty()).then(|| self.stripe_block(class, fresh, 0))
     }
 
-    /// A fresh stripe of adjacent whole segments for `class`, none drawn;
-    /// empty if the segment tree had no segment.
+    /// A fresh stripe for `class`, none drawn, to follow `exhausted` (the
+    /// version its refiller found drawn out, or an empty word): adjacent
+    /// whole segments from the lowest free one, or, where those skip
+    /// segments formatted for the class that have free blocks
+    /// ([`STRIPE_REUSE`]), the lowest run of such blocks instead. Empty if
+    /// the heap had neither.
+    ///
+    /// The class tree is looked at only when the free segments taken
+    /// suggest a skip: their run is shorter than asked (a segment that is
+    /// not free cuts it), or it starts past the segment after `exhausted`'s
+    /// last block (past segment 0 after a drain); then the taken segments go back to the segment tree if
+    /// the class tree has a lower segment. A burst on a fresh heap, whose
+    /// stripes follow one another, never looks: the two loads of the
+    /// class tree on every refill made 32–256 B allocation 7–10% slower
+    /// (the class's drawers wait for each refill).
     #[inline(always)]
-    fn claim_stripe(&self, class: SizeClass) -> StripeWord {
+    fn claim_stripe(&self, class: SizeClass, exhausted: StripeWord) -> StripeWord {
         // `stripe_segments` keeps `len` within 255 blocks; 1 where the
         // class has no stripe on this heap (the loom hooks, the tests).
         let want = self.stripe_segments(class).max(1);
-        if let Some((first, len)) = self.claim_stripe_blocks(class) {
-            return StripeWord::new(self.global(first), len, 0);
-        }
-        let Some((first, count)) = self.claim_stripe_segments(class, want) else {
-            return StripeWord::EMPTY;
-        };
         let shift = class.blocks_per_segment_shift(self.segment_shift);
+        let run_blocks = |b: BlockId, len: u32| StripeWord::new(self.global(b), len, 0);
+        let Some((word_first, taken)) = self.take_stripe_segments(want) else {
+            // No free segment: only the class's own free blocks are left.
+            return self
+                .claim_stripe_blocks(class, u32::MAX)
+                .map_or(StripeWord::EMPTY, |(b, len)| run_blocks(b, len));
+        };
+        let low = word_first + taken.trailing_zeros();
+        let short = (taken >> taken.trailing_zeros()).trailing_ones() < want;
+        // Where a refill in address order would go on: after the exhausted
+        // stripe's last block, or segment 0 after a drain (an empty word).
+        let after = if exhausted.is_empty() {
+            0
+        } else {
+            self.stripe_block(class, exhausted, exhausted.len() - 1)
+                .segment()
+                + 1
+        };
+        if (short || low > after)
+            && let Some((b, len)) = self.claim_stripe_blocks(class, low)
+        {
+            self.return_stripe_segments(word_first, taken);
+            return run_blocks(b, len);
+        }
+        let (first, count) = self.keep_stripe_run(class, word_first, taken);
         let first = self.global(BlockId::whole_segment(first));
         StripeWord::new(first, count << shift, 0)
     }
@@ -631,7 +663,7 @@ mod heap_tests {
             .filter_map(SizeClass::new)
             .find(|c| (3..=5).contains(&c.blocks_per_segment_shift(MIN_SEGMENT_SHIFT)))
             .expect("a class of 8 to 32 blocks to a segment");
-        for round in 0..20u64 {
+        for round in 0..50u64 {
             let (h, _words) = test_heap_of(16, 16, MIN_SEGMENT_SHIFT);
             let h = &h;
             let held: Vec<AtomicBool> = (0..1 << 16).map(|_| AtomicBool::new(false)).collect();
