@@ -169,14 +169,6 @@ impl<'a> BlockBitmap<'a> {
         arch::load_relaxed(self.word(i))
     }
 
-    /// Sets `bits` of word `i` again: blocks the caller took with
-    /// [`BlockBitmap::take_bits`] beyond its reservation, which another
-    /// reserver's scan may be looking for. Release, as `give_back`.
-    #[inline(always)]
-    pub fn put_back_bits(&self, i: u32, bits: u64) {
-        arch::fetch_or_acq_rel(self.word(i), bits);
-    }
-
     /// Whether `block` is free (a snapshot).
     pub fn is_free(&self, block: u32) -> bool {
         arch::load_relaxed(self.word(block >> 6)) & 1u64 << (block & 63) != 0

@@ -1538,49 +1538,46 @@ impl Heap {
         Some((first, taken))
     }
 
-    /// Takes up to `want` (1..=64) free segments for `class`'s stripe
-    /// ([`crate::stripe`]) with one RMW on the segment tree (the lowest
-    /// `want` ids of its lowest word): returns the word's first id and the
-    /// mask of the ids taken, unformatted. [`Heap::keep_stripe_run`] then
-    /// keeps the run of adjacent ids from the lowest. The run at the
-    /// lowest free id, however short, and not the word's lowest run of
-    /// `want`: after a lowered stripe's drain, the segments the last
-    /// burst's slots still hold cut the runs at the bottom, and stripes
-    /// that skipped above them spread a warm burst over the word (256 B
-    /// span 1.25–1.71 by run where the lowest free id gives 1.15–1.24,
-    /// `docs/PERF.md`, "A stripe lowered after the frees below it").
+    /// Takes a run of up to `want` (1..=64) free segments of adjacent ids
+    /// for a class's stripe ([`crate::stripe`]), unformatted, with one RMW
+    /// on the segment tree (the lowest `want` ids of its lowest word); the
+    /// ids of that take outside the run from its lowest go back at once.
+    /// Returns the run's first id and length. The run at the lowest free
+    /// id, however short, and not the word's lowest run of `want`: after a
+    /// lowered stripe's drain, the segments the last burst's slots still
+    /// hold cut the runs at the bottom, and stripes that skipped above them
+    /// spread a warm burst over the word (256 B span 1.25–1.71 by run where
+    /// the lowest free id gives 1.15–1.24, `docs/PERF.md`, "A stripe
+    /// lowered after the frees below it"). The caller formats the run
+    /// ([`Heap::format_stripe_run`]) or puts it back
+    /// ([`Heap::return_stripe_run`]).
     #[inline(never)]
-    pub(crate) fn take_stripe_segments(&self, want: u32) -> Option<(u32, u64)> {
-        self.segment_tree()
-            .claim_low_many_near(want, spread_salt(0))
-    }
-
-    /// Of the segments `take_stripe_segments` took (`taken`, bit `k`:
-    /// segment `first + k`), formats the run of adjacent ids from the
-    /// lowest for `class` with all its blocks taken and puts the others
-    /// back in the segment tree unformatted; returns the run's first
-    /// segment and length.
-    #[inline(never)]
-    pub(crate) fn keep_stripe_run(&self, class: SizeClass, first: u32, taken: u64) -> (u32, u32) {
-        debug_assert!(class.is_slice());
+    pub(crate) fn take_stripe_run(&self, want: u32) -> Option<(u32, u32)> {
+        let tree = self.segment_tree();
+        let (first, taken) = tree.claim_low_many_near(want, spread_salt(0))?;
         let low = taken.trailing_zeros();
         let count = (taken >> low).trailing_ones();
-        let run = if count == 64 {
-            u64::MAX
-        } else {
-            ((1u64 << count) - 1) << low
-        };
+        let run = run_mask(low, count);
         if taken & !run != 0 {
-            self.segment_tree().insert_many(first, taken & !run);
+            tree.insert_many(first, taken & !run);
         }
-        self.format_whole_segments(class, first, run);
-        (first + low, count)
+        Some((first + low, count))
     }
 
-    /// Puts segments `take_stripe_segments` took back, unformatted.
+    /// Formats the `count` segments from `first` that
+    /// [`Heap::take_stripe_run`] took for `class`, with all their blocks
+    /// taken.
+    #[inline(never)]
+    pub(crate) fn format_stripe_run(&self, class: SizeClass, first: u32, count: u32) {
+        debug_assert!(class.is_slice());
+        self.format_whole_segments(class, first & !63, run_mask(first & 63, count));
+    }
+
+    /// Puts the run [`Heap::take_stripe_run`] took back, unformatted.
     #[inline(always)]
-    pub(crate) fn return_stripe_segments(&self, first: u32, taken: u64) {
-        self.segment_tree().insert_many(first, taken);
+    pub(crate) fn return_stripe_run(&self, first: u32, count: u32) {
+        self.segment_tree()
+            .insert_many(first & !63, run_mask(first & 63, count));
     }
 
     /// For `class`'s stripe ([`crate::stripe`]): the lowest run of free
@@ -1602,14 +1599,13 @@ impl Heap {
     /// the rule before.
     ///
     /// The claim: a snapshot of the segment's bitmap word names the lowest
-    /// run; one subtract reserves that many blocks
-    /// ([`SegmentTable::reserve_blocks_add`]) and one RMW takes the run's
-    /// bits. Other claimers may take bits of the run meanwhile, or hold
-    /// reservations for bits the take got: bits taken beyond the
-    /// reservation are put back in the bitmap (their reservers' scans find
-    /// them), reservations with no bit taken are given back to the table,
-    /// and of what is held only the lowest run of adjacent blocks is kept;
-    /// the rest is returned as any block is.
+    /// run; one subtract reserves up to that many blocks
+    /// ([`SegmentTable::reserve_blocks_add`]) and one RMW takes as many
+    /// bits from the run's start. Other claimers may take bits of the run
+    /// meanwhile: the bits missing are taken where the bitmap has them, as
+    /// an ordinary claim takes its blocks, and of what is held only the
+    /// lowest run of adjacent blocks is kept; the rest is returned as any
+    /// block is.
     #[inline(never)]
     pub(crate) fn claim_stripe_blocks(
         &self,
@@ -1628,8 +1624,11 @@ impl Heap {
         }
         let total = class.blocks_per_segment(self.segment_shift);
         // Stripe classes have at most 32 blocks to a segment (`stripe`'s
-        // `STRIPE_MAX_BLOCKS_SHIFT`; 2^7 with `GPUMALLOC_STRIPE=3`): the
-        // run is looked for in the first bitmap word only.
+        // `STRIPE_MAX_BLOCKS_SHIFT`), one bitmap word; a class of more
+        // (`GPUMALLOC_STRIPE=3`) takes whole segments only.
+        if total > 64 {
+            return None;
+        }
         let bitmap = self.bitmap(segment);
         let seen = bitmap.snapshot(0);
         if seen == 0 {
@@ -1656,28 +1655,14 @@ impl Heap {
                     return None;
                 }
             };
-        let mask = (u64::MAX >> (64 - run)) << low;
-        let mut held = bitmap.take_bits(0, mask);
-        let got = held.count_ones();
-        if got > reserved {
-            // Bits of other reservations: the highest ones go back.
-            let mut extra = 0u64;
-            for _ in reserved..got {
-                extra |= 1u64 << (63 - (held & !extra).leading_zeros());
-            }
-            bitmap.put_back_bits(0, extra);
-            held &= !extra;
-        } else if got < reserved {
-            // Reserved with no bit taken: their bits are still set.
-            let ret = self
-                .table()
-                .return_blocks(segment, class, reserved - got, total);
-            if self.after_return(class, segment, ret) {
-                self.lower_stripe(class, segment);
-            }
-        }
-        if held == 0 {
-            return None;
+        // As many bits as the reservation holds (`reserved <= run`), from
+        // the run's start: a reserver may clear only as many bits as it
+        // reserved (`BlockBitmap::take_bits`). Bits of the run that other
+        // reservers took meanwhile are made up by the scan ordinary claims
+        // use, which finds a set bit for every reservation.
+        let mut held = bitmap.take_bits(0, run_mask(low, reserved));
+        for _ in held.count_ones()..reserved {
+            held |= 1u64 << bitmap.take(total, 0);
         }
         let (first, len) = self.keep_lowest_run(class, segment, held);
         Some((
@@ -1698,12 +1683,12 @@ impl Heap {
     pub(crate) fn keep_lowest_run(&self, class: SizeClass, segment: u32, held: u64) -> (u32, u32) {
         let first = held.trailing_zeros();
         let len = (held >> first).trailing_ones();
-        let mut rest = held & !((u64::MAX >> (64 - len)) << first);
+        let mut rest = held & !run_mask(first, len);
         while rest != 0 {
             let at = rest.trailing_zeros();
             let count = (rest >> at).trailing_ones();
             self.release_blocks(class, segment, at, count);
-            rest &= !((u64::MAX >> (64 - count)) << at);
+            rest &= !run_mask(at, count);
         }
         (first, len)
     }
@@ -2186,6 +2171,12 @@ impl Heap {
 #[cold]
 fn check_unit_free(states: &[Word], unit: u32) -> CheckedFree {
     block::check_free(states, unit)
+}
+
+/// Bits `low..low + count` of a word (`1 <= count`, `low + count <= 64`).
+#[inline(always)]
+fn run_mask(low: u32, count: u32) -> u64 {
+    (u64::MAX >> (64 - count)) << low
 }
 
 /// Checked heaps: marks a unit (slice or block) handed out. Out of line

@@ -175,10 +175,14 @@ pub fn segment_mark(heap: &Heap, words: &[u64], segment: u32) -> u8 {
             return b'u';
         }
     }
+    // The class's blocks only: a format writes the words its blocks
+    // cover, and a word past them may keep an earlier class's bits.
     let bitmap_words = bitmap_words_per_segment(heap.segment_shift) as u64;
     let bitmap = &words[(heap.bitmaps_at + segment as u64 * bitmap_words) as usize..]
         [..bitmap_words as usize];
-    let idle: u32 = bitmap.iter().map(|w| w.count_ones()).sum();
+    let idle = (0..class.blocks_per_segment(heap.segment_shift))
+        .filter(|&block| bitmap[(block / 64) as usize] & 1 << (block % 64) != 0)
+        .count();
     match idle {
         0..=9 => b'0' + idle as u8,
         _ => b'+',

@@ -125,6 +125,12 @@ const _: () = assert!(STRIPE_BLOCKS >= 1 && STRIPE_BLOCKS <= 255);
 pub const STRIPE_REUSE: bool =
     crate::class::build_knob(option_env!("GPUMALLOC_STRIPE_REUSE"), 1) != 0;
 
+/// Refills that took a held segment's run (the CPU tests' witness that
+/// the path ran).
+#[cfg(test)]
+pub(crate) static REUSED_RUNS: core::sync::atomic::AtomicUsize =
+    core::sync::atomic::AtomicUsize::new(0);
+
 /// A stripe stays within heap / 2^this (its budget, `Heap::budget_bytes`);
 /// a heap where one segment passes that keeps no stripes.
 const STRIPE_BUDGET_SHIFT: u32 = 7;
@@ -339,10 +345,12 @@ impl Heap {
     ///
     /// The class tree is looked at only when the free segments taken
     /// suggest a skip: their run is shorter than asked (a segment that is
-    /// not free cuts it), or it starts past the segment after `exhausted`'s
-    /// last block (past segment 0 after a drain); then the taken segments go back to the segment tree if
-    /// the class tree has a lower segment. A burst on a fresh heap, whose
-    /// stripes follow one another, never looks: the two loads of the
+    /// not free cuts it), or it does not start where a refill in address
+    /// order would go on (the segment after `exhausted`'s last block, that
+    /// block's own segment if the segment has blocks after it, segment 0
+    /// after a drain); then the taken segments go back to the segment tree
+    /// if the class tree has a lower segment. A burst on a fresh heap,
+    /// whose stripes follow one another, never looks: the two loads of the
     /// class tree on every refill made 32–256 B allocation 7–10% slower
     /// (the class's drawers wait for each refill).
     #[inline(always)]
@@ -352,30 +360,27 @@ impl Heap {
         let want = self.stripe_segments(class).max(1);
         let shift = class.blocks_per_segment_shift(self.segment_shift);
         let run_blocks = |b: BlockId, len: u32| StripeWord::new(self.global(b), len, 0);
-        let Some((word_first, taken)) = self.take_stripe_segments(want) else {
+        let Some((first, count)) = self.take_stripe_run(want) else {
             // No free segment: only the class's own free blocks are left.
             return self
                 .claim_stripe_blocks(class, u32::MAX)
                 .map_or(StripeWord::EMPTY, |(b, len)| run_blocks(b, len));
         };
-        let low = word_first + taken.trailing_zeros();
-        let short = (taken >> taken.trailing_zeros()).trailing_ones() < want;
-        // Where a refill in address order would go on: after the exhausted
-        // stripe's last block, or segment 0 after a drain (an empty word).
-        let after = if exhausted.is_empty() {
+        let next = if exhausted.is_empty() {
             0
         } else {
-            self.stripe_block(class, exhausted, exhausted.len() - 1)
-                .segment()
-                + 1
+            let last = self.stripe_block(class, exhausted, exhausted.len() - 1);
+            last.segment() + (last.in_segment() + 1 == 1 << shift) as u32
         };
-        if (short || low > after)
-            && let Some((b, len)) = self.claim_stripe_blocks(class, low)
+        if (count < want || first != next)
+            && let Some((b, len)) = self.claim_stripe_blocks(class, first)
         {
-            self.return_stripe_segments(word_first, taken);
+            #[cfg(test)]
+            REUSED_RUNS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            self.return_stripe_run(first, count);
             return run_blocks(b, len);
         }
-        let (first, count) = self.keep_stripe_run(class, word_first, taken);
+        self.format_stripe_run(class, first, count);
         let first = self.global(BlockId::whole_segment(first));
         StripeWord::new(first, count << shift, 0)
     }
@@ -551,7 +556,10 @@ mod heap_tests {
 
     use super::*;
     use crate::class::MIN_SEGMENT_SHIFT;
+    use crate::layout::Stat;
     use crate::layout::test_support::test_heap_of;
+    use std::string::String;
+    use std::vec;
 
     /// The 256 B class at 2 MiB segments: two 1 MiB blocks a segment.
     fn class_256() -> SizeClass {
@@ -663,6 +671,7 @@ mod heap_tests {
             .filter_map(SizeClass::new)
             .find(|c| (3..=5).contains(&c.blocks_per_segment_shift(MIN_SEGMENT_SHIFT)))
             .expect("a class of 8 to 32 blocks to a segment");
+        let reused_before = REUSED_RUNS.load(core::sync::atomic::Ordering::Relaxed);
         for round in 0..50u64 {
             let (h, _words) = test_heap_of(16, 16, MIN_SEGMENT_SHIFT);
             let h = &h;
@@ -710,7 +719,12 @@ mod heap_tests {
             h.drain_stripe(class);
             h.retire_idle_segments();
             assert_eq!(h.free_segments(), 16, "round {round}: whole again");
+            assert_eq!(h.stat_value(Stat::DoubleFrees), 0, "round {round}");
         }
+        assert!(
+            REUSED_RUNS.load(core::sync::atomic::Ordering::Relaxed) > reused_before,
+            "no refill took a held segment's blocks"
+        );
     }
 
     /// A slice class that draws from a stripe on a heap of 256 segments of
@@ -789,11 +803,14 @@ mod heap_tests {
 
     /// A segment that one block still holds (a slot's, from the last
     /// burst) lies below the free segments after the frees: the refill
-    /// takes its free blocks, run by run, before any free segment, so a
+    /// after the drain takes its first run of free blocks, and the next
+    /// refill its second run although a whole stripe's worth of free
+    /// segments follows it (the last stripe ended inside the segment), so a
     /// warm burst does not leave them idle inside its span. Fails without
     /// `claim_stripe_blocks` (the draw after the drain goes to segment 1),
-    /// if a run's claim loses or doubles a block (the heap would not come
-    /// back whole), or if it hands out the held block again.
+    /// if the second run is skipped, if a run's claim loses or doubles a
+    /// block (the heap would not come back whole), or if it hands out the
+    /// held block again.
     #[test]
     fn a_refill_takes_the_free_blocks_of_a_held_segment_first() {
         let Some((h, _words, class)) = striped_heap() else {
@@ -809,13 +826,15 @@ mod heap_tests {
             .map(|_| h.draw_from_stripe(class).expect("a block"))
             .collect();
         let high = h.draw_from_stripe(class).expect("the second stripe's");
-        // Block 2 of segment 0 stays held; everything else of the first
-        // stripe comes back.
+        // Block 2 of segment 0 stays held; everything else comes back, so
+        // every other segment is free and the free run right after segment
+        // 0 is as long as a stripe asks.
         let held = first[2];
         assert_eq!((held.segment(), held.in_segment()), (0, 2));
         for &b in first.iter().filter(|&&b| b != held) {
             h.release_block(class, b);
         }
+        h.release_block(class, high);
         let drawn: Vec<(u32, u32)> = (0..per)
             .map(|_| {
                 let b = h.draw_from_stripe(class).expect("a block");
@@ -838,7 +857,40 @@ mod heap_tests {
             );
         }
         h.release_block(class, held);
-        h.release_block(class, high);
+        h.drain_stripe(class);
+        assert_eq!(h.free_segments(), 256, "whole again");
+    }
+
+    /// `bench frag`'s segment map: free blocks of a partly used segment
+    /// by count, a stripe's undrawn blocks as `u`, free segments as `.`.
+    #[test]
+    fn the_segment_map_names_what_each_segment_holds() {
+        let Some((h, words, class)) = striped_heap() else {
+            return;
+        };
+        let shift = class.blocks_per_segment_shift(MIN_SEGMENT_SHIFT);
+        let segments = h.stripe_segments(class);
+        let first: Vec<BlockId> = (0..segments << shift)
+            .map(|_| h.draw_from_stripe(class).expect("a block"))
+            .collect();
+        let high = h.draw_from_stripe(class).expect("the second stripe's");
+        h.release_block(class, first[0]);
+        h.release_block(class, first[1]);
+        let snapshot: Vec<u64> = words.iter().map(arch::load_relaxed).collect();
+        let marks: Vec<u8> = (0..3 * segments + 1)
+            .map(|s| crate::stats::segment_mark(&h, &snapshot, s))
+            .collect();
+        let mut want = vec![b'2'];
+        want.extend((1..segments).map(|_| b'0'));
+        want.extend((0..segments).map(|_| b'u'));
+        want.extend((0..segments + 1).map(|_| b'.'));
+        assert_eq!(
+            String::from_utf8_lossy(&marks),
+            String::from_utf8_lossy(&want)
+        );
+        for b in first.into_iter().skip(2).chain([high]) {
+            h.release_block(class, b);
+        }
         h.drain_stripe(class);
         assert_eq!(h.free_segments(), 256, "whole again");
     }

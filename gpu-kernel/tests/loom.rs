@@ -1295,12 +1295,12 @@ fn a_draw_races_a_drain_of_its_stripe() {
 /// races an ordinary claim of one block of the same class, on a
 /// one-segment heap of four 64 B blocks of which a drawer still holds two:
 /// the refill reserves the run of the other two and takes its bits while
-/// the claim reserves and scans, so the refill may take a bit of the
-/// claim's reservation (it must put it back, or the claim's scan never
-/// ends) or hold a reservation with no bit (it must give it back, or the
-/// segment never comes back whole). The draw always gets a block, the
+/// the claim reserves and scans, so the claim may take a bit of the run
+/// first (the refill must then find the bit its reservation still holds
+/// elsewhere) and the refill must never take more bits than it reserved
+/// (the claim's scan would never end). The draw always gets a block, the
 /// claim one unless the refill's run took both, never the same one, and
-/// everything comes back.
+/// everything comes back, none of it twice.
 #[test]
 fn a_refill_from_a_held_segment_races_a_claim() {
     model_long(|| {
@@ -1322,5 +1322,8 @@ fn a_refill_from_a_held_segment_races_a_claim() {
         tiny.heap.loom_release_drawn(64, drawn[2]);
         tiny.heap.loom_release_drawn(64, drawn[3]);
         tiny.assert_whole();
+        // A block the claim and the stripe both held would come back twice.
+        let stats = tiny.stats();
+        assert_eq!((stats.double_frees, stats.invalid_frees), (0, 0));
     });
 }
