@@ -3,7 +3,8 @@
 # tree with different build-time settings of the device heap and copies each
 # to $DEST/<name>/ (default .gpu-var, git-ignored) for
 # scripts/bench-compare.sh. With HEAP_WHOLE=1 it also copies each build's
-# tests/gpu_heap_whole.rs binary; with PTXAS=path it prints each build's
+# tests/gpu_heap_whole.rs and tests/gpu.rs binaries (test-gpu_heap_whole,
+# test-gpu); with PTXAS=path it prints each build's
 # registers (scripts/ptxas-report.sh over the PTX that build embeds).
 #
 # Variants (issue 12's speed work; predictions in docs/PERF.md):
@@ -206,6 +207,10 @@
 #                  32 KiB in the whole-segment share, which gave 2-32 KiB 8
 #                  slots on the bench heap, and `s15+ws4` doubled the share
 #                  back to 16; 32 KiB is no longer counted, so s15 = auto.)
+#   s16, s17       64 KiB, and 64 and 128 KiB, slice classes too
+#                  (GPUMALLOC_MAX_SLICE_SHIFT=16, 17; the smallest block
+#                  class then 128 / 256 KiB, 16 / 8 blocks to a 2 MiB
+#                  segment)
 #   stripe0        no class stripes (GPUMALLOC_STRIPE=0,
 #                  `gpu-kernel/src/stripe.rs`): every slot install claims
 #                  its blocks; stripe1 the classes whose segment holds 8
@@ -310,6 +315,8 @@ settings() {
     adj) echo "GPUMALLOC_WHOLE_CLAIM_ADJACENT=1" ;;
     s15) echo "GPUMALLOC_MAX_SLICE_SHIFT=15" ;;
     s14) echo "GPUMALLOC_MAX_SLICE_SHIFT=14" ;;
+    s16) echo "GPUMALLOC_MAX_SLICE_SHIFT=16" ;;
+    s17) echo "GPUMALLOC_MAX_SLICE_SHIFT=17" ;;
     fis2) echo "GPUMALLOC_FIRST_INSTALL_SPARES=2" ;;
     wsalt) echo "GPUMALLOC_WHOLE_CLAIM_SALT=1" ;;
     wlow) echo "GPUMALLOC_WHOLE_CLAIM_SALT=0" ;;
@@ -349,16 +356,18 @@ for name in "${@:-auto s21 s24}"; do
         | tee "$DEST/$v/ptxas.txt" || true
     fi
     if [ -n "${HEAP_WHOLE:-}" ]; then
-      # shellcheck disable=SC2086
-      bin=$(env $set_env cargo test --release -p gpumalloc --no-run --test gpu_heap_whole \
-              --message-format=json 2>/dev/null | python3 -c 'import json,sys
+      for test in gpu_heap_whole gpu; do
+        # shellcheck disable=SC2086
+        bin=$(env $set_env cargo test --release -p gpumalloc --no-run --test $test \
+                --message-format=json 2>/dev/null | TEST=$test python3 -c 'import json,os,sys
 for l in sys.stdin:
     m=json.loads(l)
     if (m.get("reason")=="compiler-artifact" and m.get("executable")
-            and m["target"]["kind"]==["test"] and m["target"]["name"]=="gpu_heap_whole"):
+            and m["target"]["kind"]==["test"] and m["target"]["name"]==os.environ["TEST"]):
         print(m["executable"])' | tail -1)
-      if [ -z "$bin" ]; then echo "no gpu_heap_whole test binary for $v" >&2; exit 1; fi
-      cp "$bin" "$DEST/$v/test-gpu_heap_whole"
+        if [ -z "$bin" ]; then echo "no $test test binary for $v" >&2; exit 1; fi
+        cp "$bin" "$DEST/$v/test-$test"
+      done
     fi
   done
 done

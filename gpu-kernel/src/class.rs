@@ -116,8 +116,8 @@ pub const MIN_SLICE_SHIFT: u32 = 4;
 /// `GPUMALLOC_MAX_SLICE_SHIFT=14` builds the geometry before.
 pub const MAX_SLICE_SHIFT: u32 = build_knob(option_env!("GPUMALLOC_MAX_SLICE_SHIFT"), 15);
 const _: () = assert!(
-    MAX_SLICE_SHIFT == 14 || MAX_SLICE_SHIFT == 15,
-    "GPUMALLOC_MAX_SLICE_SHIFT must be 14 or 15"
+    MAX_SLICE_SHIFT >= 14 && MAX_SLICE_SHIFT <= 17,
+    "GPUMALLOC_MAX_SLICE_SHIFT must be 14..=17"
 );
 const _: () = assert!(STANDARD_SLICES_SHIFT <= SLICES_PER_BLOCK_SHIFT);
 /// Number of slice classes (16 B … 32 KiB).
@@ -157,7 +157,7 @@ pub const fn slice_blocks_per_segment(segment_shift: u32) -> u32 {
 }
 
 const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_SLICE_SHIFT + SLICES_PER_BLOCK_SHIFT);
-const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_BLOCK_CLASS_SHIFT + 5);
+const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_BLOCK_CLASS_SHIFT + 3);
 
 /// A build-time setting (`GPUMALLOC_SEGMENT_SHIFT`, `GPUMALLOC_SLOTS`,
 /// `GPUMALLOC_SLOT_BUDGET_SHIFT`, `GPUMALLOC_SEGMENT_SPARE_BUDGET_SHIFT`,
@@ -339,7 +339,9 @@ mod tests {
             assert_eq!(class(16385).unit_shift(), 15);
             assert_eq!(class(16385).is_slice(), MAX_SLICE_SHIFT >= 15);
             assert_eq!(class(32769).unit_shift(), 16);
-            assert!(!class(32769).is_slice());
+            assert_eq!(class(32769).is_slice(), MAX_SLICE_SHIFT >= 16);
+            assert_eq!(class(65537).is_slice(), MAX_SLICE_SHIFT >= 17);
+            assert!(!class((1 << MAX_SLICE_SHIFT) + 1).is_slice());
             assert_eq!(class(segment).index(), classes(shift) - 1);
             assert_eq!(class(segment).blocks_per_segment(shift), 1);
             assert_eq!(Request::for_size(segment + 1, shift), Request::Segments(2));
