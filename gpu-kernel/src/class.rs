@@ -1,13 +1,13 @@
 //! Size classes: which class serves a request, and the geometry of each.
 //!
-//! - Classes `0..SLICE_CLASSES` are *slice classes*: slices of 16 B … 32 KiB
+//! - Classes `0..SLICE_CLASSES` are *slice classes*: slices of 16 B … 128 KiB
 //!   ([`MAX_SLICE_SHIFT`]); a block holds [`SLICES_PER_BLOCK`] slices in the
 //!   wide classes (16 B … 128 B, [`WIDE_BLOCK_MAX_UNIT_SHIFT`]) and 4096 in
-//!   the others, or as many as fit in one segment if fewer (32 KiB slices:
-//!   64 per 2 MiB segment, 512 per 16 MiB), so a block is 128 KiB … one
+//!   the others, or as many as fit in one segment if fewer (128 KiB slices:
+//!   16 per 2 MiB segment, 128 per 16 MiB), so a block is 128 KiB … one
 //!   segment.
 //! - The following classes are *block classes*: one allocation is one whole
-//!   block of 64 KiB … one segment, for requests above 32 KiB.
+//!   block of 256 KiB … one segment, for requests above 128 KiB.
 //! - Requests above a segment take several contiguous segments.
 //!
 //! A segment is formatted for one class at a time and holds
@@ -104,27 +104,30 @@ pub const WIDE_BLOCK_MAX_UNIT_SHIFT: u32 =
 pub const SLICES_PER_BLOCK: u64 = 1 << SLICES_PER_BLOCK_SHIFT;
 /// log2 of the smallest slice (16 B).
 pub const MIN_SLICE_SHIFT: u32 = 4;
-/// log2 of the largest slice (32 KiB). 8 KiB was the smallest block class
+/// log2 of the largest slice (128 KiB). 8 KiB was the smallest block class
 /// until 2026-11-23: a burst of 2^20 requests then made every warp's claim
 /// contend for one segment's state word and took 31.5 ms on the H100; as
 /// slices through the slots it takes 0.33 ms (`docs/PERF.md`, "8 KiB
 /// becomes a slice class"). 16 KiB followed the same day (a burst of 2^19:
 /// 1.70 → 0.32 ms, "16 KiB becomes a slice class"), and 32 KiB on
 /// 2026-11-24 (a burst of 2^18: 0.307 → 0.155 ms kernel alone, "32 KiB
-/// becomes a slice class"); the smallest block class, 64 KiB, then leaves
-/// a 2 MiB segment 32 blocks, part of one bitmap word.
-/// `GPUMALLOC_MAX_SLICE_SHIFT=14` builds the geometry before.
-pub const MAX_SLICE_SHIFT: u32 = build_knob(option_env!("GPUMALLOC_MAX_SLICE_SHIFT"), 15);
+/// becomes a slice class"); the smallest block class, 64 KiB, then left
+/// a 2 MiB segment 32 blocks, part of one bitmap word. 64 and 128 KiB
+/// followed on 2026-11-25 (kernel alone, 2^17 × 64 KiB 0.249 → 0.163 ms,
+/// 2^16 × 128 KiB 0.201 → 0.165 ms; "64 and 128 KiB as slice classes?"),
+/// so the smallest block class, 256 KiB, leaves a 2 MiB segment 8 blocks.
+/// `GPUMALLOC_MAX_SLICE_SHIFT` 14, 15 or 16 builds a geometry before.
+pub const MAX_SLICE_SHIFT: u32 = build_knob(option_env!("GPUMALLOC_MAX_SLICE_SHIFT"), 17);
 const _: () = assert!(
     MAX_SLICE_SHIFT >= 14 && MAX_SLICE_SHIFT <= 17,
     "GPUMALLOC_MAX_SLICE_SHIFT must be 14..=17"
 );
 const _: () = assert!(STANDARD_SLICES_SHIFT <= SLICES_PER_BLOCK_SHIFT);
-/// Number of slice classes (16 B … 32 KiB).
+/// Number of slice classes (16 B … 128 KiB).
 pub const SLICE_CLASSES: u32 = MAX_SLICE_SHIFT - MIN_SLICE_SHIFT + 1;
-/// log2 of the smallest block class (64 KiB).
+/// log2 of the smallest block class (256 KiB).
 pub const MIN_BLOCK_CLASS_SHIFT: u32 = MAX_SLICE_SHIFT + 1;
-/// Number of block classes on a heap of the largest segments (64 KiB …
+/// Number of block classes on a heap of the largest segments (256 KiB …
 /// 16 MiB); a heap uses those up to its own segment size.
 pub const BLOCK_CLASSES: u32 = MAX_SEGMENT_SHIFT - MIN_BLOCK_CLASS_SHIFT + 1;
 /// Number of classes of both kinds on a heap of the largest segments: what

@@ -1,8 +1,8 @@
 //! `malloc` and `free` on a [`Heap`]: the three tiers put together.
 //!
-//! - Slice classes (16 B … 32 KiB): a warp team reserves slices from the block
+//! - Slice classes (16 B … 128 KiB): a warp team reserves slices from the block
 //!   in its slot ([`crate::team`]); the installer claims blocks here.
-//! - Block classes (64 KiB … one segment): one block per call, claimed from the
+//! - Block classes (256 KiB … one segment): one block per call, claimed from the
 //!   class tree or from a freshly formatted segment.
 //! - Above a segment: a run of segments claimed from the top of the segment
 //!   tree ([`crate::run`]).
@@ -533,7 +533,7 @@ impl Heap {
     /// cannot be met (too large, or the heap is exhausted); never blocks on
     /// other threads' progress except to wait for a block being installed.
     ///
-    /// Slices are aligned to their size (16 B … 32 KiB), blocks to theirs,
+    /// Slices are aligned to their size (16 B … 128 KiB), blocks to theirs,
     /// runs to a segment.
     #[inline]
     pub fn malloc(&self, size: u64) -> *mut u8 {

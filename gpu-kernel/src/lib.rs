@@ -5,7 +5,7 @@
 //! - **Segment**: 2 MiB … 16 MiB of heap, a size each heap fixes when it is
 //!   laid out (see [`class::segment_shift_for`]); free segments are ids in
 //!   the segment tree.
-//! - **Class**: a slice class (16 B … 32 KiB slices) or a block class (64 KiB …
+//! - **Class**: a slice class (16 B … 128 KiB slices) or a block class (256 KiB …
 //!   one segment); a segment is formatted for one class at a time.
 //! - **Block**: a class's unit of segment space: 4096 slices of a slice class
 //!   (fewer where they would not fit in a segment), or one allocation of a

@@ -70,7 +70,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Options {
-        // Every class: slices 16 B … 32 KiB, blocks 64 KiB … 16 MiB (the
+        // Every class: slices 16 B … 128 KiB, blocks 256 KiB … 16 MiB (the
         // largest segment; a heap of smaller segments serves the larger of
         // these as runs). Sizes whose 2^20 requests would pass half the
         // heap run with fewer threads (`threads_for`).
