@@ -739,6 +739,20 @@ mod heap_tests {
         class.map(|c| (h, words, c))
     }
 
+    /// Draws every block of `class`'s first stripe, then the second
+    /// stripe's first block: (the first stripe's blocks in order, that
+    /// block).
+    fn draw_a_stripe_and_one(h: &Heap, class: SizeClass) -> (Vec<BlockId>, BlockId) {
+        let shift = class.blocks_per_segment_shift(MIN_SEGMENT_SHIFT);
+        let first: Vec<BlockId> = (0..h.stripe_segments(class) << shift)
+            .map(|_| h.draw_from_stripe(class).expect("a block"))
+            .collect();
+        let high = h
+            .draw_from_stripe(class)
+            .expect("the second stripe's first block");
+        (first, high)
+    }
+
     /// Block classes have no stripe line, whatever their blocks per
     /// segment: `lower_stripe` runs on their frees too and must not read
     /// or write past the stripe region (a block class of 8 to 32 blocks
@@ -765,15 +779,8 @@ mod heap_tests {
         let Some((h, _words, class)) = striped_heap() else {
             return;
         };
-        let shift = class.blocks_per_segment_shift(MIN_SEGMENT_SHIFT);
         let segments = h.stripe_segments(class);
-        let per_stripe = segments << shift;
-        let first: Vec<BlockId> = (0..per_stripe)
-            .map(|_| h.draw_from_stripe(class).expect("a block"))
-            .collect();
-        let high = h
-            .draw_from_stripe(class)
-            .expect("the second stripe's first block");
+        let (first, high) = draw_a_stripe_and_one(&h, class);
         assert!(first.iter().all(|b| b.segment() < high.segment()));
         assert_eq!(h.free_segments(), 256 - 2 * segments);
         for &b in &first {
@@ -821,11 +828,7 @@ mod heap_tests {
         }
         let shift = class.blocks_per_segment_shift(MIN_SEGMENT_SHIFT);
         let per = 1u32 << shift;
-        let per_stripe = h.stripe_segments(class) << shift;
-        let first: Vec<BlockId> = (0..per_stripe)
-            .map(|_| h.draw_from_stripe(class).expect("a block"))
-            .collect();
-        let high = h.draw_from_stripe(class).expect("the second stripe's");
+        let (first, high) = draw_a_stripe_and_one(&h, class);
         // Block 2 of segment 0 stays held; everything else comes back, so
         // every other segment is free and the free run right after segment
         // 0 is as long as a stripe asks.
@@ -868,12 +871,8 @@ mod heap_tests {
         let Some((h, words, class)) = striped_heap() else {
             return;
         };
-        let shift = class.blocks_per_segment_shift(MIN_SEGMENT_SHIFT);
         let segments = h.stripe_segments(class);
-        let first: Vec<BlockId> = (0..segments << shift)
-            .map(|_| h.draw_from_stripe(class).expect("a block"))
-            .collect();
-        let high = h.draw_from_stripe(class).expect("the second stripe's");
+        let (first, high) = draw_a_stripe_and_one(&h, class);
         h.release_block(class, first[0]);
         h.release_block(class, first[1]);
         let snapshot: Vec<u64> = words.iter().map(arch::load_relaxed).collect();

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The session's final build (refills from held segments, after the review
-# fold), staged with scripts/stage-gpu.sh. Two calls, since the tree and
+# The session's final builds, staged with scripts/stage-gpu.sh; results
+# under results/$NAME: NAME=final the build with refills from held segments
+# after the review fold, NAME=final2 (the default) that and 64 and 128 KiB
+# slice classes. Two calls, since the tree and
 # the whole of .gpu pass the device's 64 MiB carry:
 #   PART=table (carry .gpu/gpumalloc, .gpu/test-gpu, .gpu/test-graph_gpu):
 #     issue 15's table (exhaustion three times) and the dynamic-graph test;
@@ -9,7 +11,7 @@
 #     memcheck, racecheck and synccheck; its graph step reads "not found"
 #     and its two-GPU step is skipped on one GPU.
 set -u
-R=results/final; mkdir -p $R
+R=results/${NAME:-final2}; mkdir -p $R
 OUT_TGZ=$OUT
 if [ "${PART:-table}" = table ]; then
 OUT=$R/table ITERS=10 REPEAT=3 GPUMALLOC_BIN=.gpu timeout 330 scripts/issue15-table.sh; echo "table rc=$?"
