@@ -206,7 +206,8 @@
 #                  block class. (That session's first `s15` still counted
 #                  32 KiB in the whole-segment share, which gave 2-32 KiB 8
 #                  slots on the bench heap, and `s15+ws4` doubled the share
-#                  back to 16; 32 KiB is no longer counted, so s15 = auto.)
+#                  back to 16; 32 KiB is no longer counted, so s15 was auto
+#                  until auto became s17.)
 #   s16, s17       64 KiB, and 64 and 128 KiB, slice classes too
 #                  (GPUMALLOC_MAX_SLICE_SHIFT=16, 17; the smallest block
 #                  class then 128 / 256 KiB, 16 / 8 blocks to a 2 MiB

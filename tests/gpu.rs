@@ -73,9 +73,12 @@ fn every_class_million_threads_ten_rounds() {
     let gpu = gpu();
     let heap_bytes = 16 * GIB;
     let mut ours = checked(&gpu, heap_bytes);
-    let sizes = (4..=13)
-        .map(|s| 1u64 << s)
-        .chain([65536, 3 << 23, 40 << 20]);
+    let sizes = (4..=13).map(|s| 1u64 << s).chain([
+        65536,
+        1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT,
+        3 << 23,
+        40 << 20,
+    ]);
     for size in sizes {
         let n = threads().min(heap_bytes / 2 / size);
         let mut buffers = Buffers::new(&gpu, n).unwrap();
@@ -119,7 +122,8 @@ fn mixed_sizes_and_churn() {
         ours.heap().arg(),
         Arg::U32(16),
         Arg::U64(16),
-        // Up to the smallest block class (64 KiB), so churn crosses the
+        // Up to the smallest block class (256 KiB since 64 and 128 KiB
+        // became slice classes), so churn crosses the
         // slice/block boundary.
         Arg::U64(1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT),
         Arg::U64(11),
@@ -228,7 +232,8 @@ fn a_wait_with_a_limit_gives_up_instead_of_blocking() {
         ours.heap().arg(),
         Arg::U32(16),
         Arg::U64(16),
-        // Up to the smallest block class (64 KiB), so churn crosses the
+        // Up to the smallest block class (256 KiB since 64 and 128 KiB
+        // became slice classes), so churn crosses the
         // slice/block boundary.
         Arg::U64(1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT),
         Arg::U64(5),

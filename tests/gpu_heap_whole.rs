@@ -28,7 +28,7 @@ mod common;
 use common::gpu;
 
 const MIB: u64 = 1 << 20;
-/// A request of the smallest block class (64 KiB since 8, 16 and 32 KiB
+/// A request of the smallest block class (256 KiB since 8 … 128 KiB
 /// became slice classes): the bad-free cases named "block" need one.
 const BLOCK: u64 = 1 << gpumalloc::gpu_kernel::class::MIN_BLOCK_CLASS_SHIFT;
 const GIB: u64 = 1 << 30;

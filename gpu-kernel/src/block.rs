@@ -37,8 +37,9 @@ fn lifetime_mask(per_block: u32) -> u64 {
 }
 
 /// Words of misuse-check states per slice block on checked heaps: two bits
-/// per slice (32 slices a word). A block-class segment (at most 2048
-/// blocks) keeps its blocks' states in those of its first slice block.
+/// per slice (32 slices a word). A block-class segment (at most 64 blocks,
+/// `class::max_blocks_per_segment`) keeps its blocks' states in those of
+/// its first slice block.
 pub const CHECK_WORDS_PER_BLOCK: u32 = (SLICES_PER_BLOCK / 32) as u32;
 
 // States: 0 never handed out, LIVE, FREED.
@@ -231,7 +232,7 @@ pub enum CheckedFree {
 #[inline(always)]
 fn state_at(states: &[Word], unit: u32) -> (&Word, u32) {
     // SAFETY: callers pass units below SLICES_PER_BLOCK (slices) or
-    // `max_blocks_per_segment` (blocks, at most 2048), so the word is below
+    // `max_blocks_per_segment` (blocks, at most 128), so the word is below
     // CHECK_WORDS_PER_BLOCK, the length of every check region.
     let w = unsafe { states.get_unchecked((unit >> 5) as usize) };
     (w, (unit & 31) * 2)

@@ -21,8 +21,9 @@
 /// granularity a growing heap maps in.
 pub const MIN_SEGMENT_SHIFT: u32 = 21;
 /// The largest segment a heap may use: 16 MiB (log2 24). A block-class
-/// segment then holds at most 2048 blocks, whose misuse states fit in the
-/// check words of one slice block (`block::CHECK_WORDS_PER_BLOCK`).
+/// segment then holds at most 64 blocks (2048 when the smallest block
+/// class was 8 KiB), whose misuse states fit in the check words of one
+/// slice block (`block::CHECK_WORDS_PER_BLOCK`).
 pub const MAX_SEGMENT_SHIFT: u32 = 24;
 /// Segments a heap should have at least: the automatic segment size
 /// ([`segment_shift_for`]) is the largest in
@@ -140,14 +141,32 @@ pub const fn classes(segment_shift: u32) -> u32 {
     segment_shift - MIN_SLICE_SHIFT + 1
 }
 
-/// The most blocks a segment can hold (the smallest block class).
+/// The most blocks a segment can hold, of any class: the smallest block
+/// class's or the smallest slice class's, whichever has the smaller
+/// block. Since 64 and 128 KiB became slice classes (the smallest block
+/// class 256 KiB) the 16 B class's blocks of 128 KiB are the smaller: 128
+/// to a 16 MiB segment, where the smallest block class has 64.
 #[inline(always)]
 pub const fn max_blocks_per_segment(segment_shift: u32) -> u32 {
-    1 << (segment_shift - MIN_BLOCK_CLASS_SHIFT)
+    let smallest_block = if MIN_BLOCK_CLASS_SHIFT < MIN_SLICE_BLOCK_SHIFT {
+        MIN_BLOCK_CLASS_SHIFT
+    } else {
+        MIN_SLICE_BLOCK_SHIFT
+    };
+    1 << (segment_shift - smallest_block)
 }
 
-/// Words of a segment's free-block bitmap (one, partly used, where the
-/// smallest block class gives a segment fewer than 64 blocks).
+/// log2 of the 16 B class's block: 8,192 slices where it is wide (the
+/// default), 4,096 where it is not (before a segment's size caps it).
+const MIN_SLICE_BLOCK_SHIFT: u32 = MIN_SLICE_SHIFT
+    + if WIDE_BLOCK_MAX_UNIT_SHIFT >= MIN_SLICE_SHIFT {
+        SLICES_PER_BLOCK_SHIFT
+    } else {
+        STANDARD_SLICES_SHIFT
+    };
+
+/// Words of a segment's free-block bitmap, for the class with the most
+/// blocks to a segment (one, partly used, where that is fewer than 64).
 #[inline(always)]
 pub const fn bitmap_words_per_segment(segment_shift: u32) -> u32 {
     max_blocks_per_segment(segment_shift).div_ceil(64)
@@ -319,7 +338,9 @@ impl SizeClass {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::vec::Vec;
 
     #[test]
     fn boundaries() {
@@ -358,14 +379,18 @@ mod tests {
             if MAX_SLICE_SHIFT >= 15 {
                 assert_eq!(class(32768).slices_per_block(shift), 1 << (shift - 15));
             }
-            assert_eq!(
-                class(1 << MIN_BLOCK_CLASS_SHIFT).blocks_per_segment(shift),
-                max_blocks_per_segment(shift)
-            );
-            assert_eq!(
-                bitmap_words_per_segment(shift),
-                max_blocks_per_segment(shift).div_ceil(64)
-            );
+            // Every class's blocks fit in the bitmap, and the largest count
+            // is some class's (the bitmap is no larger than it must be).
+            let counts: Vec<u32> = (0..classes(shift))
+                .map(|i| SizeClass(i).blocks_per_segment(shift))
+                .collect();
+            for (i, &n) in counts.iter().enumerate() {
+                assert!(
+                    n <= 64 * bitmap_words_per_segment(shift),
+                    "2^{shift}: class {i} has {n} blocks to a segment"
+                );
+            }
+            assert_eq!(counts.iter().max(), Some(&max_blocks_per_segment(shift)));
         }
         assert_eq!(classes(MAX_SEGMENT_SHIFT), CLASSES);
     }

@@ -26,7 +26,9 @@ use crate::slot::{SLOTS_PER_CLASS, SPARES_PER_SLOT};
 /// 3: slot words `SLOT_STRIDE_WORDS` (16) apart.
 /// 4: a class stripe line per slice class before the segment states
 /// (`crate::stripe`).
-const LAYOUT_VERSION: u64 = 4;
+/// 5: a segment's bitmap sized for the class with the most blocks to a
+/// segment, slice classes included (`class::max_blocks_per_segment`).
+const LAYOUT_VERSION: u64 = 5;
 
 /// The name of the PTX global that holds a PTX's fingerprint.
 pub const LAYOUT_FINGERPRINT_SYMBOL: &str = "GPUMALLOC_LAYOUT_FINGERPRINT";

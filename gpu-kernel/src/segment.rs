@@ -716,8 +716,9 @@ mod tests {
     }
 
     /// Segments of the block-class tests: their smallest block class has
-    /// 128 blocks there (8 MiB segments of 64 KiB blocks since 32 KiB
-    /// became a slice class).
+    /// 128 blocks there. Since 64 and 128 KiB became slice classes this is
+    /// 2^25, above any heap's segments: the table's arithmetic, all these
+    /// tests do, does not care.
     const BLOCK_TEST_SHIFT: u32 = crate::class::MIN_BLOCK_CLASS_SHIFT + 7;
 
     /// The smallest block class (128 blocks per segment of the tests) and

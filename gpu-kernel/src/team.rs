@@ -54,8 +54,8 @@ const WHOLE_SLOT_BUDGET_SHIFT: u32 = crate::class::build_knob(
 /// 4 KiB 32 slots as `w6` did, the 8.4 GiB demand + 3% heap (4 MiB, 3
 /// classes) 16 where `w6` gave 32, and the 256 MiB heap (2 MiB, 4
 /// classes) 1 as the default. Since 8 and 16 KiB became slice classes the
-/// bench heap has 4 such classes (2 … 16 KiB, 16 slots each), and 32 KiB
-/// shares without being counted ([`whole_segment_shares`]).
+/// bench heap has 4 such classes (2 … 16 KiB, 16 slots each), and 32, 64
+/// and 128 KiB share without being counted ([`whole_segment_shares`]).
 const WHOLE_SLOT_SHARE_SHIFT: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT"), 5);
 /// Heaps of at least 2^this bytes of budget (16 GiB by default; 0: none) follow the
@@ -306,7 +306,8 @@ fn whole_segment_classes(segment_shift: u32, top: u32) -> u32 {
 /// 16 KiB's slots (+49 … +57% allocation time on the H100, `docs/PERF.md`,
 /// "32 KiB becomes a slice class"). Uncounted, every heap keeps the slot
 /// counts it had, 32 KiB gets 16 KiB's, and the classes together may hold
-/// up to 5/4 of the share.
+/// up to 5/4 of the share. 64 and 128 KiB followed on 2026-11-25 the same
+/// way: up to 7/4 of the share on the bench heap, 3/2 on 16 MiB segments.
 #[inline(always)]
 fn whole_segment_shares(segment_shift: u32) -> u32 {
     whole_segment_classes(segment_shift, SHARED_UP_TO_SHIFT)
@@ -510,7 +511,7 @@ impl Heap {
     /// with the heap; the classes whose block fills a segment share 1/32 of
     /// the heap (`WHOLE_SLOT_SHARE_SHIFT`). A 16 GiB heap (8 MiB segments)
     /// uses all 32 slots for 16 B … 512 B (blocks up to 2 MiB), 16 for 1 KiB
-    /// (4 MiB blocks) and 16 for 2 … 32 KiB (8 MiB, whole segments); a
+    /// (4 MiB blocks) and 16 for 2 … 128 KiB (8 MiB, whole segments); a
     /// 256 MiB heap one slot for 4 KiB slices (2 MiB blocks) and 8 for
     /// 16 B (128 KiB blocks) (`fixed_heaps_keep_their_rules` lists them).
     ///
