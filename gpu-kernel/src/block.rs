@@ -158,7 +158,7 @@ impl<'a> BlockBitmap<'a> {
     #[inline]
     pub fn give_back_range(&self, first: u32, count: u32) -> u64 {
         debug_assert!(count >= 1 && (first & 63) + count <= 64);
-        let bits = (u64::MAX >> (64 - count)) << (first & 63);
+        let bits = run_mask(first & 63, count);
         let old = arch::fetch_or_acq_rel(self.word(first >> 6), bits);
         (old & bits) >> (first & 63)
     }
@@ -174,6 +174,13 @@ impl<'a> BlockBitmap<'a> {
     pub fn is_free(&self, block: u32) -> bool {
         arch::load_relaxed(self.word(block >> 6)) & 1u64 << (block & 63) != 0
     }
+}
+
+/// Bits `low..low + count` of a bitmap word (`1 <= count`,
+/// `low + count <= 64`): a run of adjacent blocks.
+#[inline(always)]
+pub(crate) fn run_mask(low: u32, count: u32) -> u64 {
+    (u64::MAX >> (64 - count)) << low
 }
 
 /// Adds `slices` unissued slices of a retired slot to a block counter;

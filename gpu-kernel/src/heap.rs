@@ -36,7 +36,7 @@
 use core::ptr;
 
 use crate::arch::{self, Word};
-use crate::block::{self, BlockBitmap, CHECK_WORDS_PER_BLOCK, CheckedFree};
+use crate::block::{self, BlockBitmap, CHECK_WORDS_PER_BLOCK, CheckedFree, run_mask};
 use crate::class::{
     CLASSES, MIN_SLICE_SHIFT, Request, SLICES_PER_BLOCK_SHIFT, SizeClass, bitmap_words_per_segment,
     classes,
@@ -244,6 +244,12 @@ pub(crate) struct BlockId {
 }
 
 impl BlockId {
+    /// Block `block` of segment `segment`.
+    #[inline(always)]
+    pub(crate) fn new(segment: u32, block: u32) -> BlockId {
+        BlockId { segment, block }
+    }
+
     /// The only block of a segment (classes whose block fills a segment).
     #[inline(always)]
     pub(crate) fn whole_segment(segment: u32) -> BlockId {
@@ -915,33 +921,15 @@ impl Heap {
                 if !slice || SLICE_CLAIM_ADD {
                     // Block classes (and slices with `SLICE_CLAIM_ADD`): one
                     // subtract, however many claim here.
-                    match table.reserve_blocks_add(segment, class, want, blocks, self.segment_shift)
+                    if let Some((count, ticket)) =
+                        self.reserve_in_tree_segment(&table, class, segment, want, blocks)
                     {
-                        Grab::Reserved {
-                            count,
-                            last,
-                            ticket,
-                        } => {
-                            if last {
-                                self.drop_from_class_tree(class, segment);
-                            }
-                            break Claim::ticketed(segment, count, ticket);
-                        }
-                        Grab::Missed { gave_back } => {
-                            // Act on the give-back for the segment's class
-                            // (its first free block again, or its
-                            // retirement), then drop our hint, which
-                            // re-inserts it if it serves after all.
-                            if let Some((c, ret)) = gave_back {
-                                self.after_return(c, segment, ret);
-                            }
-                            self.drop_from_class_tree(class, segment);
-                            spread += 1;
-                            salt = spread_salt(spread);
-                            if slice {
-                                from = elsewhere;
-                            }
-                        }
+                        break Claim::ticketed(segment, count, ticket);
+                    }
+                    spread += 1;
+                    salt = spread_salt(spread);
+                    if slice {
+                        from = elsewhere;
                     }
                     continue;
                 }
@@ -1042,6 +1030,44 @@ impl Heap {
             arch::fetch_add_relaxed(lock, demand.wrapping_neg());
         }
         claim
+    }
+
+    /// Reserves up to `want` blocks of `segment`, a class-tree pick of
+    /// `class` (`total` blocks to a segment), with one subtract
+    /// ([`SegmentTable::reserve_blocks_add`]): the count and ticket, or
+    /// none. Keeps the class tree true to what the subtract saw: a
+    /// reservation that took the last free block drops the segment, and a
+    /// miss acts on the give-back for the segment's class (its first free
+    /// block again, or its retirement), then drops the hint, which
+    /// re-inserts it if it serves after all.
+    #[inline(always)]
+    fn reserve_in_tree_segment(
+        &self,
+        table: &SegmentTable<'_>,
+        class: SizeClass,
+        segment: u32,
+        want: u32,
+        total: u32,
+    ) -> Option<(u32, u32)> {
+        match table.reserve_blocks_add(segment, class, want, total, self.segment_shift) {
+            Grab::Reserved {
+                count,
+                last,
+                ticket,
+            } => {
+                if last {
+                    self.drop_from_class_tree(class, segment);
+                }
+                Some((count, ticket))
+            }
+            Grab::Missed { gave_back } => {
+                if let Some((c, ret)) = gave_back {
+                    self.after_return(c, segment, ret);
+                }
+                self.drop_from_class_tree(class, segment);
+                None
+            }
+        }
     }
 
     /// A counted claim whose format found the segment tree empty: waits
@@ -1638,25 +1664,8 @@ impl Heap {
         }
         let low = seen.trailing_zeros();
         let run = (seen >> low).trailing_ones();
-        let reserved =
-            match self
-                .table()
-                .reserve_blocks_add(segment, class, run, total, self.segment_shift)
-            {
-                Grab::Reserved { count, last, .. } => {
-                    if last {
-                        self.drop_from_class_tree(class, segment);
-                    }
-                    count
-                }
-                Grab::Missed { gave_back } => {
-                    if let Some((c, ret)) = gave_back {
-                        self.after_return(c, segment, ret);
-                    }
-                    self.drop_from_class_tree(class, segment);
-                    return None;
-                }
-            };
+        let (reserved, _) =
+            self.reserve_in_tree_segment(&self.table(), class, segment, run, total)?;
         // As many bits as the reservation holds (`reserved <= run`), from
         // the run's start: a reserver may clear only as many bits as it
         // reserved (`BlockBitmap::take_bits`). Bits of the run that other
@@ -1826,7 +1835,7 @@ impl Heap {
         let twice = if formatted {
             self.bitmap(segment).give_back_range(first, count)
         } else {
-            u64::MAX >> (64 - count)
+            run_mask(0, count)
         };
         let set = count - twice.count_ones();
         if set < count {
@@ -2173,12 +2182,6 @@ impl Heap {
 #[cold]
 fn check_unit_free(states: &[Word], unit: u32) -> CheckedFree {
     block::check_free(states, unit)
-}
-
-/// Bits `low..low + count` of a word (`1 <= count`, `low + count <= 64`).
-#[inline(always)]
-fn run_mask(low: u32, count: u32) -> u64 {
-    (u64::MAX >> (64 - count)) << low
 }
 
 /// Checked heaps: marks a unit (slice or block) handed out. Out of line

@@ -72,15 +72,13 @@ impl HeapStats {
             .map(|w| at(heap.trees_at + w).count_ones())
             .sum();
         let shift = heap.segment_shift;
-        let bitmap_words = bitmap_words_per_segment(shift) as u64;
         for segment in 0..heap.segments as u64 {
             match SegmentState::decode(at(heap.states_at + segment)) {
                 SegmentState::Active { class, .. } => {
                     s.active_segments += 1;
-                    let bitmap = &words[(heap.bitmaps_at + segment * bitmap_words) as usize..]
-                        [..bitmap_words as usize];
+                    let bitmap = bitmap_in_snapshot(heap, words, segment as u32);
                     for block in 0..class.blocks_per_segment(shift) {
-                        if bitmap[(block / 64) as usize] & 1 << (block % 64) != 0 {
+                        if is_free_in(bitmap, block) {
                             s.idle_block_bytes += 1 << class.block_shift(shift);
                             continue;
                         }
@@ -145,46 +143,53 @@ impl HeapStats {
 /// the blocks it has free in its bitmap (`0`…`9`, `+` for more), `r` a
 /// multi-segment allocation.
 pub fn segment_mark(heap: &Heap, words: &[u64], segment: u32) -> u8 {
-    let at = |offset: u64| words[offset as usize];
-    let SegmentState::Active { class, .. } =
-        SegmentState::decode(at(heap.states_at + segment as u64))
-    else {
-        return match SegmentState::decode(at(heap.states_at + segment as u64)) {
-            SegmentState::Free => b'.',
-            _ => b'r',
-        };
+    let class = match SegmentState::decode(words[(heap.states_at + segment as u64) as usize]) {
+        SegmentState::Active { class, .. } => class,
+        SegmentState::Free => return b'.',
+        _ => return b'r',
     };
     if class.is_slice() {
         let per = class.slices_per_block(heap.segment_shift);
-        let shift = class.blocks_per_segment_shift(heap.segment_shift);
-        let segment_of = |first: u64, j: u32| heap.block_id(first).advanced(j, shift).segment();
+        let in_segment = |global: u64| heap.block_id(global).segment() == segment;
         let held_by_slot = (0..SLOTS_PER_CLASS).any(|slot| {
-            let word = SlotWord(at(heap.slot_at(class.index(), slot)));
+            let word = SlotWord(words[heap.slot_at(class.index(), slot) as usize]);
             word.unissued(per) > 0
-                && word
-                    .block()
-                    .is_some_and(|g| (0..word.run()).any(|j| segment_of(g, j) == segment))
+                && word.block().is_some_and(|g| {
+                    (0..word.run()).any(|j| in_segment(heap.run_block(class, g, j)))
+                })
         });
         if held_by_slot {
             return b'S';
         }
-        let stripe = StripeWord(at(heap.stripe_at(class.index())));
-        if let Some(first) = stripe.first()
-            && stripe.undrawn().any(|j| segment_of(first, j) == segment)
+        let stripe = StripeWord(words[heap.stripe_at(class.index()) as usize]);
+        if !stripe.is_empty()
+            && stripe
+                .undrawn()
+                .any(|j| heap.stripe_block(class, stripe, j).segment() == segment)
         {
             return b'u';
         }
     }
     // The class's blocks only: a format writes the words its blocks
     // cover, and a word past them may keep an earlier class's bits.
-    let bitmap_words = bitmap_words_per_segment(heap.segment_shift) as u64;
-    let bitmap = &words[(heap.bitmaps_at + segment as u64 * bitmap_words) as usize..]
-        [..bitmap_words as usize];
+    let bitmap = bitmap_in_snapshot(heap, words, segment);
     let idle = (0..class.blocks_per_segment(heap.segment_shift))
-        .filter(|&block| bitmap[(block / 64) as usize] & 1 << (block % 64) != 0)
+        .filter(|&block| is_free_in(bitmap, block))
         .count();
     match idle {
         0..=9 => b'0' + idle as u8,
         _ => b'+',
     }
+}
+
+/// `segment`'s block bitmap in a snapshot of `heap`'s metadata.
+fn bitmap_in_snapshot<'a>(heap: &Heap, words: &'a [u64], segment: u32) -> &'a [u64] {
+    let per = bitmap_words_per_segment(heap.segment_shift) as usize;
+    let at = heap.bitmaps_at as usize + segment as usize * per;
+    &words[at..at + per]
+}
+
+/// Whether `block` is free in a snapshot of a segment's bitmap.
+fn is_free_in(bitmap: &[u64], block: u32) -> bool {
+    bitmap[(block / 64) as usize] & 1 << (block % 64) != 0
 }

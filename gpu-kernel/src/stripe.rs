@@ -258,7 +258,7 @@ impl Heap {
 
     /// The block `j` of stripe `word` of `class`.
     #[inline(always)]
-    fn stripe_block(&self, class: SizeClass, word: StripeWord, j: u32) -> BlockId {
+    pub(crate) fn stripe_block(&self, class: SizeClass, word: StripeWord, j: u32) -> BlockId {
         let shift = class.blocks_per_segment_shift(self.segment_shift);
         self.block_id(word.first().unwrap_or(0)).advanced(j, shift)
     }
@@ -502,11 +502,7 @@ impl Heap {
     #[doc(hidden)]
     pub fn loom_release_claimed(&self, size: u64, (segment, block): (u32, u32)) {
         let class = slice_class_of(size, self.segment_shift);
-        let shift = class.blocks_per_segment_shift(self.segment_shift);
-        self.release_block(
-            class,
-            BlockId::whole_segment(segment).advanced(block, shift),
-        );
+        self.release_block(class, BlockId::new(segment, block));
     }
 
     #[doc(hidden)]
@@ -854,10 +850,7 @@ mod heap_tests {
             "segment 0's runs, then the lowest free segment"
         );
         for &(segment, block) in &drawn {
-            h.release_block(
-                class,
-                BlockId::whole_segment(segment).advanced(block, shift),
-            );
+            h.release_block(class, BlockId::new(segment, block));
         }
         h.release_block(class, held);
         h.drain_stripe(class);

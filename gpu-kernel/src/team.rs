@@ -629,7 +629,7 @@ impl Heap {
     /// `global`: the block `j` blocks of this class further on in the
     /// heap's address order.
     #[inline(always)]
-    fn run_block(&self, class: SizeClass, global: u64, j: u32) -> u64 {
+    pub(crate) fn run_block(&self, class: SizeClass, global: u64, j: u32) -> u64 {
         let shift = class.blocks_per_segment_shift(self.segment_shift);
         self.global(self.block_id(global).advanced(j, shift))
     }
@@ -964,7 +964,7 @@ impl Heap {
                 while rest != 0 {
                     let segment = first + rest.trailing_zeros();
                     for block in 0..1 << shift {
-                        let b = BlockId::whole_segment(segment).advanced(block, shift);
+                        let b = BlockId::new(segment, block);
                         self.park_spare(class, slot, i, b);
                         i += 1;
                     }
