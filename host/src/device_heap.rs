@@ -96,22 +96,27 @@ impl DeviceHeap {
     /// Waits for the stream, then reads what the heap holds. Call it when no
     /// kernel is using the heap.
     pub fn stats(&self) -> Result<HeapStats> {
-        self.gpu.sync()?;
-        let words = self.gpu.download(&self.metadata)?;
-        Ok(HeapStats::from_snapshot(&self.heap, &words))
+        Ok(HeapStats::from_snapshot(&self.heap, &self.snapshot()?))
     }
 
-    /// Waits for the stream, then maps where the heap's segments stand, one
-    /// character each up to the last segment not free
-    /// ([`gpu_kernel::stats::segment_mark`]). A diagnostic of `bench frag`.
-    pub fn segment_map(&self) -> Result<String> {
-        self.gpu.sync()?;
-        let words = self.gpu.download(&self.metadata)?;
+    /// [`DeviceHeap::stats`] and, from the same snapshot, a map of where
+    /// the heap's segments stand: one character each up to the last
+    /// segment not free ([`gpu_kernel::stats::segment_mark`]). A
+    /// diagnostic of `bench frag`.
+    pub fn stats_and_segment_map(&self) -> Result<(HeapStats, String)> {
+        let words = self.snapshot()?;
         let marks: Vec<u8> = (0..self.heap.segments())
             .map(|segment| gpu_kernel::stats::segment_mark(&self.heap, &words, segment))
             .collect();
         let used = marks.iter().rposition(|&m| m != b'.').map_or(0, |i| i + 1);
-        Ok(String::from_utf8_lossy(&marks[..used]).into_owned())
+        let map = String::from_utf8_lossy(&marks[..used]).into_owned();
+        Ok((HeapStats::from_snapshot(&self.heap, &words), map))
+    }
+
+    /// Waits for the stream, then copies the heap's metadata words.
+    fn snapshot(&self) -> Result<Vec<u64>> {
+        self.gpu.sync()?;
+        self.gpu.download(&self.metadata)
     }
 
     /// Returns every allocation at once: rewrites the initial metadata.

@@ -122,13 +122,14 @@ impl Allocator for Ours {
         launch_heap_free(gpu, self.heap.arg(), ptrs, n)
     }
     fn heap_stats(&self) -> Result<Option<HeapSnapshot>> {
-        let segment_map = if super::suite::map_rounds() {
-            Some(self.heap.segment_map()?)
+        let (stats, segment_map) = if super::suite::map_rounds() {
+            let (stats, map) = self.heap.stats_and_segment_map()?;
+            (stats, Some(map))
         } else {
-            None
+            (self.heap.stats()?, None)
         };
         Ok(Some(HeapSnapshot {
-            stats: self.heap.stats()?,
+            stats,
             segment_bytes: self.heap.bytes() / self.heap.segments(),
             segment_map,
         }))
@@ -143,7 +144,7 @@ pub struct HeapSnapshot {
     /// Bytes per segment.
     pub segment_bytes: u64,
     /// Each segment's state, where `GPUMALLOC_FRAG_MAP=1` asks for it
-    /// (`DeviceHeap::segment_map`).
+    /// (`DeviceHeap::stats_and_segment_map`).
     pub segment_map: Option<String>,
 }
 

@@ -552,14 +552,14 @@ impl Bench {
                             }
                         }
                         if requested > 0 {
+                            let round = ratios.len();
                             if map_rounds() {
                                 let live = ptrs.iter().enumerate().filter(|&(_, &p)| p != 0);
                                 let map =
                                     occupancy_map(live.map(|(t, &p)| (p, size_of(t))), lo, hi);
                                 println!(
-                                    "frag {label} B, {}, round {}: {map}",
+                                    "frag {label} B, {}, round {round}: {map}",
                                     allocator.name(),
-                                    ratios.len()
                                 );
                             }
                             ratios.push((hi - lo) as f64 / requested as f64);
@@ -567,9 +567,8 @@ impl Bench {
                             if let Some(snapshot) = &r.peak_stats {
                                 if let Some(map) = &snapshot.segment_map {
                                     println!(
-                                        "frag {label} B, {}, round {}, segments: {map}",
+                                        "frag {label} B, {}, round {round}, segments: {map}",
                                         allocator.name(),
-                                        ratios.len() - 1
                                     );
                                 }
                                 parts.add(snapshot, requested);
