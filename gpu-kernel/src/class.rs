@@ -156,14 +156,10 @@ pub const fn max_blocks_per_segment(segment_shift: u32) -> u32 {
     1 << (segment_shift - smallest_block)
 }
 
-/// log2 of the 16 B class's block: 8,192 slices where it is wide (the
-/// default), 4,096 where it is not (before a segment's size caps it).
-const MIN_SLICE_BLOCK_SHIFT: u32 = MIN_SLICE_SHIFT
-    + if WIDE_BLOCK_MAX_UNIT_SHIFT >= MIN_SLICE_SHIFT {
-        SLICES_PER_BLOCK_SHIFT
-    } else {
-        STANDARD_SLICES_SHIFT
-    };
+/// log2 of the 16 B class's block (before a segment's size caps it):
+/// [`SLICES_PER_BLOCK`] slices, the most of any slice class (the 16 B class
+/// is wide, or every class holds the standard count: checked below).
+pub(crate) const MIN_SLICE_BLOCK_SHIFT: u32 = MIN_SLICE_SHIFT + SLICES_PER_BLOCK_SHIFT;
 
 /// Words of a segment's free-block bitmap, for the class with the most
 /// blocks to a segment (one, partly used, where that is fewer than 64).
@@ -175,10 +171,14 @@ pub const fn bitmap_words_per_segment(segment_shift: u32) -> u32 {
 /// The most blocks of a slice class a segment can hold (16 B slices).
 #[inline(always)]
 pub const fn slice_blocks_per_segment(segment_shift: u32) -> u32 {
-    1 << (segment_shift - MIN_SLICE_SHIFT - SLICES_PER_BLOCK_SHIFT)
+    1 << (segment_shift - MIN_SLICE_BLOCK_SHIFT)
 }
 
-const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_SLICE_SHIFT + SLICES_PER_BLOCK_SHIFT);
+const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_SLICE_BLOCK_SHIFT);
+const _: () = assert!(
+    WIDE_BLOCK_MAX_UNIT_SHIFT >= MIN_SLICE_SHIFT || SLICES_PER_BLOCK_SHIFT == STANDARD_SLICES_SHIFT,
+    "the 16 B class must hold SLICES_PER_BLOCK slices a block (global block ids count them)"
+);
 const _: () = assert!(MIN_SEGMENT_SHIFT >= MIN_BLOCK_CLASS_SHIFT + 3);
 
 /// A build-time setting (`GPUMALLOC_SEGMENT_SHIFT`, `GPUMALLOC_SLOTS`,

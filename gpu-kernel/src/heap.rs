@@ -38,8 +38,7 @@ use core::ptr;
 use crate::arch::{self, Word};
 use crate::block::{self, BlockBitmap, CHECK_WORDS_PER_BLOCK, CheckedFree, run_mask};
 use crate::class::{
-    CLASSES, MIN_SLICE_SHIFT, Request, SLICES_PER_BLOCK_SHIFT, SizeClass, bitmap_words_per_segment,
-    classes,
+    CLASSES, MIN_SLICE_BLOCK_SHIFT, Request, SizeClass, bitmap_words_per_segment, classes,
 };
 use crate::layout::{CHECK_DOUBLE_FREE, Heap, Stat, TRAP_ON_MISUSE};
 use crate::segment::{Grab, Previous, Reservation, Return, SegmentState, SegmentTable};
@@ -444,7 +443,7 @@ impl Heap {
     /// global block ids count in.
     #[inline(always)]
     fn slice_blocks_shift(&self) -> u32 {
-        self.segment_shift - MIN_SLICE_SHIFT - SLICES_PER_BLOCK_SHIFT
+        self.segment_shift - MIN_SLICE_BLOCK_SHIFT
     }
 
     /// The id slot words and counters use for slice block `b`.
