@@ -15,6 +15,9 @@
 #   ROUNDS=2 ITERS=5 VARIANTS="main claim" scripts/bench-compare.sh
 #   HEAP_WHOLE=1 ...  also runs .gpu-var/<v>/test-gpu_heap_whole where present
 #   EXTRA="--threads 4096" ...  extra arguments for every `gpumalloc bench`
+#   TESTS="single mixed frag" ...  the tests each round runs (default
+#       "single mixed"); frag's spans and where they sit are tabled too, and
+#       FRAG_MAP=1 prints its per-round maps and class breakdown in its logs
 #   ROUNDS=0 OUT=dir ...  only prints the table of an earlier run in dir
 #
 # Every step runs under `timeout` (STEP_S, 60 s); no bench step starts after
@@ -45,7 +48,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 cat "$OUT/gpu.txt"
 
 for ((r = 0; r < ROUNDS; r++)); do
-  for test in single mixed; do
+  for test in ${TESTS:-single mixed}; do
     for ((k = 0; k < n; k++)); do
       if [ "$(elapsed)" -ge "$BUDGET_S" ]; then
         echo "budget of ${BUDGET_S}s spent: no more bench steps"; break 3
@@ -56,7 +59,7 @@ for ((r = 0; r < ROUNDS; r++)); do
       mkdir -p "$dir"
       echo "[$(elapsed)s] round $r $test $b"
       # shellcheck disable=SC2086 # EXTRA holds several arguments
-      timeout "$STEP_S" "${paths[$i]}" bench "$test" --allocators ours --iters "$ITERS" \
+      GPUMALLOC_FRAG_MAP=${FRAG_MAP:-0} timeout "$STEP_S" "${paths[$i]}" bench "$test" --allocators ours --iters "$ITERS" \
         --out "$dir" ${EXTRA:-} > "$dir/log" 2>&1
       rc=$?
       if [ $rc -ne 0 ]; then echo "  FAILED ($rc): tail of $dir/log"; tail -n 5 "$dir/log"; fi
@@ -98,12 +101,18 @@ def med(k):
     v = vals.get(k)
     return statistics.median(v) if v else None
 counts = sorted({len(v) for v in vals.values()})
-for metric in ("alloc_ms", "free_ms"):
+frag = ("span_over_requested", "held_over_requested", "rounding_over_requested",
+        "slot_unissued_over_requested", "spares_over_requested", "idle_blocks_over_requested")
+for metric in ("alloc_ms", "free_ms") + frag:
+    if not any(k[2] == metric for k in vals):
+        continue
     print(f"\n{metric}: median over {counts} processes per cell of each process's median;"
           f" % vs {builds[0]}")
     head = f"{'test':7}{'size':>10}" + "".join(f"{b:>16}" for b in builds)
     print(head)
     for (test, label), _ in sorted(order.items(), key=lambda kv: (kv[0][0] != "single", kv[1])):
+        if not any((test, label, metric, b) in vals for b in builds):
+            continue
         base = med((test, label, metric, builds[0]))
         line = f"{test:7}{label:>10}"
         for b in builds:

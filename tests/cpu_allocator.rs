@@ -476,3 +476,44 @@ fn stats_account_for_every_byte_of_formatted_segments() {
         );
     }
 }
+
+/// With several classes in use the same account holds class by class
+/// (`HeapStats::per_class`, what `bench frag`'s map prints for a mixed
+/// round): each class's live + idle + unissued + spare bytes = its
+/// formatted segments, and the classes sum to the totals.
+#[test]
+fn stats_account_for_every_byte_class_by_class() {
+    let h = heap(256 * MIB);
+    let sizes = [16u64, 48, 256, 700, 1024, 3000, 4096];
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let h = &h;
+            s.spawn(move || {
+                for i in 0..6_000u64 {
+                    let size = sizes[((i * 7 + t) % sizes.len() as u64) as usize];
+                    assert!(!h.heap().malloc(size).is_null());
+                }
+            });
+        }
+    });
+    let st = h.stats();
+    let mut segments = 0;
+    for c in (0..gpu_kernel::class::CLASSES).filter_map(gpu_kernel::class::SizeClass::new) {
+        let held = &st.per_class[c.index() as usize];
+        let live = st.live_per_class[c.index() as usize] << c.unit_shift();
+        if c.is_slice() {
+            assert_eq!(
+                live + held.idle_block_bytes + held.slot_unissued_bytes + held.spare_block_bytes,
+                held.segments as u64 * SEGMENT_BYTES,
+                "class {} B: {held:?}",
+                1u64 << c.unit_shift()
+            );
+        }
+        segments += held.segments;
+    }
+    assert_eq!(segments, st.active_segments);
+    let sum = |f: fn(&gpu_kernel::stats::ClassHeld) -> u64| st.per_class.iter().map(f).sum::<u64>();
+    assert_eq!(sum(|c| c.idle_block_bytes), st.idle_block_bytes);
+    assert_eq!(sum(|c| c.slot_unissued_bytes), st.slot_unissued_bytes);
+    assert_eq!(sum(|c| c.spare_block_bytes), st.spare_block_bytes);
+}

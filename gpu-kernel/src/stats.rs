@@ -48,6 +48,21 @@ pub struct HeapStats {
     pub spare_block_bytes: u64,
     /// A measuring build's install and wait counts (zero in others).
     pub install_clock: InstallClock,
+    /// The same held bytes class by class (`bench frag`'s map).
+    pub per_class: [ClassHeld; CLASSES as usize],
+}
+
+/// What one class holds: its share of [`HeapStats`]' held bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassHeld {
+    /// Segments formatted for the class.
+    pub segments: u32,
+    /// Bytes of its blocks free in their segments' bitmaps.
+    pub idle_block_bytes: u64,
+    /// Bytes of its slot blocks' slices not yet handed out.
+    pub slot_unissued_bytes: u64,
+    /// Bytes of its spare blocks and undrawn stripe blocks.
+    pub spare_block_bytes: u64,
 }
 
 impl HeapStats {
@@ -76,10 +91,13 @@ impl HeapStats {
             match SegmentState::decode(at(heap.states_at + segment)) {
                 SegmentState::Active { class, .. } => {
                     s.active_segments += 1;
+                    s.per_class[class.index() as usize].segments += 1;
                     let bitmap = bitmap_in_snapshot(heap, words, segment as u32);
                     for block in 0..class.blocks_per_segment(shift) {
                         if is_free_in(bitmap, block) {
                             s.idle_block_bytes += 1 << class.block_shift(shift);
+                            s.per_class[class.index() as usize].idle_block_bytes +=
+                                1 << class.block_shift(shift);
                             continue;
                         }
                         let live = if class.is_slice() {
@@ -111,20 +129,23 @@ impl HeapStats {
             let undrawn = heap.undrawn_in_snapshot(class, words) as u64;
             let live = &mut s.live_per_class[c as usize];
             *live = live.saturating_sub(undrawn * per as u64);
-            s.spare_block_bytes += undrawn << class.block_shift(shift);
+            let held = &mut s.per_class[c as usize];
+            held.spare_block_bytes += undrawn << class.block_shift(shift);
             for slot in 0..SLOTS_PER_CLASS {
                 let word = SlotWord(at(heap.slot_at(c, slot)));
                 let live = &mut s.live_per_class[c as usize];
                 *live = live.saturating_sub(word.unissued(per) as u64);
-                s.slot_unissued_bytes += (word.unissued(per) as u64) << class.unit_shift();
+                held.slot_unissued_bytes += (word.unissued(per) as u64) << class.unit_shift();
                 for i in 0..SPARES_PER_SLOT {
                     if at(heap.spare_index(c, slot, i)) != 0 {
                         let live = &mut s.live_per_class[c as usize];
                         *live = live.saturating_sub(per as u64);
-                        s.spare_block_bytes += 1 << class.block_shift(shift);
+                        held.spare_block_bytes += 1 << class.block_shift(shift);
                     }
                 }
             }
+            s.spare_block_bytes += held.spare_block_bytes;
+            s.slot_unissued_bytes += held.slot_unissued_bytes;
         }
         s.live_bytes = (0..CLASSES)
             .filter_map(SizeClass::new)

@@ -570,6 +570,11 @@ impl Bench {
                                         "frag {label} B, {}, round {round}, segments: {map}",
                                         allocator.name(),
                                     );
+                                    println!(
+                                        "frag {label} B, {}, round {round}, by class: {}",
+                                        allocator.name(),
+                                        held_by_class(&snapshot.stats, snapshot.segment_bytes),
+                                    );
                                 }
                                 parts.add(snapshot, requested);
                                 // Builds with GPUMALLOC_INSTALL_CLOCK set only (zero otherwise).
@@ -800,6 +805,32 @@ impl HeldParts {
 /// map (`GPUMALLOC_FRAG_MAP=1`): where a warm round's span goes.
 pub(super) fn map_rounds() -> bool {
     std::env::var("GPUMALLOC_FRAG_MAP").is_ok_and(|v| v == "1")
+}
+
+/// What each class held at a round's peak, in MiB: its segments' bytes,
+/// then the live bytes (at class granularity), the free blocks in its
+/// segments, the unissued slices of its slot blocks and its spare blocks;
+/// classes that hold no segment left out.
+fn held_by_class(stats: &gpu_kernel::stats::HeapStats, segment_bytes: u64) -> String {
+    let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
+    let classes = (0..gpu_kernel::class::CLASSES).filter_map(gpu_kernel::class::SizeClass::new);
+    classes
+        .filter(|c| stats.per_class[c.index() as usize].segments > 0)
+        .map(|c| {
+            let held = &stats.per_class[c.index() as usize];
+            let live = stats.live_per_class[c.index() as usize] << c.unit_shift();
+            format!(
+                "{} B {:.0} (live {:.0}, idle {:.0}, unissued {:.0}, spare {:.0})",
+                1u64 << c.unit_shift(),
+                mib(held.segments as u64 * segment_bytes),
+                mib(live),
+                mib(held.idle_block_bytes),
+                mib(held.slot_unissued_bytes),
+                mib(held.spare_block_bytes),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Each MiB of `[lo, hi)` as one character: how much of it the live
