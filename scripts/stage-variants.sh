@@ -93,7 +93,9 @@
 #                  1 KiB moves, 16 -> 32 slots)
 #   ws4            the whole-segment classes' slot share doubled
 #                  (GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4): 32 slots for 2 KiB
-#                  and up on the bench heap, on every heap size
+#                  and up on the bench heap, on every heap size;
+#                  ws6, ws7: halved and quartered (=6, =7), fewer slot
+#                  blocks held half-issued at a mixed burst's peak
 #   wsalt          claims of whole segments spread a lost race's retry over
 #                  the tree word (GPUMALLOC_WHOLE_CLAIM_SALT=1; measured with
 #                  the block class of one segment spread too, 17% slower
@@ -227,6 +229,13 @@
 #                  free blocks of a segment a block still holds
 #                  (GPUMALLOC_STRIPE_REUSE=0, the rule before the
 #                  twenty-second session)
+#   dcK            claims sized by the demand waiting on the slot: at
+#                  most the blocks that K times the slices reserved past
+#                  the replaced version's end fill (GPUMALLOC_DEMAND_CLAIM=K,
+#                  team.rs; 8 is the default since the twenty-third
+#                  session); K = 0 (off, the rule before), 1, 2, 4, 8, 16,
+#                  32, 128. (That session's first dc4 and dc16 multiplied
+#                  after rounding up, and claimed in full.)
 #   A+B            the settings of A and of B (blkrun3+iclock2-c4)
 #
 # One target directory serves every variant: build.rs reruns the PTX build
@@ -294,6 +303,16 @@ settings() {
     f3) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=3" ;;
     f5) echo "GPUMALLOC_LARGE_HEAP_UNLOCKED_FORMAT_SHIFT=5" ;;
     ws4) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=4" ;;
+    ws6) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=6" ;;
+    dc0) echo "GPUMALLOC_DEMAND_CLAIM=0" ;;
+    dc1) echo "GPUMALLOC_DEMAND_CLAIM=1" ;;
+    dc2) echo "GPUMALLOC_DEMAND_CLAIM=2" ;;
+    dc4) echo "GPUMALLOC_DEMAND_CLAIM=4" ;;
+    dc16) echo "GPUMALLOC_DEMAND_CLAIM=16" ;;
+    dc8) echo "GPUMALLOC_DEMAND_CLAIM=8" ;;
+    dc32) echo "GPUMALLOC_DEMAND_CLAIM=32" ;;
+    dc128) echo "GPUMALLOC_DEMAND_CLAIM=128" ;;
+    ws7) echo "GPUMALLOC_WHOLE_SLOT_SHARE_SHIFT=7" ;;
     b7) echo "GPUMALLOC_SLOT_BUDGET_SHIFT=7" ;;
     cf0) echo "GPUMALLOC_COUNTED_FORMAT=0" ;;
     cf1) echo "GPUMALLOC_COUNTED_FORMAT=1" ;;

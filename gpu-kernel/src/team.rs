@@ -106,6 +106,24 @@ const SEGMENT_SPARE_BUDGET_SHIFT: u32 =
 const FIRST_INSTALL_SPARES: u32 =
     crate::class::build_knob(option_env!("GPUMALLOC_FIRST_INSTALL_SPARES"), 2);
 
+/// Claims sized by the demand waiting on the slot (`GPUMALLOC_DEMAND_CLAIM`,
+/// 8 unless set at build time; 0 turns it off): an installer that has to
+/// claim reads its slot word again, and the teams that added past the
+/// displaced version's end while it got here are the demand it knows of.
+/// It then claims at most the blocks that `DEMAND_CLAIM` times that demand
+/// fills (at least one), so spares and runs come only where waiting teams
+/// will use them; a class that claims whole segments keeps doing so, one
+/// at least. Why: at a mixed burst's peak, 512 B held 256 MiB for 32 MiB
+/// handed out, every slot's first claim a whole segment as one run. H100,
+/// three processes each against 0: the mixed span 1.99 → 1.74, 512 B's
+/// held segments 256 → 96 MiB, mixed allocation −3% (kernel alone −9%),
+/// 512 B and 1 KiB +8% and +4% (+2%, +3% kernel alone), other sizes
+/// within the spread; demand + 3% 100.00% against 99.78%. With 1 the span
+/// fell to 1.59 but 512 B took 2.5 times as long: a burst of one size has
+/// less than a block waiting at most claims too (`docs/PERF.md`, "Claims
+/// sized by the waiting demand").
+const DEMAND_CLAIM: u32 = crate::class::build_knob(option_env!("GPUMALLOC_DEMAND_CLAIM"), 8);
+
 /// The size-dependent rules of a heap ([`Heap::rules`]): what its size
 /// selects, for tests that compare heaps and for reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -700,11 +718,14 @@ impl Heap {
         };
         let fresh = drawn
             .or_else(|| self.pop_spare(class, slot))
-            .or_else(|| self.claim_for_slot(class, first_block, &mut extra))
+            .or_else(|| {
+                let demand = self.claim_demand(class, word, seen);
+                self.claim_for_slot(class, first_block, demand, &mut extra)
+            })
             .or_else(|| (0..SLOTS_PER_CLASS).find_map(|s| self.pop_spare(class, s)))
             .or_else(|| {
                 self.reclaim();
-                self.claim_for_slot_settled(class, first_block, &mut extra)
+                self.claim_for_slot_settled(class, first_block, u32::MAX, &mut extra)
             })
             .map(|b| self.global(b));
         // With runs, the claim's blocks right after this one join it in
@@ -783,9 +804,34 @@ impl Heap {
         &self,
         class: SizeClass,
         first_block: bool,
+        demand: u32,
         extra: &mut Extra,
     ) -> Option<BlockId> {
-        self.claim_for_slot_as(class, first_block, extra, false)
+        self.claim_for_slot_as(class, first_block, demand, extra, false)
+    }
+
+    /// The most blocks a claim for `slot_word` should take, by the demand
+    /// waiting on it ([`DEMAND_CLAIM`]; `u32::MAX` with the rule off): the
+    /// slices reserved past the end of `seen`, the version being replaced,
+    /// times `DEMAND_CLAIM`, as blocks of `class` (rounded up, at least one).
+    #[inline(always)]
+    fn claim_demand(&self, class: SizeClass, slot_word: &Word, seen: SlotWord) -> u32 {
+        if DEMAND_CLAIM == 0 {
+            return u32::MAX;
+        }
+        let per = class.slices_per_block(self.segment_shift);
+        // Relaxed: a hint. The word is this version until the exchange
+        // below (only its installer replaces an exhausted word); if a
+        // flush replaced it, the count is of another version, and any
+        // count only sizes the claim.
+        let now = SlotWord(arch::load_relaxed(slot_word));
+        let waiting = now.reserved().saturating_sub(seen.capacity(per)) as u64;
+        // Unit tests run one thread: they stand in for a burst's waiting
+        // teams here (`with_waiting_slices`).
+        #[cfg(all(test, not(loom)))]
+        let waiting = waiting + test_waiting::SLICES.with(|w| w.get()) as u64;
+        let blocks = (waiting * DEMAND_CLAIM as u64).div_ceil(per as u64);
+        blocks.clamp(1, u32::MAX as u64) as u32
     }
 
     /// [`Heap::claim_for_slot`] as the last try of an install: a class
@@ -798,9 +844,10 @@ impl Heap {
         &self,
         class: SizeClass,
         first_block: bool,
+        demand: u32,
         extra: &mut Extra,
     ) -> Option<BlockId> {
-        self.claim_for_slot_as(class, first_block, extra, true)
+        self.claim_for_slot_as(class, first_block, demand, extra, true)
     }
 
     #[inline(always)]
@@ -808,6 +855,7 @@ impl Heap {
         &self,
         class: SizeClass,
         first_block: bool,
+        demand: u32,
         extra: &mut Extra,
         settled: bool,
     ) -> Option<BlockId> {
@@ -833,6 +881,11 @@ impl Heap {
         } else {
             spares
         };
+        // No more than the waiting demand asks for (`DEMAND_CLAIM`). The
+        // path below is chosen by the spares the class would take without
+        // it, so that a class that claims whole segments (1 KiB on the
+        // bench heap) keeps doing so, one segment at least.
+        let wanted = spares.min(demand - 1);
         let shift = class.blocks_per_segment_shift(self.segment_shift);
         if shift == 0
             || (SEGMENT_RUNS != 0 && 1 << shift <= SLOT_RUN_MAX && 1 << shift < 1 + spares)
@@ -849,7 +902,7 @@ impl Heap {
             } else if SEGMENT_RUNS >= 2 && shift > 0 {
                 self.claim_whole_segments(class, 1)?
             } else {
-                self.claim_whole_segments(class, ((1 + spares) >> shift).max(1))?
+                self.claim_whole_segments(class, ((1 + wanted) >> shift).max(1))?
             };
             *extra = Extra::Segments {
                 first,
@@ -859,9 +912,9 @@ impl Heap {
             return Some(BlockId::whole_segment(first + taken.trailing_zeros()));
         }
         let claim = if settled {
-            self.claim_blocks_settled(class, 1 + spares)
+            self.claim_blocks_settled(class, 1 + wanted)
         } else {
-            self.claim_blocks(class, 1 + spares)
+            self.claim_blocks(class, 1 + wanted)
         };
         if claim.count() == 0 {
             return None;
@@ -1345,21 +1398,23 @@ fn a_slots_first_install_claims_no_spare() {
     }
     std::thread::scope(|s| {
         s.spawn(|| {
-            let slot = arch::sm_id() & (heap.slots_for(class) - 1);
-            assert!(!heap.malloc(16).is_null());
-            assert_eq!(
-                parked(&heap, class, slot),
-                0,
-                "the first install parked a spare"
-            );
-            for _ in 1..=per_block {
+            with_waiting_slices(per_block * 16, || {
+                let slot = arch::sm_id() & (heap.slots_for(class) - 1);
                 assert!(!heap.malloc(16).is_null());
-            }
-            assert_eq!(
-                parked(&heap, class, slot),
-                spares,
-                "the second install parked none"
-            );
+                assert_eq!(
+                    parked(&heap, class, slot),
+                    0,
+                    "the first install parked a spare"
+                );
+                for _ in 1..=per_block {
+                    assert!(!heap.malloc(16).is_null());
+                }
+                assert_eq!(
+                    parked(&heap, class, slot),
+                    spares,
+                    "the second install parked none"
+                );
+            })
         });
     });
 }
@@ -1682,9 +1737,32 @@ fn on_a_fresh_heap_of(
     std::thread::scope(|s| {
         s.spawn(|| {
             let slot = arch::sm_id() & (heap.slots_for(class) - 1);
-            body(heap, class, per_block, slot);
+            // A burst's demand: every claim may take all it would.
+            with_waiting_slices(per_block * 16, || body(heap, class, per_block, slot));
         });
     });
+}
+
+/// Slices that unit tests add to the demand an installer sees waiting on
+/// its slot ([`Heap::claim_demand`]), for this thread: one thread is one
+/// team, where a burst has hundreds waiting by the time an installer
+/// claims.
+#[cfg(all(test, not(loom)))]
+mod test_waiting {
+    extern crate std;
+    std::thread_local! {
+        pub(super) static SLICES: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+    }
+}
+
+/// Runs `body` on this thread as if `slices` more were waiting on every
+/// slot an install claims for (`test_waiting`).
+#[cfg(all(test, not(loom)))]
+fn with_waiting_slices<R>(slices: u32, body: impl FnOnce() -> R) -> R {
+    test_waiting::SLICES.with(|w| w.set(slices));
+    let r = body();
+    test_waiting::SLICES.with(|w| w.set(0));
+    r
 }
 
 /// The version slot `slot` of `class` holds now.
@@ -1733,6 +1811,42 @@ fn free_all_and_check_whole(heap: &Heap, held: &[u64]) {
         RUN_TEST_SEGMENTS,
         "every segment is back"
     );
+}
+
+/// `DEMAND_CLAIM`: a claim takes no more blocks than `DEMAND_CLAIM` times
+/// the slices waiting on the slot fill. On a fresh heap with spares, a
+/// 4 KiB slot (whole 2 MiB segments of 512 slices) whose installer is the
+/// only team waiting claims one segment: a run of one, nothing parked,
+/// where the full claim takes 1 + spares. Its next install, with
+/// `per_block / DEMAND_CLAIM` more slices waiting, takes two: a run of two.
+/// Everything comes back after the frees and a flush. Other builds check
+/// nothing.
+#[cfg(all(test, not(loom)))]
+#[test]
+fn a_claim_takes_the_blocks_the_waiting_teams_fill() {
+    extern crate std;
+    if DEMAND_CLAIM == 0 || !RUNS || SLOT_RUN_MAX < 2 {
+        return;
+    }
+    on_a_fresh_heap(4096, |heap, class, per_block, slot| {
+        assert_eq!(class.blocks_per_segment(heap.segment_shift), 1);
+        assert!(heap.spares_for(class) > 0, "the full claim takes spares");
+        let mut held = std::vec::Vec::new();
+        with_waiting_slices(0, || {
+            held.push(heap.malloc(4096) as u64);
+            assert_eq!(slot_word(heap, class, slot).run(), 1, "one block");
+            assert_eq!(parked(heap, class, slot), 0, "no spare");
+            for _ in 1..per_block {
+                held.push(heap.malloc(4096) as u64);
+            }
+        });
+        with_waiting_slices(per_block / DEMAND_CLAIM, || {
+            held.push(heap.malloc(4096) as u64);
+        });
+        assert_eq!(slot_word(heap, class, slot).run(), 2, "two blocks");
+        assert_eq!(parked(heap, class, slot), 0, "no spare");
+        free_all_and_check_whole(heap, &held);
+    });
 }
 
 /// With runs (`GPUMALLOC_SLOT_RUN` above 1): a 4 KiB install on a fresh
