@@ -59,7 +59,7 @@ for ((r = 0; r < ROUNDS; r++)); do
       mkdir -p "$dir"
       echo "[$(elapsed)s] round $r $test $b"
       # shellcheck disable=SC2086 # EXTRA holds several arguments
-      GPUMALLOC_FRAG_MAP=${FRAG_MAP:-0} timeout "$STEP_S" "${paths[$i]}" bench "$test" --allocators ours --iters "$ITERS" \
+      GPUMALLOC_FRAG_MAP=${FRAG_MAP:-${GPUMALLOC_FRAG_MAP:-0}} timeout "$STEP_S" "${paths[$i]}" bench "$test" --allocators ours --iters "$ITERS" \
         --out "$dir" ${EXTRA:-} > "$dir/log" 2>&1
       rc=$?
       if [ $rc -ne 0 ]; then echo "  FAILED ($rc): tail of $dir/log"; tail -n 5 "$dir/log"; fi

@@ -48,4 +48,11 @@ kernel_within() {
 # four blocks per SM); heap_free's bounds of eight hold it at 32.
 kernel_within heap_alloc 64
 kernel_within heap_free 32
+
+echo "== CPU churn tests with full claims (GPUMALLOC_DEMAND_CLAIM=0)"
+# A CPU test's team is one thread, which never leaves enough waiting on a
+# slot for a demand-sized claim to take spares or runs; this build claims
+# them in full, so that spares and runs still meet concurrency here. Last,
+# since it rebuilds the PTX that the ptxas step above read.
+GPUMALLOC_DEMAND_CLAIM=0 cargo test --release -p gpumalloc --test cpu_allocator
 echo "all checks passed"

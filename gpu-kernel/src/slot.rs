@@ -51,9 +51,11 @@ pub const SLOT_STRIDE_WORDS: u32 =
 const _: () = assert!(SLOT_STRIDE_WORDS.is_power_of_two() && SLOT_STRIDE_WORDS <= 16);
 
 /// Claimed blocks a slot keeps ready for its next installs. An installer
-/// that finds none claims `1 + SPARES_PER_SLOT` blocks at once and parks the
-/// extra ones here, so only one install in four waits for a claim (claims
-/// contend on the class tree and on one segment's state word).
+/// that finds none claims up to `1 + SPARES_PER_SLOT` blocks at once (as
+/// many as the teams waiting on the slot will use, `team.rs`'s
+/// `DEMAND_CLAIM`) and parks the extra ones here, so in a burst only one
+/// install in four waits for a claim (claims contend on the class tree and
+/// on one segment's state word).
 ///
 /// Spare words hold a global block id + 1 (0: empty). They are pushed only
 /// by the slot's installer (one at a time per slot) with a CAS from 0, and

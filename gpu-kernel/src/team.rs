@@ -725,7 +725,8 @@ impl Heap {
             .or_else(|| (0..SLOTS_PER_CLASS).find_map(|s| self.pop_spare(class, s)))
             .or_else(|| {
                 self.reclaim();
-                self.claim_for_slot_settled(class, first_block, u32::MAX, &mut extra)
+                let demand = self.claim_demand(class, word, seen);
+                self.claim_for_slot_settled(class, first_block, demand, &mut extra)
             })
             .map(|b| self.global(b));
         // With runs, the claim's blocks right after this one join it in
@@ -795,9 +796,10 @@ impl Heap {
         None
     }
 
-    /// Claims `1 + SPARES_PER_SLOT` blocks (fewer if the segment has fewer;
-    /// for a class whose block fills a segment, as many whole segments as
-    /// one segment-tree word gives), returns the first and leaves the others
+    /// Claims `1 + ` the class's spares blocks (fewer if the segment has
+    /// fewer, or if `demand`, [`Heap::claim_demand`], asks for fewer; for a
+    /// class whose block fills a segment, as many whole segments as one
+    /// segment-tree word gives), returns the first and leaves the others
     /// in `extra` for [`Heap::park_extra`].
     #[inline]
     fn claim_for_slot(
@@ -819,7 +821,8 @@ impl Heap {
         if DEMAND_CLAIM == 0 {
             return u32::MAX;
         }
-        let per = class.slices_per_block(self.segment_shift);
+        let slices_shift = class.slices_shift(self.segment_shift);
+        let per = 1u32 << slices_shift;
         // Relaxed: a hint. The word is this version until the exchange
         // below (only its installer replaces an exhausted word); if a
         // flush replaced it, the count is of another version, and any
@@ -830,7 +833,8 @@ impl Heap {
         // teams here (`with_waiting_slices`).
         #[cfg(all(test, not(loom)))]
         let waiting = waiting + test_waiting::SLICES.with(|w| w.get()) as u64;
-        let blocks = (waiting * DEMAND_CLAIM as u64).div_ceil(per as u64);
+        // Rounded up; a shift, since blocks hold a power of two of slices.
+        let blocks = (waiting * DEMAND_CLAIM as u64 + per as u64 - 1) >> slices_shift;
         blocks.clamp(1, u32::MAX as u64) as u32
     }
 
@@ -1756,12 +1760,13 @@ mod test_waiting {
 }
 
 /// Runs `body` on this thread as if `slices` more were waiting on every
-/// slot an install claims for (`test_waiting`).
+/// slot an install claims for (`test_waiting`); the count before comes
+/// back after it.
 #[cfg(all(test, not(loom)))]
 fn with_waiting_slices<R>(slices: u32, body: impl FnOnce() -> R) -> R {
-    test_waiting::SLICES.with(|w| w.set(slices));
+    let before = test_waiting::SLICES.with(|w| w.replace(slices));
     let r = body();
-    test_waiting::SLICES.with(|w| w.set(0));
+    test_waiting::SLICES.with(|w| w.set(before));
     r
 }
 
@@ -1829,6 +1834,10 @@ fn a_claim_takes_the_blocks_the_waiting_teams_fill() {
         return;
     }
     on_a_fresh_heap(4096, |heap, class, per_block, slot| {
+        if DEMAND_CLAIM >= per_block {
+            // The installer's own slice already asks for a block more.
+            return;
+        }
         assert_eq!(class.blocks_per_segment(heap.segment_shift), 1);
         assert!(heap.spares_for(class) > 0, "the full claim takes spares");
         let mut held = std::vec::Vec::new();
@@ -1840,11 +1849,45 @@ fn a_claim_takes_the_blocks_the_waiting_teams_fill() {
                 held.push(heap.malloc(4096) as u64);
             }
         });
-        with_waiting_slices(per_block / DEMAND_CLAIM, || {
+        with_waiting_slices(per_block / DEMAND_CLAIM.max(1), || {
             held.push(heap.malloc(4096) as u64);
         });
         assert_eq!(slot_word(heap, class, slot).run(), 2, "two blocks");
         assert_eq!(parked(heap, class, slot), 0, "no spare");
+        free_all_and_check_whole(heap, &held);
+    });
+}
+
+/// `DEMAND_CLAIM` cuts how many blocks a claim takes, not which path takes
+/// them: a 1 KiB slot on a heap of 8 MiB segments (two 4 MiB blocks each)
+/// whose full claim goes through whole segments (`SEGMENT_RUNS`) still
+/// claims a whole segment, both its blocks as one run, when only its
+/// installer waits, where the class tree's claim of one block was slower
+/// (`docs/PERF.md`, "Claims sized by the waiting demand"). Other builds
+/// check nothing.
+#[cfg(all(test, not(loom)))]
+#[test]
+fn a_small_demand_keeps_the_whole_segment_path() {
+    extern crate std;
+    if DEMAND_CLAIM == 0 || !RUNS || SEGMENT_RUNS == 0 || SLOT_RUN_MAX < 2 {
+        return;
+    }
+    on_a_fresh_heap_of(23, 1024, |heap, class, per_block, slot| {
+        assert_eq!(class.blocks_per_segment(heap.segment_shift), 2);
+        // The full claim (1 + spares) must want more than the segment's
+        // two blocks to take the whole-segment path at all.
+        if heap.spares_for(class) < 2 || DEMAND_CLAIM >= per_block {
+            return;
+        }
+        let first = with_waiting_slices(0, || heap.malloc(1024) as u64);
+        assert_eq!(
+            slot_word(heap, class, slot).run(),
+            2,
+            "the segment's two blocks"
+        );
+        assert_eq!(parked(heap, class, slot), 0);
+        let mut held = std::vec![first];
+        malloc_in_order(heap, 1024, first, 1..2 * per_block as u64, &mut held);
         free_all_and_check_whole(heap, &held);
     });
 }
