@@ -102,7 +102,8 @@ def med(k):
     return statistics.median(v) if v else None
 counts = sorted({len(v) for v in vals.values()})
 frag = ("span_over_requested", "held_over_requested", "rounding_over_requested",
-        "slot_unissued_over_requested", "spares_over_requested", "idle_blocks_over_requested")
+        "slot_unissued_over_requested", "spares_over_requested", "idle_blocks_over_requested",
+        "dead_slices_over_requested")
 for metric in ("alloc_ms", "free_ms") + frag:
     if not any(k[2] == metric for k in vals):
         continue

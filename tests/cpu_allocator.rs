@@ -480,32 +480,61 @@ fn stats_account_for_every_byte_of_formatted_segments() {
 /// With several classes in use the same account holds class by class
 /// (`HeapStats::per_class`, what `bench frag`'s map prints for a mixed
 /// round): each class's live + idle + unissued + spare bytes = its
-/// formatted segments, and the classes sum to the totals.
+/// formatted segments, and the classes sum to the totals, at the peak of
+/// a first round and of warm rounds after everything was freed (where
+/// slots keep their blocks from round to round).
 #[test]
 fn stats_account_for_every_byte_class_by_class() {
     let h = heap(256 * MIB);
     let sizes = [16u64, 48, 256, 700, 1024, 3000, 4096];
-    std::thread::scope(|s| {
-        for t in 0..4u64 {
-            let h = &h;
-            s.spawn(move || {
-                for i in 0..6_000u64 {
-                    let size = sizes[((i * 7 + t) % sizes.len() as u64) as usize];
-                    assert!(!h.heap().malloc(size).is_null());
-                }
-            });
-        }
-    });
-    let st = h.stats();
+    for round in 0..3 {
+        let ptrs: Vec<Vec<u64>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let h = &h;
+                    s.spawn(move || {
+                        (0..6_000u64)
+                            .map(|i| {
+                                let size =
+                                    sizes[((i * 7 + t + round) % sizes.len() as u64) as usize];
+                                let p = h.heap().malloc(size);
+                                assert!(!p.is_null());
+                                p as u64
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        check_class_accounts(&h.stats(), round);
+        std::thread::scope(|s| {
+            for mine in &ptrs {
+                let h = &h;
+                s.spawn(move || {
+                    for &p in mine {
+                        h.heap().free(p as *mut u8);
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// [`stats_account_for_every_byte_class_by_class`]'s account of one peak.
+fn check_class_accounts(st: &gpu_kernel::stats::HeapStats, round: u64) {
     let mut segments = 0;
     for c in (0..gpu_kernel::class::CLASSES).filter_map(gpu_kernel::class::SizeClass::new) {
         let held = &st.per_class[c.index() as usize];
         let live = st.live_per_class[c.index() as usize] << c.unit_shift();
         if c.is_slice() {
             assert_eq!(
-                live + held.idle_block_bytes + held.slot_unissued_bytes + held.spare_block_bytes,
+                live + held.idle_block_bytes
+                    + held.slot_unissued_bytes
+                    + held.spare_block_bytes
+                    + held.dead_slice_bytes,
                 held.segments as u64 * SEGMENT_BYTES,
-                "class {} B: {held:?}",
+                "round {round}, class {} B: {held:?}",
                 1u64 << c.unit_shift()
             );
         }
@@ -516,4 +545,5 @@ fn stats_account_for_every_byte_class_by_class() {
     assert_eq!(sum(|c| c.idle_block_bytes), st.idle_block_bytes);
     assert_eq!(sum(|c| c.slot_unissued_bytes), st.slot_unissued_bytes);
     assert_eq!(sum(|c| c.spare_block_bytes), st.spare_block_bytes);
+    assert_eq!(sum(|c| c.dead_slice_bytes), st.dead_slice_bytes);
 }

@@ -46,6 +46,10 @@ pub struct HeapStats {
     /// Bytes of spare blocks parked beside slots, and of blocks of class
     /// stripes not yet drawn (`crate::stripe`).
     pub spare_block_bytes: u64,
+    /// Bytes of slices counted dead in blocks not yet returned: freed
+    /// slices of a block that a slot still holds or that has live slices
+    /// left, and the slices a replaced slot version never handed out.
+    pub dead_slice_bytes: u64,
     /// A measuring build's install and wait counts (zero in others).
     pub install_clock: InstallClock,
     /// The same held bytes class by class (`bench frag`'s map).
@@ -63,6 +67,8 @@ pub struct ClassHeld {
     pub slot_unissued_bytes: u64,
     /// Bytes of its spare blocks and undrawn stripe blocks.
     pub spare_block_bytes: u64,
+    /// Bytes of slices counted dead in its blocks not yet returned.
+    pub dead_slice_bytes: u64,
 }
 
 impl HeapStats {
@@ -103,8 +109,11 @@ impl HeapStats {
                         let live = if class.is_slice() {
                             let g = heap.counter_index(segment as u32, block);
                             let per = class.slices_per_block(shift);
-                            (per as u64)
-                                .saturating_sub(dead_in_lifetime(at(heap.counters_at + g), per))
+                            let dead = dead_in_lifetime(at(heap.counters_at + g), per);
+                            let dead_bytes = dead.min(per as u64) << class.unit_shift();
+                            s.dead_slice_bytes += dead_bytes;
+                            s.per_class[class.index() as usize].dead_slice_bytes += dead_bytes;
+                            (per as u64).saturating_sub(dead)
                         } else {
                             1
                         };

@@ -746,14 +746,17 @@ pub fn init(gpu: &Gpu, opts: &Options) -> Result<Vec<Record>> {
 /// bytes requested, one sample per round: segments formatted for classes
 /// (`held`; the span is these plus the free segments between them), and
 /// inside them the blocks nobody holds, the slices of slot blocks not yet
-/// handed out, the spare blocks, and the class rounding (live bytes at
-/// class granularity beyond the request).
+/// handed out, the spare blocks, the freed slices of blocks not yet
+/// returned (in a warm round, what the last round freed of the blocks its
+/// slots still hold), and the class rounding (live bytes at class
+/// granularity beyond the request).
 #[derive(Default)]
 struct HeldParts {
     held: Vec<f64>,
     idle_blocks: Vec<f64>,
     slot_unissued: Vec<f64>,
     spares: Vec<f64>,
+    dead: Vec<f64>,
     rounding: Vec<f64>,
 }
 
@@ -766,6 +769,7 @@ impl HeldParts {
         self.idle_blocks.push(over(s.idle_block_bytes));
         self.slot_unissued.push(over(s.slot_unissued_bytes));
         self.spares.push(over(s.spare_block_bytes));
+        self.dead.push(over(s.dead_slice_bytes));
         self.rounding
             .push(over(s.live_bytes.saturating_sub(requested)));
     }
@@ -793,6 +797,11 @@ impl HeldParts {
                 "spare blocks parked beside slots",
             ),
             record(
+                "dead_slices_over_requested",
+                &self.dead,
+                "freed slices of blocks not yet returned (a warm round's slot blocks)",
+            ),
+            record(
                 "rounding_over_requested",
                 &self.rounding,
                 "live bytes at class granularity beyond the request",
@@ -809,7 +818,8 @@ pub(super) fn map_rounds() -> bool {
 
 /// What each class held at a round's peak, in MiB: its segments' bytes,
 /// then the live bytes (at class granularity), the free blocks in its
-/// segments, the unissued slices of its slot blocks and its spare blocks;
+/// segments, the unissued slices of its slot blocks, its spare blocks and
+/// the freed slices of its blocks not yet returned;
 /// classes that hold no segment left out.
 fn held_by_class(stats: &gpu_kernel::stats::HeapStats, segment_bytes: u64) -> String {
     let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
@@ -820,13 +830,14 @@ fn held_by_class(stats: &gpu_kernel::stats::HeapStats, segment_bytes: u64) -> St
             let held = &stats.per_class[c.index() as usize];
             let live = stats.live_per_class[c.index() as usize] << c.unit_shift();
             format!(
-                "{} B {:.0} (live {:.0}, idle {:.0}, unissued {:.0}, spare {:.0})",
+                "{} B {:.0} (live {:.0}, idle {:.0}, unissued {:.0}, spare {:.0}, dead {:.0})",
                 1u64 << c.unit_shift(),
                 mib(held.segments as u64 * segment_bytes),
                 mib(live),
                 mib(held.idle_block_bytes),
                 mib(held.slot_unissued_bytes),
                 mib(held.spare_block_bytes),
+                mib(held.dead_slice_bytes),
             )
         })
         .collect::<Vec<_>>()
