@@ -1880,16 +1880,30 @@ fn a_small_demand_keeps_the_whole_segment_path() {
             return;
         }
         let first = with_waiting_slices(0, || heap.malloc(1024) as u64);
-        assert_eq!(
-            slot_word(heap, class, slot).run(),
-            2,
-            "the segment's two blocks"
-        );
-        assert_eq!(parked(heap, class, slot), 0);
-        let mut held = std::vec![first];
-        malloc_in_order(heap, 1024, first, 1..2 * per_block as u64, &mut held);
-        free_all_and_check_whole(heap, &held);
+        expect_one_run_in_order(heap, class, slot, 1024, first, 2);
     });
+}
+
+/// The slot's word holds `run` blocks from `first` on, with no spare
+/// parked; its slices come in address order from `first` to the run's end
+/// (allocations of `size`), and everything comes back after the frees and
+/// a flush.
+#[cfg(all(test, not(loom)))]
+fn expect_one_run_in_order(
+    heap: &Heap,
+    class: SizeClass,
+    slot: u32,
+    size: u64,
+    first: u64,
+    run: u32,
+) {
+    extern crate std;
+    assert_eq!(slot_word(heap, class, slot).run(), run, "blocks in the run");
+    assert_eq!(parked(heap, class, slot), 0, "spares parked");
+    let per_block = class.slices_per_block(heap.segment_shift);
+    let mut held = std::vec![first];
+    malloc_in_order(heap, size, first, 1..(run * per_block) as u64, &mut held);
+    free_all_and_check_whole(heap, &held);
 }
 
 /// With runs (`GPUMALLOC_SLOT_RUN` above 1): a 4 KiB install on a fresh
@@ -2198,18 +2212,11 @@ fn a_claim_of_two_segments_of_two_blocks_installs_one_run() {
     if !RUNS || SEGMENT_RUNS != 1 || SLOT_RUN_MAX < 4 {
         return;
     }
-    on_a_fresh_heap_of(23, 1024, |heap, class, per_block, slot| {
+    on_a_fresh_heap_of(23, 1024, |heap, class, _per_block, slot| {
         assert_eq!(class.blocks_per_segment(heap.segment_shift), 2);
         assert!(heap.spares_for(class) >= 3, "a claim of four blocks");
         let first = heap.malloc(1024) as u64;
-        assert_eq!(
-            slot_word(heap, class, slot).run(),
-            4,
-            "two segments' blocks"
-        );
-        assert_eq!(parked(heap, class, slot), 0);
-        let mut held = std::vec![first];
-        malloc_in_order(heap, 1024, first, 1..4 * per_block as u64, &mut held);
-        free_all_and_check_whole(heap, &held);
+        // Two segments' blocks.
+        expect_one_run_in_order(heap, class, slot, 1024, first, 4);
     });
 }
