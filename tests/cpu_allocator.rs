@@ -526,7 +526,7 @@ fn check_class_accounts(st: &gpu_kernel::stats::HeapStats, round: u64) {
     let mut segments = 0;
     for c in (0..gpu_kernel::class::CLASSES).filter_map(gpu_kernel::class::SizeClass::new) {
         let held = &st.per_class[c.index() as usize];
-        let live = st.live_per_class[c.index() as usize] << c.unit_shift();
+        let live = st.class_live_bytes(c);
         if c.is_slice() {
             assert_eq!(
                 live + held.idle_block_bytes

@@ -96,23 +96,19 @@ impl HeapStats {
         for segment in 0..heap.segments as u64 {
             match SegmentState::decode(at(heap.states_at + segment)) {
                 SegmentState::Active { class, .. } => {
-                    s.active_segments += 1;
-                    s.per_class[class.index() as usize].segments += 1;
+                    let held = &mut s.per_class[class.index() as usize];
+                    held.segments += 1;
                     let bitmap = bitmap_in_snapshot(heap, words, segment as u32);
                     for block in 0..class.blocks_per_segment(shift) {
                         if is_free_in(bitmap, block) {
-                            s.idle_block_bytes += 1 << class.block_shift(shift);
-                            s.per_class[class.index() as usize].idle_block_bytes +=
-                                1 << class.block_shift(shift);
+                            held.idle_block_bytes += 1 << class.block_shift(shift);
                             continue;
                         }
                         let live = if class.is_slice() {
                             let g = heap.counter_index(segment as u32, block);
                             let per = class.slices_per_block(shift);
                             let dead = dead_in_lifetime(at(heap.counters_at + g), per);
-                            let dead_bytes = dead.min(per as u64) << class.unit_shift();
-                            s.dead_slice_bytes += dead_bytes;
-                            s.per_class[class.index() as usize].dead_slice_bytes += dead_bytes;
+                            held.dead_slice_bytes += dead.min(per as u64) << class.unit_shift();
                             (per as u64).saturating_sub(dead)
                         } else {
                             1
@@ -153,15 +149,25 @@ impl HeapStats {
                     }
                 }
             }
-            s.spare_block_bytes += held.spare_block_bytes;
-            s.slot_unissued_bytes += held.slot_unissued_bytes;
         }
+        // The totals are the classes' sums: one account, kept per class.
+        let sum = |part: fn(&ClassHeld) -> u64| s.per_class.iter().map(part).sum::<u64>();
+        s.active_segments = sum(|c| c.segments as u64) as u32;
+        s.idle_block_bytes = sum(|c| c.idle_block_bytes);
+        s.slot_unissued_bytes = sum(|c| c.slot_unissued_bytes);
+        s.spare_block_bytes = sum(|c| c.spare_block_bytes);
+        s.dead_slice_bytes = sum(|c| c.dead_slice_bytes);
         s.live_bytes = (0..CLASSES)
             .filter_map(SizeClass::new)
-            .map(|c| s.live_per_class[c.index() as usize] << c.unit_shift())
+            .map(|c| s.class_live_bytes(c))
             .sum::<u64>()
             + (s.run_segments << shift);
         s
+    }
+
+    /// Bytes handed out and not freed in `class` (at class granularity).
+    pub fn class_live_bytes(&self, class: SizeClass) -> u64 {
+        self.live_per_class[class.index() as usize] << class.unit_shift()
     }
 }
 

@@ -828,7 +828,7 @@ fn held_by_class(stats: &gpu_kernel::stats::HeapStats, segment_bytes: u64) -> St
         .filter(|c| stats.per_class[c.index() as usize].segments > 0)
         .map(|c| {
             let held = &stats.per_class[c.index() as usize];
-            let live = stats.live_per_class[c.index() as usize] << c.unit_shift();
+            let live = stats.class_live_bytes(c);
             format!(
                 "{} B {:.0} (live {:.0}, idle {:.0}, unissued {:.0}, spare {:.0}, dead {:.0})",
                 1u64 << c.unit_shift(),
